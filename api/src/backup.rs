@@ -1,0 +1,134 @@
+//! `Backup`: one logical dump of a Database in the backup store.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{BackupDeletionPolicy, LocalObjectReference};
+
+/// Desired state of a Backup.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[kube(
+    group = "dbops.dev",
+    version = "v1alpha1",
+    kind = "Backup",
+    namespaced,
+    status = "BackupStatus",
+    derive = "PartialEq",
+    shortname = "pgbackup",
+    category = "dbops",
+    doc = "One logical dump (pg_dump custom format) of a Database, stored with a manifest and a SHA-256 checksum in the backup store.",
+    printcolumn(
+        name = "Database",
+        type_ = "string",
+        json_path = ".spec.databaseRef.name",
+        description = "The Database backed up"
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Lifecycle phase"
+    ),
+    printcolumn(
+        name = "Size",
+        type_ = "integer",
+        json_path = ".status.sizeBytes",
+        description = "Artifact size in bytes"
+    ),
+    printcolumn(
+        name = "Completed",
+        type_ = "date",
+        json_path = ".status.completedAt",
+        description = "When the dump completed"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSpec {
+    /// The Database to back up, in the same namespace. Immutable.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("databaseRef is immutable"))]
+    pub database_ref: LocalObjectReference,
+
+    /// What deleting this Backup does to its artifact: Retain (default) keeps it, Delete
+    /// removes the artifact and its manifest from the store.
+    #[serde(default)]
+    pub deletion_policy: BackupDeletionPolicy,
+
+    /// How many times a transient failure (server or store unavailable) is retried before
+    /// the Backup is Failed.
+    #[serde(default = "default_max_retries")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_retries: i32,
+}
+
+fn default_max_retries() -> i32 {
+    3
+}
+
+/// Observed state of a Backup.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupStatus {
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Lifecycle phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<BackupPhase>,
+
+    /// Ready, Progressing and Failed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+
+    /// When the current attempt started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+
+    /// When the artifact and its manifest were complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
+
+    /// Attempts made so far, the current one included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<i32>,
+
+    /// Size of the completed artifact in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<i64>,
+
+    /// Bytes written so far by the running attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_bytes: Option<i64>,
+
+    /// SHA-256 of the artifact, hex encoded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<String>,
+
+    /// URL of the artifact in the backup store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+
+    /// `server_version` of the PostgreSQL server the dump was taken from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_version: Option<String>,
+}
+
+/// Lifecycle phase of a Backup.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum BackupPhase {
+    /// Waiting for its Database or for a free dump slot.
+    Pending,
+    /// The dump is being written.
+    Running,
+    /// The artifact and its manifest are in the store.
+    Completed,
+    /// Retries are exhausted or the failure is permanent.
+    Failed,
+}

@@ -1,0 +1,113 @@
+//! Types shared by the three kinds.
+
+use kube::KubeSchema;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A PostgreSQL identifier this operator accepts for databases and roles: lower case,
+/// unquoted, at most 63 bytes (PostgreSQL's NAMEDATALEN - 1).
+pub const IDENTIFIER_PATTERN: &str = "^[a-z_][a-z0-9_]{0,62}$";
+
+/// The names of the conditions the controllers set, and of their common reasons.
+pub mod condition {
+    pub const READY: &str = "Ready";
+    pub const PROGRESSING: &str = "Progressing";
+    pub const DEGRADED: &str = "Degraded";
+    pub const FAILED: &str = "Failed";
+    pub const MIGRATION_IN_PROGRESS: &str = "MigrationInProgress";
+}
+
+/// How a controller reaches a PostgreSQL server and as whom.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerSpec {
+    /// Host name or IP address of the PostgreSQL server, for example
+    /// `pg-main.databases.svc`.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z0-9]([-A-Za-z0-9.:]*[A-Za-z0-9])?$')").message("host must be a DNS name or an IP address"))]
+    pub host: String,
+
+    /// TCP port of the PostgreSQL server.
+    #[serde(default = "default_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+
+    /// A Secret in the same namespace holding the keys `username` and `password` of a
+    /// role that may create roles and databases on this server.
+    pub admin_secret_ref: SecretReference,
+
+    /// libpq `sslmode` used for the controller's and the applications' connections.
+    #[serde(default)]
+    pub ssl_mode: SslMode,
+}
+
+fn default_port() -> i32 {
+    5432
+}
+
+/// The name of a Secret in the referring object's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, KubeSchema)]
+pub struct SecretReference {
+    /// Name of the Secret, in the same namespace as the referring object.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("name must be a valid Secret name (lower case DNS subdomain)"))]
+    pub name: String,
+}
+
+/// The name of an object of a known kind in the referring object's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, KubeSchema)]
+pub struct LocalObjectReference {
+    /// Name of the object, in the same namespace as the referring object.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("name must be a valid object name (lower case DNS subdomain)"))]
+    pub name: String,
+}
+
+/// libpq `sslmode`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    /// Plain TCP only.
+    Disable,
+    /// TLS when the server offers it, plain TCP otherwise.
+    #[default]
+    Prefer,
+    /// TLS always, without verifying the server's certificate.
+    Require,
+    /// TLS always, verifying the certificate chain and the host name.
+    VerifyFull,
+}
+
+impl SslMode {
+    /// The value libpq and connection URIs use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+/// What deleting a Database does inside PostgreSQL.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum DatabaseDeletionPolicy {
+    /// Leave the database and its role in PostgreSQL.
+    #[default]
+    Retain,
+    /// Terminate sessions, then drop the database and its role.
+    Delete,
+    /// Take a final Backup, and drop the database and role once it is Ready.
+    Snapshot,
+}
+
+/// What deleting a Backup does to its artifact in the backup store.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum BackupDeletionPolicy {
+    /// Keep the artifact and its manifest in the store.
+    #[default]
+    Retain,
+    /// Delete the artifact and its manifest from the store.
+    Delete,
+}

@@ -1,0 +1,208 @@
+//! `Database`: a PostgreSQL database and its owner role on a server.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{DatabaseDeletionPolicy, LocalObjectReference, ServerSpec};
+
+/// Desired state of a Database.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[kube(
+    group = "dbops.dev",
+    version = "v1alpha1",
+    kind = "Database",
+    namespaced,
+    status = "DatabaseStatus",
+    derive = "PartialEq",
+    shortname = "pgdb",
+    category = "dbops",
+    doc = "A PostgreSQL database and its owner role on a server, with a connection Secret `<name>-connection` for applications.",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Lifecycle phase"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "Ready condition"),
+    printcolumn(name = "Server", type_ = "string", json_path = ".spec.server.host", description = "PostgreSQL server host"),
+    printcolumn(name = "Database", type_ = "string", json_path = ".status.databaseName", description = "Database name in PostgreSQL"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("has(self.spec.databaseName) || self.metadata.name.matches('^[a-z_][a-z0-9_-]{0,62}$')").message("spec.databaseName is required when metadata.name (with '-' read as '_') is not a PostgreSQL identifier of at most 63 characters").field_path(".spec.databaseName"),
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.databaseName) == has(oldSelf.databaseName) && (!has(self.databaseName) || self.databaseName == oldSelf.databaseName)").message("databaseName is immutable").field_path(".databaseName"),
+    validation = Rule::new("has(self.owner) == has(oldSelf.owner) && (!has(self.owner) || self.owner == oldSelf.owner)").message("owner is immutable").field_path(".owner"),
+    validation = Rule::new("!has(self.restoreFrom) || (has(oldSelf.restoreFrom) && self.restoreFrom == oldSelf.restoreFrom)").message("restoreFrom can only be set when the Database is created").field_path(".restoreFrom"),
+)]
+pub struct DatabaseSpec {
+    /// The PostgreSQL server that holds the database.
+    pub server: ServerSpec,
+
+    /// Name of the database in PostgreSQL. Defaults to metadata.name with `-` replaced by
+    /// `_`. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z_][a-z0-9_]{0,62}$')").message("databaseName must be a PostgreSQL identifier: 1 to 63 characters of a-z, 0-9 and _, not starting with a digit"))]
+    pub database_name: Option<String>,
+
+    /// Role created for this database and owning it. Defaults to the database name.
+    /// Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    #[x_kube(
+        validation = Rule::new("self.matches('^[a-z_][a-z0-9_]{0,62}$')").message("owner must be a PostgreSQL identifier: 1 to 63 characters of a-z, 0-9 and _, not starting with a digit"),
+        validation = Rule::new("!self.startsWith('pg_')").message("owner must not start with pg_ (reserved by PostgreSQL)"),
+    )]
+    pub owner: Option<String>,
+
+    /// Extensions to create in the database (`CREATE EXTENSION IF NOT EXISTS`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 63)), extend("x-kubernetes-list-type" = "set"))]
+    #[x_kube(validation = Rule::new("self.all(e, e.matches('^[a-z_][a-z0-9_-]{0,62}$'))").message("every extension must be an extension name: 1 to 63 characters of a-z, 0-9, _ and -"))]
+    pub extensions: Vec<String>,
+
+    /// Maximum concurrent connections to the database; -1 means no limit.
+    #[serde(default = "default_connection_limit")]
+    #[schemars(range(min = -1))]
+    pub connection_limit: i32,
+
+    /// What deleting the Database does in PostgreSQL: Retain (default) leaves the database,
+    /// Delete drops it and its role, Snapshot takes a final Backup and then drops.
+    #[serde(default)]
+    pub deletion_policy: DatabaseDeletionPolicy,
+
+    /// Scheduled backups of this database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupSchedule>,
+
+    /// Create the database from a Backup's artifact. Only allowed when the Database is
+    /// created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_from: Option<RestoreSource>,
+}
+
+fn default_connection_limit() -> i32 {
+    -1
+}
+
+/// Scheduled backups.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSchedule {
+    /// Standard five-field cron expression (minute hour day-of-month month day-of-week),
+    /// in UTC, or one of @hourly, @daily, @midnight, @weekly, @monthly, @yearly, @annually.
+    #[schemars(length(min = 1, max = 128))]
+    #[x_kube(validation = Rule::new("self.matches('^(@(hourly|daily|midnight|weekly|monthly|yearly|annually)|[0-9*/,A-Za-z?-]+( +[0-9*/,A-Za-z?-]+){4})$')").message("schedule must be a five-field cron expression such as \"0 3 * * *\" or a macro such as @daily"))]
+    pub schedule: String,
+
+    /// How many scheduled Backups to keep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
+}
+
+/// Retention of scheduled Backups.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Retention {
+    /// Keep this many of the newest completed scheduled Backups; older ones are deleted.
+    #[schemars(range(min = 1, max = 10000))]
+    pub keep_last: i32,
+}
+
+/// Where a restored Database takes its data from.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreSource {
+    /// A completed Backup in the same namespace.
+    pub backup_ref: LocalObjectReference,
+}
+
+/// Observed state of a Database.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseStatus {
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Lifecycle phase, a summary of the conditions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<DatabasePhase>,
+
+    /// Ready, Progressing, Degraded and MigrationInProgress.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+
+    /// Identity of the database in PostgreSQL: `<host>:<port>/<database OID>`.
+    #[serde(
+        default,
+        rename = "providerID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub provider_id: Option<String>,
+
+    /// The database name in PostgreSQL (spec.databaseName or its default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database_name: Option<String>,
+
+    /// `host:port` applications connect to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+
+    /// Name of the Secret with the connection details.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_secret: Option<String>,
+
+    /// `server_version` reported by PostgreSQL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_version: Option<String>,
+}
+
+/// Lifecycle phase of a Database.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum DatabasePhase {
+    /// Accepted, not yet worked on.
+    Pending,
+    /// The role, database, extensions or Secret are being created.
+    Provisioning,
+    /// Data is being restored from a Backup.
+    Restoring,
+    /// The database exists and the connection Secret is current.
+    Ready,
+    /// The database existed but something is wrong (server unreachable, database missing).
+    Degraded,
+    /// Provisioning cannot proceed until the spec or its references change.
+    Failed,
+    /// Deletion is in progress.
+    Deleting,
+}
+
+impl Database {
+    /// The database name in PostgreSQL: spec.databaseName, or metadata.name with `-` read
+    /// as `_`.
+    pub fn database_name(&self) -> String {
+        match &self.spec.database_name {
+            Some(name) => name.clone(),
+            None => self
+                .metadata
+                .name
+                .as_deref()
+                .unwrap_or_default()
+                .replace('-', "_"),
+        }
+    }
+
+    /// The owner role: spec.owner, or the database name.
+    pub fn owner_role(&self) -> String {
+        self.spec
+            .owner
+            .clone()
+            .unwrap_or_else(|| self.database_name())
+    }
+
+    /// Name of the connection Secret this Database owns.
+    pub fn connection_secret_name(&self) -> String {
+        format!(
+            "{}-connection",
+            self.metadata.name.as_deref().unwrap_or_default()
+        )
+    }
+}

@@ -1,0 +1,82 @@
+//! The controller binaries of this workspace run as real processes against a test bed.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::paths;
+use crate::process::{Spec, Supervised, free_port};
+
+/// One controller process and the address of its health and metrics server.
+#[derive(Debug)]
+pub struct ControllerProcess {
+    pub process: Supervised,
+    pub metrics_port: u16,
+}
+
+impl ControllerProcess {
+    /// Starts `dbops-<name>` (for example `database-controller`) with the kubeconfig,
+    /// a free metrics port and `extra_args`; returns once `/healthz` answers.
+    pub fn start(
+        name: &str,
+        kubeconfig: &Path,
+        log_dir: &Path,
+        extra_args: &[String],
+    ) -> Result<Self> {
+        let binary = paths::workspace_bin(&format!("dbops-{name}"))?;
+        let metrics_port = free_port()?;
+        let spec = Spec::new(name, binary)
+            .args([format!("--metrics-addr=127.0.0.1:{metrics_port}")])
+            .args(extra_args.iter().cloned())
+            .env("KUBECONFIG", kubeconfig.display().to_string())
+            .env(
+                "RUST_LOG",
+                std::env::var("DBOPS_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
+            );
+        let mut process = Supervised::start(&spec, log_dir)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = process.try_exit()? {
+                bail!("{name} exited ({status}):\n{}", process.log_tail(4000));
+            }
+            if http_get(metrics_port, "/healthz").is_ok_and(|(code, _)| code == 200) {
+                return Ok(Self {
+                    process,
+                    metrics_port,
+                });
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{name} /healthz not answering after 30s:\n{}",
+                    process.log_tail(4000)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// GET a path of the controller's health/metrics server: (status code, body).
+    pub fn get(&self, path: &str) -> Result<(u16, String)> {
+        http_get(self.metrics_port, path)
+    }
+}
+
+/// A minimal HTTP/1.0 GET on loopback (the test bed talks plain HTTP to controllers).
+pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .context("malformed HTTP response")?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no status code")?;
+    Ok((code, body.to_string()))
+}

@@ -1,0 +1,371 @@
+//! A real Kubernetes control plane on loopback: etcd, kube-apiserver (RBAC, client
+//! certificates from a CA made here, service-account signing keys) and
+//! kube-controller-manager (garbage collector, namespace and service-account
+//! controllers), each a [`Supervised`] child in one directory.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, Config};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+
+use crate::paths;
+use crate::process::{Spec, Supervised, free_port};
+
+/// Ports and directory of a control plane.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Where certificates, etcd data, logs and the kubeconfig go.
+    pub dir: PathBuf,
+    pub apiserver_port: Option<u16>,
+}
+
+/// A running control plane; every process stops when it is dropped.
+#[derive(Debug)]
+pub struct ControlPlane {
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    server: String,
+    // Dropped in reverse order of start: controller-manager, apiserver, etcd.
+    controller_manager: Option<Supervised>,
+    apiserver: Option<Supervised>,
+    etcd: Option<Supervised>,
+}
+
+/// The issuer and key that sign client certificates (kept so tests can mint users).
+struct Pki {
+    ca_key: KeyPair,
+    ca_params: CertificateParams,
+}
+
+const SA_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+impl ControlPlane {
+    /// Starts etcd, kube-apiserver and kube-controller-manager in `opts.dir`, waits until
+    /// `/readyz` answers, writes `<dir>/kubeconfig` and installs the dbops CRDs.
+    pub async fn start(opts: Options) -> Result<Self> {
+        let started = Instant::now();
+        let bin = paths::controlplane_bin_dir()?;
+        let dir = opts.dir.clone();
+        let pki_dir = dir.join("pki");
+        let log_dir = dir.join("logs");
+        std::fs::create_dir_all(&pki_dir)?;
+        std::fs::create_dir_all(&log_dir)?;
+
+        write_pki(&pki_dir)?;
+
+        let etcd_port = free_port()?;
+        let etcd_peer_port = free_port()?;
+        let api_port = match opts.apiserver_port {
+            Some(p) => p,
+            None => free_port()?,
+        };
+        let server = format!("https://127.0.0.1:{api_port}");
+
+        let etcd = Supervised::start(
+            &Spec::new("etcd", bin.join("etcd")).args([
+                "--name=dbops".to_string(),
+                format!("--data-dir={}", dir.join("etcd").display()),
+                format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
+                format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
+                format!("--initial-cluster=dbops=http://127.0.0.1:{etcd_peer_port}"),
+                "--listen-metrics-urls=".to_string(),
+                "--log-level=warn".to_string(),
+                // A throwaway store: durability across power loss is not needed here.
+                "--unsafe-no-fsync".to_string(),
+            ]),
+            &log_dir,
+        )?;
+
+        let p = |f: &str| pki_dir.join(f).display().to_string();
+        let apiserver = Supervised::start(
+            &Spec::new("kube-apiserver", bin.join("kube-apiserver")).args([
+                format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+                "--bind-address=127.0.0.1".to_string(),
+                "--advertise-address=127.0.0.1".to_string(),
+                format!("--secure-port={api_port}"),
+                format!("--cert-dir={}", p("serving")),
+                format!("--tls-cert-file={}", p("apiserver.crt")),
+                format!("--tls-private-key-file={}", p("apiserver.key")),
+                format!("--client-ca-file={}", p("ca.crt")),
+                "--authorization-mode=RBAC".to_string(),
+                format!("--service-account-issuer={SA_ISSUER}"),
+                format!("--service-account-key-file={}", p("sa.pub")),
+                format!("--service-account-signing-key-file={}", p("sa.key")),
+                "--service-cluster-ip-range=10.96.0.0/24".to_string(),
+                // The only endpoint would be a loopback address, which the endpoints
+                // reconciler refuses; nothing here routes to the apiserver by Service.
+                "--endpoint-reconciler-type=none".to_string(),
+                "--allow-privileged=false".to_string(),
+                "--v=1".to_string(),
+            ]),
+            &log_dir,
+        )?;
+
+        let kubeconfig = dir.join("kubeconfig");
+        write_kubeconfig(
+            &kubeconfig,
+            &server,
+            &pki_dir.join("ca.crt"),
+            &pki_dir.join("admin.crt"),
+            &pki_dir.join("admin.key"),
+            "dbops-admin",
+        )?;
+
+        let mut cp = Self {
+            dir: dir.clone(),
+            kubeconfig,
+            server,
+            controller_manager: None,
+            apiserver: Some(apiserver),
+            etcd: Some(etcd),
+        };
+        cp.wait_ready(Duration::from_secs(90)).await?;
+
+        cp.controller_manager = Some(Supervised::start(
+            &Spec::new(
+                "kube-controller-manager",
+                bin.join("kube-controller-manager"),
+            )
+            .args([
+                format!("--kubeconfig={}", cp.kubeconfig.display()),
+                "--controllers=garbagecollector,namespace,serviceaccount,serviceaccount-token"
+                    .to_string(),
+                format!("--service-account-private-key-file={}", p("sa.key")),
+                format!("--root-ca-file={}", p("ca.crt")),
+                "--use-service-account-credentials=false".to_string(),
+                "--leader-elect=false".to_string(),
+                "--secure-port=0".to_string(),
+                "--v=1".to_string(),
+            ]),
+            &log_dir,
+        )?);
+
+        cp.install_crds().await?;
+        tracing::info!(
+            server = %cp.server,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "control plane ready"
+        );
+        Ok(cp)
+    }
+
+    /// The kubeconfig of the `system:masters` admin user.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A new admin client. Make one per test: a client belongs to the runtime it was
+    /// made on.
+    pub async fn client(&self) -> Result<Client> {
+        client_from_kubeconfig(&self.kubeconfig).await
+    }
+
+    /// Logs of etcd, kube-apiserver and kube-controller-manager, for failure reports.
+    pub fn log_tails(&self, max_bytes: u64) -> String {
+        [&self.etcd, &self.apiserver, &self.controller_manager]
+            .into_iter()
+            .flatten()
+            .map(|p| format!("==> {} <==\n{}\n", p.name(), p.log_tail(max_bytes)))
+            .collect()
+    }
+
+    async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            for proc in [&mut self.etcd, &mut self.apiserver].into_iter().flatten() {
+                if let Some(status) = proc.try_exit()? {
+                    bail!(
+                        "{} exited ({status}) while starting:\n{}",
+                        proc.name(),
+                        proc.log_tail(4000)
+                    );
+                }
+            }
+            let last_err = match self.readyz().await {
+                Ok(()) => return Ok(()),
+                Err(e) => format!("{e:#}"),
+            };
+            if Instant::now() > deadline {
+                bail!(
+                    "kube-apiserver not ready after {timeout:?}: {last_err}\n{}",
+                    self.log_tails(3000)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn readyz(&self) -> Result<()> {
+        let client = self.client().await?;
+        let req = http::Request::get("/readyz").body(Vec::new())?;
+        let body = client.request_text(req).await?;
+        if body.trim() == "ok" {
+            Ok(())
+        } else {
+            bail!("/readyz: {body}")
+        }
+    }
+
+    /// Applies every dbops CRD (server-side apply) and waits until each is Established.
+    pub async fn install_crds(&self) -> Result<()> {
+        let client = self.client().await?;
+        let api: Api<CustomResourceDefinition> = Api::all(client);
+        let params = PatchParams::apply("dbops-e2e").force();
+        for crd in dbops_api::crds() {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            api.patch(&name, &params, &Patch::Apply(&crd))
+                .await
+                .with_context(|| format!("applying CRD {name}"))?;
+            tokio::time::timeout(
+                Duration::from_secs(30),
+                await_condition(api.clone(), &name, conditions::is_crd_established()),
+            )
+            .await
+            .with_context(|| format!("CRD {name} not established within 30s"))??;
+        }
+        Ok(())
+    }
+}
+
+/// A kube client from a kubeconfig file.
+pub async fn client_from_kubeconfig(path: &Path) -> Result<Client> {
+    let kubeconfig = Kubeconfig::read_from(path)
+        .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+/// Writes a kubeconfig that refers to certificate files by path.
+pub fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+    user: &str,
+) -> Result<()> {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: dbops\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: {user}\n  user:\n    client-certificate: {cert}\n    client-key: {key}\ncontexts:\n- name: dbops\n  context:\n    cluster: dbops\n    user: {user}\n    namespace: default\ncurrent-context: dbops\n",
+        ca = ca.display(),
+        cert = cert.display(),
+        key = key.display(),
+    );
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Writes a token kubeconfig (for ServiceAccount tokens from the TokenRequest API).
+pub fn write_token_kubeconfig(path: &Path, server: &str, ca: &Path, token: &str) -> Result<()> {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: dbops\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: token\n  user:\n    token: {token}\ncontexts:\n- name: dbops\n  context:\n    cluster: dbops\n    user: token\ncurrent-context: dbops\n",
+        ca = ca.display(),
+    );
+    std::fs::write(path, text)?;
+    restrict(path)
+}
+
+fn restrict(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+/// CA, apiserver serving certificate, admin client certificate, service-account key.
+fn write_pki(dir: &Path) -> Result<()> {
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.distinguished_name = dn("dbops-e2e-ca", None);
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca_params.self_signed(&ca_key)?;
+    let pki = Pki { ca_key, ca_params };
+
+    write_secret(&dir.join("ca.crt"), &ca_cert.pem())?;
+    write_secret(&dir.join("ca.key"), &pki.ca_key.serialize_pem())?;
+
+    let (cert, key) = pki.issue(
+        "kube-apiserver",
+        None,
+        vec![
+            SanType::IpAddress([127, 0, 0, 1].into()),
+            SanType::DnsName("localhost".try_into()?),
+            SanType::DnsName("kubernetes.default.svc".try_into()?),
+        ],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    )?;
+    write_secret(&dir.join("apiserver.crt"), &cert)?;
+    write_secret(&dir.join("apiserver.key"), &key)?;
+
+    let (cert, key) = pki.issue(
+        "dbops-admin",
+        Some("system:masters"),
+        Vec::new(),
+        ExtendedKeyUsagePurpose::ClientAuth,
+    )?;
+    write_secret(&dir.join("admin.crt"), &cert)?;
+    write_secret(&dir.join("admin.key"), &key)?;
+
+    let sa_key = KeyPair::generate()?;
+    write_secret(&dir.join("sa.key"), &sa_key.serialize_pem())?;
+    write_secret(&dir.join("sa.pub"), &sa_key.public_key_pem())?;
+    Ok(())
+}
+
+impl Pki {
+    fn issue(
+        &self,
+        cn: &str,
+        org: Option<&str>,
+        sans: Vec<SanType>,
+        usage: ExtendedKeyUsagePurpose,
+    ) -> Result<(String, String)> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name = dn(cn, org);
+        params.subject_alt_names = sans;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![usage];
+        let issuer = Issuer::from_params(&self.ca_params, &self.ca_key);
+        let cert = params.signed_by(&key, &issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+}
+
+fn dn(cn: &str, org: Option<&str>) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, cn);
+    if let Some(org) = org {
+        dn.push(DnType::OrganizationName, org);
+    }
+    dn
+}
+
+fn write_secret(path: &Path, contents: &str) -> Result<()> {
+    std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))?;
+    restrict(path)
+}

@@ -1,0 +1,34 @@
+//! The dbops test bed: a real control plane (etcd, kube-apiserver,
+//! kube-controller-manager built from Go modules by `e2e/install`), real PostgreSQL
+//! servers, the real `kubectl`, and the three controller binaries, all started on
+//! loopback by this crate and stopped when the test or dev session ends.
+
+pub mod controllers;
+pub mod controlplane;
+pub mod kubectl;
+pub mod namespace;
+pub mod paths;
+pub mod postgres;
+pub mod process;
+
+pub use controllers::ControllerProcess;
+pub use controlplane::ControlPlane;
+pub use kubectl::Kubectl;
+pub use namespace::TestNamespace;
+pub use postgres::PgServer;
+
+use std::sync::Once;
+
+/// Logs of the harness itself go to the test's output (`RUST_LOG` filters them).
+pub fn init_test_logging() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "info,kube_client::client::builder=off".into()),
+            )
+            .with_test_writer()
+            .try_init();
+    });
+}

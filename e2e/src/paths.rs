@@ -1,0 +1,99 @@
+//! Where the test bed finds its programs.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+
+/// The repository root (the workspace that holds this crate).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// The cache outside the repository where `e2e/install` puts Go-built binaries.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("DBOPS_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    base.join("dbops")
+}
+
+fn go_mod_version(module: &str) -> Result<String> {
+    let go_mod = repo_root().join("e2e/controlplane/go.mod");
+    let text = std::fs::read_to_string(&go_mod)
+        .with_context(|| format!("reading {}", go_mod.display()))?;
+    text.lines()
+        .map(str::split_whitespace)
+        .find_map(|mut words| match (words.next(), words.next()) {
+            (Some(m), Some(v)) if m == module => Some(v.to_string()),
+            _ => None,
+        })
+        .with_context(|| format!("{module} is not required in {}", go_mod.display()))
+}
+
+/// The Kubernetes release the test bed builds, e.g. `v1.33.13`.
+pub fn kubernetes_version() -> Result<String> {
+    go_mod_version("k8s.io/kubernetes")
+}
+
+/// The directory holding kube-apiserver, kube-controller-manager and etcd.
+pub fn controlplane_bin_dir() -> Result<PathBuf> {
+    let dir = cache_dir().join(format!(
+        "controlplane-{}-etcd-{}",
+        kubernetes_version()?,
+        go_mod_version("go.etcd.io/etcd/server/v3")?
+    ));
+    for bin in ["kube-apiserver", "kube-controller-manager", "etcd"] {
+        if !dir.join(bin).is_file() {
+            bail!(
+                "{} is missing: run e2e/install (it builds the control plane from Go modules)",
+                dir.join(bin).display()
+            );
+        }
+    }
+    Ok(dir)
+}
+
+/// The PostgreSQL server programs (initdb, postgres) of the newest installed major version,
+/// or `DBOPS_PG_BIN`.
+pub fn postgres_bin_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("DBOPS_PG_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .context("PostgreSQL is not installed (/usr/lib/postgresql): run e2e/install")?
+        .filter_map(|entry| entry.ok())
+        .filter_map(|entry| {
+            let major = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("postgres").is_file().then_some((major, bin))
+        })
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .map(|(_, bin)| bin)
+        .context("no PostgreSQL server under /usr/lib/postgresql/*/bin: run e2e/install")
+}
+
+/// A binary of this workspace, built by `cargo build --workspace --bins`.
+pub fn workspace_bin(name: &str) -> Result<PathBuf> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let profile = std::env::var("DBOPS_PROFILE").unwrap_or_else(|_| "debug".into());
+    let path = target.join(profile).join(name);
+    if !path.is_file() {
+        bail!(
+            "{} is missing: run `cargo build --workspace --bins` first",
+            path.display()
+        );
+    }
+    Ok(path)
+}

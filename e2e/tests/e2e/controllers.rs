@@ -1,0 +1,2 @@
+//! The three controller binaries start against the real apiserver, serve health and
+//! metrics, and stop cleanly on SIGTERM.
