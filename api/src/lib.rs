@@ -1,3 +1,4 @@
+#![allow(clippy::duplicated_attributes)] // kube-derive's printcolumn(...) repeats `type_ = ...` by design
 //! The dbops.dev/v1alpha1 API: `Database`, `Backup` and `Migration`.
 //!
 //! Types, schema, CEL validation and printer columns only: no client code lives here.

@@ -24,8 +24,18 @@ impl ControllerProcess {
         log_dir: &Path,
         extra_args: &[String],
     ) -> Result<Self> {
+        Self::start_on(name, kubeconfig, log_dir, free_port()?, extra_args)
+    }
+
+    /// Like [`ControllerProcess::start`] with a chosen health and metrics port.
+    pub fn start_on(
+        name: &str,
+        kubeconfig: &Path,
+        log_dir: &Path,
+        metrics_port: u16,
+        extra_args: &[String],
+    ) -> Result<Self> {
         let binary = paths::workspace_bin(&format!("dbops-{name}"))?;
-        let metrics_port = free_port()?;
         let spec = Spec::new(name, binary)
             .args([format!("--metrics-addr=127.0.0.1:{metrics_port}")])
             .args(extra_args.iter().cloned())

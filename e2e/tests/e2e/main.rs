@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)] // a test: an unwrap that fails is a failed test
 //! Integration tests against the real test bed: a kube-apiserver, etcd and
 //! kube-controller-manager built from Go modules, PostgreSQL from Debian's packages, the
 //! machine's kubectl, and this workspace's controller binaries. One control plane serves

@@ -1,0 +1,230 @@
+//! Flags every dbops controller takes, flattened into each binary's clap parser.
+//!
+//! Every flag also reads an environment variable (shown in `--help`), so a Deployment can
+//! set either.
+
+use std::{net::SocketAddr, num::NonZeroU32, time::Duration};
+
+use clap::{ArgAction, Args, ValueEnum};
+
+/// Flags shared by the three controllers.
+#[derive(Args, Clone, Debug)]
+pub struct CommonArgs {
+    /// How many objects are reconciled at the same time (at least 1). One object is never
+    /// reconciled twice at once.
+    #[arg(long, env = "DBOPS_CONCURRENCY", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrency: u16,
+
+    /// First retry delay after a transient reconcile error; doubles per attempt, with jitter.
+    #[arg(long, env = "DBOPS_BACKOFF_BASE", default_value = "5s", value_parser = parse_duration)]
+    pub backoff_base: Duration,
+
+    /// Upper bound of the retry delay after transient reconcile errors.
+    #[arg(long, env = "DBOPS_BACKOFF_MAX", default_value = "300s", value_parser = parse_duration)]
+    pub backoff_max: Duration,
+
+    /// How often a converged object is reconciled again without any watch event.
+    #[arg(long, env = "DBOPS_RESYNC_INTERVAL", default_value = "300s", value_parser = parse_duration)]
+    pub resync_interval: Duration,
+
+    /// Only watch this namespace; all namespaces when absent.
+    #[arg(long, env = "DBOPS_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+
+    /// Address of the health (/healthz, /readyz) and Prometheus (/metrics) endpoints.
+    #[arg(long, env = "DBOPS_METRICS_ADDR", default_value = "127.0.0.1:8080")]
+    pub metrics_addr: SocketAddr,
+
+    /// Run only while holding the Lease `dbops-<controller>` in $POD_NAMESPACE, so that
+    /// several replicas can run with one active.
+    /// `--leader-elect`, `--leader-elect=true` and `--leader-elect=false` are all accepted.
+    #[arg(long, env = "DBOPS_LEADER_ELECT", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Requests per second this process sends to the Kubernetes API server (bursts up to
+    /// twice as many).
+    #[arg(long, env = "DBOPS_API_RATE_LIMIT", default_value = "50")]
+    pub api_rate_limit: NonZeroU32,
+
+    /// OTLP gRPC endpoint for traces, for example http://jaeger-collector:4317; no traces
+    /// are exported when absent.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
+    /// Log line format.
+    #[arg(long, env = "DBOPS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log filter in tracing-subscriber `EnvFilter` syntax, for example `info,kube=debug`.
+    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    pub log_filter: String,
+}
+
+impl CommonArgs {
+    /// Refuses combinations a single flag parser cannot see.
+    pub fn validate(&self) -> Result<(), CliError> {
+        if self.backoff_base > self.backoff_max {
+            return Err(CliError::BackoffBaseAboveMax {
+                base: self.backoff_base,
+                max: self.backoff_max,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// How log lines are written to stderr.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Flag combinations that are refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("--backoff-base ({base:?}) must not be greater than --backoff-max ({max:?})")]
+    BackoffBaseAboveMax { base: Duration, max: Duration },
+}
+
+/// Why a duration flag was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DurationError {
+    #[error("empty duration; expected for example 5s, 300ms, 2m or 1h")]
+    Empty,
+    #[error("`{0}` has no unit; expected ms, s, m or h (for example 5s)")]
+    MissingUnit(String),
+    #[error("unknown unit `{0}`; expected ms, s, m or h")]
+    UnknownUnit(String),
+    #[error("`{0}` does not start with a number")]
+    MissingNumber(String),
+    #[error("duration is too large")]
+    Overflow,
+    #[error("duration must be greater than zero")]
+    Zero,
+}
+
+/// Parses a positive duration written as one or more `<integer><unit>` parts, units `ms`,
+/// `s`, `m`, `h`: `5s`, `300ms`, `2m`, `1h30m`.
+pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
+    let input = input.trim();
+    if input.is_empty() {
+        return Err(DurationError::Empty);
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = input;
+    while !rest.is_empty() {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits == 0 {
+            return Err(DurationError::MissingNumber(rest.to_owned()));
+        }
+        let (number, after) = rest.split_at(digits);
+        let unit_len = after.len()
+            - after
+                .trim_start_matches(|c: char| c.is_ascii_alphabetic())
+                .len();
+        let (unit, after) = after.split_at(unit_len);
+        let number: u64 = number.parse().map_err(|_| DurationError::Overflow)?;
+        let part = match unit {
+            "ms" => Duration::from_millis(number),
+            "s" => Duration::from_secs(number),
+            "m" => Duration::from_secs(number.checked_mul(60).ok_or(DurationError::Overflow)?),
+            "h" => Duration::from_secs(number.checked_mul(3600).ok_or(DurationError::Overflow)?),
+            "" => return Err(DurationError::MissingUnit(input.to_owned())),
+            other => return Err(DurationError::UnknownUnit(other.to_owned())),
+        };
+        total = total.checked_add(part).ok_or(DurationError::Overflow)?;
+        rest = after;
+    }
+    if total.is_zero() {
+        return Err(DurationError::Zero);
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser, Debug)]
+    struct TestCli {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+
+    #[test]
+    fn durations_with_each_unit_parse() {
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("300ms"), Ok(Duration::from_millis(300)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration(" 1h30m "), Ok(Duration::from_secs(5400)));
+    }
+
+    #[test]
+    fn malformed_durations_are_refused() {
+        assert_eq!(parse_duration(""), Err(DurationError::Empty));
+        assert_eq!(
+            parse_duration("5"),
+            Err(DurationError::MissingUnit("5".into()))
+        );
+        assert_eq!(
+            parse_duration("5d"),
+            Err(DurationError::UnknownUnit("d".into()))
+        );
+        assert_eq!(
+            parse_duration("s"),
+            Err(DurationError::MissingNumber("s".into()))
+        );
+        assert_eq!(
+            parse_duration("-5s"),
+            Err(DurationError::MissingNumber("-5s".into()))
+        );
+        assert_eq!(parse_duration("0s"), Err(DurationError::Zero));
+        assert_eq!(
+            parse_duration("99999999999999999999s"),
+            Err(DurationError::Overflow)
+        );
+    }
+
+    #[test]
+    fn defaults_match_the_spec() {
+        let cli = TestCli::try_parse_from(["test"]).unwrap();
+        let args = cli.common;
+        assert_eq!(args.concurrency, 4);
+        assert_eq!(args.backoff_base, Duration::from_secs(5));
+        assert_eq!(args.backoff_max, Duration::from_secs(300));
+        assert_eq!(args.resync_interval, Duration::from_secs(300));
+        assert_eq!(args.metrics_addr, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(args.api_rate_limit.get(), 50);
+        assert!(!args.leader_elect);
+        assert_eq!(args.log_format, LogFormat::Text);
+        assert!(args.validate().is_ok());
+    }
+
+    #[test]
+    fn leader_election_takes_an_optional_value() {
+        let parse = |args: &[&str]| TestCli::try_parse_from(args).unwrap().common.leader_elect;
+        assert!(parse(&["test", "--leader-elect"]));
+        assert!(parse(&["test", "--leader-elect=true"]));
+        assert!(!parse(&["test", "--leader-elect=false"]));
+    }
+
+    #[test]
+    fn zero_concurrency_is_refused() {
+        assert!(TestCli::try_parse_from(["test", "--concurrency", "0"]).is_err());
+    }
+
+    #[test]
+    fn backoff_base_above_max_is_refused() {
+        let cli = TestCli::try_parse_from(["test", "--backoff-base", "10m", "--backoff-max", "1m"])
+            .unwrap();
+        assert!(cli.common.validate().is_err());
+    }
+}

@@ -1,0 +1,555 @@
+//! The runner all three controllers share: startup checks, the kube-runtime `Controller`,
+//! one instrumented span per reconcile, per-object backoff, health and metrics.
+//!
+//! [`run`] is the whole life of a controller process:
+//! 1. install the SIGTERM/SIGINT handlers;
+//! 2. build the rate-limited client and check that the CRD of `K` is served;
+//! 3. serve /healthz, /readyz and /metrics on `--metrics-addr`;
+//! 4. run the `Controller` (only while leader with `--leader-elect`) until a signal;
+//! 5. let in-flight reconciles finish, release the Lease, stop the health server.
+
+use std::{
+    convert::Infallible,
+    fmt::Debug,
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::StreamExt;
+use k8s_openapi::NamespaceResourceScope;
+use kube::{
+    Api, Client, Resource,
+    api::ListParams,
+    runtime::{
+        controller::{self, Action, Controller},
+        events::Reporter,
+        reflector::ObjectRef,
+        watcher,
+    },
+};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, field};
+
+use crate::{
+    backoff::{Backoff, BackoffKey, BackoffTracker},
+    cli::{CliError, CommonArgs},
+    client::{ClientError, rate_limited_client},
+    health::{self, HealthError, HealthState},
+    leader::{self, LeaderError, LeaseSettings},
+    metrics::{Metrics, Outcome},
+    shutdown::{self, ShutdownError},
+    telemetry::current_trace_id,
+};
+
+/// How long running reconciles may take to finish after SIGTERM/SIGINT.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// What the error policy does with a reconcile error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Retrying may help (server or API unavailable): requeue with per-object backoff.
+    Transient,
+    /// The spec cannot work as written: report it and wait for the object to change.
+    InvalidSpec,
+}
+
+/// Implemented by each controller's reconcile error enum.
+pub trait ReconcileError: std::error::Error + Send + Sync + 'static {
+    fn kind(&self) -> ErrorKind;
+    /// A short CamelCase label for metrics and traces, for example `ServerUnavailable`.
+    fn reason(&self) -> &'static str;
+}
+
+/// For reconcilers that cannot fail.
+impl ReconcileError for Infallible {
+    fn kind(&self) -> ErrorKind {
+        match *self {}
+    }
+
+    fn reason(&self) -> &'static str {
+        match *self {}
+    }
+}
+
+/// Everything a reconcile gets besides the object; `state` is the controller's own.
+pub struct Context<S> {
+    /// For example `database-controller`: the metrics label and the Lease suffix.
+    pub controller: &'static str,
+    pub client: Client,
+    pub metrics: Arc<Metrics>,
+    pub backoff: BackoffTracker,
+    pub health: HealthState,
+    /// Who publishes this controller's Events.
+    pub reporter: Reporter,
+    /// How long a converged object waits before its next reconcile.
+    pub resync_interval: Duration,
+    pub state: S,
+}
+
+impl<S> Context<S> {
+    pub fn new(
+        controller: &'static str,
+        client: Client,
+        args: &CommonArgs,
+        health: HealthState,
+        metrics: Arc<Metrics>,
+        state: S,
+    ) -> Self {
+        Self {
+            controller,
+            client,
+            metrics,
+            backoff: BackoffTracker::new(Backoff {
+                base: args.backoff_base,
+                max: args.backoff_max,
+            }),
+            health,
+            reporter: Reporter {
+                controller: format!("dbops-{controller}"),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+            resync_interval: args.resync_interval,
+            state,
+        }
+    }
+}
+
+/// Why a controller process stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error(transparent)]
+    Flags(#[from] CliError),
+    #[error(transparent)]
+    Shutdown(#[from] ShutdownError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("CRD {crd} is not installed")]
+    CrdNotInstalled { crd: String },
+    #[error("cannot list {crd}: {source}")]
+    CrdCheck { crd: String, source: kube::Error },
+    #[error(transparent)]
+    Health(#[from] HealthError),
+    #[error(transparent)]
+    Leader(#[from] LeaderError),
+}
+
+/// Runs the controller of kind `K` until SIGTERM or SIGINT; see the module documentation.
+pub async fn run<K, S, F, Fut, E>(
+    controller: &'static str,
+    args: &CommonArgs,
+    state: S,
+    reconcile: F,
+) -> Result<(), ControllerError>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+    S: Send + Sync + 'static,
+    F: FnMut(Arc<K>, Arc<Context<S>>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: ReconcileError,
+{
+    args.validate()?;
+    let shutdown = shutdown::on_signals()?;
+    let listener = health::bind(args.metrics_addr).await?;
+    let client = rate_limited_client(args.api_rate_limit).await?;
+    ensure_crd_served::<K>(&client, args.watch_namespace.as_deref()).await?;
+
+    let metrics = Arc::new(Metrics::new(controller));
+    let health = HealthState::new(args.leader_elect);
+    let ctx = Arc::new(Context::new(
+        controller,
+        client.clone(),
+        args,
+        health.clone(),
+        metrics.clone(),
+        state,
+    ));
+
+    // Whichever of the two ends first stops the other.
+    let server = async {
+        let served = health::serve_on(
+            listener,
+            health.clone(),
+            metrics,
+            shutdown.clone().cancelled_owned(),
+        )
+        .await;
+        shutdown.cancel();
+        served
+    };
+    let work = async {
+        let result = if args.leader_elect {
+            let lease = LeaseSettings::from_env(controller);
+            leader::run_as_leader(client, lease, &health, shutdown.clone(), |stop| {
+                run_controller(ctx, args, reconcile, stop)
+            })
+            .await
+        } else {
+            run_controller(ctx, args, reconcile, shutdown.clone()).await;
+            Ok(())
+        };
+        shutdown.cancel();
+        result
+    };
+    let (served, worked) = tokio::join!(server, work);
+    served?;
+    worked?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Fails with [`ControllerError::CrdNotInstalled`] when the API server does not serve `K`.
+pub async fn ensure_crd_served<K>(
+    client: &Client,
+    namespace: Option<&str>,
+) -> Result<(), ControllerError>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug,
+{
+    let crd = format!("{}.{}", K::plural(&()), K::group(&()));
+    let api: Api<K> = scoped_api(client.clone(), namespace);
+    match api.list_metadata(&ListParams::default().limit(1)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            Err(ControllerError::CrdNotInstalled { crd })
+        }
+        Err(source) => Err(ControllerError::CrdCheck { crd, source }),
+    }
+}
+
+fn scoped_api<K>(client: Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client, namespace),
+        None => Api::all(client),
+    }
+}
+
+/// Runs the kube-runtime `Controller` for `K` until `stop` is cancelled, then lets running
+/// reconciles finish. Marks the health state ready once the watch store has synced.
+///
+/// `Controller::new` already applies kube's default backoff to its watch stream, so a
+/// failing watch is retried with backoff rather than in a hot loop.
+async fn run_controller<K, S, F, Fut, E>(
+    ctx: Arc<Context<S>>,
+    args: &CommonArgs,
+    mut reconcile: F,
+    stop: CancellationToken,
+) where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+    S: Send + Sync + 'static,
+    F: FnMut(Arc<K>, Arc<Context<S>>) -> Fut,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: ReconcileError,
+{
+    let api: Api<K> = scoped_api(ctx.client.clone(), args.watch_namespace.as_deref());
+    let controller = Controller::new(api, watcher::Config::default())
+        .with_config(controller::Config::default().concurrency(args.concurrency))
+        .graceful_shutdown_on(stop.clone().cancelled_owned());
+
+    let store = controller.store();
+    let synced = AtomicBool::new(false);
+    let readiness = async {
+        if store.wait_until_ready().await.is_ok() {
+            tracing::info!("watch store synced; ready");
+            synced.store(true, Ordering::Release);
+            ctx.health.set_ready(true);
+        }
+    };
+
+    let results_ctx = ctx.clone();
+    let reconciles = controller
+        .run(
+            move |obj, ctx| {
+                let work = reconcile(obj.clone(), ctx.clone());
+                instrumented_reconcile(obj, ctx, work)
+            },
+            error_policy,
+            ctx.clone(),
+        )
+        .for_each(move |result| {
+            log_result(&results_ctx, result);
+            std::future::ready(())
+        });
+    tracing::info!(
+        kind = %K::kind(&()),
+        namespace = args.watch_namespace.as_deref().unwrap_or("<all>"),
+        concurrency = args.concurrency,
+        "controller started"
+    );
+    // kube-runtime's graceful shutdown waits for in-flight reconciles, but never ends if it
+    // starts before the first watch sync (the runner is held until the store is ready). So:
+    // before the sync nothing runs and nothing is waited for; after it, reconciles get a
+    // bounded grace period.
+    let grace = async {
+        stop.cancelled().await;
+        if synced.load(Ordering::Acquire) {
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+            tracing::warn!(
+                grace = ?SHUTDOWN_GRACE,
+                "reconciles did not finish in time; abandoning them"
+            );
+        } else {
+            tracing::info!("stopping before the first watch sync");
+        }
+    };
+    tokio::select! {
+        _ = async { tokio::join!(readiness, reconciles) } => {}
+        () = grace => {}
+    }
+}
+
+/// Runs one reconcile inside its span (`controller`, `kind`, `object.namespace`,
+/// `object.name`, `object.generation`, `outcome`, `error`, `trace_id`), timing it and
+/// counting its outcome. A success resets the object's backoff.
+///
+/// The object fields are `object.*`, not `name`: JSON logs already use `name` for the
+/// span's own name.
+pub async fn instrumented_reconcile<K, S, E>(
+    obj: Arc<K>,
+    ctx: Arc<Context<S>>,
+    work: impl Future<Output = Result<Action, E>>,
+) -> Result<Action, E>
+where
+    K: Resource<DynamicType = ()>,
+    E: ReconcileError,
+{
+    let meta = obj.meta();
+    let span = tracing::info_span!(
+        "reconcile",
+        controller = ctx.controller,
+        kind = %K::kind(&()),
+        object.namespace = meta.namespace.as_deref(),
+        object.name = meta.name.as_deref(),
+        object.generation = meta.generation,
+        outcome = field::Empty,
+        error = field::Empty,
+        trace_id = field::Empty,
+    );
+    async move {
+        let span = tracing::Span::current();
+        if let Some(trace_id) = current_trace_id() {
+            span.record("trace_id", trace_id.as_str());
+        }
+        let metrics = ctx.metrics.controller();
+        let _timer = metrics.reconcile_timer();
+        let result = work.await;
+        match &result {
+            Ok(_) => {
+                ctx.backoff.reset(&BackoffKey::for_object(obj.as_ref()));
+                metrics.record_outcome(Outcome::Success);
+                span.record("outcome", Outcome::Success.as_str());
+            }
+            Err(error) => {
+                metrics.record_outcome(Outcome::Error);
+                metrics.record_error(error.reason());
+                span.record("outcome", Outcome::Error.as_str());
+                span.record("error", error.reason());
+            }
+        }
+        result
+    }
+    .instrument(span)
+    .await
+}
+
+/// Transient errors are retried after the object's next backoff delay; an invalid spec
+/// waits for the object to change.
+pub fn error_policy<K, S, E>(obj: Arc<K>, error: &E, ctx: Arc<Context<S>>) -> Action
+where
+    K: Resource,
+    E: ReconcileError,
+{
+    let key = BackoffKey::for_object(obj.as_ref());
+    match error.kind() {
+        ErrorKind::Transient => {
+            let delay = ctx.backoff.next_delay(&key);
+            tracing::debug!(object = ?key, ?delay, "retrying after backoff");
+            Action::requeue(delay)
+        }
+        ErrorKind::InvalidSpec => {
+            ctx.backoff.reset(&key);
+            Action::await_change()
+        }
+    }
+}
+
+/// Logs what the controller stream reports; nothing is dropped silently.
+fn log_result<K, S, E>(
+    ctx: &Context<S>,
+    result: Result<(ObjectRef<K>, Action), controller::Error<E, watcher::Error>>,
+) where
+    K: Resource<DynamicType = ()>,
+    E: ReconcileError,
+{
+    match result {
+        Ok((object, action)) => tracing::debug!(%object, ?action, "reconciled"),
+        // Expected after a deletion (kube-rs/kube#1167): the requeue outlived the object.
+        Err(controller::Error::ObjectNotFound(object)) => {
+            tracing::debug!(%object, "object is gone; forgetting its backoff");
+            ctx.backoff
+                .forget(&BackoffKey::for_object_ref(object.as_ref()));
+        }
+        Err(controller::Error::ReconcilerFailed(error, object)) => {
+            tracing::warn!(%object, reason = error.reason(), error = %error, "reconcile failed");
+        }
+        Err(controller::Error::QueueError(error)) => {
+            tracing::warn!(%error, "watch failed; retrying with backoff");
+        }
+        Err(controller::Error::RunnerError(error)) => {
+            tracing::error!(%error, "controller runner failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use http::{Request, Response};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::{api::ObjectMeta, client::Body};
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct TestCli {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    enum TestError {
+        #[error("server unavailable")]
+        Unavailable,
+        #[error("bad spec")]
+        BadSpec,
+    }
+
+    impl ReconcileError for TestError {
+        fn kind(&self) -> ErrorKind {
+            match self {
+                Self::Unavailable => ErrorKind::Transient,
+                Self::BadSpec => ErrorKind::InvalidSpec,
+            }
+        }
+
+        fn reason(&self) -> &'static str {
+            match self {
+                Self::Unavailable => "ServerUnavailable",
+                Self::BadSpec => "InvalidSpec",
+            }
+        }
+    }
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    fn context() -> (Arc<Context<()>>, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let args = TestCli::parse_from(["test"]).common;
+        let ctx = Context::new(
+            "test-controller",
+            client,
+            &args,
+            HealthState::new(false),
+            Arc::new(Metrics::new("test-controller")),
+            (),
+        );
+        (Arc::new(ctx), handle)
+    }
+
+    fn config_map() -> Arc<ConfigMap> {
+        Arc::new(ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("orders".into()),
+                namespace: Some("default".into()),
+                uid: Some("uid-1".into()),
+                generation: Some(1),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        })
+    }
+
+    /// Asserts that nothing was sent through the mock once every client is dropped.
+    async fn assert_no_api_call(ctx: Arc<Context<()>>, mut handle: Handle) {
+        drop(ctx);
+        let next = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
+        assert!(
+            matches!(next, Ok(None)),
+            "the reconcile wrapper called the API"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_wrapper_makes_no_api_call_and_counts_a_success() {
+        let (ctx, handle) = context();
+        let resync = Action::requeue(ctx.resync_interval);
+        let action = instrumented_reconcile(config_map(), ctx.clone(), async {
+            Ok::<_, Infallible>(Action::requeue(Duration::from_secs(300)))
+        })
+        .await
+        .unwrap();
+        assert_eq!(action, resync);
+        let text = ctx.metrics.encode().unwrap();
+        assert!(text.contains(r#"outcome="success"} 1"#));
+        assert_no_api_call(ctx, handle).await;
+    }
+
+    #[tokio::test]
+    async fn transient_errors_back_off_and_a_success_resets() {
+        let (ctx, _handle) = context();
+        let obj = config_map();
+        let failed = instrumented_reconcile(obj.clone(), ctx.clone(), async {
+            Err::<Action, _>(TestError::Unavailable)
+        })
+        .await;
+        let error = failed.unwrap_err();
+        // A requeue after the jittered first delay (its value is covered by backoff's tests).
+        assert_ne!(
+            error_policy(obj.clone(), &error, ctx.clone()),
+            Action::await_change()
+        );
+        assert_eq!(ctx.backoff.len(), 1);
+
+        instrumented_reconcile(obj.clone(), ctx.clone(), async {
+            Ok::<_, TestError>(Action::await_change())
+        })
+        .await
+        .unwrap();
+        assert!(ctx.backoff.is_empty());
+        let text = ctx.metrics.encode().unwrap();
+        assert!(text.contains(r#"reason="ServerUnavailable"} 1"#));
+    }
+
+    #[tokio::test]
+    async fn an_invalid_spec_waits_for_a_change() {
+        let (ctx, _handle) = context();
+        assert_eq!(
+            error_policy(config_map(), &TestError::BadSpec, ctx.clone()),
+            Action::await_change()
+        );
+        assert!(ctx.backoff.is_empty());
+    }
+}

@@ -1,0 +1,15 @@
+//! Plumbing every dbops controller uses: flags, telemetry, metrics, health, backoff,
+//! conditions, leader election, the API rate limit and the generic controller runner.
+
+pub mod backoff;
+pub mod cli;
+pub mod client;
+pub mod conditions;
+pub mod controller;
+pub mod health;
+pub mod leader;
+pub mod metrics;
+pub mod postgres;
+pub mod rate_limit;
+pub mod shutdown;
+pub mod telemetry;
