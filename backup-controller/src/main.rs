@@ -84,7 +84,15 @@ async fn main() -> ExitCode {
         backup_store: args.backup_store,
         max_concurrent_backups: args.max_concurrent_backups,
     };
-    match controller::run::<Backup, _, _, _, _>(CONTROLLER, &args.common, state, reconcile).await {
+    match controller::run::<Backup, _, _, _, _>(
+        CONTROLLER,
+        &args.common,
+        move |_, _| state,
+        controller::no_extra_watches(),
+        reconcile,
+    )
+    .await
+    {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("{error}");

@@ -1,26 +1,37 @@
-//! dbops database-controller: reconciles `Database` objects (dbops.dev/v1alpha1).
+//! dbops database-controller: turns each `Database` (dbops.dev/v1alpha1) into a role, a
+//! database, its extensions and settings on a PostgreSQL server, and a connection
+//! Secret `<name>-connection`; repairs drift every `--resync-interval`; reports a
+//! vanished database without re-creating it; and on deletion does what
+//! `spec.deletionPolicy` says (Retain, Delete, or Snapshot: a final Backup, then drop).
 //!
-//! For now the reconcile does only honest minimal work: it logs at debug
-//! "observed Database <namespace>/<name> generation <g>" and requeues after
-//! `--resync-interval`. It makes NO writes, to the API or to PostgreSQL; the real logic
-//! comes in later issues. It will later also own the connection Secrets (`<name>-connection`) and watch
-//! Secrets, Migrations and Backups; not yet.
-//!
-//! Startup: telemetry, a Kubernetes client (KUBECONFIG or in-cluster), a check that the
-//! CRD databases.dbops.dev is served (exit 1 with "CRD databases.dbops.dev is not installed" otherwise), the health
-//! and metrics server, then the controller until SIGTERM/SIGINT, after which the process
-//! exits 0 once in-flight reconciles have finished.
+//! Watches: Databases; the connection Secrets it owns; admin Secrets (mapped to their
+//! Databases through an index on `spec.server.adminSecretRef`); Migrations (their
+//! Database gets `MigrationInProgress` and its freeze is not "repaired"); and final
+//! snapshot Backups (label `dbops.dev/final-snapshot-of`).
 
-use std::{process::ExitCode, sync::Arc};
+mod error;
+mod reconcile;
+mod secret;
+mod sql;
+mod status;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
-use dbops_api::Database;
-use dbops_shared::{
-    cli::CommonArgs,
-    controller::{self, Context},
-    telemetry,
-};
-use kube::{ResourceExt, runtime::controller::Action};
+use dbops_api::{Backup, Database, Migration};
+use dbops_shared::cli::{CommonArgs, parse_duration};
+use dbops_shared::controller::{self, Configure, Context};
+use dbops_shared::postgres::Servers;
+use dbops_shared::telemetry;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+
+use crate::reconcile::{AdminSecretIndex, FINAL_SNAPSHOT_LABEL, State};
 
 /// The controller name: metrics label, Lease `dbops-database-controller`, Event reporter.
 const CONTROLLER: &str = "database-controller";
@@ -34,6 +45,18 @@ const CONTROLLER: &str = "database-controller";
 struct Args {
     #[command(flatten)]
     common: CommonArgs,
+
+    /// Concurrent SQL sessions per PostgreSQL server, across all reconciles.
+    #[arg(long, env = "DBOPS_MAX_SESSIONS_PER_SERVER", default_value_t = 4)]
+    max_sessions_per_server: usize,
+
+    /// Consecutive connection failures after which a server is left alone for a while.
+    #[arg(long, env = "DBOPS_BREAKER_THRESHOLD", default_value_t = 5)]
+    breaker_threshold: u32,
+
+    /// How long a failing server is left alone (its Databases show ServerUnreachable).
+    #[arg(long, env = "DBOPS_BREAKER_OPEN_FOR", default_value = "30s", value_parser = parse_duration)]
+    breaker_open_for: Duration,
 }
 
 #[tokio::main]
@@ -46,7 +69,28 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match controller::run::<Database, _, _, _, _>(CONTROLLER, &args.common, (), reconcile).await {
+    let servers = Servers::new(
+        args.max_sessions_per_server,
+        args.breaker_threshold,
+        args.breaker_open_for,
+    );
+    let namespace = args.common.watch_namespace.clone();
+    let configure: Configure<Database, State> =
+        Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref()));
+    let state = move |client: kube::Client, reporter| State {
+        servers,
+        recorder: Recorder::new(client, reporter),
+        admin_secrets: AdminSecretIndex::default(),
+    };
+    match controller::run::<Database, _, _, _, _>(
+        CONTROLLER,
+        &args.common,
+        state,
+        configure,
+        reconcile::reconcile,
+    )
+    .await
+    {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("{error}");
@@ -55,63 +99,59 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Observes the object and does nothing else yet.
-async fn reconcile(
-    obj: Arc<Database>,
-    ctx: Arc<Context<()>>,
-) -> Result<Action, std::convert::Infallible> {
-    tracing::debug!(
-        "observed Database {}/{} generation {}",
-        obj.namespace().unwrap_or_default(),
-        obj.name_any(),
-        obj.metadata.generation.unwrap_or_default()
-    );
-    Ok(Action::requeue(ctx.resync_interval))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use dbops_shared::{health::HealthState, metrics::Metrics};
-    use http::{Request, Response};
-    use kube::{Client, client::Body};
-
-    use super::*;
-
-    /// Unit test with a mocked API (tower-test), not an integration test: the reconcile,
-    /// run through the shared wrapper, requeues after the resync interval and sends nothing
-    /// to the API server.
-    #[tokio::test]
-    async fn reconcile_observes_and_makes_no_api_call() {
-        let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let args = Args::try_parse_from(["dbops-database-controller"]).unwrap();
-        let ctx: Arc<Context<()>> = Arc::new(Context::new(
-            CONTROLLER,
-            Client::new(service, "default"),
-            &args.common,
-            HealthState::new(false),
-            Arc::new(Metrics::new(CONTROLLER)),
-            (),
-        ));
-        let obj: Database = serde_json::from_value(serde_json::json!({
-            "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
-            "metadata": {"name": "orders", "namespace": "default", "uid": "uid-1", "generation": 1},
-            "spec": {
-                "server": {"host": "127.0.0.1", "adminSecretRef": {"name": "pg-main-admin"}},
-                "databaseName": "orders", "owner": "orders_owner"
-            }
-        }))
-        .unwrap();
-
-        let work = reconcile(Arc::new(obj.clone()), ctx.clone());
-        let action = controller::instrumented_reconcile(Arc::new(obj), ctx.clone(), work)
-            .await
-            .unwrap();
-        assert_eq!(action, Action::requeue(args.common.resync_interval));
-
-        drop(ctx);
-        let next = tokio::time::timeout(Duration::from_secs(5), api.next_request()).await;
-        assert!(matches!(next, Ok(None)), "reconcile called the API");
+/// Owned connection Secrets, admin Secrets, Migrations and final snapshot Backups.
+fn watches(
+    c: kube::runtime::Controller<Database>,
+    ctx: &Arc<Context<State>>,
+    namespace: Option<&str>,
+) -> kube::runtime::Controller<Database> {
+    fn api<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
     }
+    let client = ctx.client.clone();
+    let index = ctx.clone();
+    c.owns(
+        api::<Secret>(&client, namespace),
+        watcher::Config::default().labels("app.kubernetes.io/managed-by=dbops"),
+    )
+    .watches(
+        api::<Secret>(&client, namespace),
+        watcher::Config::default(),
+        move |secret: Secret| {
+            let ns = secret.metadata.namespace.clone().unwrap_or_default();
+            let name = secret.metadata.name.clone().unwrap_or_default();
+            index
+                .state
+                .admin_secrets
+                .databases_using(&ns, &name)
+                .into_iter()
+                .map(move |db| ObjectRef::new(&db).within(&ns))
+        },
+    )
+    .watches(
+        api::<Migration>(&client, namespace),
+        watcher::Config::default(),
+        |m: Migration| {
+            let ns = m.metadata.namespace.clone().unwrap_or_default();
+            Some(ObjectRef::new(&m.spec.database_ref.name).within(&ns))
+        },
+    )
+    .watches(
+        api::<Backup>(&client, namespace),
+        watcher::Config::default().labels(FINAL_SNAPSHOT_LABEL),
+        |b: Backup| {
+            let ns = b.metadata.namespace.clone().unwrap_or_default();
+            b.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(FINAL_SNAPSHOT_LABEL))
+                .map(|db| ObjectRef::new(db).within(&ns))
+        },
+    )
 }

@@ -45,7 +45,15 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match controller::run::<Migration, _, _, _, _>(CONTROLLER, &args.common, (), reconcile).await {
+    match controller::run::<Migration, _, _, _, _>(
+        CONTROLLER,
+        &args.common,
+        move |_, _| (),
+        controller::no_extra_watches(),
+        reconcile,
+    )
+    .await
+    {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("{error}");

@@ -92,6 +92,14 @@ pub struct Context<S> {
 }
 
 impl<S> Context<S> {
+    /// Who publishes the Events of `controller`: `dbops-<controller>`, instance `POD_NAME`.
+    pub fn reporter_for(controller: &str) -> Reporter {
+        Reporter {
+            controller: format!("dbops-{controller}"),
+            instance: std::env::var("POD_NAME").ok(),
+        }
+    }
+
     pub fn new(
         controller: &'static str,
         client: Client,
@@ -109,10 +117,7 @@ impl<S> Context<S> {
                 max: args.backoff_max,
             }),
             health,
-            reporter: Reporter {
-                controller: format!("dbops-{controller}"),
-                instance: std::env::var("POD_NAME").ok(),
-            },
+            reporter: Self::reporter_for(controller),
             resync_interval: args.resync_interval,
             state,
         }
@@ -138,11 +143,24 @@ pub enum ControllerError {
     Leader(#[from] LeaderError),
 }
 
+/// Adds a controller's own watches (owned children, related kinds) to its `Controller`.
+pub type Configure<K, S> = Box<dyn FnOnce(Controller<K>, &Arc<Context<S>>) -> Controller<K> + Send>;
+
+/// No watches beyond the controller's own kind.
+pub fn no_extra_watches<K, S>() -> Configure<K, S>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    Box::new(|controller, _| controller)
+}
+
 /// Runs the controller of kind `K` until SIGTERM or SIGINT; see the module documentation.
+/// `configure` adds the controller's extra watches.
 pub async fn run<K, S, F, Fut, E>(
     controller: &'static str,
     args: &CommonArgs,
-    state: S,
+    state: impl FnOnce(Client, Reporter) -> S,
+    configure: Configure<K, S>,
     reconcile: F,
 ) -> Result<(), ControllerError>
 where
@@ -166,6 +184,8 @@ where
 
     let metrics = Arc::new(Metrics::new(controller));
     let health = HealthState::new(args.leader_elect);
+    let reporter = Context::<S>::reporter_for(controller);
+    let state = state(client.clone(), reporter);
     let ctx = Arc::new(Context::new(
         controller,
         client.clone(),
@@ -191,11 +211,11 @@ where
         let result = if args.leader_elect {
             let lease = LeaseSettings::from_env(controller);
             leader::run_as_leader(client, lease, &health, shutdown.clone(), |stop| {
-                run_controller(ctx, args, reconcile, stop)
+                run_controller(ctx, args, configure, reconcile, stop)
             })
             .await
         } else {
-            run_controller(ctx, args, reconcile, shutdown.clone()).await;
+            run_controller(ctx, args, configure, reconcile, shutdown.clone()).await;
             Ok(())
         };
         shutdown.cancel();
@@ -248,6 +268,7 @@ where
 async fn run_controller<K, S, F, Fut, E>(
     ctx: Arc<Context<S>>,
     args: &CommonArgs,
+    configure: Configure<K, S>,
     mut reconcile: F,
     stop: CancellationToken,
 ) where
@@ -267,6 +288,7 @@ async fn run_controller<K, S, F, Fut, E>(
     let controller = Controller::new(api, watcher::Config::default())
         .with_config(controller::Config::default().concurrency(args.concurrency))
         .graceful_shutdown_on(stop.clone().cancelled_owned());
+    let controller = configure(controller, &ctx);
 
     let store = controller.store();
     let synced = AtomicBool::new(false);

@@ -1,0 +1,44 @@
+//! Why a Database reconcile did not converge, and what to do about it.
+
+use dbops_shared::controller::{ErrorKind, ReconcileError};
+use dbops_shared::postgres::PgError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Postgres(#[from] PgError),
+    /// Reported in status; retried when the Database or its admin Secret changes.
+    #[error("{message}")]
+    Blocked {
+        reason: &'static str,
+        message: String,
+    },
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+}
+
+impl ReconcileError for Error {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Kube(_) | Error::Finalizer(_) => ErrorKind::Transient,
+            Error::Postgres(e) => match e {
+                PgError::UnsupportedSslMode(_) => ErrorKind::InvalidSpec,
+                _ => ErrorKind::Transient,
+            },
+            Error::Blocked { .. } => ErrorKind::InvalidSpec,
+        }
+    }
+
+    fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "KubernetesApiError",
+            Error::Postgres(e) => e.reason(),
+            Error::Blocked { reason, .. } => reason,
+            Error::Finalizer(_) => "FinalizerError",
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

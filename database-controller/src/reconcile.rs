@@ -1,0 +1,500 @@
+//! The Database reconcile, as a pipeline of named steps:
+//!
+//! 1. `cleanup` when the Database is being deleted (behind the finalizer);
+//! 2. `sync_finalizer`: present exactly when deletion has work to do outside the cluster
+//!    (policy Delete or Snapshot, or a Migration in flight);
+//! 3. `provision`: admin credentials → session → observe → role → database → settings →
+//!    extensions → connection Secret; each step checks before it writes, so a converged
+//!    Database costs reads only;
+//! 4. `status::publish`: the status derived from the outcome, written only if it differs,
+//!    and an Event for every condition transition.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dbops_api::{Backup, Database, DatabaseDeletionPolicy, Migration, MigrationPhase};
+use dbops_shared::controller::Context;
+use dbops_shared::postgres::{Credentials, PgError, ServerKey, Servers, Session};
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::Recorder;
+use serde_json::json;
+
+use crate::error::{Error, Result};
+use crate::{secret, sql, status};
+
+pub const FINALIZER: &str = "dbops.dev/database-cleanup";
+pub const FIELD_MANAGER: &str = "dbops-database-controller";
+/// Label on a Database's final snapshot Backup.
+pub const FINAL_SNAPSHOT_LABEL: &str = "dbops.dev/final-snapshot-of";
+
+/// The database-controller's own state.
+pub struct State {
+    pub servers: Servers,
+    pub recorder: Recorder,
+    pub admin_secrets: AdminSecretIndex,
+}
+
+/// Which Databases use which admin Secret: `(namespace, secret) → Database names`,
+/// updated on every reconcile, so a Secret event maps to its Databases without a scan.
+#[derive(Default)]
+pub struct AdminSecretIndex {
+    inner: Mutex<IndexMaps>,
+}
+
+#[derive(Default)]
+struct IndexMaps {
+    by_secret: HashMap<(String, String), HashSet<String>>,
+    by_database: HashMap<(String, String), String>,
+}
+
+impl AdminSecretIndex {
+    pub fn record(&self, namespace: &str, database: &str, secret: &str) {
+        let mut maps = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (namespace.to_string(), database.to_string());
+        if let Some(old) = maps.by_database.insert(key, secret.to_string()) {
+            if old == secret {
+                return;
+            }
+            if let Some(set) = maps.by_secret.get_mut(&(namespace.to_string(), old)) {
+                set.remove(database);
+            }
+        }
+        maps.by_secret
+            .entry((namespace.to_string(), secret.to_string()))
+            .or_default()
+            .insert(database.to_string());
+    }
+
+    pub fn forget(&self, namespace: &str, database: &str) {
+        let mut maps = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(secret) = maps
+            .by_database
+            .remove(&(namespace.to_string(), database.to_string()))
+        {
+            let key = (namespace.to_string(), secret);
+            if let Some(set) = maps.by_secret.get_mut(&key) {
+                set.remove(database);
+                if set.is_empty() {
+                    maps.by_secret.remove(&key);
+                }
+            }
+        }
+    }
+
+    pub fn databases_using(&self, namespace: &str, secret: &str) -> Vec<String> {
+        let maps = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        maps.by_secret
+            .get(&(namespace.to_string(), secret.to_string()))
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// What a successful provisioning produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Provisioned {
+    pub provider_id: String,
+    pub server_version: String,
+}
+
+pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Action> {
+    let namespace = db.namespace().unwrap_or_default();
+    let name = db.name_any();
+    let api: Api<Database> = Api::namespaced(ctx.client.clone(), &namespace);
+    ctx.state
+        .admin_secrets
+        .record(&namespace, &name, &db.spec.server.admin_secret_ref.name);
+
+    let migration = active_migration(&ctx, &db).await?;
+
+    if db.metadata.deletion_timestamp.is_some() {
+        return cleanup(&db, &ctx, &api, migration.as_deref()).await;
+    }
+    sync_finalizer(&db, &api, migration.is_some()).await?;
+
+    let outcome = provision(&db, &ctx, migration.is_some()).await;
+    status::publish(&db, &ctx, &api, &outcome, migration.as_deref()).await?;
+    match outcome {
+        Ok(_) => Ok(Action::requeue(ctx.resync_interval)),
+        // Nothing to retry until something changes; the watches and the resync notice.
+        Err(Error::Blocked { .. }) => Ok(Action::requeue(ctx.resync_interval)),
+        Err(Error::Postgres(PgError::CircuitOpen { retry_in, .. })) => {
+            Ok(Action::requeue(retry_in + Duration::from_secs(1)))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The name of a Migration of this Database that has not ended.
+async fn active_migration(ctx: &Context<State>, db: &Database) -> Result<Option<String>> {
+    let api: Api<Migration> =
+        Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    let name = db.name_any();
+    let list = api.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .find(|m| {
+            m.spec.database_ref.name == name
+                && !matches!(
+                    m.status.as_ref().and_then(|s| s.phase),
+                    Some(
+                        MigrationPhase::Succeeded
+                            | MigrationPhase::Failed
+                            | MigrationPhase::RolledBack
+                    )
+                )
+        })
+        .map(|m| m.name_any()))
+}
+
+fn needs_finalizer(db: &Database, migration_active: bool) -> bool {
+    db.spec.deletion_policy != DatabaseDeletionPolicy::Retain || migration_active
+}
+
+fn has_finalizer(db: &Database) -> bool {
+    db.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+/// Adds or removes the finalizer so that it is there exactly when deletion has work to do
+/// outside the cluster. A merge patch with the resourceVersion: never a lost update.
+async fn sync_finalizer(db: &Database, api: &Api<Database>, migration_active: bool) -> Result<()> {
+    let want = needs_finalizer(db, migration_active);
+    if want == has_finalizer(db) {
+        return Ok(());
+    }
+    let mut finalizers: Vec<String> = db
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    if want {
+        finalizers.push(FINALIZER.to_string());
+    }
+    let patch =
+        json!({"metadata": {"finalizers": finalizers, "resourceVersion": db.resource_version()}});
+    api.patch(
+        &db.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn remove_finalizer(db: &Database, api: &Api<Database>) -> Result<()> {
+    let finalizers: Vec<String> = db
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    let patch =
+        json!({"metadata": {"finalizers": finalizers, "resourceVersion": db.resource_version()}});
+    match api
+        .patch(
+            &db.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Admin credentials from the Secret named in the spec, in the Database's namespace.
+async fn admin_credentials(ctx: &Context<State>, db: &Database) -> Result<Credentials> {
+    let namespace = db.namespace().unwrap_or_default();
+    let name = &db.spec.server.admin_secret_ref.name;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let secret = secrets.get_opt(name).await?.ok_or_else(|| Error::Blocked {
+        reason: "AdminSecretNotFound",
+        message: format!("admin Secret {namespace}/{name} not found"),
+    })?;
+    Credentials::from_secret(&secret).map_err(|e| Error::Blocked {
+        reason: "AdminSecretInvalid",
+        message: format!("admin Secret {namespace}/{name}: {e}"),
+    })
+}
+
+async fn admin_session(ctx: &Context<State>, db: &Database, dbname: &str) -> Result<Session> {
+    let credentials = admin_credentials(ctx, db).await?;
+    Ok(ctx
+        .state
+        .servers
+        .connect(&db.spec.server, &credentials, dbname)
+        .await?)
+}
+
+fn conflict(what: &str, name: &str, server: &ServerKey) -> Error {
+    Error::Blocked {
+        reason: "NameConflict",
+        message: format!(
+            "{what} {name:?} already exists on {server} and was not created by this Database; nothing was changed"
+        ),
+    }
+}
+
+/// Brings the role, database, settings, extensions and connection Secret to the spec.
+async fn provision(
+    db: &Database,
+    ctx: &Context<State>,
+    migration_active: bool,
+) -> Result<Provisioned> {
+    let server = ServerKey::of(&db.spec.server);
+    let uid = db.uid().unwrap_or_default();
+    let mark = sql::mark(&uid);
+    let (database, role) = (db.database_name(), db.owner_role());
+    let namespace = db.namespace().unwrap_or_default();
+
+    let mut session = admin_session(ctx, db, "postgres").await?;
+    let observed = sql::observe(&session, &role, &database).await?;
+
+    let role_is_ours = observed
+        .role
+        .as_ref()
+        .is_some_and(|r| r.comment.as_deref() == Some(mark.as_str()));
+    if observed.role.is_some() && !role_is_ours {
+        return Err(conflict("role", &role, &server));
+    }
+    let db_is_ours = observed.database.as_ref().is_some_and(|d| {
+        d.comment.as_deref() == Some(mark.as_str())
+            // Created OWNER our marked role, crashed before its own mark.
+            || (d.comment.is_none() && role_is_ours && d.owner == role)
+    });
+    if observed.database.is_some() && !db_is_ours {
+        return Err(conflict("database", &database, &server));
+    }
+    if observed.database.is_none() && status::provider_id(db).is_some() {
+        return Err(Error::Blocked {
+            reason: "DatabaseMissing",
+            message: format!(
+                "database {database:?} was created on {server} but no longer exists; it is not re-created: restore it or delete this Database"
+            ),
+        });
+    }
+
+    // The password: kept while the Secret still holds the one written; otherwise new.
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let existing = secrets.get_opt(&db.connection_secret_name()).await?;
+    let kept = existing.as_ref().and_then(secret::kept_password);
+    let password = kept
+        .clone()
+        .unwrap_or_else(dbops_shared::postgres::generate_password);
+
+    if observed.role.is_none() {
+        sql::create_role(&mut session, &role, &password, &mark).await?;
+    } else if kept.is_none() {
+        sql::set_password(&session, &role, &password).await?;
+    }
+
+    let oid = match &observed.database {
+        None => {
+            sql::create_database(&session, &database, &role, db.spec.connection_limit, &mark)
+                .await?;
+            let again = sql::observe(&session, &role, &database).await?;
+            again
+                .database
+                .map(|d| d.oid)
+                .ok_or_else(|| Error::Blocked {
+                    reason: "DatabaseMissing",
+                    message: format!("database {database:?} vanished right after creation"),
+                })?
+        }
+        Some(found) => {
+            if found.comment.is_none() {
+                sql::mark_database(&session, &database, &mark).await?;
+            }
+            if found.owner != role {
+                sql::set_owner(&session, &database, &role).await?;
+            }
+            // A Migration freezes the source with its own connection limit: not drift.
+            if found.connection_limit != db.spec.connection_limit && !migration_active {
+                sql::set_connection_limit(&session, &database, db.spec.connection_limit).await?;
+            }
+            found.oid
+        }
+    };
+    drop(session);
+
+    if !db.spec.extensions.is_empty() {
+        let session = admin_session(ctx, db, &database).await?;
+        let installed = sql::installed_extensions(&session).await?;
+        for ext in db.spec.extensions.iter().filter(|e| !installed.contains(e)) {
+            sql::create_extension(&session, ext).await?;
+        }
+    }
+
+    let desired = secret::desired(db, &password);
+    if !existing
+        .as_ref()
+        .is_some_and(|s| secret::is_current(s, &desired))
+    {
+        secrets
+            .patch(
+                &db.connection_secret_name(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&desired),
+            )
+            .await?;
+    }
+
+    Ok(Provisioned {
+        provider_id: format!("{server}/{oid}"),
+        server_version: observed.server_version,
+    })
+}
+
+/// Deletion: what the policy asks for in PostgreSQL, then the finalizer goes.
+async fn cleanup(
+    db: &Database,
+    ctx: &Context<State>,
+    api: &Api<Database>,
+    migration: Option<&str>,
+) -> Result<Action> {
+    if !has_finalizer(db) {
+        ctx.state
+            .admin_secrets
+            .forget(&db.namespace().unwrap_or_default(), &db.name_any());
+        return Ok(Action::await_change());
+    }
+    if let Some(migration) = migration {
+        let outcome = Err(Error::Blocked {
+            reason: "MigrationInProgress",
+            message: format!("deletion waits for Migration {migration} to end"),
+        });
+        status::publish_deleting(db, ctx, api, &outcome).await?;
+        return Ok(Action::requeue(ctx.resync_interval));
+    }
+    let outcome = match db.spec.deletion_policy {
+        DatabaseDeletionPolicy::Retain => Ok(()),
+        DatabaseDeletionPolicy::Delete => drop_owned(db, ctx).await,
+        DatabaseDeletionPolicy::Snapshot => match final_snapshot(db, ctx).await {
+            Ok(()) => drop_owned(db, ctx).await,
+            Err(e) => Err(e),
+        },
+    };
+    match outcome {
+        Ok(()) => {
+            remove_finalizer(db, api).await?;
+            ctx.state
+                .admin_secrets
+                .forget(&db.namespace().unwrap_or_default(), &db.name_any());
+            status::event(ctx, db, true, "Deleted", &deleted_note(db)).await;
+            Ok(Action::await_change())
+        }
+        Err(e) => {
+            status::publish_deleting(db, ctx, api, &Err::<(), _>(e.clone_for_status())).await?;
+            match e {
+                Error::Blocked { .. } => Ok(Action::requeue(ctx.resync_interval)),
+                e => Err(e),
+            }
+        }
+    }
+}
+
+fn deleted_note(db: &Database) -> String {
+    match db.spec.deletion_policy {
+        DatabaseDeletionPolicy::Retain => {
+            format!("database {} retained in PostgreSQL", db.database_name())
+        }
+        _ => format!(
+            "database {} and role {} dropped",
+            db.database_name(),
+            db.owner_role()
+        ),
+    }
+}
+
+/// Drops the database and role if (and only if) this Database created them.
+async fn drop_owned(db: &Database, ctx: &Context<State>) -> Result<()> {
+    let server = ServerKey::of(&db.spec.server);
+    let mark = sql::mark(&db.uid().unwrap_or_default());
+    let (database, role) = (db.database_name(), db.owner_role());
+    let session = admin_session(ctx, db, "postgres").await?;
+    let observed = sql::observe(&session, &role, &database).await?;
+    let role_is_ours = observed
+        .role
+        .as_ref()
+        .is_some_and(|r| r.comment.as_deref() == Some(mark.as_str()));
+    if let Some(found) = &observed.database {
+        let ours = found.comment.as_deref() == Some(mark.as_str())
+            || (found.comment.is_none() && role_is_ours && found.owner == role);
+        if ours {
+            sql::drop_database(&session, &database).await?;
+        } else {
+            tracing::info!(%server, database, "not dropping a database this Database did not create");
+        }
+    }
+    if role_is_ours {
+        sql::drop_role(&session, &role).await?;
+    }
+    Ok(())
+}
+
+/// Ensures the final Backup exists; Ok once it is Ready.
+async fn final_snapshot(db: &Database, ctx: &Context<State>) -> Result<()> {
+    let namespace = db.namespace().unwrap_or_default();
+    let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), &namespace);
+    let name = format!("{}-final", db.name_any());
+    let backup = match backups.get_opt(&name).await? {
+        Some(b) => b,
+        None => {
+            let b: Backup = serde_json::from_value(json!({
+                "apiVersion": "dbops.dev/v1alpha1",
+                "kind": "Backup",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": {FINAL_SNAPSHOT_LABEL: db.name_any()},
+                },
+                "spec": {"databaseRef": {"name": db.name_any()}, "deletionPolicy": "Retain"},
+            }))
+            .map_err(|e| Error::Finalizer(e.to_string()))?;
+            backups.create(&PostParams::default(), &b).await?
+        }
+    };
+    let ready = backup.status.as_ref().is_some_and(|s| {
+        dbops_shared::conditions::is_true(&s.conditions, dbops_api::condition::READY)
+    });
+    if ready {
+        return Ok(());
+    }
+    let failed = backup.status.as_ref().is_some_and(|s| {
+        dbops_shared::conditions::is_true(&s.conditions, dbops_api::condition::FAILED)
+    });
+    Err(Error::Blocked {
+        reason: "WaitingForFinalBackup",
+        message: if failed {
+            format!(
+                "final Backup {name} failed; the database is kept until a final Backup is Ready (delete Backup {name} to try again)"
+            )
+        } else {
+            format!("waiting for the final Backup {name} to be Ready before dropping the database")
+        },
+    })
+}
+
+impl Error {
+    /// A copy for the status (kube and SQL errors keep their message only).
+    fn clone_for_status(&self) -> Error {
+        match self {
+            Error::Blocked { reason, message } => Error::Blocked {
+                reason,
+                message: message.clone(),
+            },
+            other => Error::Blocked {
+                reason: dbops_shared::controller::ReconcileError::reason(other),
+                message: other.to_string(),
+            },
+        }
+    }
+}

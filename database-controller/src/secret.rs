@@ -1,0 +1,213 @@
+//! The connection Secret `<name>-connection`: what applications read, and nothing else.
+
+use std::collections::BTreeMap;
+
+use dbops_api::Database;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Resource;
+use kube::api::ObjectMeta;
+use sha2::{Digest, Sha256};
+
+/// Marks the password the controller wrote, so an edit of it is noticed (and rotated).
+pub const PASSWORD_HASH_ANNOTATION: &str = "dbops.dev/password-sha256";
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "dbops");
+pub const DATABASE_LABEL: &str = "dbops.dev/database";
+
+fn sha256_hex(s: &str) -> String {
+    Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The password of an existing Secret, if it is still the one this controller wrote.
+pub fn kept_password(secret: &Secret) -> Option<String> {
+    let password = secret.data.as_ref()?.get("password")?;
+    let password = String::from_utf8(password.0.clone()).ok()?;
+    let recorded = secret
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(PASSWORD_HASH_ANNOTATION)?;
+    (recorded == &sha256_hex(&password) && !password.is_empty()).then_some(password)
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The Secret as it should be.
+pub fn desired(db: &Database, password: &str) -> Secret {
+    let server = &db.spec.server;
+    let (host, port) = (server.host.as_str(), server.port.to_string());
+    let dbname = db.database_name();
+    let user = db.owner_role();
+    let ssl = server.ssl_mode.as_str();
+    let uri = format!(
+        "postgresql://{}:{}@{host}:{port}/{}?sslmode={ssl}",
+        encode(&user),
+        encode(password),
+        encode(&dbname)
+    );
+    let jdbc = format!(
+        "jdbc:postgresql://{host}:{port}/{}?user={}&password={}&sslmode={ssl}",
+        encode(&dbname),
+        encode(&user),
+        encode(password)
+    );
+    let data: BTreeMap<String, ByteString> = [
+        ("host", host),
+        ("port", &port),
+        ("dbname", &dbname),
+        ("username", &user),
+        ("password", password),
+        ("uri", &uri),
+        ("jdbc-url", &jdbc),
+        ("PGHOST", host),
+        ("PGPORT", &port),
+        ("PGDATABASE", &dbname),
+        ("PGUSER", &user),
+        ("PGPASSWORD", password),
+        ("PGSSLMODE", ssl),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+    .collect();
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(db.connection_secret_name()),
+            namespace: db.metadata.namespace.clone(),
+            labels: Some(
+                [
+                    (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
+                    (
+                        DATABASE_LABEL.to_string(),
+                        db.metadata.name.clone().unwrap_or_default(),
+                    ),
+                ]
+                .into(),
+            ),
+            annotations: Some(
+                [(PASSWORD_HASH_ANNOTATION.to_string(), sha256_hex(password))].into(),
+            ),
+            owner_references: db.controller_owner_ref(&()).map(|r| vec![r]),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".into()),
+        data: Some(data),
+        ..Secret::default()
+    }
+}
+
+/// Whether `actual` already carries everything of `desired` (other keys may be added by
+/// others and are left alone).
+pub fn is_current(actual: &Secret, desired: &Secret) -> bool {
+    fn contains<V: PartialEq>(
+        have: &Option<BTreeMap<String, V>>,
+        want: &Option<BTreeMap<String, V>>,
+    ) -> bool {
+        let (Some(have), Some(want)) = (have, want) else {
+            return want.as_ref().is_none_or(|w| w.is_empty());
+        };
+        want.iter().all(|(k, v)| have.get(k) == Some(v))
+    }
+    let owner_ok = desired
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .all(|want| {
+            actual
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|r| r.uid == want.uid)
+        });
+    contains(&actual.data, &desired.data)
+        && contains(&actual.metadata.labels, &desired.metadata.labels)
+        && contains(&actual.metadata.annotations, &desired.metadata.annotations)
+        && owner_ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db() -> Database {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
+            "metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"},
+            "spec": {"server": {"host": "pg.example", "port": 5433, "adminSecretRef": {"name": "a"}},
+                     "owner": "orders_owner"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_secret_has_every_key_and_a_working_uri() {
+        let s = desired(&db(), "p@ss/word");
+        let data = s.data.as_ref().unwrap();
+        let get = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
+        for key in [
+            "host",
+            "port",
+            "dbname",
+            "username",
+            "password",
+            "uri",
+            "jdbc-url",
+            "PGHOST",
+            "PGPORT",
+            "PGDATABASE",
+            "PGUSER",
+            "PGPASSWORD",
+        ] {
+            assert!(data.contains_key(key), "missing {key}");
+        }
+        assert_eq!(get("dbname"), "orders");
+        assert_eq!(get("username"), "orders_owner");
+        assert_eq!(
+            get("uri"),
+            "postgresql://orders_owner:p%40ss%2Fword@pg.example:5433/orders?sslmode=prefer"
+        );
+        assert_eq!(s.metadata.name.as_deref(), Some("orders-connection"));
+        assert_eq!(s.metadata.owner_references.as_ref().unwrap()[0].uid, "u-1");
+    }
+
+    #[test]
+    fn an_edited_password_is_not_kept() {
+        let mut s = desired(&db(), "original");
+        assert_eq!(kept_password(&s).as_deref(), Some("original"));
+        s.data
+            .as_mut()
+            .unwrap()
+            .insert("password".into(), ByteString(b"edited".to_vec()));
+        assert_eq!(kept_password(&s), None);
+    }
+
+    #[test]
+    fn extra_keys_do_not_make_a_secret_stale_but_a_changed_one_does() {
+        let want = desired(&db(), "pw");
+        let mut have = want.clone();
+        have.data
+            .as_mut()
+            .unwrap()
+            .insert("extra".into(), ByteString(b"x".to_vec()));
+        assert!(is_current(&have, &want));
+        have.data
+            .as_mut()
+            .unwrap()
+            .insert("host".into(), ByteString(b"elsewhere".to_vec()));
+        assert!(!is_current(&have, &want));
+    }
+}

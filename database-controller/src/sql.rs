@@ -1,0 +1,204 @@
+//! The SQL the database-controller runs. Every identifier and literal goes through
+//! `quote_ident`/`quote_literal` (or a bind parameter); passwords only as SCRAM verifiers.
+//!
+//! Ownership: the role is created and marked in one transaction (`COMMENT ON ROLE`), and
+//! the database is created `OWNER` that marked role and then marked itself, so after a
+//! crash at any point the controller can tell its own objects from anyone else's.
+
+use dbops_shared::postgres::{PgError, Session, password_verifier, quote_ident, quote_literal};
+
+/// The mark left on roles and databases this controller created.
+pub fn mark(uid: &str) -> String {
+    format!("dbops.dev/uid={uid}")
+}
+
+/// What exists on the server under the Database's names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    pub server_version: String,
+    pub role: Option<RoleInfo>,
+    pub database: Option<DatabaseInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleInfo {
+    pub comment: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatabaseInfo {
+    pub oid: u32,
+    pub owner: String,
+    pub connection_limit: i32,
+    pub comment: Option<String>,
+}
+
+/// Reads the role and database (one round trip each; no writes).
+pub async fn observe(s: &Session, role: &str, database: &str) -> Result<Observed, PgError> {
+    let version = s
+        .query_one("SELECT current_setting('server_version')", &[])
+        .await
+        .map_err(PgError::sql("reading server_version"))?;
+    let role_row = s
+        .query_opt(
+            "SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = $1",
+            &[&role],
+        )
+        .await
+        .map_err(PgError::sql("reading pg_roles"))?;
+    let db_row = s
+        .query_opt(
+            "SELECT d.oid, pg_get_userbyid(d.datdba)::text, d.datconnlimit, \
+             shobj_description(d.oid, 'pg_database') \
+             FROM pg_database d WHERE d.datname = $1",
+            &[&database],
+        )
+        .await
+        .map_err(PgError::sql("reading pg_database"))?;
+    Ok(Observed {
+        server_version: version.get(0),
+        role: role_row.map(|r| RoleInfo { comment: r.get(0) }),
+        database: db_row.map(|r| DatabaseInfo {
+            oid: r.get(0),
+            owner: r.get(1),
+            connection_limit: r.get(2),
+            comment: r.get(3),
+        }),
+    })
+}
+
+/// Creates the login role with `password` and marks it, atomically.
+pub async fn create_role(
+    s: &mut Session,
+    role: &str,
+    password: &str,
+    mark: &str,
+) -> Result<(), PgError> {
+    let tx = s
+        .client
+        .transaction()
+        .await
+        .map_err(PgError::sql("BEGIN"))?;
+    tx.batch_execute(&format!(
+        "CREATE ROLE {} LOGIN PASSWORD {}; COMMENT ON ROLE {} IS {}",
+        quote_ident(role),
+        quote_literal(&password_verifier(password)),
+        quote_ident(role),
+        quote_literal(mark),
+    ))
+    .await
+    .map_err(PgError::sql(format!("creating role {role}")))?;
+    tx.commit().await.map_err(PgError::sql("COMMIT"))
+}
+
+pub async fn set_password(s: &Session, role: &str, password: &str) -> Result<(), PgError> {
+    s.batch_execute(&format!(
+        "ALTER ROLE {} PASSWORD {}",
+        quote_ident(role),
+        quote_literal(&password_verifier(password)),
+    ))
+    .await
+    .map_err(PgError::sql(format!("setting the password of {role}")))
+}
+
+/// Creates the database owned by `owner`, closed to PUBLIC, and marks it.
+pub async fn create_database(
+    s: &Session,
+    database: &str,
+    owner: &str,
+    connection_limit: i32,
+    mark: &str,
+) -> Result<(), PgError> {
+    s.batch_execute(&format!(
+        "CREATE DATABASE {} OWNER {} CONNECTION LIMIT {connection_limit}",
+        quote_ident(database),
+        quote_ident(owner),
+    ))
+    .await
+    .map_err(PgError::sql(format!("creating database {database}")))?;
+    s.batch_execute(&format!(
+        "COMMENT ON DATABASE {db} IS {}; REVOKE ALL ON DATABASE {db} FROM PUBLIC",
+        quote_literal(mark),
+        db = quote_ident(database),
+    ))
+    .await
+    .map_err(PgError::sql(format!("marking database {database}")))
+}
+
+pub async fn mark_database(s: &Session, database: &str, mark: &str) -> Result<(), PgError> {
+    s.batch_execute(&format!(
+        "COMMENT ON DATABASE {} IS {}",
+        quote_ident(database),
+        quote_literal(mark)
+    ))
+    .await
+    .map_err(PgError::sql(format!("marking database {database}")))
+}
+
+pub async fn set_owner(s: &Session, database: &str, owner: &str) -> Result<(), PgError> {
+    s.batch_execute(&format!(
+        "ALTER DATABASE {} OWNER TO {}",
+        quote_ident(database),
+        quote_ident(owner)
+    ))
+    .await
+    .map_err(PgError::sql(format!("changing the owner of {database}")))
+}
+
+pub async fn set_connection_limit(s: &Session, database: &str, limit: i32) -> Result<(), PgError> {
+    s.batch_execute(&format!(
+        "ALTER DATABASE {} CONNECTION LIMIT {limit}",
+        quote_ident(database)
+    ))
+    .await
+    .map_err(PgError::sql(format!(
+        "setting the connection limit of {database}"
+    )))
+}
+
+/// Extensions installed in the database the session is connected to.
+pub async fn installed_extensions(s: &Session) -> Result<Vec<String>, PgError> {
+    let rows = s
+        .query("SELECT extname::text FROM pg_extension", &[])
+        .await
+        .map_err(PgError::sql("reading pg_extension"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+pub async fn create_extension(s: &Session, extension: &str) -> Result<(), PgError> {
+    s.batch_execute(&format!(
+        "CREATE EXTENSION IF NOT EXISTS {}",
+        quote_ident(extension)
+    ))
+    .await
+    .map_err(PgError::sql(format!("creating extension {extension}")))
+}
+
+/// Ends every session on the database and drops it; a missing database is success.
+pub async fn drop_database(s: &Session, database: &str) -> Result<(), PgError> {
+    s.batch_execute(&format!(
+        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+        quote_ident(database)
+    ))
+    .await
+    .map_err(PgError::sql(format!("dropping database {database}")))
+}
+
+/// Hands what the role still owns to the admin, drops its privileges, then the role; a
+/// missing role is success.
+pub async fn drop_role(s: &Session, role: &str) -> Result<(), PgError> {
+    let exists = s
+        .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
+        .await
+        .map_err(PgError::sql("reading pg_roles"))?
+        .is_some();
+    if !exists {
+        return Ok(());
+    }
+    s.batch_execute(&format!(
+        "REASSIGN OWNED BY {r} TO CURRENT_USER; DROP OWNED BY {r}; DROP ROLE {r}",
+        r = quote_ident(role)
+    ))
+    .await
+    .map_err(PgError::sql(format!("dropping role {role}")))
+}

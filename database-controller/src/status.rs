@@ -1,0 +1,262 @@
+//! The Database status derived from a reconcile's outcome: written only when it differs
+//! from what is stored, with an Event for every change of the Ready condition.
+
+use dbops_api::{Database, DatabasePhase, DatabaseStatus, condition};
+use dbops_shared::conditions::{ConditionSpec, ConditionStatus, get, set_condition};
+use dbops_shared::controller::{Context, ReconcileError};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::error::{Error, Result};
+use crate::reconcile::{Provisioned, State};
+
+/// Where the database was created, once it was.
+pub fn provider_id(db: &Database) -> Option<&str> {
+    db.status.as_ref()?.provider_id.as_deref()
+}
+
+/// Reasons that mean "it worked before and is broken now".
+fn degrades(reason: &str) -> bool {
+    matches!(
+        reason,
+        "ServerUnreachable" | "DatabaseMissing" | "SqlError" | "AuthenticationFailed"
+    )
+}
+
+/// Reasons retried by backoff rather than waiting for a change.
+fn retrying(reason: &str) -> bool {
+    matches!(reason, "ServerUnreachable" | "SqlError")
+}
+
+fn now() -> Time {
+    Time(jiff::Timestamp::now())
+}
+
+/// Writes the status for a provisioning outcome (nothing for Kubernetes API errors).
+pub async fn publish(
+    db: &Database,
+    ctx: &Context<State>,
+    api: &Api<Database>,
+    outcome: &Result<Provisioned>,
+    migration: Option<&str>,
+) -> Result<()> {
+    if matches!(outcome, Err(Error::Kube(_))) {
+        return Ok(());
+    }
+    let old = db.status.clone().unwrap_or_default();
+    let mut new = old.clone();
+    let generation = db.metadata.generation;
+    let t = now();
+    let cond = |type_, status: ConditionStatus, reason, message: String| ConditionSpec {
+        type_,
+        status,
+        reason,
+        message,
+        observed_generation: generation,
+    };
+    new.observed_generation = generation;
+    new.database_name = Some(db.database_name());
+    let server = &db.spec.server;
+    match outcome {
+        Ok(p) => {
+            new.phase = Some(DatabasePhase::Ready);
+            new.provider_id = Some(p.provider_id.clone());
+            new.endpoint = Some(format!("{}:{}", server.host, server.port));
+            new.connection_secret = Some(db.connection_secret_name());
+            new.server_version = Some(p.server_version.clone());
+            let msg = format!(
+                "database {} on {}:{} is ready; connect with Secret {}",
+                db.database_name(),
+                server.host,
+                server.port,
+                db.connection_secret_name()
+            );
+            set_condition(
+                &mut new.conditions,
+                cond(condition::READY, ConditionStatus::True, "Provisioned", msg),
+                t.clone(),
+            );
+            set_condition(
+                &mut new.conditions,
+                cond(
+                    condition::PROGRESSING,
+                    ConditionStatus::False,
+                    "Provisioned",
+                    "nothing left to do".into(),
+                ),
+                t.clone(),
+            );
+            set_condition(
+                &mut new.conditions,
+                cond(
+                    condition::DEGRADED,
+                    ConditionStatus::False,
+                    "AsExpected",
+                    "the database is as specified".into(),
+                ),
+                t.clone(),
+            );
+        }
+        Err(e) => {
+            let reason = e.reason();
+            let message = e.to_string();
+            let provisioned_before = old.provider_id.is_some();
+            let degraded = provisioned_before && degrades(reason);
+            new.phase = Some(if degraded {
+                DatabasePhase::Degraded
+            } else if retrying(reason) {
+                DatabasePhase::Provisioning
+            } else {
+                DatabasePhase::Failed
+            });
+            set_condition(
+                &mut new.conditions,
+                cond(
+                    condition::READY,
+                    ConditionStatus::False,
+                    reason,
+                    message.clone(),
+                ),
+                t.clone(),
+            );
+            set_condition(
+                &mut new.conditions,
+                if retrying(reason) {
+                    cond(
+                        condition::PROGRESSING,
+                        ConditionStatus::True,
+                        "Retrying",
+                        format!("retrying with backoff: {message}"),
+                    )
+                } else {
+                    cond(
+                        condition::PROGRESSING,
+                        ConditionStatus::False,
+                        reason,
+                        "waiting for the spec, its Secret or the server to change".into(),
+                    )
+                },
+                t.clone(),
+            );
+            set_condition(
+                &mut new.conditions,
+                if degraded {
+                    cond(condition::DEGRADED, ConditionStatus::True, reason, message)
+                } else {
+                    cond(
+                        condition::DEGRADED,
+                        ConditionStatus::False,
+                        "AsExpected",
+                        "no provisioned database is affected".into(),
+                    )
+                },
+                t.clone(),
+            );
+        }
+    }
+    set_condition(
+        &mut new.conditions,
+        match migration {
+            Some(m) => cond(
+                condition::MIGRATION_IN_PROGRESS,
+                ConditionStatus::True,
+                "MigrationRunning",
+                format!("Migration {m} is moving this database; its freeze is not drift"),
+            ),
+            None => cond(
+                condition::MIGRATION_IN_PROGRESS,
+                ConditionStatus::False,
+                "NoMigration",
+                "no Migration is running".into(),
+            ),
+        },
+        t,
+    );
+    write(db, ctx, api, &old, new).await
+}
+
+/// Writes the status of a deletion that cannot finish yet.
+pub async fn publish_deleting(
+    db: &Database,
+    ctx: &Context<State>,
+    api: &Api<Database>,
+    outcome: &Result<()>,
+) -> Result<()> {
+    let Err(e) = outcome else { return Ok(()) };
+    let old = db.status.clone().unwrap_or_default();
+    let mut new = old.clone();
+    new.phase = Some(DatabasePhase::Deleting);
+    let t = now();
+    set_condition(
+        &mut new.conditions,
+        ConditionSpec {
+            type_: condition::PROGRESSING,
+            status: ConditionStatus::True,
+            reason: e.reason(),
+            message: format!("deleting: {e}"),
+            observed_generation: db.metadata.generation,
+        },
+        t,
+    );
+    write(db, ctx, api, &old, new).await
+}
+
+async fn write(
+    db: &Database,
+    ctx: &Context<State>,
+    api: &Api<Database>,
+    old: &DatabaseStatus,
+    new: DatabaseStatus,
+) -> Result<()> {
+    if &new == old {
+        return Ok(());
+    }
+    api.patch_status(
+        &db.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": new })),
+    )
+    .await?;
+    let before =
+        get(&old.conditions, condition::READY).map(|c| (c.status.clone(), c.reason.clone()));
+    if let Some(after) = get(&new.conditions, condition::READY)
+        && before.as_ref() != Some(&(after.status.clone(), after.reason.clone()))
+    {
+        event(
+            ctx,
+            db,
+            after.status == "True",
+            &after.reason,
+            &after.message,
+        )
+        .await;
+    }
+    if let Some(progress) = get(&new.conditions, condition::PROGRESSING)
+        && new.phase == Some(DatabasePhase::Deleting)
+        && get(&old.conditions, condition::PROGRESSING).map(|c| &c.reason) != Some(&progress.reason)
+    {
+        event(ctx, db, false, &progress.reason, &progress.message).await;
+    }
+    Ok(())
+}
+
+/// Publishes an Event about the Database; failures are logged, never fatal.
+pub async fn event(ctx: &Context<State>, db: &Database, normal: bool, reason: &str, note: &str) {
+    let ev = Event {
+        type_: if normal {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        },
+        reason: reason.to_string(),
+        note: Some(note.to_string()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.state.recorder.publish(&ev, &db.object_ref(&())).await {
+        tracing::warn!(error = %e, reason, "could not publish an Event");
+    }
+}
