@@ -15,14 +15,14 @@ pub enum Error {
         reason: &'static str,
         message: String,
     },
-    #[error("finalizer: {0}")]
-    Finalizer(String),
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl ReconcileError for Error {
     fn kind(&self) -> ErrorKind {
         match self {
-            Error::Kube(_) | Error::Finalizer(_) => ErrorKind::Transient,
+            Error::Kube(_) | Error::Internal(_) => ErrorKind::Transient,
             Error::Postgres(e) => match e {
                 PgError::UnsupportedSslMode(_) => ErrorKind::InvalidSpec,
                 _ => ErrorKind::Transient,
@@ -36,7 +36,7 @@ impl ReconcileError for Error {
             Error::Kube(_) => "KubernetesApiError",
             Error::Postgres(e) => e.reason(),
             Error::Blocked { reason, .. } => reason,
-            Error::Finalizer(_) => "FinalizerError",
+            Error::Internal(_) => "InternalError",
         }
     }
 }

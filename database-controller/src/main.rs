@@ -25,13 +25,15 @@ use dbops_shared::cli::{CommonArgs, parse_duration};
 use dbops_shared::controller::{self, Configure, Context};
 use dbops_shared::postgres::Servers;
 use dbops_shared::telemetry;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
 
-use crate::reconcile::{AdminSecretIndex, FINAL_SNAPSHOT_LABEL, State};
+use crate::reconcile::{AdminSecretIndex, FINAL_SNAPSHOT_LABEL, State, Verified};
 
 /// The controller name: metrics label, Lease `dbops-database-controller`, Event reporter.
 const CONTROLLER: &str = "database-controller";
@@ -81,6 +83,8 @@ async fn main() -> ExitCode {
         servers,
         recorder: Recorder::new(client, reporter),
         admin_secrets: AdminSecretIndex::default(),
+        migrations: std::sync::OnceLock::new(),
+        verified: Verified::default(),
     };
     match controller::run::<Database, _, _, _, _>(
         CONTROLLER,
@@ -116,6 +120,28 @@ fn watches(
     }
     let client = ctx.client.clone();
     let index = ctx.clone();
+
+    // Every Migration in a store, so a reconcile asks "is one running?" without a list.
+    let (reader, writer) = reflector::store();
+    let _ = ctx.state.migrations.set(reader);
+    let migrations = reflector(
+        writer,
+        watcher(
+            api::<Migration>(&client, namespace),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff();
+    tokio::spawn(async move {
+        migrations
+            .for_each(|event| {
+                if let Err(error) = event {
+                    tracing::warn!(%error, "Migration watch failed; retrying with backoff");
+                }
+                std::future::ready(())
+            })
+            .await;
+    });
     c.owns(
         api::<Secret>(&client, namespace),
         watcher::Config::default().labels("app.kubernetes.io/managed-by=dbops"),

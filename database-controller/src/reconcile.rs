@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dbops_api::{Backup, Database, DatabaseDeletionPolicy, Migration, MigrationPhase};
 use dbops_shared::controller::Context;
@@ -21,6 +21,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store;
 use serde_json::json;
 
 use crate::error::{Error, Result};
@@ -36,6 +37,40 @@ pub struct State {
     pub servers: Servers,
     pub recorder: Recorder,
     pub admin_secrets: AdminSecretIndex,
+    /// Every Migration, kept by a reflector (set up with the watches).
+    pub migrations: std::sync::OnceLock<Store<Migration>>,
+    /// When each Database's PostgreSQL state was last verified, and at which generation.
+    pub verified: Verified,
+}
+
+/// The last full check of each Database against PostgreSQL. A reconcile soon after one
+/// (triggered by the controller's own status or Secret write) checks the Secret only;
+/// PostgreSQL is read again at the latest one resync interval later.
+#[derive(Default)]
+pub struct Verified {
+    inner: Mutex<HashMap<String, (i64, Provisioned, Instant)>>,
+}
+
+impl Verified {
+    fn recent(&self, uid: &str, generation: i64, within: Duration) -> Option<Provisioned> {
+        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(uid)
+            .filter(|(g, _, at)| *g == generation && at.elapsed() < within)
+            .map(|(_, p, _)| p.clone())
+    }
+
+    fn record(&self, uid: &str, generation: i64, provisioned: &Provisioned) {
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        map.insert(
+            uid.to_string(),
+            (generation, provisioned.clone(), Instant::now()),
+        );
+    }
+
+    fn forget(&self, uid: &str) {
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        map.remove(uid);
+    }
 }
 
 /// Which Databases use which admin Secret: `(namespace, secret) → Database names`,
@@ -131,15 +166,28 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Ac
 
 /// The name of a Migration of this Database that has not ended.
 async fn active_migration(ctx: &Context<State>, db: &Database) -> Result<Option<String>> {
-    let api: Api<Migration> =
-        Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    let namespace = db.namespace().unwrap_or_default();
     let name = db.name_any();
-    let list = api.list(&ListParams::default()).await?;
-    Ok(list
-        .items
+    let migrations: Vec<Arc<Migration>> = match ctx.state.migrations.get() {
+        Some(store) => {
+            // Before the first list, "no Migration" would be a guess.
+            store
+                .wait_until_ready()
+                .await
+                .map_err(|e| Error::Internal(format!("Migration store: {e}")))?;
+            store.state()
+        }
+        None => {
+            let api: Api<Migration> = Api::namespaced(ctx.client.clone(), &namespace);
+            let list = api.list(&ListParams::default()).await?;
+            list.items.into_iter().map(Arc::new).collect()
+        }
+    };
+    Ok(migrations
         .into_iter()
         .find(|m| {
-            m.spec.database_ref.name == name
+            m.metadata.namespace.as_deref() == Some(namespace.as_str())
+                && m.spec.database_ref.name == name
                 && !matches!(
                     m.status.as_ref().and_then(|s| s.phase),
                     Some(
@@ -245,6 +293,41 @@ fn conflict(what: &str, name: &str, server: &ServerKey) -> Error {
 
 /// Brings the role, database, settings, extensions and connection Secret to the spec.
 async fn provision(
+    db: &Database,
+    ctx: &Context<State>,
+    migration_active: bool,
+) -> Result<Provisioned> {
+    let uid = db.uid().unwrap_or_default();
+    let generation = db.metadata.generation.unwrap_or_default();
+    if let Some(done) = ctx
+        .state
+        .verified
+        .recent(&uid, generation, ctx.resync_interval / 2)
+        && secret_is_current(db, ctx).await?
+    {
+        return Ok(done);
+    }
+    let provisioned = provision_in_postgres(db, ctx, migration_active).await;
+    match &provisioned {
+        Ok(p) => ctx.state.verified.record(&uid, generation, p),
+        Err(_) => ctx.state.verified.forget(&uid),
+    }
+    provisioned
+}
+
+/// Whether the connection Secret holds the password written and everything else current.
+async fn secret_is_current(db: &Database, ctx: &Context<State>) -> Result<bool> {
+    let secrets: Api<Secret> =
+        Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    let Some(existing) = secrets.get_opt(&db.connection_secret_name()).await? else {
+        return Ok(false);
+    };
+    Ok(secret::kept_password(&existing)
+        .is_some_and(|password| secret::is_current(&existing, &secret::desired(db, &password))))
+}
+
+/// The full check: reads PostgreSQL and repairs whatever differs from the spec.
+async fn provision_in_postgres(
     db: &Database,
     ctx: &Context<State>,
     migration_active: bool,
@@ -360,6 +443,7 @@ async fn cleanup(
     api: &Api<Database>,
     migration: Option<&str>,
 ) -> Result<Action> {
+    ctx.state.verified.forget(&db.uid().unwrap_or_default());
     if !has_finalizer(db) {
         ctx.state
             .admin_secrets
@@ -458,7 +542,7 @@ async fn final_snapshot(db: &Database, ctx: &Context<State>) -> Result<()> {
                 },
                 "spec": {"databaseRef": {"name": db.name_any()}, "deletionPolicy": "Retain"},
             }))
-            .map_err(|e| Error::Finalizer(e.to_string()))?;
+            .map_err(|e| Error::Internal(e.to_string()))?;
             backups.create(&PostParams::default(), &b).await?
         }
     };
