@@ -189,7 +189,23 @@ pub async fn publish_deleting(
     let old = db.status.clone().unwrap_or_default();
     let mut new = old.clone();
     new.phase = Some(DatabasePhase::Deleting);
+    new.observed_generation = db.metadata.generation;
     let t = now();
+    // Every condition speaks of the generation the deletion bumped to.
+    for c in &mut new.conditions {
+        c.observed_generation = db.metadata.generation;
+    }
+    set_condition(
+        &mut new.conditions,
+        ConditionSpec {
+            type_: condition::READY,
+            status: ConditionStatus::False,
+            reason: "Deleting",
+            message: "the Database is being deleted".into(),
+            observed_generation: db.metadata.generation,
+        },
+        t.clone(),
+    );
     set_condition(
         &mut new.conditions,
         ConditionSpec {
@@ -225,20 +241,16 @@ async fn write(
     if let Some(after) = get(&new.conditions, condition::READY)
         && before.as_ref() != Some(&(after.status.clone(), after.reason.clone()))
     {
-        event(
-            ctx,
-            db,
-            after.status == "True",
-            &after.reason,
-            &after.message,
-        )
-        .await;
+        let normal = after.status == "True" || after.reason == "Deleting";
+        event(ctx, db, normal, &after.reason, &after.message).await;
     }
     if let Some(progress) = get(&new.conditions, condition::PROGRESSING)
         && new.phase == Some(DatabasePhase::Deleting)
         && get(&old.conditions, condition::PROGRESSING).map(|c| &c.reason) != Some(&progress.reason)
     {
-        event(ctx, db, false, &progress.reason, &progress.message).await;
+        // Waiting for the final Backup is the expected path, not a warning.
+        let expected = progress.reason == "WaitingForFinalBackup";
+        event(ctx, db, expected, &progress.reason, &progress.message).await;
     }
     Ok(())
 }

@@ -1,13 +1,20 @@
 //! A real Kubernetes control plane on loopback: etcd, kube-apiserver (RBAC, client
-//! certificates from a CA made here, service-account signing keys) and
-//! kube-controller-manager (garbage collector, namespace and service-account
+//! certificates from a CA made here, service-account signing keys, an audit log of every
+//! write) and kube-controller-manager (garbage collector, namespace and service-account
 //! controllers), each a [`Supervised`] child in one directory.
+//!
+//! Tests tell who wrote what through the audit log: [`ControlPlane::kubeconfig_for`] mints
+//! a client certificate for a user name of the test's choosing, and
+//! [`ControlPlane::audit_writes`] lists the writes that user made.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{await_condition, conditions};
@@ -16,6 +23,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
+use serde::Deserialize;
 
 use crate::paths;
 use crate::process::{Spec, Supervised, free_port};
@@ -34,6 +42,10 @@ pub struct ControlPlane {
     dir: PathBuf,
     kubeconfig: PathBuf,
     server: String,
+    pki: Pki,
+    /// Numbers the kubeconfigs [`ControlPlane::kubeconfig_for`] writes, so that two tests
+    /// minting the same user never overwrite files the other is reading.
+    minted: AtomicU64,
     // Dropped in reverse order of start: controller-manager, apiserver, etcd.
     controller_manager: Option<Supervised>,
     apiserver: Option<Supervised>,
@@ -44,6 +56,90 @@ pub struct ControlPlane {
 struct Pki {
     ca_key: KeyPair,
     ca_params: CertificateParams,
+}
+
+impl std::fmt::Debug for Pki {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pki { .. }")
+    }
+}
+
+/// What kube-apiserver audits: the metadata (who, verb, resource, name, response code) of
+/// every write, once the response is complete; nothing about reads.
+const AUDIT_POLICY: &str = "\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  verbs: [create, update, patch, delete, deletecollection]
+- level: None
+";
+
+/// One write request to the API server, from the audit log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditWrite {
+    /// create, update, patch, delete or deletecollection.
+    pub verb: String,
+    /// The resource (plural, e.g. `secrets`, `databases`, `events`).
+    pub resource: String,
+    /// `status` for a status write, empty for the object itself.
+    pub subresource: String,
+    /// The object's name; may be empty for a create (the name is in the body).
+    pub name: String,
+    pub namespace: String,
+    /// The HTTP status code of the response (a refused write is still a write attempt).
+    pub code: i32,
+    /// When the response was complete (stage ResponseComplete).
+    pub timestamp: Timestamp,
+}
+
+impl std::fmt::Display for AuditWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {}", self.timestamp, self.verb, self.resource)?;
+        if !self.subresource.is_empty() {
+            write!(f, "/{}", self.subresource)?;
+        }
+        write!(f, " {}/{} -> {}", self.namespace, self.name, self.code)
+    }
+}
+
+/// The fields of an audit.k8s.io/v1 Event this harness reads.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AuditEvent {
+    stage: String,
+    verb: String,
+    user: AuditUser,
+    #[serde(default)]
+    object_ref: Option<AuditObjectRef>,
+    #[serde(default)]
+    response_status: Option<AuditResponseStatus>,
+    stage_timestamp: MicroTime,
+}
+
+#[derive(Deserialize)]
+struct AuditUser {
+    #[serde(default)]
+    username: String,
+}
+
+#[derive(Deserialize)]
+struct AuditObjectRef {
+    #[serde(default)]
+    resource: String,
+    #[serde(default)]
+    subresource: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: String,
+}
+
+#[derive(Deserialize)]
+struct AuditResponseStatus {
+    #[serde(default)]
+    code: i32,
 }
 
 const SA_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
@@ -60,7 +156,10 @@ impl ControlPlane {
         std::fs::create_dir_all(&pki_dir)?;
         std::fs::create_dir_all(&log_dir)?;
 
-        write_pki(&pki_dir)?;
+        let pki = write_pki(&pki_dir)?;
+        let audit_policy = dir.join("audit-policy.yaml");
+        std::fs::write(&audit_policy, AUDIT_POLICY)
+            .with_context(|| format!("writing {}", audit_policy.display()))?;
 
         let etcd_port = free_port()?;
         let etcd_peer_port = free_port()?;
@@ -107,6 +206,11 @@ impl ControlPlane {
                 // reconciler refuses; nothing here routes to the apiserver by Service.
                 "--endpoint-reconciler-type=none".to_string(),
                 "--allow-privileged=false".to_string(),
+                format!("--audit-policy-file={}", audit_policy.display()),
+                format!("--audit-log-path={}", dir.join("audit.log").display()),
+                "--audit-log-format=json".to_string(),
+                // Each event is written before the request returns (the default, stated).
+                "--audit-log-mode=blocking".to_string(),
                 "--v=1".to_string(),
             ]),
             &log_dir,
@@ -126,6 +230,8 @@ impl ControlPlane {
             dir: dir.clone(),
             kubeconfig,
             server,
+            pki,
+            minted: AtomicU64::new(0),
             controller_manager: None,
             apiserver: Some(apiserver),
             etcd: Some(etcd),
@@ -177,6 +283,98 @@ impl ControlPlane {
     /// made on.
     pub async fn client(&self) -> Result<Client> {
         client_from_kubeconfig(&self.kubeconfig).await
+    }
+
+    /// Writes a kubeconfig for a new client certificate with common name `user` and
+    /// organizations `groups` (at most two), signed by this control plane's CA, so that
+    /// a process using it appears in the audit log as `user`. RBAC applies as usual:
+    /// pass `&["system:masters"]` for a user allowed everything.
+    pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> Result<PathBuf> {
+        let n = self.minted.fetch_add(1, Ordering::Relaxed);
+        let file_stem: String = user
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let dir = self.dir.join("users").join(format!("{file_stem}-{n}"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let (cert, key) = self
+            .pki
+            .issue_client(user, groups)
+            .with_context(|| format!("issuing a client certificate for {user}"))?;
+        let (cert_path, key_path) = (dir.join("client.crt"), dir.join("client.key"));
+        write_secret(&cert_path, &cert)?;
+        write_secret(&key_path, &key)?;
+        let kubeconfig = dir.join("kubeconfig");
+        write_kubeconfig(
+            &kubeconfig,
+            &self.server,
+            &self.dir.join("pki").join("ca.crt"),
+            &cert_path,
+            &key_path,
+            user,
+        )?;
+        Ok(kubeconfig)
+    }
+
+    /// The audit log kube-apiserver writes (JSON lines, writes only).
+    pub fn audit_log_path(&self) -> PathBuf {
+        self.dir.join("audit.log")
+    }
+
+    /// Every write request `user` made so far (completed responses, oldest first), only
+    /// those to objects in `namespace` when it is given. Count them before and after a
+    /// window to see what a process wrote in between.
+    pub fn audit_writes(&self, user: &str, namespace: Option<&str>) -> Result<Vec<AuditWrite>> {
+        let path = self.audit_log_path();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        // The apiserver may be writing the last line right now: only whole lines count.
+        let complete = match text.rfind('\n') {
+            Some(end) => &text[..end],
+            None => "",
+        };
+        // Parsing every line is slow on a long log; most lines are other users'.
+        let quoted_user = serde_json::to_string(user)?;
+        let mut writes = Vec::new();
+        for (i, line) in complete.lines().enumerate() {
+            if line.is_empty() || !line.contains(&quoted_user) {
+                continue;
+            }
+            let event: AuditEvent = serde_json::from_str(line).with_context(|| {
+                format!("{} line {}: not an audit event", path.display(), i + 1)
+            })?;
+            if event.stage != "ResponseComplete" || event.user.username != user {
+                continue;
+            }
+            let object = event.object_ref.unwrap_or(AuditObjectRef {
+                resource: String::new(),
+                subresource: String::new(),
+                name: String::new(),
+                namespace: String::new(),
+            });
+            if namespace.is_some_and(|ns| ns != object.namespace) {
+                continue;
+            }
+            writes.push(AuditWrite {
+                verb: event.verb,
+                resource: object.resource,
+                subresource: object.subresource,
+                name: object.name,
+                namespace: object.namespace,
+                code: event.response_status.map_or(0, |s| s.code),
+                timestamp: event.stage_timestamp.0,
+            });
+        }
+        Ok(writes)
     }
 
     /// Logs of etcd, kube-apiserver and kube-controller-manager, for failure reports.
@@ -288,8 +486,9 @@ fn restrict(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// CA, apiserver serving certificate, admin client certificate, service-account key.
-fn write_pki(dir: &Path) -> Result<()> {
+/// CA, apiserver serving certificate, admin client certificate, service-account key;
+/// returns the CA to sign more client certificates with.
+fn write_pki(dir: &Path) -> Result<Pki> {
     let ca_key = KeyPair::generate()?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params.distinguished_name = dn("dbops-e2e-ca", None);
@@ -330,10 +529,27 @@ fn write_pki(dir: &Path) -> Result<()> {
     let sa_key = KeyPair::generate()?;
     write_secret(&dir.join("sa.key"), &sa_key.serialize_pem())?;
     write_secret(&dir.join("sa.pub"), &sa_key.public_key_pem())?;
-    Ok(())
+    Ok(pki)
 }
 
 impl Pki {
+    /// A client certificate for `user` in `groups` (the organizations of the subject).
+    fn issue_client(&self, user: &str, groups: &[&str]) -> Result<(String, String)> {
+        let mut dn = dn(user, None);
+        match groups {
+            [] => {}
+            [one] => dn.push(DnType::OrganizationName, *one),
+            // rcgen keeps one value per attribute type; a second O goes in under its OID
+            // as a custom type, which Go's x509 still reads as an Organization.
+            [one, two] => {
+                dn.push(DnType::OrganizationName, *one);
+                dn.push(DnType::CustomDnType(vec![2, 5, 4, 10]), *two);
+            }
+            _ => bail!("at most two groups per client certificate, got {groups:?}"),
+        }
+        self.sign(dn, Vec::new(), ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
     fn issue(
         &self,
         cn: &str,
@@ -341,9 +557,18 @@ impl Pki {
         sans: Vec<SanType>,
         usage: ExtendedKeyUsagePurpose,
     ) -> Result<(String, String)> {
+        self.sign(dn(cn, org), sans, usage)
+    }
+
+    fn sign(
+        &self,
+        subject: DistinguishedName,
+        sans: Vec<SanType>,
+        usage: ExtendedKeyUsagePurpose,
+    ) -> Result<(String, String)> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params.distinguished_name = dn(cn, org);
+        params.distinguished_name = subject;
         params.subject_alt_names = sans;
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,

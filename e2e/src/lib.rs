@@ -10,9 +10,10 @@ pub mod namespace;
 pub mod paths;
 pub mod postgres;
 pub mod process;
+pub mod wait;
 
 pub use controllers::ControllerProcess;
-pub use controlplane::ControlPlane;
+pub use controlplane::{AuditWrite, ControlPlane};
 pub use kubectl::Kubectl;
 pub use namespace::TestNamespace;
 pub use postgres::PgServer;

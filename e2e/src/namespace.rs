@@ -1,5 +1,6 @@
 //! A namespace of its own for each test, deleted afterwards; when the test panics, the
-//! namespace's dbops objects, Secrets and Events are printed first.
+//! namespace's dbops objects, Secrets (names and keys, never values) and Events are
+//! printed first.
 
 use anyhow::Result;
 use k8s_openapi::api::core::v1::Namespace;
@@ -8,6 +9,11 @@ use kube::api::{Api, PostParams};
 use rand::distr::{Alphanumeric, SampleString};
 
 use crate::kubectl::Kubectl;
+
+/// A go-template printing each Secret without its values.
+const SECRET_SUMMARY: &str = "go-template={{range .items}}Secret {{.metadata.name}}: keys [\
+{{range $k, $v := .data}}{{$k}} {{end}}] labels {{.metadata.labels}} owners [\
+{{range .metadata.ownerReferences}}{{.kind}}/{{.name}} controller={{.controller}} {{end}}]\n{{end}}";
 
 #[derive(Debug)]
 pub struct TestNamespace {
@@ -41,7 +47,9 @@ impl TestNamespace {
     pub fn dump(&self) -> String {
         let mut out = String::new();
         for args in [
-            vec!["get", "dbops,secrets", "-n", &self.name, "-o", "yaml"],
+            vec!["get", "dbops", "-n", &self.name, "-o", "yaml"],
+            // Secrets by name, keys, labels and owners only: their values are passwords.
+            vec!["get", "secrets", "-n", &self.name, "-o", SECRET_SUMMARY],
             vec![
                 "get",
                 "events",

@@ -1,6 +1,9 @@
 //! Throwaway PostgreSQL servers from Debian's `postgresql` package: `initdb` in a
 //! temporary directory, the `postgres` user when this process is root, a free loopback
 //! port, and a superuser `postgres` with a random password (scram-sha-256 over TCP).
+//!
+//! Every DDL statement the server runs is logged (`log_statement=ddl`), so a test can see
+//! what a controller did to the schema and when ([`PgServer::ddl_statements`]).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -14,6 +17,10 @@ use crate::process::{Spec, Supervised, free_port, is_root, log_tail};
 
 /// The superuser the harness creates.
 pub const SUPERUSER: &str = "postgres";
+
+/// Each server log line starts with time, pid, user@database and the session's
+/// application_name.
+const LOG_LINE_PREFIX: &str = "%m [%p] %q%u@%d app=%a ";
 
 /// A PostgreSQL server; stopped (fast shutdown) and deleted when dropped.
 #[derive(Debug)]
@@ -137,6 +144,12 @@ impl PgServer {
                 "fsync=off".to_string(),
                 "-c".to_string(),
                 "full_page_writes=off".to_string(),
+                // Every CREATE, ALTER, DROP, COMMENT, GRANT in the log, with time, pid,
+                // user and database.
+                "-c".to_string(),
+                "log_statement=ddl".to_string(),
+                "-c".to_string(),
+                format!("log_line_prefix={LOG_LINE_PREFIX}"),
             ])
             // SIGINT is PostgreSQL's fast shutdown; SIGTERM would wait for clients.
             .stop_signal("INT")
@@ -221,13 +234,219 @@ impl PgServer {
         Ok(client)
     }
 
-    /// The server's log, for failure reports.
+    /// The server's log, for failure reports (passwords in logged statements redacted).
     pub fn log_tail(&self, max_bytes: u64) -> String {
-        log_tail(
-            &self.dir.join(format!("postgres-{}.log", self.name)),
-            max_bytes,
-        )
+        redact_passwords(&log_tail(&self.log_path(), max_bytes))
     }
+
+    /// The server's log file (stdout and stderr of `postgres`).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join(format!("postgres-{}.log", self.name))
+    }
+
+    /// Every DDL statement logged so far, oldest first: the log lines containing
+    /// `statement:` (simple query protocol) or `execute <name>:` (extended protocol),
+    /// each from the log line prefix on. Only the first line of a multi-line statement is
+    /// kept. Passwords (`PASSWORD '...'`) are redacted.
+    pub fn ddl_statements(&self) -> Result<Vec<String>> {
+        let path = self.log_path();
+        let text = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let text = String::from_utf8_lossy(&text);
+        Ok(text
+            .lines()
+            .filter(|line| is_statement_line(line))
+            .map(redact_passwords)
+            .collect())
+    }
+
+    /// Whether a database of this name exists.
+    pub async fn database_exists(&self, name: &str) -> Result<bool> {
+        self.query_bool(
+            "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)",
+            name,
+        )
+        .await
+    }
+
+    /// Whether a role of this name exists.
+    pub async fn role_exists(&self, name: &str) -> Result<bool> {
+        self.query_bool(
+            "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)",
+            name,
+        )
+        .await
+    }
+
+    /// How many roles have a name matching the SQL `LIKE` pattern (`_` and `%` are
+    /// wildcards; a backslash escapes them).
+    pub async fn count_roles_like(&self, pattern: &str) -> Result<i64> {
+        self.query_count(
+            "SELECT count(*) FROM pg_roles WHERE rolname LIKE $1",
+            pattern,
+        )
+        .await
+    }
+
+    /// How many databases have a name matching the SQL `LIKE` pattern.
+    pub async fn count_databases_like(&self, pattern: &str) -> Result<i64> {
+        self.query_count(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE $1",
+            pattern,
+        )
+        .await
+    }
+
+    /// The `COMMENT ON DATABASE` of a database; `None` when it has no comment or does not
+    /// exist.
+    pub async fn database_comment(&self, name: &str) -> Result<Option<String>> {
+        self.query_opt_string(
+            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1",
+            name,
+        )
+        .await
+    }
+
+    /// The `COMMENT ON ROLE` of a role; `None` when it has no comment or does not exist.
+    pub async fn role_comment(&self, name: &str) -> Result<Option<String>> {
+        self.query_opt_string(
+            "SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = $1",
+            name,
+        )
+        .await
+    }
+
+    /// The owner role of a database, `None` when it does not exist.
+    pub async fn database_owner(&self, name: &str) -> Result<Option<String>> {
+        self.query_opt_string(
+            "SELECT pg_get_userbyid(datdba)::text FROM pg_database WHERE datname = $1",
+            name,
+        )
+        .await
+    }
+
+    /// The OID of a database, `None` when it does not exist.
+    pub async fn database_oid(&self, name: &str) -> Result<Option<u32>> {
+        let client = self.connect_as_superuser().await?;
+        let row = client
+            .query_opt("SELECT oid FROM pg_database WHERE datname = $1", &[&name])
+            .await
+            .with_context(|| format!("looking up database {name}"))?;
+        Ok(row.map(|r| r.get::<_, u32>(0)))
+    }
+
+    /// `pg_database.datconnlimit` of a database (-1: no limit), `None` when it does not
+    /// exist.
+    pub async fn connlimit(&self, name: &str) -> Result<Option<i32>> {
+        let client = self.connect_as_superuser().await?;
+        let row = client
+            .query_opt(
+                "SELECT datconnlimit FROM pg_database WHERE datname = $1",
+                &[&name],
+            )
+            .await
+            .with_context(|| format!("reading the connection limit of {name}"))?;
+        Ok(row.map(|r| r.get::<_, i32>(0)))
+    }
+
+    /// `DROP DATABASE IF EXISTS <name> WITH (FORCE)`: drops it even with sessions open,
+    /// the way an operator acting behind the controller's back would.
+    pub async fn drop_database_force(&self, name: &str) -> Result<()> {
+        let client = self.connect_as_superuser().await?;
+        client
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                quote_ident(name)
+            ))
+            .await
+            .with_context(|| format!("dropping database {name}"))?;
+        Ok(())
+    }
+
+    async fn query_bool(&self, sql: &str, arg: &str) -> Result<bool> {
+        let client = self.connect_as_superuser().await?;
+        let row = client
+            .query_one(sql, &[&arg])
+            .await
+            .with_context(|| format!("{sql} [{arg}]"))?;
+        Ok(row.get(0))
+    }
+
+    async fn query_count(&self, sql: &str, arg: &str) -> Result<i64> {
+        let client = self.connect_as_superuser().await?;
+        let row = client
+            .query_one(sql, &[&arg])
+            .await
+            .with_context(|| format!("{sql} [{arg}]"))?;
+        Ok(row.get(0))
+    }
+
+    async fn query_opt_string(&self, sql: &str, arg: &str) -> Result<Option<String>> {
+        let client = self.connect_as_superuser().await?;
+        let row = client
+            .query_opt(sql, &[&arg])
+            .await
+            .with_context(|| format!("{sql} [{arg}]"))?;
+        Ok(row.and_then(|r| r.get::<_, Option<String>>(0)))
+    }
+}
+
+/// A PostgreSQL identifier in double quotes, safe to paste into SQL.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// A string literal in single quotes, safe to paste into SQL (standard_conforming_strings
+/// is on by default).
+pub fn quote_literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+/// Whether a server log line records a statement (`log_statement`).
+fn is_statement_line(line: &str) -> bool {
+    if line.contains("statement: ") {
+        return true;
+    }
+    // Extended protocol: "LOG:  execute s3: CREATE ..." or "execute <unnamed>: ...".
+    line.split_once("LOG:  execute ")
+        .is_some_and(|(_, rest)| rest.split_once(": ").is_some())
+}
+
+/// Replaces the string literal after each `PASSWORD` keyword (any case) with
+/// `'<redacted>'`, so that statements such as `ALTER ROLE x PASSWORD '...'` can be printed.
+/// A literal left open at the end of a line is redacted to the end of that line.
+pub fn redact_passwords(text: &str) -> String {
+    let lower = text.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let mut pos = 0;
+    while let Some(found) = lower[pos..].find("password") {
+        let keyword_end = pos + found + "password".len();
+        out.push_str(&text[pos..keyword_end]);
+        pos = keyword_end;
+        let after = &text[keyword_end..];
+        let literal_start = after.len() - after.trim_start_matches([' ', '\t']).len();
+        let rest = &after[literal_start..];
+        let quote = match rest.as_bytes() {
+            [b'\'', ..] => 1,
+            [b'E' | b'e', b'\'', ..] => 2,
+            _ => continue,
+        };
+        // The closing quote: the first ' not doubled ('' is an escaped quote).
+        let body = &rest.as_bytes()[quote..];
+        let mut i = 0;
+        let end = loop {
+            match body.get(i) {
+                Some(b'\'') if body.get(i + 1) == Some(&b'\'') => i += 2,
+                Some(b'\'') => break i + 1,
+                Some(b'\n') | None => break i,
+                Some(_) => i += 1,
+            }
+        };
+        out.push_str(&after[..literal_start]);
+        out.push_str("'<redacted>'");
+        pos = keyword_end + literal_start + quote + end;
+    }
+    out.push_str(&text[pos..]);
+    out
 }
 
 impl Drop for PgServer {
@@ -247,4 +466,45 @@ fn chown_to_postgres(dir: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted_from_statements() {
+        assert_eq!(
+            redact_passwords("ALTER ROLE a WITH LOGIN PASSWORD 'se''cret' VALID UNTIL 'x'"),
+            "ALTER ROLE a WITH LOGIN PASSWORD '<redacted>' VALID UNTIL 'x'"
+        );
+        assert_eq!(
+            redact_passwords("create role b password E'abc';\nnext password line"),
+            "create role b password '<redacted>';\nnext password line"
+        );
+        assert_eq!(
+            redact_passwords("x PASSWORD 'cut here\nnext"),
+            "x PASSWORD '<redacted>'\nnext"
+        );
+        assert_eq!(redact_passwords("no secrets"), "no secrets");
+    }
+
+    #[test]
+    fn statement_lines_are_recognised() {
+        assert!(is_statement_line(
+            "2025-01-01 [1] postgres@postgres app= LOG:  statement: CREATE DATABASE x"
+        ));
+        assert!(is_statement_line(
+            "2025-01-01 [1] a@b app= LOG:  execute <unnamed>: DROP ROLE x"
+        ));
+        assert!(!is_statement_line(
+            "2025-01-01 [1] LOG:  checkpoint starting: time"
+        ));
+    }
+
+    #[test]
+    fn identifiers_and_literals_are_quoted() {
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+        assert_eq!(quote_literal("it's"), "'it''s'");
+    }
 }

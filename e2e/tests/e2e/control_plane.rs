@@ -6,6 +6,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 
+use dbops_e2e::Kubectl;
+use dbops_e2e::wait::eventually;
+
 use crate::bed;
 
 #[tokio::test]
@@ -127,5 +130,125 @@ async fn every_dbops_kind_is_served_with_short_names_and_the_category() {
         explain.stdout.contains("username") && explain.stdout.contains("password"),
         "kubectl explain shows the field description: {}",
         explain.text()
+    );
+}
+
+#[tokio::test]
+async fn minted_users_are_authenticated_and_their_writes_audited() {
+    let b = bed("audit").await;
+    let ns = b.ns.name();
+    // A user name no other test uses: the audit log is shared by the whole binary.
+    let user = format!("e2e-audit-{ns}");
+    let kubeconfig =
+        b.cp.kubeconfig_for(&user, &["system:masters", "dbops:testers"])
+            .unwrap();
+    let as_user = Kubectl::new(&kubeconfig);
+
+    assert!(b.cp.audit_writes(&user, None).unwrap().is_empty());
+    let whoami = as_user
+        .run(&["auth", "whoami", "-o", "json"], None)
+        .unwrap();
+    assert!(whoami.success, "{}", whoami.text());
+    let review: serde_json::Value = serde_json::from_str(&whoami.stdout).unwrap();
+    assert_eq!(review["status"]["userInfo"]["username"], user.as_str());
+    let groups = review["status"]["userInfo"]["groups"].to_string();
+    assert!(
+        groups.contains("system:masters") && groups.contains("dbops:testers"),
+        "both organizations of the certificate are groups: {groups}"
+    );
+
+    // `kubectl auth whoami` creates a SelfSubjectReview: a write, cluster-scoped.
+    let reviews = eventually(
+        "the audited SelfSubjectReview",
+        Duration::from_secs(10),
+        || async { b.cp.audit_writes(&user, None) },
+        |w| !w.is_empty(),
+    )
+    .await;
+    assert_eq!(
+        (reviews[0].verb.as_str(), reviews[0].resource.as_str()),
+        ("create", "selfsubjectreviews"),
+        "{reviews:#?}"
+    );
+    assert!(b.cp.audit_writes(&user, Some(ns)).unwrap().is_empty());
+    for args in [
+        vec![
+            "create",
+            "configmap",
+            "audited",
+            "-n",
+            ns,
+            "--from-literal=a=1",
+        ],
+        vec!["get", "configmap", "audited", "-n", ns],
+        vec![
+            "patch",
+            "configmap",
+            "audited",
+            "-n",
+            ns,
+            "-p",
+            r#"{"data":{"a":"2"}}"#,
+        ],
+        vec!["delete", "configmap", "audited", "-n", ns],
+    ] {
+        let out = as_user.run(&args, None).unwrap();
+        assert!(out.success, "kubectl {args:?}: {}", out.text());
+    }
+    // The admin's own writes in the namespace are not this user's.
+    let out = b
+        .kubectl
+        .run(&["create", "configmap", "by-admin", "-n", ns], None)
+        .unwrap();
+    assert!(out.success, "{}", out.text());
+
+    let writes = eventually(
+        "three audited writes by the minted user",
+        Duration::from_secs(10),
+        || async { b.cp.audit_writes(&user, Some(ns)) },
+        |w| w.len() >= 3,
+    )
+    .await;
+    let summary: Vec<(String, String, String, i32)> = writes
+        .iter()
+        .map(|w| {
+            (
+                w.verb.clone(),
+                w.resource.clone(),
+                w.namespace.clone(),
+                w.code,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (
+                "create".to_string(),
+                "configmaps".to_string(),
+                ns.to_string(),
+                201
+            ),
+            (
+                "patch".to_string(),
+                "configmaps".to_string(),
+                ns.to_string(),
+                200
+            ),
+            (
+                "delete".to_string(),
+                "configmaps".to_string(),
+                ns.to_string(),
+                200
+            ),
+        ],
+        "reads are not audited, writes are, in order: {writes:#?}"
+    );
+    assert_eq!(writes[1].name, "audited");
+    assert!(writes.windows(2).all(|w| w[0].timestamp <= w[1].timestamp));
+    assert!(
+        b.cp.audit_writes(&user, Some("another-namespace"))
+            .unwrap()
+            .is_empty()
     );
 }

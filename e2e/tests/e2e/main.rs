@@ -7,6 +7,7 @@
 mod api_validation;
 mod control_plane;
 mod controllers;
+mod database;
 mod postgres;
 
 use dbops_e2e::{ControlPlane, Kubectl, TestNamespace, controlplane::Options};

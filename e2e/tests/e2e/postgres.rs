@@ -1,6 +1,9 @@
 //! The PostgreSQL harness: real servers from Debian's packages, several at once.
 
+use std::time::Duration;
+
 use dbops_e2e::PgServer;
+use dbops_e2e::wait::eventually;
 
 #[tokio::test]
 async fn two_servers_run_side_by_side_and_survive_a_restart() {
@@ -51,4 +54,91 @@ async fn two_servers_run_side_by_side_and_survive_a_restart() {
         .output()
         .unwrap();
     assert_ne!(String::from_utf8_lossy(&owner.stdout).trim(), "root");
+}
+
+#[tokio::test]
+async fn ddl_is_logged_and_the_catalog_helpers_see_it() {
+    dbops_e2e::init_test_logging();
+    let pg = PgServer::start("helpers").await.unwrap();
+    let before = pg.ddl_statements().unwrap().len();
+    assert!(!pg.database_exists("shop").await.unwrap());
+    assert!(!pg.role_exists("shop_owner").await.unwrap());
+
+    let su = pg.connect_as_superuser().await.unwrap();
+    // One statement each: CREATE DATABASE refuses to run in a multi-statement batch.
+    for sql in [
+        "CREATE ROLE shop_owner LOGIN PASSWORD 'not-for-printing'",
+        "CREATE ROLE shop_reader",
+        "CREATE DATABASE shop OWNER shop_owner CONNECTION LIMIT 7",
+        "COMMENT ON DATABASE shop IS 'dbops.dev/uid=1234'",
+        "COMMENT ON ROLE shop_owner IS 'dbops.dev/uid=1234'",
+    ] {
+        su.batch_execute(sql).await.unwrap();
+    }
+    // Reads and data changes are not DDL.
+    su.batch_execute("SELECT 1").await.unwrap();
+    su.execute(
+        "UPDATE pg_database SET datallowconn = true WHERE false",
+        &[],
+    )
+    .await
+    .unwrap();
+    // The extended protocol is logged as `execute`.
+    su.execute("ALTER DATABASE shop CONNECTION LIMIT 8", &[])
+        .await
+        .unwrap();
+
+    let ddl = eventually(
+        "the DDL in the server log",
+        Duration::from_secs(10),
+        || async { pg.ddl_statements() },
+        |ddl| ddl.len() >= before + 6,
+    )
+    .await;
+    let new = &ddl[before..];
+    assert!(
+        new.iter().all(|l| !l.contains("not-for-printing")),
+        "passwords are redacted: {new:#?}"
+    );
+    assert!(new[0].contains("CREATE ROLE shop_owner LOGIN PASSWORD '<redacted>'"));
+    assert!(
+        new.iter()
+            .any(|l| l.contains("ALTER DATABASE shop CONNECTION LIMIT 8"))
+    );
+    assert!(
+        !new.iter()
+            .any(|l| l.contains("INSERT") || l.contains("SELECT 1")),
+        "{new:#?}"
+    );
+    assert!(!pg.log_tail(100_000).contains("not-for-printing"));
+
+    assert!(pg.database_exists("shop").await.unwrap());
+    assert!(pg.role_exists("shop_owner").await.unwrap());
+    assert_eq!(pg.count_roles_like("shop\\_%").await.unwrap(), 2);
+    assert_eq!(pg.count_databases_like("shop%").await.unwrap(), 1);
+    assert_eq!(
+        pg.database_comment("shop").await.unwrap().as_deref(),
+        Some("dbops.dev/uid=1234")
+    );
+    assert_eq!(
+        pg.role_comment("shop_owner").await.unwrap().as_deref(),
+        Some("dbops.dev/uid=1234")
+    );
+    assert_eq!(pg.role_comment("shop_reader").await.unwrap(), None);
+    assert_eq!(
+        pg.database_owner("shop").await.unwrap().as_deref(),
+        Some("shop_owner")
+    );
+    assert_eq!(pg.connlimit("shop").await.unwrap(), Some(8));
+    assert!(pg.database_oid("shop").await.unwrap().is_some());
+    assert_eq!(pg.connlimit("nope").await.unwrap(), None);
+
+    // A session stays open in the database: FORCE drops it anyway.
+    let _session = pg
+        .connect("shop_owner", "not-for-printing", "shop")
+        .await
+        .unwrap();
+    pg.drop_database_force("shop").await.unwrap();
+    assert!(!pg.database_exists("shop").await.unwrap());
+    pg.drop_database_force("shop").await.unwrap();
 }

@@ -1,0 +1,347 @@
+//! `dbops-bench databases`: N Databases applied at once on one PostgreSQL server, through
+//! the database-controller, next to a baseline that issues the same SQL and creates the
+//! same Secrets directly from one process, on the same control plane in the same run.
+//!
+//! Reports: time until all are Ready, API writes per Database (from the apiserver's
+//! /metrics), writes and DDL while idle over two resync intervals, and the controller's
+//! peak RSS and CPU seconds. Run with `cargo run --release -p dbops-e2e --bin dbops-bench
+//! -- databases` after `cargo build --release --workspace --bins` (see README).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use dbops_api::Database;
+use dbops_e2e::controlplane::Options;
+use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::Mutex;
+
+#[derive(Parser, Debug)]
+#[command(name = "dbops-bench", about = "dbops benchmarks (reports, not tests)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Provision N Databases through the controller and by a direct baseline.
+    Databases(DatabasesArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct DatabasesArgs {
+    #[arg(long, default_value_t = 1000)]
+    count: usize,
+    /// SQL sessions on the server, for the controller and the baseline alike.
+    #[arg(long, default_value_t = 8)]
+    sessions: usize,
+    /// The controller's reconcile concurrency.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// The controller's client-side API rate limit (requests/s).
+    #[arg(long, default_value_t = 1000)]
+    api_rate_limit: u32,
+    /// The controller's resync interval; idle is observed over two of them.
+    #[arg(long, default_value = "10s")]
+    resync: String,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    match Cli::parse().command {
+        Command::Databases(args) => databases(args).await,
+    }
+}
+
+async fn databases(args: DatabasesArgs) -> Result<()> {
+    let tmp = tempfile::Builder::new().prefix("dbops-bench-").tempdir()?;
+    let cp = ControlPlane::start(Options {
+        dir: tmp.path().join("cp"),
+        apiserver_port: None,
+    })
+    .await?;
+    let client = cp.client().await?;
+    println!(
+        "# databases benchmark: {} Databases on one server\n",
+        args.count
+    );
+
+    // Baseline: the same SQL and Secrets from one process.
+    let pg_base = PgServer::start("baseline").await?;
+    let ns_base = namespace(&client, "bench-baseline").await?;
+    let w0 = api_writes(&client).await?;
+    let t0 = Instant::now();
+    baseline(&client, &ns_base, &pg_base, &args).await?;
+    let base_secs = t0.elapsed().as_secs_f64();
+    let base_writes = api_writes(&client).await? - w0;
+
+    // The controller.
+    let pg = PgServer::start("controller").await?;
+    let ns = namespace(&client, "bench-controller").await?;
+    admin_secret(&client, &ns, &pg).await?;
+    let kubeconfig = cp.kubeconfig_for("dbops-database-controller", &["system:masters"])?;
+    let extra = vec![
+        format!("--concurrency={}", args.concurrency),
+        format!("--max-sessions-per-server={}", args.sessions),
+        format!("--api-rate-limit={}", args.api_rate_limit),
+        format!("--resync-interval={}", args.resync),
+        "--log-filter=warn".to_string(),
+    ];
+    let controller =
+        ControllerProcess::start("database-controller", &kubeconfig, tmp.path(), &extra)?;
+    let pid = controller.process.pid();
+    let (cpu0, _) = proc_usage(pid)?;
+
+    let dbs: Api<Database> = Api::namespaced(client.clone(), &ns);
+    let w0 = api_writes(&client).await?;
+    let t0 = Instant::now();
+    let all_ready = wait_all_ready(dbs.clone(), args.count);
+    let create = stream::iter(0..args.count)
+        .map(|i| {
+            let dbs = dbs.clone();
+            let port = pg.port();
+            async move {
+                let db: Database = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
+                    "metadata": {"name": format!("db-{i:05}")},
+                    "spec": {"server": {"host": "127.0.0.1", "port": port,
+                             "adminSecretRef": {"name": "pg-admin"}, "sslMode": "disable"}}
+                }))?;
+                dbs.create(&PostParams::default(), &db).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<_>>();
+    let (created, ready) = tokio::join!(create, all_ready);
+    created?;
+    ready?;
+    let ctl_secs = t0.elapsed().as_secs_f64();
+    let ctl_writes = api_writes(&client).await? - w0 - args.count as f64;
+
+    let resync = parse_secs(&args.resync)?;
+    let ddl0 = pg.ddl_statements()?.len();
+    let w_idle0 = api_writes(&client).await?;
+    tokio::time::sleep(Duration::from_secs_f64(resync * 2.0 + 2.0)).await;
+    let idle_writes = api_writes(&client).await? - w_idle0;
+    let idle_ddl = pg.ddl_statements()?.len() - ddl0;
+    let (cpu1, peak_rss_kib) = proc_usage(pid)?;
+
+    let n = args.count as f64;
+    println!("| | baseline (one process, direct) | database-controller | ratio |");
+    println!("|---|---|---|---|");
+    println!(
+        "| time until all {} exist / are Ready | {base_secs:.1} s | {ctl_secs:.1} s | {:.2}x |",
+        args.count,
+        ctl_secs / base_secs
+    );
+    println!(
+        "| API writes per Database (databases, secrets, events; the N creates excluded) | {:.2} | {:.2} | |",
+        base_writes / n,
+        ctl_writes / n
+    );
+    println!(
+        "| API writes while idle over 2 resyncs ({}) | | {idle_writes:.0} | |",
+        args.resync
+    );
+    println!("| DDL statements while idle | | {idle_ddl} | |");
+    println!(
+        "| controller CPU seconds (to Ready + idle) | | {:.1} | |",
+        cpu1 - cpu0
+    );
+    println!(
+        "| controller peak RSS | | {:.1} MiB | |",
+        peak_rss_kib as f64 / 1024.0
+    );
+    println!(
+        "\nsettings: {} SQL sessions each, controller --concurrency={} --api-rate-limit={} --resync-interval={}; {} cores",
+        args.sessions,
+        args.concurrency,
+        args.api_rate_limit,
+        args.resync,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+    drop(controller);
+    Ok(())
+}
+
+async fn namespace(client: &kube::Client, name: &str) -> Result<String> {
+    let mut ns = Namespace::default();
+    ns.metadata.name = Some(name.to_string());
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    Ok(name.to_string())
+}
+
+async fn admin_secret(client: &kube::Client, ns: &str, pg: &PgServer) -> Result<()> {
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "pg-admin"},
+        "stringData": {"username": "postgres", "password": pg.superuser_password()}
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    Ok(())
+}
+
+/// What the controller does for a new Database, without the controller: the role (and
+/// its mark) in one transaction, the database and its mark, then the Secret.
+async fn baseline(
+    client: &kube::Client,
+    ns: &str,
+    pg: &PgServer,
+    args: &DatabasesArgs,
+) -> Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let queue = Arc::new(Mutex::new(0..args.count));
+    let mut workers = Vec::new();
+    for _ in 0..args.sessions {
+        let (queue, secrets) = (queue.clone(), secrets.clone());
+        let conn = pg.connect_as_superuser().await?;
+        let port = pg.port();
+        workers.push(tokio::spawn(async move {
+            loop {
+                let Some(i) = queue.lock().await.next() else { break };
+                let name = format!("db_{i:05}");
+                let password = dbops_shared_password();
+                let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
+                let mark = format!("dbops.dev/uid=baseline-{i}");
+                conn.batch_execute(&format!(
+                    "BEGIN; CREATE ROLE \"{name}\" LOGIN PASSWORD '{verifier}'; COMMENT ON ROLE \"{name}\" IS '{mark}'; COMMIT"
+                ))
+                .await?;
+                conn.batch_execute(&format!("CREATE DATABASE \"{name}\" OWNER \"{name}\" CONNECTION LIMIT -1"))
+                    .await?;
+                conn.batch_execute(&format!(
+                    "COMMENT ON DATABASE \"{name}\" IS '{mark}'; REVOKE ALL ON DATABASE \"{name}\" FROM PUBLIC"
+                ))
+                .await?;
+                let data: BTreeMap<&str, String> = [
+                    ("host", "127.0.0.1".to_string()),
+                    ("port", port.to_string()),
+                    ("dbname", name.clone()),
+                    ("username", name.clone()),
+                    ("password", password.clone()),
+                    ("uri", format!("postgresql://{name}:{password}@127.0.0.1:{port}/{name}")),
+                ]
+                .into();
+                let secret: Secret = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("db-{i:05}-connection")},
+                    "stringData": data,
+                }))?;
+                secrets.create(&PostParams::default(), &secret).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for w in workers {
+        w.await??;
+    }
+    Ok(())
+}
+
+fn dbops_shared_password() -> String {
+    use rand::distr::{Alphanumeric, SampleString};
+    Alphanumeric.sample_string(&mut rand::rng(), 32)
+}
+
+/// Waits until `count` Databases in the namespace have Ready=True (a watch, no polling).
+async fn wait_all_ready(api: Api<Database>, count: usize) -> Result<()> {
+    let mut ready = std::collections::HashSet::new();
+    let stream = watcher(api, watcher::Config::default()).applied_objects();
+    futures::pin_mut!(stream);
+    let deadline = tokio::time::sleep(Duration::from_secs(1800));
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = &mut deadline => bail!("only {} of {count} Ready after 30 minutes", ready.len()),
+            next = stream.try_next() => {
+                let Some(db) = next? else { bail!("watch ended") };
+                let is_ready = db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                if is_ready {
+                    ready.insert(db.metadata.name.clone().unwrap_or_default());
+                    if ready.len() >= count { return Ok(()); }
+                }
+            }
+        }
+    }
+}
+
+/// Sum of write requests the apiserver served for databases, secrets and events.
+async fn api_writes(client: &kube::Client) -> Result<f64> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client
+        .request_text(req)
+        .await
+        .context("apiserver /metrics")?;
+    let mut sum = 0.0;
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let write = [
+            "verb=\"POST\"",
+            "verb=\"PATCH\"",
+            "verb=\"PUT\"",
+            "verb=\"DELETE\"",
+            "verb=\"APPLY\"",
+        ]
+        .iter()
+        .any(|v| line.contains(v));
+        let ours = [
+            "resource=\"databases\"",
+            "resource=\"secrets\"",
+            "resource=\"events\"",
+        ]
+        .iter()
+        .any(|r| line.contains(r));
+        if write
+            && ours
+            && let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok())
+        {
+            sum += v;
+        }
+    }
+    Ok(sum)
+}
+
+/// (CPU seconds, peak RSS in KiB) of a process, from /proc.
+fn proc_usage(pid: u32) -> Result<(f64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + fields
+            .get(12)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Ok((ticks / 100.0, hwm))
+}
+
+fn parse_secs(s: &str) -> Result<f64> {
+    s.strip_suffix('s')
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("--resync must be like 10s, not {s}"))
+}

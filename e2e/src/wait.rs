@@ -1,0 +1,219 @@
+//! Waiting without sleeping blindly: poll a probe until a predicate holds or a deadline
+//! passes, and say what was last seen when it does not.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::{Result, anyhow};
+use dbops_api::Database;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::wait::await_condition;
+use tokio::time::Instant;
+
+/// How often [`wait_for`] and [`holds_for`] probe.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Polls `probe` every [`POLL_INTERVAL`] until `done` holds for what it returns; returns
+/// that value. After `timeout` it fails with `what` and the last value or error seen. A
+/// probe error is not fatal: it is retried (the server may be restarting).
+pub async fn wait_for<T, F, Fut, P>(
+    what: &str,
+    timeout: Duration,
+    mut probe: F,
+    done: P,
+) -> Result<T>
+where
+    T: Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+    P: Fn(&T) -> bool,
+{
+    let deadline = Instant::now() + timeout;
+    let mut last: Option<String> = None;
+    loop {
+        match tokio::time::timeout_at(deadline, probe()).await {
+            Ok(Ok(value)) if done(&value) => return Ok(value),
+            Ok(Ok(value)) => last = Some(format!("{value:?}")),
+            Ok(Err(e)) => last = Some(format!("error: {e:#}")),
+            Err(_) => last = Some(last.unwrap_or_default() + " (the last probe hung)"),
+        }
+        if Instant::now() + POLL_INTERVAL > deadline {
+            return Err(anyhow!(
+                "timed out after {timeout:?} waiting for {what}; last observed: {}",
+                last.as_deref().unwrap_or("nothing (no probe finished)")
+            ));
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// [`wait_for`] that panics with its message: for tests.
+pub async fn eventually<T, F, Fut, P>(what: &str, timeout: Duration, probe: F, done: P) -> T
+where
+    T: Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+    P: Fn(&T) -> bool,
+{
+    match wait_for(what, timeout, probe, done).await {
+        Ok(value) => value,
+        Err(e) => panic!("{e:#}"),
+    }
+}
+
+/// Polls `probe` every [`POLL_INTERVAL`] for `window` and fails at the first value for
+/// which `ok` does not hold (or the first error), naming `what` and that value; returns
+/// the last value when it held throughout. For "this must not happen" checks, where
+/// watching for a while is the only way to know.
+pub async fn holds_for<T, F, Fut, P>(what: &str, window: Duration, mut probe: F, ok: P) -> Result<T>
+where
+    T: Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+    P: Fn(&T) -> bool,
+{
+    let start = Instant::now();
+    let end = start + window;
+    loop {
+        let value = probe()
+            .await
+            .map_err(|e| e.context(format!("probing whether {what} holds")))?;
+        if !ok(&value) {
+            return Err(anyhow!(
+                "{what} stopped holding after {:?}: observed {value:?}",
+                start.elapsed()
+            ));
+        }
+        if Instant::now() >= end {
+            return Ok(value);
+        }
+        tokio::time::sleep(POLL_INTERVAL.min(end - Instant::now())).await;
+    }
+}
+
+/// A condition a test waits for: type and status, and the reason when given. By default
+/// the status must also describe the object's current generation.
+#[derive(Debug, Clone, Copy)]
+pub struct Want<'a> {
+    pub type_: &'a str,
+    pub status: &'a str,
+    pub reason: Option<&'a str>,
+    /// Require status.observedGeneration == metadata.generation (default true).
+    pub current_generation: bool,
+}
+
+impl<'a> Want<'a> {
+    pub fn new(type_: &'a str, status: &'a str, reason: Option<&'a str>) -> Self {
+        Self {
+            type_,
+            status,
+            reason,
+            current_generation: true,
+        }
+    }
+
+    /// The same condition, whatever generation status.observedGeneration names.
+    pub fn any_generation(self) -> Self {
+        Self {
+            current_generation: false,
+            ..self
+        }
+    }
+
+    /// Whether `conditions` has one that matches.
+    pub fn matches(&self, conditions: &[Condition]) -> bool {
+        conditions.iter().any(|c| {
+            c.type_ == self.type_
+                && c.status == self.status
+                && self.reason.is_none_or(|r| c.reason == r)
+        })
+    }
+}
+
+impl std::fmt::Display for Want<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={}", self.type_, self.status)?;
+        if let Some(reason) = self.reason {
+            write!(f, " reason {reason}")?;
+        }
+        if self.current_generation {
+            write!(f, " (at the current generation)")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether the Database has the condition (in a status that describes its current
+/// generation, unless `want` says any generation will do).
+pub fn database_has(db: &Database, want: Want<'_>) -> bool {
+    let Some(status) = &db.status else {
+        return false;
+    };
+    let current = status.observed_generation.is_some()
+        && status.observed_generation == db.metadata.generation;
+    (current || !want.current_generation) && want.matches(&status.conditions)
+}
+
+/// Waits (with a watch) until Database `namespace/name` exists and has the condition
+/// `want` (see [`database_has`]); returns the object. On timeout the error shows the object's metadata and status.
+pub async fn database_condition(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    want: Want<'_>,
+    timeout: Duration,
+) -> Result<Database> {
+    let api: Api<Database> = Api::namespaced(client.clone(), namespace);
+    let waited = tokio::time::timeout(
+        timeout,
+        await_condition(api.clone(), name, |db: Option<&Database>| {
+            db.is_some_and(|db| database_has(db, want))
+        }),
+    )
+    .await;
+    match waited {
+        Ok(Ok(Some(db))) => Ok(db),
+        Ok(Ok(None)) => Err(anyhow!("Database {namespace}/{name} is gone")),
+        Ok(Err(e)) => Err(anyhow!("watching Database {namespace}/{name}: {e}")),
+        Err(_) => Err(anyhow!(
+            "Database {namespace}/{name} did not reach {want} within {timeout:?}; it is \
+             now:\n{}",
+            describe_database(&api, name).await
+        )),
+    }
+}
+
+/// [`database_condition`] that panics with its message: for tests.
+pub async fn expect_database_condition(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    want: Want<'_>,
+    timeout: Duration,
+) -> Database {
+    match database_condition(client, namespace, name, want, timeout).await {
+        Ok(db) => db,
+        Err(e) => panic!("{e:#}"),
+    }
+}
+
+/// Generation, deletion state, finalizers and status of a Database as YAML, for failure
+/// messages.
+pub async fn describe_database(api: &Api<Database>, name: &str) -> String {
+    match api.get_opt(name).await {
+        Ok(Some(db)) => {
+            let summary = serde_json::json!({
+                "generation": db.metadata.generation,
+                "deletionTimestamp": db.metadata.deletion_timestamp,
+                "finalizers": db.metadata.finalizers,
+                "status": db.status,
+            });
+            serde_norway::to_string(&summary).unwrap_or_else(|e| format!("{summary} ({e})"))
+        }
+        Ok(None) => "(absent)".to_string(),
+        Err(e) => format!("(could not be read: {e})"),
+    }
+}

@@ -1,0 +1,1528 @@
+//! The database-controller against a real control plane and real PostgreSQL servers: a
+//! Database becomes a role, a database and a connection Secret applications can use;
+//! deletion policies, crashes, outages, drift, conflicts and bad admin input.
+//!
+//! Each test has its own namespace, PostgreSQL server and controller process (watching
+//! only that namespace, resync 3 s, backoff 1 s..5 s), whose client certificate names it
+//! `dbops-database-controller` in the apiserver's audit log. No test prints a password:
+//! Secrets are compared, never shown, and printed logs are redacted.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use dbops_api::{Backup, Database};
+use dbops_e2e::postgres::redact_passwords;
+use dbops_e2e::wait::{Want, describe_database, eventually, holds_for};
+use dbops_e2e::{ControllerProcess, PgServer};
+use k8s_openapi::api::core::v1::{Event, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use rand::RngExt;
+use rand::distr::{Alphanumeric, SampleString};
+use serde_json::json;
+
+use crate::{Bed, bed};
+
+/// The user name in the controller's client certificate, as the audit log shows it.
+const CONTROLLER_USER: &str = "dbops-database-controller";
+/// The admin Secret every test creates (username postgres, the server's password).
+const ADMIN_SECRET: &str = "pg-admin";
+const FINALIZER: &str = "dbops.dev/database-cleanup";
+/// Long enough for provisioning on a busy 2-core machine, short enough to fail usefully.
+const READY: Duration = Duration::from_secs(60);
+/// Resync interval given to the controller.
+const RESYNC: Duration = Duration::from_secs(3);
+
+const SECRET_KEYS: [&str; 12] = [
+    "host",
+    "port",
+    "dbname",
+    "username",
+    "password",
+    "uri",
+    "jdbc-url",
+    "PGHOST",
+    "PGPORT",
+    "PGDATABASE",
+    "PGUSER",
+    "PGPASSWORD",
+];
+
+fn ready() -> Want<'static> {
+    Want::new("Ready", "True", Some("Provisioned"))
+}
+
+fn not_ready(reason: &'static str) -> Want<'static> {
+    Want::new("Ready", "False", Some(reason))
+}
+
+/// One test's world: namespace, PostgreSQL server, admin Secret and controller.
+struct Setup {
+    // Dropped in this order: the controller first, so it does not act on a stopping
+    // server; then PostgreSQL; then the namespace.
+    controller: Option<ControllerProcess>,
+    pg: PgServer,
+    b: Bed,
+    kubeconfig: PathBuf,
+    extra_args: Vec<String>,
+    logs: tempfile::TempDir,
+}
+
+impl Setup {
+    /// A namespace, a PostgreSQL server, the admin Secret and a running controller.
+    async fn new(prefix: &str) -> Self {
+        Self::with_args(prefix, &[]).await
+    }
+
+    /// [`Setup::new`] with more controller flags.
+    async fn with_args(prefix: &str, extra_args: &[&str]) -> Self {
+        let b = bed(prefix).await;
+        let pg = PgServer::start(prefix).await.unwrap();
+        let kubeconfig =
+            b.cp.kubeconfig_for(CONTROLLER_USER, &["system:masters"])
+                .unwrap();
+        let mut setup = Self {
+            controller: None,
+            pg,
+            b,
+            kubeconfig,
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            logs: tempfile::Builder::new()
+                .prefix(&format!("dbops-{prefix}-logs-"))
+                .tempdir()
+                .unwrap(),
+        };
+        let password = setup.pg.superuser_password().to_string();
+        setup
+            .create_admin_secret(ADMIN_SECRET, Some("postgres"), Some(&password))
+            .await;
+        setup.start_controller();
+        setup
+    }
+
+    fn ns(&self) -> &str {
+        self.b.ns.name()
+    }
+
+    fn start_controller(&mut self) {
+        let mut args = vec![
+            format!("--watch-namespace={}", self.ns()),
+            format!("--resync-interval={}s", RESYNC.as_secs()),
+            "--backoff-base=1s".to_string(),
+            "--backoff-max=5s".to_string(),
+        ];
+        args.extend(self.extra_args.iter().cloned());
+        let controller = ControllerProcess::start(
+            "database-controller",
+            &self.kubeconfig,
+            self.logs.path(),
+            &args,
+        )
+        .unwrap_or_else(|e| {
+            panic!(
+                "starting the database-controller: {}",
+                self.redact(&format!("{e:#}"))
+            )
+        });
+        self.controller = Some(controller);
+    }
+
+    /// SIGKILL: no chance to finish anything.
+    fn kill_controller(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            c.process.signal("KILL").unwrap();
+            c.process.wait_exit(Duration::from_secs(10)).unwrap();
+        }
+    }
+
+    fn controller(&self) -> &ControllerProcess {
+        self.controller.as_ref().expect("the controller runs")
+    }
+
+    /// The controller's log (every run of it: the file is appended to), redacted.
+    fn controller_log(&self, max_bytes: u64) -> String {
+        let path = self.logs.path().join("database-controller.log");
+        self.redact(&dbops_e2e::process::log_tail(&path, max_bytes))
+    }
+
+    /// The controller's log, unredacted: only for checking it holds no secret.
+    fn controller_log_raw(&self) -> String {
+        let path = self.logs.path().join("database-controller.log");
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+
+    fn redact(&self, text: &str) -> String {
+        redact_passwords(&text.replace(self.pg.superuser_password(), "<superuser-password>"))
+    }
+
+    fn databases(&self) -> Api<Database> {
+        Api::namespaced(self.b.client.clone(), self.ns())
+    }
+
+    fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.b.client.clone(), self.ns())
+    }
+
+    fn backups(&self) -> Api<Backup> {
+        Api::namespaced(self.b.client.clone(), self.ns())
+    }
+
+    /// An admin Secret with the given keys.
+    async fn create_admin_secret(
+        &self,
+        name: &str,
+        username: Option<&str>,
+        password: Option<&str>,
+    ) {
+        let mut data = BTreeMap::new();
+        if let Some(u) = username {
+            data.insert("username".to_string(), u.to_string());
+        }
+        if let Some(p) = password {
+            data.insert("password".to_string(), p.to_string());
+        }
+        let mut secret = Secret::default();
+        secret.metadata.name = Some(name.to_string());
+        secret.string_data = Some(data);
+        self.secrets()
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap_or_else(|e| panic!("creating Secret {name}: {e}"));
+    }
+
+    /// A Database on this test's server with the admin Secret; `spec` is merged into
+    /// the spec (e.g. `{"deletionPolicy": "Delete"}`).
+    fn database(&self, name: &str, spec: serde_json::Value) -> Database {
+        let mut full = json!({
+            "server": {
+                "host": self.pg.host(),
+                "port": self.pg.port(),
+                "adminSecretRef": {"name": ADMIN_SECRET},
+                "sslMode": "disable",
+            },
+        });
+        merge(&mut full, spec);
+        serde_json::from_value(json!({
+            "apiVersion": "dbops.dev/v1alpha1",
+            "kind": "Database",
+            "metadata": {"name": name},
+            "spec": full,
+        }))
+        .unwrap()
+    }
+
+    async fn create(&self, name: &str, spec: serde_json::Value) -> Database {
+        let db = self.database(name, spec);
+        self.databases()
+            .create(&PostParams::default(), &db)
+            .await
+            .unwrap_or_else(|e| panic!("creating Database {name}: {e}"))
+    }
+
+    /// Waits for a condition; on timeout the panic shows the object and the controller's
+    /// log tail.
+    async fn wait(&self, name: &str, want: Want<'_>, timeout: Duration) -> Database {
+        match dbops_e2e::wait::database_condition(&self.b.client, self.ns(), name, want, timeout)
+            .await
+        {
+            Ok(db) => db,
+            Err(e) => panic!(
+                "{e:#}\n---- controller log tail ----\n{}",
+                self.controller_log(6000)
+            ),
+        }
+    }
+
+    async fn wait_ready(&self, name: &str) -> Database {
+        self.wait(name, ready(), READY).await
+    }
+
+    /// Deletes the Database (foreground is not needed: the controller's finalizer holds it).
+    async fn delete(&self, name: &str) {
+        self.databases()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("deleting Database {name}: {e}"));
+    }
+
+    /// Waits until the Database with this uid is gone.
+    async fn wait_gone(&self, db: &Database, timeout: Duration) {
+        let name = db.metadata.name.clone().unwrap();
+        let uid = db.metadata.uid.clone().unwrap();
+        let waited = tokio::time::timeout(
+            timeout,
+            await_condition(self.databases(), &name, conditions::is_deleted(&uid)),
+        )
+        .await;
+        if !matches!(waited, Ok(Ok(_))) {
+            panic!(
+                "Database {}/{name} still exists after {timeout:?} ({waited:?}):\n{}\n---- controller log tail ----\n{}",
+                self.ns(),
+                describe_database(&self.databases(), &name).await,
+                self.controller_log(6000)
+            );
+        }
+    }
+
+    /// The connection Secret of a Database, waited for.
+    async fn connection_secret(&self, db_name: &str) -> Secret {
+        let secrets = self.secrets();
+        let name = format!("{db_name}-connection");
+        eventually(
+            &format!("Secret {name}"),
+            READY,
+            || async { Ok(secrets.get_opt(&name).await?.map(SecretView)) },
+            |s| s.is_some(),
+        )
+        .await
+        .map(|v| v.0)
+        .unwrap()
+    }
+
+    /// Core/v1 Events about a Database.
+    async fn events_for(&self, name: &str) -> Vec<Event> {
+        let events: Api<Event> = Api::namespaced(self.b.client.clone(), self.ns());
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.involved_object.kind.as_deref() == Some("Database")
+                    && e.involved_object.name.as_deref() == Some(name)
+            })
+            .collect()
+    }
+
+    /// Waits until `user` with `password` can log in to `dbname` (a role's password is
+    /// set right after the Secret is written, or right before).
+    async fn wait_login(&self, user: &str, password: &str, dbname: &str, what: &str) {
+        eventually(
+            what,
+            Duration::from_secs(30),
+            || async { login(self.pg.port(), user, password, dbname).await },
+            |ok| *ok,
+        )
+        .await;
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- database-controller log tail ({}) ----\n{}\n---- postgres log tail ----\n{}",
+                self.ns(),
+                self.controller_log(8000),
+                self.redact(&self.pg.log_tail(4000)),
+            );
+        }
+    }
+}
+
+/// A Secret shown by its keys only, for failure messages.
+struct SecretView(Secret);
+
+impl std::fmt::Debug for SecretView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let keys: Vec<&String> = self.0.data.iter().flat_map(|d| d.keys()).collect();
+        write!(
+            f,
+            "Secret {:?} (uid {:?}) keys {keys:?}",
+            self.0.metadata.name, self.0.metadata.uid
+        )
+    }
+}
+
+/// A value of a Secret as text; panics (without values) when the key is missing.
+fn value(secret: &Secret, key: &str) -> String {
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .unwrap_or_else(|| panic!("Secret {:?} has no key {key}", secret.metadata.name));
+    String::from_utf8(bytes.0.clone()).unwrap_or_else(|_| panic!("Secret key {key} is not UTF-8"))
+}
+
+/// Merges JSON object `patch` into `base`, recursively.
+fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
+    match (base, patch) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                merge(b.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (b, p) => *b = p,
+    }
+}
+
+/// A connection with exactly these parameters (no TLS: the test servers have none).
+async fn connect(
+    host: &str,
+    port: u16,
+    user: &str,
+    password: &str,
+    dbname: &str,
+) -> Result<tokio_postgres::Client> {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host(host)
+        .port(port)
+        .user(user)
+        .password(password)
+        .dbname(dbname)
+        .connect_timeout(Duration::from_secs(5));
+    connect_config(&config).await
+}
+
+async fn connect_config(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client> {
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// Whether a login works: Ok(false) when the server refuses the password, an error when
+/// the server could not be asked.
+async fn login(port: u16, user: &str, password: &str, dbname: &str) -> Result<bool> {
+    match connect("127.0.0.1", port, user, password, dbname).await {
+        Ok(_) => Ok(true),
+        Err(e) => {
+            let refused = e
+                .downcast_ref::<tokio_postgres::Error>()
+                .and_then(|e| e.code())
+                .is_some_and(|code| {
+                    *code == tokio_postgres::error::SqlState::INVALID_PASSWORD
+                        || *code
+                            == tokio_postgres::error::SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+                });
+            if refused {
+                Ok(false)
+            } else {
+                Err(e).context("trying to log in")
+            }
+        }
+    }
+}
+
+/// The sum of `dbops_reconciles_total` over its labels, from the controller's /metrics.
+fn reconciles(controller: &ControllerProcess) -> Result<f64> {
+    let (code, body) = controller.get("/metrics")?;
+    anyhow::ensure!(code == 200, "/metrics answered {code}");
+    Ok(body
+        .lines()
+        .filter(|l| l.starts_with("dbops_reconciles_total"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum())
+}
+
+fn has_finalizer(db: &Database) -> bool {
+    db.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+}
+
+fn mark(db: &Database) -> String {
+    format!("dbops.dev/uid={}", db.metadata.uid.as_deref().unwrap())
+}
+
+// ---------------------------------------------------------------------------------------
+
+/// 1. create → Ready (kubectl wait) → the connection Secret works for an application.
+#[tokio::test]
+async fn a_database_becomes_ready_and_its_secret_connects() {
+    let s = Setup::new("db-ready").await;
+    let ns = s.ns();
+    let yaml = format!(
+        "apiVersion: dbops.dev/v1alpha1\nkind: Database\nmetadata:\n  name: orders\nspec:\n  server:\n    host: 127.0.0.1\n    port: {}\n    adminSecretRef: {{name: {ADMIN_SECRET}}}\n    sslMode: disable\n  extensions: [pgcrypto]\n",
+        s.pg.port()
+    );
+    let out = s.b.kubectl.apply(ns, &yaml).unwrap();
+    assert!(out.success, "kubectl apply: {}", out.text());
+    let out =
+        s.b.kubectl
+            .run(
+                &[
+                    "wait",
+                    "--for=condition=Ready",
+                    "database/orders",
+                    "-n",
+                    ns,
+                    "--timeout=60s",
+                ],
+                None,
+            )
+            .unwrap();
+    assert!(
+        out.success,
+        "kubectl wait --for=condition=Ready: {}\n{}\n---- controller log ----\n{}",
+        out.text(),
+        describe_database(&s.databases(), "orders").await,
+        s.controller_log(6000)
+    );
+
+    // Status.
+    let db = s.wait_ready("orders").await;
+    let uid = db.metadata.uid.clone().unwrap();
+    let status = db.status.clone().unwrap();
+    let oid =
+        s.pg.database_oid("orders")
+            .await
+            .unwrap()
+            .expect("database orders exists");
+    let port = s.pg.port();
+    assert_eq!(status.phase, Some(dbops_api::DatabasePhase::Ready));
+    assert_eq!(status.observed_generation, db.metadata.generation);
+    assert_eq!(
+        status.provider_id.as_deref(),
+        Some(format!("127.0.0.1:{port}/{oid}").as_str())
+    );
+    assert_eq!(
+        status.endpoint.as_deref(),
+        Some(format!("127.0.0.1:{port}").as_str())
+    );
+    assert_eq!(status.database_name.as_deref(), Some("orders"));
+    assert_eq!(
+        status.connection_secret.as_deref(),
+        Some("orders-connection")
+    );
+    let su = s.pg.connect_as_superuser().await.unwrap();
+    let server_version: String = su
+        .query_one("SHOW server_version", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let reported = status.server_version.clone().unwrap_or_default();
+    assert!(
+        !reported.is_empty()
+            && (server_version.starts_with(&reported)
+                || reported.starts_with(server_version.split_whitespace().next().unwrap())),
+        "status.serverVersion {reported:?} is not the server's {server_version:?}"
+    );
+    let ready_cond = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert!(
+        !ready_cond.message.is_empty(),
+        "the Ready condition has a message"
+    );
+
+    // In PostgreSQL: a login role owning the database, both marked, the extension.
+    let role = su
+        .query_one(
+            "SELECT rolcanlogin, rolsuper, rolcreatedb, rolcreaterole FROM pg_roles WHERE rolname = 'orders'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(role.get::<_, bool>(0), "role orders can log in");
+    assert!(
+        !role.get::<_, bool>(1) && !role.get::<_, bool>(2) && !role.get::<_, bool>(3),
+        "role orders has no superuser, createdb or createrole"
+    );
+    assert_eq!(
+        s.pg.database_owner("orders").await.unwrap().as_deref(),
+        Some("orders")
+    );
+    assert_eq!(
+        s.pg.database_comment("orders").await.unwrap(),
+        Some(mark(&db))
+    );
+    assert_eq!(s.pg.role_comment("orders").await.unwrap(), Some(mark(&db)));
+    let in_db =
+        s.pg.connect("postgres", s.pg.superuser_password(), "orders")
+            .await
+            .unwrap();
+    let ext = in_db
+        .query_opt(
+            "SELECT extname FROM pg_extension WHERE extname = 'pgcrypto'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(
+        ext.is_some(),
+        "extension pgcrypto is created in database orders"
+    );
+
+    // The Secret: owned, labelled, every key, consistent.
+    let secret = s.connection_secret("orders").await;
+    let owner = secret
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.uid == uid)
+        .unwrap_or_else(|| {
+            panic!(
+                "{:?} is not owned by the Database",
+                SecretView(secret.clone())
+            )
+        });
+    assert_eq!(owner.kind, "Database");
+    assert_eq!(owner.controller, Some(true));
+    let labels = secret.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("dbops")
+    );
+    assert_eq!(
+        labels.get("dbops.dev/database").map(String::as_str),
+        Some("orders")
+    );
+    for key in SECRET_KEYS {
+        value(&secret, key);
+    }
+    let (host, port_s, dbname, user, password) = (
+        value(&secret, "host"),
+        value(&secret, "port"),
+        value(&secret, "dbname"),
+        value(&secret, "username"),
+        value(&secret, "password"),
+    );
+    assert_eq!(host, "127.0.0.1");
+    assert_eq!(port_s, port.to_string());
+    assert_eq!(dbname, "orders");
+    assert_eq!(user, "orders");
+    assert!(
+        password.len() >= 16,
+        "the generated password has at least 16 characters"
+    );
+    assert_eq!(value(&secret, "PGHOST"), host);
+    assert_eq!(value(&secret, "PGPORT"), port_s);
+    assert_eq!(value(&secret, "PGDATABASE"), dbname);
+    assert_eq!(value(&secret, "PGUSER"), user);
+    assert!(
+        value(&secret, "PGPASSWORD") == password,
+        "PGPASSWORD differs from password"
+    );
+    let uri = tokio_postgres::Config::from_str(&value(&secret, "uri"))
+        .unwrap_or_else(|e| panic!("the uri key does not parse as a PostgreSQL URI: {e}"));
+    assert_eq!(
+        uri.get_hosts(),
+        &[tokio_postgres::config::Host::Tcp(host.clone())],
+        "uri host"
+    );
+    assert_eq!(uri.get_ports(), &[port], "uri port");
+    assert_eq!(uri.get_dbname(), Some("orders"), "uri dbname");
+    assert_eq!(uri.get_user(), Some("orders"), "uri user");
+    assert!(
+        uri.get_password() == Some(password.as_bytes()),
+        "the uri's password differs from the password key"
+    );
+    let jdbc = value(&secret, "jdbc-url");
+    assert!(
+        jdbc.starts_with(&format!("jdbc:postgresql://127.0.0.1:{port}/orders")),
+        "jdbc-url does not point at 127.0.0.1:{port}/orders"
+    );
+
+    // Passwords reach PostgreSQL as SCRAM verifiers: its statement log never shows one.
+    let server_log = std::fs::read_to_string(s.pg.log_path()).unwrap();
+    assert!(
+        !server_log.contains(password.as_str()),
+        "the role's password appears in clear in the PostgreSQL server log"
+    );
+
+    // An application with exactly these values.
+    let app = connect(&host, port_s.parse().unwrap(), &user, &password, &dbname)
+        .await
+        .unwrap();
+    app.batch_execute("CREATE TABLE items (id serial PRIMARY KEY, name text NOT NULL)")
+        .await
+        .unwrap();
+    app.execute("INSERT INTO items (name) VALUES ($1), ($2)", &[&"a", &"b"])
+        .await
+        .unwrap();
+    let names: Vec<String> = app
+        .query("SELECT name FROM items ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+    let who: String = app
+        .query_one("SELECT current_user::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(who, "orders");
+    // The URI works as such too.
+    let via_uri = connect_config(&uri).await.unwrap();
+    let n: i64 = via_uri
+        .query_one("SELECT count(*) FROM items", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 2);
+
+    // The transition to Ready was reported by the controller.
+    let events = s.events_for("orders").await;
+    assert!(
+        events.iter().any(
+            |e| e.reporting_component.as_deref() == Some(CONTROLLER_USER)
+                || e.source.as_ref().and_then(|s| s.component.as_deref()) == Some(CONTROLLER_USER)
+        ),
+        "no Event from {CONTROLLER_USER} about Database orders: {:#?}",
+        events
+            .iter()
+            .map(|e| (&e.type_, &e.reason, &e.message))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// 2. spec.connectionLimit is applied, and drift made by hand is repaired.
+#[tokio::test]
+async fn connection_limit_follows_the_spec() {
+    let s = Setup::new("db-connlimit").await;
+    s.create("limits", json!({})).await;
+    s.wait_ready("limits").await;
+    assert_eq!(s.pg.connlimit("limits").await.unwrap(), Some(-1));
+
+    s.databases()
+        .patch(
+            "limits",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"connectionLimit": 5}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "datconnlimit 5 after spec.connectionLimit: 5",
+        READY,
+        || async { s.pg.connlimit("limits").await },
+        |l| *l == Some(5),
+    )
+    .await;
+    let db = s.wait_ready("limits").await;
+    assert_eq!(db.metadata.generation, Some(2));
+
+    // Drift: someone changes it by hand; the next resync puts it back.
+    let su = s.pg.connect_as_superuser().await.unwrap();
+    su.batch_execute("ALTER DATABASE limits CONNECTION LIMIT 77")
+        .await
+        .unwrap();
+    eventually(
+        "the hand-made connection limit 77 repaired to 5 within a few resyncs",
+        RESYNC * 5,
+        || async { s.pg.connlimit("limits").await },
+        |l| *l == Some(5),
+    )
+    .await;
+}
+
+/// 3a. Retain: the Database goes at once, the database and role stay.
+#[tokio::test]
+async fn retain_policy_leaves_the_database_and_role() {
+    let s = Setup::new("db-retain").await;
+    s.create("kept", json!({"deletionPolicy": "Retain"})).await;
+    let db = s.wait_ready("kept").await;
+    assert!(
+        !has_finalizer(&db),
+        "Retain needs no finalizer: {:?}",
+        db.metadata.finalizers
+    );
+
+    s.delete("kept").await;
+    s.wait_gone(&db, Duration::from_secs(30)).await;
+    assert!(
+        s.pg.database_exists("kept").await.unwrap(),
+        "database kept was dropped"
+    );
+    assert!(
+        s.pg.role_exists("kept").await.unwrap(),
+        "role kept was dropped"
+    );
+    // The Secret goes with its owner (garbage collector).
+    let secrets = s.secrets();
+    eventually(
+        "the connection Secret garbage-collected",
+        READY,
+        || async { Ok(secrets.get_opt("kept-connection").await?.map(SecretView)) },
+        |s| s.is_none(),
+    )
+    .await;
+}
+
+/// 3b. Delete: sessions terminated, database and role dropped, then the object goes.
+#[tokio::test]
+async fn delete_policy_drops_the_database_and_role() {
+    let s = Setup::new("db-delete").await;
+    s.create("dropped", json!({"deletionPolicy": "Delete"}))
+        .await;
+    let db = s.wait_ready("dropped").await;
+    assert!(has_finalizer(&db), "Delete needs the finalizer {FINALIZER}");
+
+    // An application session is open: deletion terminates it.
+    let secret = s.connection_secret("dropped").await;
+    let app = connect(
+        "127.0.0.1",
+        s.pg.port(),
+        &value(&secret, "username"),
+        &value(&secret, "password"),
+        "dropped",
+    )
+    .await
+    .unwrap();
+    app.batch_execute("CREATE TABLE t (n int)").await.unwrap();
+
+    s.delete("dropped").await;
+    s.wait_gone(&db, READY).await;
+    assert!(
+        !s.pg.database_exists("dropped").await.unwrap(),
+        "database dropped still exists"
+    );
+    assert!(
+        !s.pg.role_exists("dropped").await.unwrap(),
+        "role dropped still exists"
+    );
+    assert!(
+        app.simple_query("SELECT 1").await.is_err(),
+        "the open session was terminated"
+    );
+}
+
+/// 3c. Snapshot: a final Backup first; the drop waits until that Backup is Ready.
+#[tokio::test]
+async fn snapshot_policy_waits_for_the_final_backup_then_drops() {
+    let s = Setup::new("db-snapshot").await;
+    s.create("snap", json!({"deletionPolicy": "Snapshot"}))
+        .await;
+    let db = s.wait_ready("snap").await;
+    assert!(
+        has_finalizer(&db),
+        "Snapshot needs the finalizer {FINALIZER}"
+    );
+    let uid = db.metadata.uid.clone().unwrap();
+
+    s.delete("snap").await;
+    let backups = s.backups();
+    let backup = eventually(
+        "Backup snap-final",
+        READY,
+        || async {
+            Ok(backups
+                .get_opt("snap-final")
+                .await?
+                .map(|b| (b.metadata.clone(), b.spec.clone())))
+        },
+        |b| b.is_some(),
+    )
+    .await
+    .unwrap();
+    let (meta, spec) = backup;
+    assert_eq!(spec.database_ref.name, "snap");
+    assert_eq!(
+        meta.labels
+            .unwrap_or_default()
+            .get("dbops.dev/final-snapshot-of")
+            .map(String::as_str),
+        Some("snap")
+    );
+    assert!(
+        !meta.owner_references.iter().flatten().any(|o| o.uid == uid),
+        "the final Backup must outlive the Database: it is not owned by it"
+    );
+
+    // Deletion bumps metadata.generation; whether the status caught up is checked at
+    // the end, so that a stale observedGeneration does not hide the rest.
+    let waiting = s
+        .wait(
+            "snap",
+            Want::new("Progressing", "True", Some("WaitingForFinalBackup")).any_generation(),
+            READY,
+        )
+        .await;
+    assert!(waiting.metadata.deletion_timestamp.is_some());
+    let generations = (
+        waiting.metadata.generation,
+        waiting
+            .status
+            .as_ref()
+            .and_then(|st| st.observed_generation),
+    );
+    // Without a Ready Backup nothing is dropped, over a few resyncs.
+    holds_for(
+        "database snap exists while the final Backup is not Ready",
+        RESYNC * 2 + Duration::from_secs(1),
+        || async { s.pg.database_exists("snap").await },
+        |e| *e,
+    )
+    .await
+    .unwrap();
+    assert!(s.databases().get_opt("snap").await.unwrap().is_some());
+
+    // The backup-controller's part, played by the test.
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    backups
+        .patch_status(
+            "snap-final",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "phase": "Completed",
+                "conditions": [{
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "Completed",
+                    "message": "simulated by the e2e test",
+                    "lastTransitionTime": now,
+                }],
+            }})),
+        )
+        .await
+        .unwrap();
+    s.wait_gone(&db, READY).await;
+    assert!(
+        !s.pg.database_exists("snap").await.unwrap(),
+        "database snap still exists"
+    );
+    assert!(
+        !s.pg.role_exists("snap").await.unwrap(),
+        "role snap still exists"
+    );
+    assert!(
+        backups.get_opt("snap-final").await.unwrap().is_some(),
+        "the final Backup stays"
+    );
+    assert_eq!(
+        generations.1, generations.0,
+        "while WaitingForFinalBackup, status.observedGeneration (left) lags \
+         metadata.generation (right, bumped by the deletion)"
+    );
+}
+
+/// 4. SIGKILL at random moments while 10 Databases provision: in the end each has
+/// exactly one role, one database and a Secret whose password works.
+#[tokio::test]
+async fn crashes_while_provisioning_leave_no_duplicates_or_leftovers() {
+    let mut s = Setup::new("db-crash").await;
+    let su = s.pg.connect_as_superuser().await.unwrap();
+    let count = |sql: &'static str| {
+        let su = &su;
+        async move { su.query_one(sql, &[]).await.map(|r| r.get::<_, i64>(0)) }
+    };
+    const ROLES: &str = "SELECT count(*) FROM pg_roles WHERE rolname !~ '^pg_'";
+    const DATABASES: &str = "SELECT count(*) FROM pg_database";
+    let (roles_before, dbs_before) = (count(ROLES).await.unwrap(), count(DATABASES).await.unwrap());
+
+    let names: Vec<String> = (0..10).map(|i| format!("crash-{i}")).collect();
+    for name in &names {
+        s.create(name, json!({})).await;
+    }
+    for round in 0..5 {
+        // Early rounds land in the middle of provisioning, later ones anywhere.
+        let delay = rand::rng().random_range(50..(400 + 400 * round));
+        tokio::time::sleep(Duration::from_millis(delay)).await; // a random moment, on purpose
+        s.kill_controller();
+        let ready_now = s
+            .databases()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|db| dbops_e2e::wait::database_has(db, ready()))
+            .count();
+        let ddl_so_far = s.pg.ddl_statements().unwrap().len();
+        tracing::info!(
+            round,
+            delay,
+            ready_now,
+            ddl_so_far,
+            "killed the database-controller"
+        );
+        s.start_controller();
+    }
+
+    let mut dbs = Vec::new();
+    for name in &names {
+        dbs.push(s.wait(name, ready(), Duration::from_secs(120)).await);
+    }
+    assert_eq!(
+        s.pg.count_databases_like("crash\\_%").await.unwrap(),
+        10,
+        "databases crash_*"
+    );
+    assert_eq!(
+        s.pg.count_roles_like("crash\\_%").await.unwrap(),
+        10,
+        "roles crash_*"
+    );
+    assert_eq!(
+        count(ROLES).await.unwrap() - roles_before,
+        10,
+        "no other role was left behind"
+    );
+    assert_eq!(
+        count(DATABASES).await.unwrap() - dbs_before,
+        10,
+        "no other database was left behind"
+    );
+    let secrets = s
+        .secrets()
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=dbops"))
+        .await
+        .unwrap();
+    assert_eq!(
+        secrets.items.len(),
+        10,
+        "one connection Secret per Database"
+    );
+    for db in &dbs {
+        let dbname = db.database_name();
+        assert_eq!(
+            s.pg.database_comment(&dbname).await.unwrap(),
+            Some(mark(db)),
+            "{dbname}"
+        );
+        assert_eq!(
+            s.pg.role_comment(&dbname).await.unwrap(),
+            Some(mark(db)),
+            "{dbname}"
+        );
+        let secret = s
+            .connection_secret(db.metadata.name.as_deref().unwrap())
+            .await;
+        let (user, password) = (value(&secret, "username"), value(&secret, "password"));
+        s.wait_login(
+            &user,
+            &password,
+            &dbname,
+            &format!("login to {dbname} with its Secret"),
+        )
+        .await;
+    }
+}
+
+/// 5. PostgreSQL down before provisioning, during provisioning and during deletion.
+#[tokio::test]
+async fn an_unreachable_server_is_reported_and_work_resumes_when_it_returns() {
+    let mut s = Setup::with_args("db-outage", &["--breaker-open-for=5s"]).await;
+
+    // Down before the Database exists.
+    s.pg.stop().unwrap();
+    s.create("patient", json!({"deletionPolicy": "Delete"}))
+        .await;
+    s.wait("patient", not_ready("ServerUnreachable"), READY)
+        .await;
+    s.pg.start_again().await.unwrap();
+    let patient = s.wait("patient", ready(), Duration::from_secs(90)).await;
+    assert!(s.pg.database_exists("patient").await.unwrap());
+
+    // Down in the middle of provisioning (wherever a random moment falls).
+    s.create("midway", json!({})).await;
+    let delay = rand::rng().random_range(0..400);
+    tokio::time::sleep(Duration::from_millis(delay)).await; // a random moment, on purpose
+    s.pg.stop().unwrap();
+    let db = eventually(
+        "midway Ready, or not ready with ServerUnreachable, while the server is down",
+        READY,
+        || async { Ok(s.databases().get("midway").await?.status) },
+        |st| {
+            st.as_ref().is_some_and(|st| {
+                ready().matches(&st.conditions)
+                    || not_ready("ServerUnreachable").matches(&st.conditions)
+            })
+        },
+    )
+    .await;
+    tracing::info!(?db, delay, "midway while the server is down");
+    s.pg.start_again().await.unwrap();
+    s.wait("midway", ready(), Duration::from_secs(90)).await;
+    assert_eq!(s.pg.count_databases_like("midway").await.unwrap(), 1);
+
+    // Down under a Ready Database: noticed at the next resync.
+    s.pg.stop().unwrap();
+    s.wait("patient", not_ready("ServerUnreachable"), READY)
+        .await;
+
+    // Down during deletion with policy Delete: the object waits for the server.
+    s.delete("patient").await;
+    holds_for(
+        "Database patient exists while its server is down",
+        Duration::from_secs(8),
+        || async { Ok(s.databases().get_opt("patient").await?.is_some()) },
+        |exists| *exists,
+    )
+    .await
+    .unwrap();
+    s.pg.start_again().await.unwrap();
+    s.wait_gone(&patient, Duration::from_secs(90)).await;
+    assert!(
+        !s.pg.database_exists("patient").await.unwrap(),
+        "database patient still exists"
+    );
+    assert!(
+        !s.pg.role_exists("patient").await.unwrap(),
+        "role patient still exists"
+    );
+}
+
+/// 6. The connection Secret: deleted → re-created with a rotated password; a key edited
+/// → restored, the password rotated and the edited value useless.
+#[tokio::test]
+async fn the_connection_secret_is_restored_and_the_password_rotated() {
+    let s = Setup::new("db-secret").await;
+    s.create("app", json!({})).await;
+    s.wait_ready("app").await;
+    let port = s.pg.port();
+    let secrets = s.secrets();
+    let first = s.connection_secret("app").await;
+    let first_uid = first.metadata.uid.clone().unwrap();
+    let p1 = value(&first, "password");
+    assert!(
+        login(port, "app", &p1, "app").await.unwrap(),
+        "the first password works"
+    );
+
+    // Deleted: a new Secret, a new password that works, the old one no more.
+    secrets
+        .delete("app-connection", &DeleteParams::default())
+        .await
+        .unwrap();
+    let second = eventually(
+        "Secret app-connection re-created",
+        READY,
+        || async { Ok(secrets.get_opt("app-connection").await?.map(SecretView)) },
+        |s| {
+            s.as_ref()
+                .is_some_and(|s| s.0.metadata.uid.as_deref() != Some(&first_uid))
+        },
+    )
+    .await
+    .unwrap()
+    .0;
+    let p2 = value(&second, "password");
+    assert!(
+        p2 != p1,
+        "the password was not rotated after the Secret was lost"
+    );
+    s.wait_login(
+        "app",
+        &p2,
+        "app",
+        "login with the re-created Secret's password",
+    )
+    .await;
+    assert!(
+        !login(port, "app", &p1, "app").await.unwrap(),
+        "the lost password still works"
+    );
+    assert_eq!(
+        value(&second, "PGPASSWORD"),
+        p2,
+        "PGPASSWORD differs from password"
+    );
+
+    // The password key edited by hand.
+    let edited = format!(
+        "edited-{}",
+        Alphanumeric.sample_string(&mut rand::rng(), 12)
+    );
+    secrets
+        .patch(
+            "app-connection",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"password": edited, "host": "tampered.example"}})),
+        )
+        .await
+        .unwrap();
+    let third = eventually(
+        "Secret app-connection repaired after an edit",
+        READY,
+        || async { Ok(secrets.get("app-connection").await.map(SecretView)?) },
+        |s| {
+            let data = s.0.data.as_ref();
+            let get = |k: &str| data.and_then(|d| d.get(k)).map(|v| v.0.clone());
+            get("password").is_some_and(|p| p != edited.as_bytes())
+                && get("host").as_deref() == Some(b"127.0.0.1".as_slice())
+        },
+    )
+    .await
+    .0;
+    let p3 = value(&third, "password");
+    assert!(
+        value(&third, "PGPASSWORD") == p3,
+        "PGPASSWORD differs from password"
+    );
+    assert_eq!(value(&third, "PGHOST"), "127.0.0.1");
+    s.wait_login(
+        "app",
+        &p3,
+        "app",
+        "login with the repaired Secret's password",
+    )
+    .await;
+    assert!(
+        !login(port, "app", &edited, "app").await.unwrap(),
+        "the edited value became the role's password"
+    );
+    let uri = tokio_postgres::Config::from_str(&value(&third, "uri")).unwrap();
+    assert!(
+        uri.get_password() == Some(p3.as_bytes()),
+        "uri has a stale password"
+    );
+}
+
+/// 7. A database or role that exists without our mark is never adopted or touched.
+#[tokio::test]
+async fn an_existing_database_or_role_is_a_name_conflict_and_untouched() {
+    let s = Setup::new("db-conflict").await;
+    let su = s.pg.connect_as_superuser().await.unwrap();
+    let hand_password = Alphanumeric.sample_string(&mut rand::rng(), 20);
+    for sql in [
+        "CREATE DATABASE taken".to_string(),
+        "COMMENT ON DATABASE taken IS 'made by hand'".to_string(),
+        format!(
+            "CREATE ROLE hand_role LOGIN PASSWORD {}",
+            dbops_e2e::postgres::quote_literal(&hand_password)
+        ),
+    ] {
+        su.batch_execute(&sql).await.unwrap();
+    }
+    let taken_oid = s.pg.database_oid("taken").await.unwrap();
+
+    s.create("taken", json!({"deletionPolicy": "Delete"})).await;
+    s.create(
+        "fresh",
+        json!({"owner": "hand_role", "deletionPolicy": "Delete"}),
+    )
+    .await;
+    let taken = s.wait("taken", not_ready("NameConflict"), READY).await;
+    let fresh = s.wait("fresh", not_ready("NameConflict"), READY).await;
+
+    // Watch for a few resyncs: nothing changes in PostgreSQL.
+    holds_for(
+        "database taken, role hand_role and no database fresh, all as made by hand",
+        RESYNC * 2 + Duration::from_secs(1),
+        || async {
+            Ok((
+                s.pg.database_oid("taken").await?,
+                s.pg.database_comment("taken").await?,
+                s.pg.database_owner("taken").await?,
+                s.pg.role_comment("hand_role").await?,
+                s.pg.database_exists("fresh").await?,
+                s.pg.role_exists("taken").await?,
+            ))
+        },
+        |state| {
+            *state
+                == (
+                    taken_oid,
+                    Some("made by hand".to_string()),
+                    Some("postgres".to_string()),
+                    None,
+                    false,
+                    false,
+                )
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        login(s.pg.port(), "hand_role", &hand_password, "postgres")
+            .await
+            .unwrap(),
+        "the password of the hand-made role was changed"
+    );
+    assert!(
+        s.secrets()
+            .get_opt("taken-connection")
+            .await
+            .unwrap()
+            .is_none(),
+        "no connection Secret for a conflicting database"
+    );
+
+    for name in ["taken", "fresh"] {
+        let events = s.events_for(name).await;
+        assert!(
+            events
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("NameConflict")),
+            "no NameConflict Event about Database {name}: {:?}",
+            events
+                .iter()
+                .map(|e| (&e.type_, &e.reason))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    // Deleting with policy Delete drops nothing that is not ours.
+    s.delete("taken").await;
+    s.delete("fresh").await;
+    s.wait_gone(&taken, READY).await;
+    s.wait_gone(&fresh, READY).await;
+    assert_eq!(
+        s.pg.database_oid("taken").await.unwrap(),
+        taken_oid,
+        "database taken was dropped"
+    );
+    assert_eq!(
+        s.pg.database_comment("taken").await.unwrap().as_deref(),
+        Some("made by hand")
+    );
+    assert!(
+        s.pg.role_exists("hand_role").await.unwrap(),
+        "role hand_role was dropped"
+    );
+    assert!(
+        login(s.pg.port(), "hand_role", &hand_password, "postgres")
+            .await
+            .unwrap()
+    );
+}
+
+/// 8. A database dropped behind the controller's back is reported, never re-created.
+#[tokio::test]
+async fn a_vanished_database_is_reported_and_not_recreated() {
+    let s = Setup::new("db-missing").await;
+    s.create("ghost", json!({})).await;
+    let db = s.wait_ready("ghost").await;
+    assert!(db.status.as_ref().unwrap().provider_id.is_some());
+
+    s.pg.drop_database_force("ghost").await.unwrap();
+    let missing = s.wait("ghost", not_ready("DatabaseMissing"), READY).await;
+    let degraded = missing
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Degraded");
+    if degraded.is_none_or(|c| c.status != "True") {
+        // Written in a second status update, perhaps.
+        s.wait(
+            "ghost",
+            Want::new("Degraded", "True", None),
+            Duration::from_secs(15),
+        )
+        .await;
+    }
+    let event = eventually(
+        "a Warning Event DatabaseMissing about Database ghost",
+        Duration::from_secs(30),
+        || async {
+            Ok(s.events_for("ghost")
+                .await
+                .into_iter()
+                .map(|e| {
+                    (
+                        e.type_,
+                        e.reason,
+                        e.reporting_component,
+                        e.source.and_then(|src| src.component),
+                    )
+                })
+                .collect::<Vec<_>>())
+        },
+        |events| {
+            events.iter().any(|(t, r, _, _)| {
+                t.as_deref() == Some("Warning") && r.as_deref() == Some("DatabaseMissing")
+            })
+        },
+    )
+    .await;
+    assert!(
+        event
+            .iter()
+            .any(|(_, r, rc, src)| r.as_deref() == Some("DatabaseMissing")
+                && (rc.as_deref() == Some(CONTROLLER_USER)
+                    || src.as_deref() == Some(CONTROLLER_USER))),
+        "the DatabaseMissing Event is not reported by {CONTROLLER_USER}: {event:?}"
+    );
+
+    holds_for(
+        "database ghost stays absent over two resyncs",
+        RESYNC * 2 + Duration::from_secs(2),
+        || async { s.pg.database_exists("ghost").await },
+        |exists| !*exists,
+    )
+    .await
+    .unwrap();
+    let db = s.databases().get("ghost").await.unwrap();
+    assert_eq!(
+        db.status.as_ref().and_then(|st| st.phase),
+        Some(dbops_api::DatabasePhase::Degraded)
+    );
+    assert!(
+        dbops_e2e::wait::database_has(&db, not_ready("DatabaseMissing")),
+        "still reported missing: {}",
+        describe_database(&s.databases(), "ghost").await
+    );
+}
+
+/// 9. A converged Database costs nothing: no API write and no DDL over resyncs.
+#[tokio::test]
+async fn a_converged_database_makes_no_writes_and_no_ddl() {
+    let s = Setup::new("db-quiet").await;
+    let ns = s.ns().to_string();
+    s.create(
+        "quiet",
+        json!({"extensions": ["pgcrypto", "citext"], "connectionLimit": 10, "deletionPolicy": "Delete"}),
+    )
+    .await;
+    s.wait_ready("quiet").await;
+    let cp = s.b.cp;
+
+    // Settled: no write by the controller for a full resync and a half.
+    let settle = RESYNC + RESYNC / 2;
+    eventually(
+        "the controller's writes to settle",
+        READY,
+        || async {
+            let writes = cp.audit_writes(CONTROLLER_USER, Some(&ns))?;
+            let since_last = writes.last().map(|w| {
+                k8s_openapi::jiff::Timestamp::now()
+                    .duration_since(w.timestamp)
+                    .unsigned_abs()
+            });
+            // The latest few, for the failure message when they never stop.
+            let latest: Vec<String> = writes
+                .iter()
+                .rev()
+                .take(6)
+                .map(ToString::to_string)
+                .collect();
+            Ok((writes.len(), since_last, latest))
+        },
+        |(n, since_last, _)| *n > 0 && since_last.is_some_and(|d| d >= settle),
+    )
+    .await;
+
+    let writes_before = cp.audit_writes(CONTROLLER_USER, Some(&ns)).unwrap().len();
+    let ddl_before = s.pg.ddl_statements().unwrap().len();
+    let reconciles_before = reconciles(s.controller()).unwrap();
+    let window = RESYNC * 2 + Duration::from_secs(1);
+    let observed = holds_for(
+        "no API write and no DDL by the controller",
+        window,
+        || async {
+            let writes = cp.audit_writes(CONTROLLER_USER, Some(&ns))?;
+            let ddl = s.pg.ddl_statements()?;
+            Ok((
+                writes[writes_before.min(writes.len())..]
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>(),
+                ddl[ddl_before.min(ddl.len())..].to_vec(),
+            ))
+        },
+        |(writes, ddl)| writes.is_empty() && ddl.is_empty(),
+    )
+    .await;
+    if let Err(e) = observed {
+        panic!(
+            "{e:#}\n---- controller log tail ----\n{}",
+            s.controller_log(4000)
+        );
+    }
+    let reconciles_after = reconciles(s.controller()).unwrap();
+    tracing::info!(
+        writes_before,
+        ddl_before,
+        reconciles_before,
+        reconciles_after,
+        "quiet over {window:?}"
+    );
+    assert!(
+        reconciles_after - reconciles_before >= 2.0,
+        "the controller reconciled {} times in {window:?} with resync {RESYNC:?}: the quiet \
+         proves nothing if it did not look",
+        reconciles_after - reconciles_before
+    );
+}
+
+/// 10. Bad admin input is reported precisely and never leaks the admin password.
+#[tokio::test]
+async fn bad_admin_input_is_reported_without_leaking_the_password() {
+    let s = Setup::new("db-admin").await;
+    let wrong = format!("wrong-{}", Alphanumeric.sample_string(&mut rand::rng(), 16));
+    s.create_admin_secret("nopw-admin", Some("postgres"), None)
+        .await;
+    s.create_admin_secret("wrong-admin", Some("postgres"), Some(&wrong))
+        .await;
+    let closed_port = dbops_e2e::process::free_port().unwrap();
+
+    s.create(
+        "nosecret",
+        json!({"server": {"adminSecretRef": {"name": "late-admin"}}}),
+    )
+    .await;
+    s.create(
+        "nopassword",
+        json!({"server": {"adminSecretRef": {"name": "nopw-admin"}}}),
+    )
+    .await;
+    s.create(
+        "wrongpassword",
+        json!({"server": {"adminSecretRef": {"name": "wrong-admin"}}}),
+    )
+    .await;
+    s.create("closedport", json!({"server": {"port": closed_port}}))
+        .await;
+
+    s.wait("nosecret", not_ready("AdminSecretNotFound"), READY)
+        .await;
+    s.wait("nopassword", not_ready("AdminSecretInvalid"), READY)
+        .await;
+    s.wait("wrongpassword", not_ready("AuthenticationFailed"), READY)
+        .await;
+    s.wait("closedport", not_ready("ServerUnreachable"), READY)
+        .await;
+    assert!(!s.pg.database_exists("nosecret").await.unwrap());
+
+    // The missing Secret appears: the Database proceeds without any change to it.
+    let started = std::time::Instant::now();
+    let password = s.pg.superuser_password().to_string();
+    s.create_admin_secret("late-admin", Some("postgres"), Some(&password))
+        .await;
+    s.wait_ready("nosecret").await;
+    tracing::info!(elapsed = ?started.elapsed(), "nosecret Ready after its admin Secret appeared");
+
+    // Nothing shows either password: status, Events, the controller's log.
+    let dbs =
+        s.b.kubectl
+            .run(&["get", "databases", "-n", s.ns(), "-o", "yaml"], None)
+            .unwrap();
+    assert!(
+        dbs.success && dbs.stdout.contains("AuthenticationFailed"),
+        "kubectl get databases failed"
+    );
+    let events =
+        s.b.kubectl
+            .run(&["get", "events", "-n", s.ns(), "-o", "yaml"], None)
+            .unwrap();
+    assert!(
+        events.success && events.stdout.contains("Database"),
+        "no Events about Databases"
+    );
+    let log = s.controller_log_raw();
+    for (what, text) in [
+        ("kubectl get databases -o yaml", &dbs.stdout),
+        ("kubectl get events -o yaml", &events.stdout),
+        ("the controller's log", &log),
+    ] {
+        for (which, secret) in [
+            ("admin password", &password),
+            ("wrong admin password", &wrong),
+        ] {
+            let line = text.lines().position(|l| l.contains(secret.as_str()));
+            assert!(
+                line.is_none(),
+                "the {which} appears in {what}, line {}",
+                line.unwrap_or(0) + 1
+            );
+        }
+    }
+}
