@@ -33,37 +33,36 @@ pub struct DatabaseInfo {
     pub comment: Option<String>,
 }
 
-/// Reads the role and database (one round trip each; no writes).
+/// Reads the server version, the role and the database in one round trip (no writes).
 pub async fn observe(s: &Session, role: &str, database: &str) -> Result<Observed, PgError> {
-    let version = s
-        .query_one("SELECT current_setting('server_version')", &[])
-        .await
-        .map_err(PgError::sql("reading server_version"))?;
-    let role_row = s
-        .query_opt(
-            "SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = $1",
-            &[&role],
+    let row = s
+        .query_one(
+            "SELECT current_setting('server_version'), \
+               (SELECT true FROM pg_roles WHERE rolname = $1), \
+               (SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = $1), \
+               d.oid, pg_get_userbyid(d.datdba)::text, d.datconnlimit, \
+               shobj_description(d.oid, 'pg_database') \
+             FROM (SELECT 1) AS one LEFT JOIN pg_database d ON d.datname = $2",
+            &[&role, &database],
         )
         .await
-        .map_err(PgError::sql("reading pg_roles"))?;
-    let db_row = s
-        .query_opt(
-            "SELECT d.oid, pg_get_userbyid(d.datdba)::text, d.datconnlimit, \
-             shobj_description(d.oid, 'pg_database') \
-             FROM pg_database d WHERE d.datname = $1",
-            &[&database],
-        )
-        .await
-        .map_err(PgError::sql("reading pg_database"))?;
+        .map_err(PgError::sql("reading pg_roles and pg_database"))?;
+    let role_exists: Option<bool> = row.get(1);
+    let oid: Option<u32> = row.get(3);
     Ok(Observed {
-        server_version: version.get(0),
-        role: role_row.map(|r| RoleInfo { comment: r.get(0) }),
-        database: db_row.map(|r| DatabaseInfo {
-            oid: r.get(0),
-            owner: r.get(1),
-            connection_limit: r.get(2),
-            comment: r.get(3),
+        server_version: row.get(0),
+        role: role_exists.map(|_| RoleInfo {
+            comment: row.get(2),
         }),
+        database: match oid {
+            Some(oid) => Some(DatabaseInfo {
+                oid,
+                owner: row.get(4),
+                connection_limit: row.get(5),
+                comment: row.get(6),
+            }),
+            None => None,
+        },
     })
 }
 
@@ -75,7 +74,7 @@ pub async fn create_role(
     mark: &str,
 ) -> Result<(), PgError> {
     let tx = s
-        .client
+        .client_mut()
         .transaction()
         .await
         .map_err(PgError::sql("BEGIN"))?;

@@ -215,7 +215,50 @@ pub struct Servers {
 struct ServerState {
     sessions: Arc<Semaphore>,
     breaker: Mutex<Breaker>,
+    /// Sessions given back, for reuse by the same role on the same database; at most as
+    /// many as the session limit, so idle plus busy never exceed twice that.
+    idle: Mutex<Vec<Idle>>,
+    max_idle: usize,
 }
+
+/// Which role on which database a pooled session belongs to (the password as a hash:
+/// a changed admin password never reuses an old session).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PoolKey {
+    user: String,
+    password_hash: u64,
+    dbname: String,
+}
+
+impl PoolKey {
+    fn new(credentials: &Credentials, dbname: &str) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        credentials.password.hash(&mut h);
+        Self {
+            user: credentials.username.clone(),
+            password_hash: h.finish(),
+            dbname: dbname.to_string(),
+        }
+    }
+}
+
+struct Idle {
+    key: PoolKey,
+    client: Client,
+    since: Instant,
+}
+
+impl fmt::Debug for Idle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idle")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long a session may wait in the pool before it is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Closed while the server answers; open (no attempts) for a while after
 /// `failure_threshold` consecutive connection failures; then one trial (half-open).
@@ -225,10 +268,22 @@ struct Breaker {
     open_until: Option<Instant>,
 }
 
-/// A session on a server: the client and the permit that counts it.
+/// A session on a server: the client and the permit that counts it. Dropped, a healthy
+/// session goes back to its server's pool.
 pub struct Session {
-    pub client: Client,
+    client: Option<Client>,
+    key: PoolKey,
+    state: Arc<ServerState>,
     _permit: OwnedSemaphorePermit,
+}
+
+impl Session {
+    /// The client, for transactions.
+    pub fn client_mut(&mut self) -> &mut Client {
+        self.client
+            .as_mut()
+            .unwrap_or_else(|| unreachable!("the client is taken only on drop"))
+    }
 }
 
 impl fmt::Debug for Session {
@@ -240,7 +295,28 @@ impl fmt::Debug for Session {
 impl std::ops::Deref for Session {
     type Target = Client;
     fn deref(&self) -> &Client {
-        &self.client
+        self.client
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("the client is taken only on drop"))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take()
+            && !client.is_closed()
+        {
+            let mut idle = self.state.idle.lock().unwrap_or_else(|e| e.into_inner());
+            idle.retain(|i| i.since.elapsed() < IDLE_TIMEOUT && !i.client.is_closed());
+            if idle.len() >= self.state.max_idle {
+                idle.remove(0);
+            }
+            idle.push(Idle {
+                key: self.key.clone(),
+                client,
+                since: Instant::now(),
+            });
+        }
     }
 }
 
@@ -264,6 +340,8 @@ impl Servers {
                 Arc::new(ServerState {
                     sessions: Arc::new(Semaphore::new(self.max_sessions)),
                     breaker: Mutex::new(Breaker::default()),
+                    idle: Mutex::new(Vec::new()),
+                    max_idle: self.max_sessions,
                 })
             })
             .clone()
@@ -304,6 +382,22 @@ impl Servers {
                     server: key.clone(),
                     message: "session limiter closed".into(),
                 })?;
+        let pool_key = PoolKey::new(credentials, dbname);
+        let reused = {
+            let mut idle = state.idle.lock().unwrap_or_else(|e| e.into_inner());
+            idle.retain(|i| i.since.elapsed() < IDLE_TIMEOUT && !i.client.is_closed());
+            idle.iter()
+                .position(|i| i.key == pool_key)
+                .map(|at| idle.swap_remove(at).client)
+        };
+        if let Some(client) = reused {
+            return Ok(Session {
+                client: Some(client),
+                key: pool_key,
+                state,
+                _permit: permit,
+            });
+        }
         let result = self.connect_now(&key, server, credentials, dbname).await;
         let mut breaker = state.breaker.lock().unwrap_or_else(|e| e.into_inner());
         match &result {
@@ -320,7 +414,9 @@ impl Servers {
         }
         drop(breaker);
         result.map(|client| Session {
-            client,
+            client: Some(client),
+            key: pool_key,
+            state: state.clone(),
             _permit: permit,
         })
     }

@@ -1526,3 +1526,79 @@ async fn bad_admin_input_is_reported_without_leaking_the_password() {
         }
     }
 }
+
+/// 11. A Migration of the Database in flight: MigrationInProgress, its freeze (connection
+/// limit) is not repaired as drift, and deletion waits until the Migration has ended.
+#[tokio::test]
+async fn a_running_migration_holds_off_drift_repair_and_deletion() {
+    let s = Setup::new("db-migrating").await;
+    s.create("moving", json!({"deletionPolicy": "Retain"}))
+        .await;
+    let db = s.wait_ready("moving").await;
+    assert!(!has_finalizer(&db), "Retain needs no finalizer yet");
+
+    let migrations: Api<dbops_api::Migration> = Api::namespaced(s.b.client.clone(), s.ns());
+    let migration: dbops_api::Migration = serde_json::from_value(json!({
+        "apiVersion": "dbops.dev/v1alpha1", "kind": "Migration",
+        "metadata": {"name": "move-it"},
+        "spec": {"databaseRef": {"name": "moving"},
+                 "target": {"server": {"host": "127.0.0.1", "port": 1,
+                            "adminSecretRef": {"name": ADMIN_SECRET}}}}
+    }))
+    .unwrap();
+    migrations
+        .create(&PostParams::default(), &migration)
+        .await
+        .unwrap();
+    let db = s
+        .wait(
+            "moving",
+            Want::new("MigrationInProgress", "True", Some("MigrationRunning")),
+            READY,
+        )
+        .await;
+    assert!(
+        has_finalizer(&db),
+        "a running Migration holds deletion with the finalizer"
+    );
+
+    // What a FreezeSource step does: not drift while the Migration runs.
+    s.pg.connect_as_superuser()
+        .await
+        .unwrap()
+        .batch_execute("ALTER DATABASE moving CONNECTION LIMIT 0")
+        .await
+        .unwrap();
+    let pg = &s.pg;
+    holds_for(
+        "the frozen connection limit stays over two resyncs",
+        RESYNC * 2 + Duration::from_secs(1),
+        || async { pg.connlimit("moving").await },
+        |limit| *limit == Some(0),
+    )
+    .await
+    .unwrap();
+
+    s.delete("moving").await;
+    let dbs = s.databases();
+    holds_for(
+        "deletion waits for the Migration",
+        RESYNC * 2,
+        || async { dbs.get_opt("moving").await.map_err(anyhow::Error::from) },
+        |d| d.is_some(),
+    )
+    .await
+    .unwrap();
+
+    // The Migration ends: deletion (Retain) completes and the database stays.
+    migrations
+        .patch_status(
+            "move-it",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+        )
+        .await
+        .unwrap();
+    s.wait_gone(&db, READY).await;
+    assert!(s.pg.database_exists("moving").await.unwrap());
+}

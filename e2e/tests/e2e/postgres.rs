@@ -142,3 +142,23 @@ async fn ddl_is_logged_and_the_catalog_helpers_see_it() {
     assert!(!pg.database_exists("shop").await.unwrap());
     pg.drop_database_force("shop").await.unwrap();
 }
+
+#[tokio::test]
+async fn the_shared_client_connects_with_ssl_mode_prefer_to_a_server_without_tls() {
+    use dbops_shared::postgres::{Credentials, Servers};
+    let pg = PgServer::start("prefer").await.unwrap();
+    let servers = Servers::new(2, 5, std::time::Duration::from_secs(30));
+    let creds = Credentials {
+        username: "postgres".into(),
+        password: pg.superuser_password().into(),
+    };
+    for mode in ["prefer", "disable"] {
+        let server: dbops_api::ServerSpec = serde_json::from_value(serde_json::json!({
+            "host": "127.0.0.1", "port": pg.port(), "adminSecretRef": {"name": "x"}, "sslMode": mode
+        }))
+        .unwrap();
+        let session = servers.connect(&server, &creds, "postgres").await.unwrap();
+        let one: i32 = session.query_one("SELECT 1", &[]).await.unwrap().get(0);
+        assert_eq!(one, 1, "sslMode {mode}");
+    }
+}

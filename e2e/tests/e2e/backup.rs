@@ -1,0 +1,823 @@
+//! The backup-controller against a real control plane, real PostgreSQL and a real
+//! `file://` store: pg_dump of pgbench data into one checksummed artifact per Backup,
+//! whatever crashes or retries happen; retries then Failed when the store cannot be
+//! written; deletion policies; a missing Database; and the database-controller's
+//! `deletionPolicy: Snapshot` completed by a real final Backup.
+//!
+//! Each test has its own namespace, PostgreSQL server, store directory and both
+//! controllers (watching only that namespace, resync 5 s, backoff 1 s..5 s). No test
+//! prints a password: logs are redacted before they are shown.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use dbops_api::{Backup, BackupPhase, Database};
+use dbops_e2e::postgres::redact_passwords;
+use dbops_e2e::wait::Want;
+use dbops_e2e::{ControllerProcess, PgServer};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use serde_json::json;
+
+use crate::{Bed, bed};
+
+const ADMIN_SECRET: &str = "pg-admin";
+const FINALIZER: &str = "dbops.dev/backup-artifact";
+/// Provisioning or a small dump on a busy 2-core machine.
+const READY: Duration = Duration::from_secs(90);
+/// A dump of a few hundred MB of pgbench data on a busy 2-core machine.
+const BIG_DUMP: Duration = Duration::from_secs(300);
+
+/// One test's world: namespace, PostgreSQL, admin Secret, store, both controllers.
+struct Setup {
+    // Dropped in this order: the controllers first, then PostgreSQL, then the namespace.
+    backup_controller: Option<ControllerProcess>,
+    database_controller: Option<ControllerProcess>,
+    pg: PgServer,
+    b: Bed,
+    store: tempfile::TempDir,
+    /// The `--backup-store` URL; `file://<store>` unless a test says otherwise.
+    store_url: String,
+    logs: tempfile::TempDir,
+}
+
+impl Setup {
+    async fn new(prefix: &str) -> Self {
+        Self::with_store(prefix, None).await
+    }
+
+    /// [`Setup::new`] with the backup-controller writing to `store_url` (built from the
+    /// store directory) instead of the store directory itself.
+    async fn with_store(prefix: &str, store_url: Option<&dyn Fn(&Path) -> String>) -> Self {
+        let b = bed(prefix).await;
+        let pg = PgServer::start(prefix).await.unwrap();
+        let store = tempfile::Builder::new()
+            .prefix(&format!("dbops-{prefix}-store-"))
+            .tempdir()
+            .unwrap();
+        let store_url = match store_url {
+            Some(f) => f(store.path()),
+            None => format!("file://{}", store.path().display()),
+        };
+        let mut s = Self {
+            backup_controller: None,
+            database_controller: None,
+            pg,
+            b,
+            store,
+            store_url,
+            logs: tempfile::Builder::new()
+                .prefix(&format!("dbops-{prefix}-logs-"))
+                .tempdir()
+                .unwrap(),
+        };
+        s.create_admin_secret(ADMIN_SECRET).await;
+        s.start_database_controller();
+        s.start_backup_controller();
+        s
+    }
+
+    fn ns(&self) -> &str {
+        self.b.ns.name()
+    }
+
+    /// An admin Secret: user postgres with the server's superuser password.
+    async fn create_admin_secret(&self, name: &str) {
+        let mut secret = Secret::default();
+        secret.metadata.name = Some(name.to_string());
+        secret.string_data = Some(BTreeMap::from([
+            ("username".to_string(), "postgres".to_string()),
+            (
+                "password".to_string(),
+                self.pg.superuser_password().to_string(),
+            ),
+        ]));
+        Api::<Secret>::namespaced(self.b.client.clone(), self.ns())
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+    }
+
+    fn common_args(&self) -> Vec<String> {
+        vec![
+            format!("--watch-namespace={}", self.ns()),
+            "--resync-interval=5s".to_string(),
+            "--backoff-base=1s".to_string(),
+            "--backoff-max=5s".to_string(),
+        ]
+    }
+
+    fn start(&self, name: &str, extra: Vec<String>) -> ControllerProcess {
+        let kubeconfig = self
+            .b
+            .cp
+            .kubeconfig_for(&format!("dbops-{name}"), &["system:masters"])
+            .unwrap();
+        let mut args = self.common_args();
+        args.extend(extra);
+        ControllerProcess::start(name, &kubeconfig, self.logs.path(), &args)
+            .unwrap_or_else(|e| panic!("starting the {name}: {}", self.redact(&format!("{e:#}"))))
+    }
+
+    fn start_database_controller(&mut self) {
+        self.database_controller = Some(self.start("database-controller", vec![]));
+    }
+
+    fn start_backup_controller(&mut self) {
+        let pg_dump = dbops_e2e::paths::postgres_bin_dir()
+            .unwrap()
+            .join("pg_dump");
+        self.backup_controller = Some(self.start(
+            "backup-controller",
+            vec![
+                format!("--backup-store={}", self.store_url),
+                format!("--pg-dump={}", pg_dump.display()),
+            ],
+        ));
+    }
+
+    /// SIGKILL: no chance to finish anything.
+    fn kill_backup_controller(&mut self) {
+        if let Some(mut c) = self.backup_controller.take() {
+            c.process.signal("KILL").unwrap();
+            c.process.wait_exit(Duration::from_secs(10)).unwrap();
+        }
+    }
+
+    fn log(&self, controller: &str, max_bytes: u64) -> String {
+        let path = self.logs.path().join(format!("{controller}.log"));
+        self.redact(&dbops_e2e::process::log_tail(&path, max_bytes))
+    }
+
+    fn redact(&self, text: &str) -> String {
+        redact_passwords(&text.replace(self.pg.superuser_password(), "<superuser-password>"))
+    }
+
+    fn databases(&self) -> Api<Database> {
+        Api::namespaced(self.b.client.clone(), self.ns())
+    }
+
+    fn backups(&self) -> Api<Backup> {
+        Api::namespaced(self.b.client.clone(), self.ns())
+    }
+
+    /// A Database on this test's server, Ready; `policy` is its deletionPolicy.
+    async fn create_database(&self, name: &str, policy: &str) -> Database {
+        self.create_database_with(name, policy, ADMIN_SECRET).await;
+        self.wait_database_ready(name).await
+    }
+
+    /// A Database using admin Secret `admin`, not waited for.
+    async fn create_database_with(&self, name: &str, policy: &str, admin: &str) {
+        let db: Database = serde_json::from_value(json!({
+            "apiVersion": "dbops.dev/v1alpha1",
+            "kind": "Database",
+            "metadata": {"name": name},
+            "spec": {
+                "server": {
+                    "host": self.pg.host(),
+                    "port": self.pg.port(),
+                    "adminSecretRef": {"name": admin},
+                    "sslMode": "disable",
+                },
+                "deletionPolicy": policy,
+            },
+        }))
+        .unwrap();
+        self.databases()
+            .create(&PostParams::default(), &db)
+            .await
+            .unwrap();
+    }
+
+    async fn wait_database_ready(&self, name: &str) -> Database {
+        match dbops_e2e::wait::database_condition(
+            &self.b.client,
+            self.ns(),
+            name,
+            Want::new("Ready", "True", Some("Provisioned")),
+            READY,
+        )
+        .await
+        {
+            Ok(db) => db,
+            Err(e) => panic!(
+                "{e:#}\n---- database-controller log ----\n{}",
+                self.log("database-controller", 6000)
+            ),
+        }
+    }
+
+    /// `pgbench -i -s <scale>` into the Database, as its own role (the connection Secret).
+    async fn pgbench(&self, db: &str, scale: u32) {
+        let secret = Api::<Secret>::namespaced(self.b.client.clone(), self.ns())
+            .get(&format!("{db}-connection"))
+            .await
+            .unwrap();
+        let data = secret.data.unwrap_or_default();
+        let value = |k: &str| String::from_utf8(data.get(k).unwrap().0.clone()).unwrap();
+        let pgbench = dbops_e2e::paths::postgres_bin_dir()
+            .unwrap()
+            .join("pgbench");
+        let out = Command::new(pgbench)
+            .args(["-i", "-q", "-s", &scale.to_string()])
+            .env("PGHOST", value("PGHOST"))
+            .env("PGPORT", value("PGPORT"))
+            .env("PGUSER", value("PGUSER"))
+            .env("PGPASSWORD", value("PGPASSWORD"))
+            .env("PGDATABASE", value("PGDATABASE"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pgbench -i failed: {}",
+            self.redact(&String::from_utf8_lossy(&out.stderr))
+        );
+    }
+
+    async fn create_backup(&self, name: &str, db: &str, spec: serde_json::Value) -> Backup {
+        let mut full = json!({"databaseRef": {"name": db}});
+        if let (Some(full), Some(extra)) = (full.as_object_mut(), spec.as_object()) {
+            full.extend(extra.clone());
+        }
+        let backup: Backup = serde_json::from_value(json!({
+            "apiVersion": "dbops.dev/v1alpha1",
+            "kind": "Backup",
+            "metadata": {"name": name},
+            "spec": full,
+        }))
+        .unwrap();
+        self.backups()
+            .create(&PostParams::default(), &backup)
+            .await
+            .unwrap()
+    }
+
+    /// Waits for the Backup to satisfy `done`; on timeout the panic shows its status and
+    /// the backup-controller's log.
+    async fn wait_backup(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&Backup) -> bool,
+    ) -> Backup {
+        let backups = self.backups();
+        let found = dbops_e2e::wait::wait_for(
+            &format!("Backup {name}: {what}"),
+            timeout,
+            || async { Ok(backups.get_opt(name).await?.map(BackupView)) },
+            |b| b.as_ref().is_some_and(|b| done(&b.0)),
+        )
+        .await;
+        match found {
+            Ok(Some(b)) => b.0,
+            Ok(None) => unreachable!(),
+            Err(e) => panic!(
+                "{e:#}\n---- backup-controller log ----\n{}",
+                self.log("backup-controller", 8000)
+            ),
+        }
+    }
+
+    async fn wait_completed(&self, name: &str, timeout: Duration) -> Backup {
+        self.wait_backup(name, "Completed and Ready", timeout, |b| {
+            phase(b) == Some(BackupPhase::Completed)
+                && has(b, Want::new("Ready", "True", Some("Completed")))
+        })
+        .await
+    }
+
+    async fn wait_gone<K>(&self, api: Api<K>, name: &str, uid: &str, timeout: Duration)
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
+        let waited = tokio::time::timeout(
+            timeout,
+            await_condition(api, name, conditions::is_deleted(uid)),
+        )
+        .await;
+        assert!(
+            matches!(waited, Ok(Ok(_))),
+            "{name} still exists after {timeout:?}\n---- backup-controller log ----\n{}\n---- database-controller log ----\n{}",
+            self.log("backup-controller", 6000),
+            self.log("database-controller", 4000)
+        );
+    }
+
+    /// Every file in the store directory of this namespace (hidden ones too), sorted.
+    fn store_files(&self) -> Vec<String> {
+        let dir = self.store.path().join(self.ns());
+        let mut names: Vec<String> = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect(),
+            Err(_) => vec![],
+        };
+        names.sort();
+        names
+    }
+
+    /// The artifact and manifest paths of a Backup.
+    fn artifact_paths(&self, backup: &Backup) -> (PathBuf, PathBuf) {
+        let stem = format!(
+            "{}-{}",
+            backup.metadata.name.as_deref().unwrap(),
+            backup.metadata.uid.as_deref().unwrap()
+        );
+        let dir = self.store.path().join(self.ns());
+        (
+            dir.join(format!("{stem}.dump")),
+            dir.join(format!("{stem}.manifest.json")),
+        )
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- backup-controller log tail ({}) ----\n{}\n---- database-controller log tail ----\n{}\n---- postgres log tail ----\n{}",
+                self.ns(),
+                self.log("backup-controller", 8000),
+                self.log("database-controller", 4000),
+                self.redact(&self.pg.log_tail(3000)),
+            );
+        }
+    }
+}
+
+/// A Backup shown by its status only, for failure messages.
+struct BackupView(Backup);
+
+impl std::fmt::Debug for BackupView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Backup {:?} finalizers {:?} deleting {} status {}",
+            self.0.metadata.name,
+            self.0.metadata.finalizers,
+            self.0.metadata.deletion_timestamp.is_some(),
+            serde_json::to_string(&self.0.status).unwrap_or_default()
+        )
+    }
+}
+
+fn phase(b: &Backup) -> Option<BackupPhase> {
+    b.status.as_ref().and_then(|s| s.phase)
+}
+
+fn has(b: &Backup, want: Want<'_>) -> bool {
+    b.status
+        .as_ref()
+        .is_some_and(|s| want.matches(&s.conditions))
+}
+
+fn attempts(b: &Backup) -> i32 {
+    b.status.as_ref().and_then(|s| s.attempts).unwrap_or(0)
+}
+
+/// `sha256sum` of a file, hex.
+fn sha256_of(path: &Path) -> String {
+    let out = Command::new("sha256sum").arg(path).output().unwrap();
+    assert!(out.status.success(), "sha256sum {}", path.display());
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// `pg_restore --list` of an artifact: its table of contents.
+fn pg_restore_list(path: &Path) -> String {
+    let pg_restore = dbops_e2e::paths::postgres_bin_dir()
+        .unwrap()
+        .join("pg_restore");
+    let out = Command::new(pg_restore)
+        .arg("--list")
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pg_restore --list {} failed: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Checks a Completed Backup against its files: size, checksum, manifest, and that
+/// pg_restore reads the artifact. Returns the table of contents.
+fn verify_artifact(s: &Setup, backup: &Backup) -> String {
+    let status = backup.status.clone().unwrap();
+    let (artifact, manifest) = s.artifact_paths(backup);
+    assert!(artifact.is_file(), "{} is missing", artifact.display());
+    let size = std::fs::metadata(&artifact).unwrap().len();
+    assert_eq!(status.size_bytes, Some(i64::try_from(size).unwrap()));
+    let sum = sha256_of(&artifact);
+    assert_eq!(status.checksum.as_deref(), Some(sum.as_str()));
+    assert_eq!(
+        status.location.as_deref(),
+        Some(format!("file://{}", artifact.display()).as_str())
+    );
+    assert!(
+        status
+            .server_version
+            .as_deref()
+            .is_some_and(|v| v.starts_with("15")),
+        "serverVersion {:?}",
+        status.server_version
+    );
+    assert!(status.completed_at.is_some());
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    assert_eq!(m["checksum"], json!(sum));
+    assert_eq!(m["checksumAlgorithm"], json!("sha256"));
+    assert_eq!(m["sizeBytes"], json!(size));
+    assert_eq!(m["backup"]["uid"], json!(backup.metadata.uid));
+    assert_eq!(m["database"]["name"], json!(backup.spec.database_ref.name));
+    assert!(
+        m["serverVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("15"))
+    );
+    assert!(
+        m["pgDumpVersion"]
+            .as_str()
+            .is_some_and(|v| v.contains("pg_dump")),
+        "{m}"
+    );
+    assert!(
+        m["startedAt"].is_string() && m["completedAt"].is_string(),
+        "{m}"
+    );
+    pg_restore_list(&artifact)
+}
+
+// ---------------------------------------------------------------------------------------
+
+/// (a) pgbench data is dumped into one artifact whose SHA-256 is in the status and the
+/// manifest, and which pg_restore reads; nothing secret reaches the log.
+#[tokio::test]
+async fn a_backup_of_pgbench_data_completes_with_a_verified_artifact() {
+    let s = Setup::new("bk-basic").await;
+    s.create_database("bench", "Delete").await;
+    s.pgbench("bench", 2).await;
+    let created = s.create_backup("bench-1", "bench", json!({})).await;
+    let backup = s.wait_completed("bench-1", READY).await;
+    assert_eq!(attempts(&backup), 1);
+    assert!(has(&backup, Want::new("Progressing", "False", None)));
+    assert!(has(&backup, Want::new("Failed", "False", None)));
+    assert_eq!(backup.metadata.uid, created.metadata.uid);
+    let toc = verify_artifact(&s, &backup);
+    for table in [
+        "pgbench_accounts",
+        "pgbench_branches",
+        "pgbench_tellers",
+        "pgbench_history",
+    ] {
+        assert!(
+            toc.contains(&format!("TABLE DATA public {table}")),
+            "{table} missing from the artifact:\n{toc}"
+        );
+    }
+    let stem = format!("bench-1-{}", backup.metadata.uid.as_deref().unwrap());
+    assert_eq!(
+        s.store_files(),
+        [format!("{stem}.dump"), format!("{stem}.manifest.json")]
+    );
+    // Retain (the default): no finalizer.
+    assert!(
+        !backup
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == FINALIZER)
+    );
+
+    let raw = std::fs::read_to_string(s.logs.path().join("backup-controller.log")).unwrap();
+    assert!(
+        !raw.contains(s.pg.superuser_password()),
+        "the admin password is in the backup-controller's log"
+    );
+}
+
+/// (b) SIGKILL mid-dump: the restarted controller starts the Backup over (attempts 2)
+/// into the same key; it ends Completed with exactly one artifact.
+#[tokio::test]
+async fn a_controller_killed_mid_dump_leaves_exactly_one_artifact() {
+    let mut s = Setup::new("bk-crash").await;
+    s.create_database("big", "Delete").await;
+    s.pgbench("big", 50).await;
+    s.create_backup("big-1", "big", json!({})).await;
+
+    // Mid-dump: Running, and pg_dump's output is reaching the store.
+    let partial_growing = || s.store_files().iter().any(|f| f.ends_with(".dump.partial"));
+    let running = s
+        .wait_backup("big-1", "Running with output in the store", READY, |b| {
+            phase(b) == Some(BackupPhase::Running)
+                && (b
+                    .status
+                    .as_ref()
+                    .and_then(|st| st.progress_bytes)
+                    .unwrap_or(0)
+                    > 0
+                    || partial_growing())
+        })
+        .await;
+    assert_eq!(attempts(&running), 1);
+    s.kill_backup_controller();
+    let after_kill = s.backups().get("big-1").await.unwrap();
+    assert_eq!(
+        phase(&after_kill),
+        Some(BackupPhase::Running),
+        "the dump should have been interrupted mid-way; choose a bigger pgbench scale"
+    );
+
+    s.start_backup_controller();
+    let done = s.wait_completed("big-1", BIG_DUMP).await;
+    assert_eq!(attempts(&done), 2, "the interrupted attempt counts");
+    verify_artifact(&s, &done);
+    let stem = format!("big-1-{}", done.metadata.uid.as_deref().unwrap());
+    assert_eq!(
+        s.store_files(),
+        [format!("{stem}.dump"), format!("{stem}.manifest.json")],
+        "exactly one artifact and its manifest, no leftover"
+    );
+}
+
+/// (c) A store that cannot be written (its path goes through a regular file, so even
+/// root cannot create it): each attempt fails, is retried with backoff, and after
+/// maxRetries retries the Backup is Failed with the store's reason.
+#[tokio::test]
+async fn an_unwritable_store_is_retried_then_failed() {
+    let blocked = |dir: &Path| {
+        let file = dir.join("a-regular-file");
+        std::fs::write(&file, b"not a directory").unwrap();
+        format!("file://{}/store", file.display())
+    };
+    let s = Setup::with_store("bk-store", Some(&blocked)).await;
+    s.create_database("app", "Delete").await;
+    s.create_backup("app-1", "app", json!({"maxRetries": 2}))
+        .await;
+
+    let retrying = s
+        .wait_backup("app-1", "a retry after a failed attempt", READY, |b| {
+            has(b, Want::new("Progressing", "True", Some("Retrying")))
+                && has(b, Want::new("Ready", "False", Some("StoreUnavailable")))
+        })
+        .await;
+    assert!(attempts(&retrying) >= 1);
+    let failed = s
+        .wait_backup("app-1", "Failed", READY, |b| {
+            phase(b) == Some(BackupPhase::Failed)
+        })
+        .await;
+    assert_eq!(attempts(&failed), 3, "one attempt and maxRetries=2 retries");
+    assert!(
+        has(
+            &failed,
+            Want::new("Failed", "True", Some("StoreUnavailable"))
+        ),
+        "{:?}",
+        BackupView(failed.clone())
+    );
+    assert!(has(&failed, Want::new("Progressing", "False", None)));
+    assert!(has(
+        &failed,
+        Want::new("Ready", "False", Some("StoreUnavailable"))
+    ));
+}
+
+/// (d) Deleting a Backup with deletionPolicy Delete removes its artifact and manifest
+/// (behind a finalizer); Retain leaves them.
+#[tokio::test]
+async fn deletion_policy_decides_what_happens_to_the_artifact() {
+    let s = Setup::new("bk-delete").await;
+    s.create_database("app", "Delete").await;
+    s.pgbench("app", 1).await;
+    s.create_backup("gone", "app", json!({"deletionPolicy": "Delete"}))
+        .await;
+    s.create_backup("kept", "app", json!({"deletionPolicy": "Retain"}))
+        .await;
+    let gone = s.wait_completed("gone", READY).await;
+    let kept = s.wait_completed("kept", READY).await;
+    assert!(
+        gone.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == FINALIZER),
+        "Delete needs the finalizer {FINALIZER}"
+    );
+    assert!(
+        !kept
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == FINALIZER)
+    );
+    let (gone_artifact, gone_manifest) = s.artifact_paths(&gone);
+    let (kept_artifact, kept_manifest) = s.artifact_paths(&kept);
+    for p in [
+        &gone_artifact,
+        &gone_manifest,
+        &kept_artifact,
+        &kept_manifest,
+    ] {
+        assert!(p.is_file(), "{} is missing", p.display());
+    }
+
+    for b in [&gone, &kept] {
+        s.backups()
+            .delete(
+                b.metadata.name.as_deref().unwrap(),
+                &DeleteParams::default(),
+            )
+            .await
+            .unwrap();
+    }
+    s.wait_gone(
+        s.backups(),
+        "gone",
+        gone.metadata.uid.as_deref().unwrap(),
+        READY,
+    )
+    .await;
+    s.wait_gone(
+        s.backups(),
+        "kept",
+        kept.metadata.uid.as_deref().unwrap(),
+        READY,
+    )
+    .await;
+    assert!(
+        !gone_artifact.exists() && !gone_manifest.exists(),
+        "Delete removes both"
+    );
+    assert!(
+        kept_artifact.is_file() && kept_manifest.is_file(),
+        "Retain keeps both"
+    );
+    assert_eq!(
+        sha256_of(&kept_artifact),
+        kept.status.unwrap().checksum.unwrap()
+    );
+}
+
+/// (e) A Backup of a Database that does not exist fails at once, without retries.
+#[tokio::test]
+async fn a_missing_database_fails_the_backup_at_once() {
+    let s = Setup::new("bk-missing").await;
+    s.create_backup("orphan", "no-such-db", json!({"maxRetries": 5}))
+        .await;
+    let failed = s
+        .wait_backup("orphan", "Failed", Duration::from_secs(30), |b| {
+            phase(b) == Some(BackupPhase::Failed)
+        })
+        .await;
+    assert!(has(
+        &failed,
+        Want::new("Failed", "True", Some("DatabaseNotFound"))
+    ));
+    assert!(has(
+        &failed,
+        Want::new("Ready", "False", Some("DatabaseNotFound"))
+    ));
+    assert_eq!(attempts(&failed), 0, "no dump was attempted");
+    assert!(s.store_files().is_empty());
+}
+
+/// The database-controller's `deletionPolicy: Snapshot`, end to end: deleting the
+/// Database creates `<name>-final`, the backup-controller completes it, and only then is
+/// the database dropped and the Database gone; the artifact stays.
+#[tokio::test]
+async fn a_snapshot_policy_database_is_backed_up_before_it_is_dropped() {
+    let s = Setup::new("bk-snapshot").await;
+    let db = s.create_database("snap", "Snapshot").await;
+    s.pgbench("snap", 1).await;
+    s.databases()
+        .delete("snap", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    let backup = s.wait_completed("snap-final", READY).await;
+    let toc = verify_artifact(&s, &backup);
+    assert!(toc.contains("TABLE DATA public pgbench_accounts"), "{toc}");
+    s.wait_gone(
+        s.databases(),
+        "snap",
+        db.metadata.uid.as_deref().unwrap(),
+        READY,
+    )
+    .await;
+    assert!(
+        !s.pg.database_exists("snap").await.unwrap(),
+        "database snap still exists"
+    );
+    assert!(
+        !s.pg.role_exists("snap").await.unwrap(),
+        "role snap still exists"
+    );
+
+    // The final Backup outlives its Database and stays Completed.
+    let after = s.backups().get("snap-final").await.unwrap();
+    assert_eq!(phase(&after), Some(BackupPhase::Completed));
+    let (artifact, manifest) = s.artifact_paths(&after);
+    assert!(artifact.is_file() && manifest.is_file());
+    dbops_e2e::wait::holds_for(
+        "the final Backup stays Completed after its Database is gone",
+        Duration::from_secs(6),
+        || async { Ok(phase(&s.backups().get("snap-final").await?)) },
+        |p| *p == Some(BackupPhase::Completed),
+    )
+    .await
+    .unwrap();
+}
+
+/// A Backup of a Database that is not Ready yet waits (Pending, WaitingForDatabase, no
+/// attempt) and runs once the Database turns Ready.
+#[tokio::test]
+async fn a_backup_waits_for_its_database_to_be_ready() {
+    let s = Setup::new("bk-wait").await;
+    // The admin Secret does not exist yet: the Database cannot be provisioned.
+    s.create_database_with("late", "Delete", "late-admin").await;
+    s.create_backup("late-1", "late", json!({})).await;
+    let waiting = s
+        .wait_backup("late-1", "waiting for its Database", READY, |b| {
+            has(
+                b,
+                Want::new("Progressing", "True", Some("WaitingForDatabase")),
+            )
+        })
+        .await;
+    assert_eq!(phase(&waiting), Some(BackupPhase::Pending));
+    assert_eq!(attempts(&waiting), 0);
+    dbops_e2e::wait::holds_for(
+        "the Backup keeps waiting while its Database is not Ready",
+        Duration::from_secs(6),
+        || async { Ok(s.backups().get("late-1").await.map(BackupView)?) },
+        |b| phase(&b.0) == Some(BackupPhase::Pending) && attempts(&b.0) == 0,
+    )
+    .await
+    .unwrap();
+
+    s.create_admin_secret("late-admin").await;
+    s.wait_database_ready("late").await;
+    let done = s.wait_completed("late-1", READY).await;
+    assert_eq!(attempts(&done), 1);
+    verify_artifact(&s, &done);
+}
+
+/// Two Backups of one server at once: the second waits for the server's dump slot
+/// (Pending, WaitingForSlot), never Running beside the first; both complete.
+#[tokio::test]
+async fn one_dump_per_server_at_a_time() {
+    let s = Setup::new("bk-slots").await;
+    s.create_database("app", "Delete").await;
+    s.pgbench("app", 20).await;
+    s.create_backup("first", "app", json!({})).await;
+    s.create_backup("second", "app", json!({})).await;
+
+    let backups = s.backups();
+    let mut saw_waiting = false;
+    let deadline = tokio::time::Instant::now() + READY;
+    loop {
+        let a = backups.get("first").await.unwrap();
+        let b = backups.get("second").await.unwrap();
+        assert!(
+            !(phase(&a) == Some(BackupPhase::Running) && phase(&b) == Some(BackupPhase::Running)),
+            "two dumps of one server ran at once: {:?} {:?}",
+            BackupView(a),
+            BackupView(b)
+        );
+        saw_waiting |= [&a, &b]
+            .iter()
+            .any(|x| has(x, Want::new("Progressing", "True", Some("WaitingForSlot"))));
+        if [&a, &b]
+            .iter()
+            .all(|x| phase(x) == Some(BackupPhase::Completed))
+        {
+            verify_artifact(&s, &a);
+            verify_artifact(&s, &b);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "both Backups did not complete within {READY:?}: {:?} {:?}\n{}",
+            BackupView(a),
+            BackupView(b),
+            s.log("backup-controller", 6000)
+        );
+        tokio::time::sleep(dbops_e2e::wait::POLL_INTERVAL).await;
+    }
+    assert!(
+        saw_waiting,
+        "neither Backup was seen waiting for the server's slot"
+    );
+}
