@@ -1,31 +1,44 @@
-//! dbops backup-controller: reconciles `Backup` objects (dbops.dev/v1alpha1).
+//! dbops backup-controller: turns each `Backup` (dbops.dev/v1alpha1) into one logical
+//! dump (`pg_dump --format=custom`) of its Database in the backup store named by
+//! `--backup-store`, with a manifest and a SHA-256 checksum beside it; retries transient
+//! failures up to `spec.maxRetries`; and on deletion removes the artifact when
+//! `spec.deletionPolicy` is Delete. See `reconcile` for the steps.
 //!
-//! For now the reconcile does only honest minimal work: it logs at debug
-//! "observed Backup <namespace>/<name> generation <g>" and requeues after
-//! `--resync-interval`. It makes NO writes, to the API, to PostgreSQL or to the backup
-//! store; the real logic comes in later issues. `--backup-store` and
-//! `--max-concurrent-backups` are parsed, validated and logged, not used yet. It will
-//! later also watch Databases (`spec.databaseRef` index) and run scheduled backups; not yet.
+//! Watches: Backups; Databases, mapped to the Backups waiting for them through an index
+//! on `spec.databaseRef`. At most `--max-concurrent-backups` dumps run at once, and one
+//! per PostgreSQL server.
 //!
 //! Startup: telemetry, a Kubernetes client (KUBECONFIG or in-cluster), a check that the
 //! CRD backups.dbops.dev is served (exit 1 with "CRD backups.dbops.dev is not installed"
-//! otherwise), the health and metrics server, then the controller until SIGTERM/SIGINT,
-//! after which the process exits 0 once in-flight reconciles have finished.
+//! otherwise), the health and metrics server, then the controller until SIGTERM/SIGINT.
+//! A dump still running after the shutdown grace period is abandoned (pg_dump is
+//! killed); the next process finds its Backup Running and starts it over.
 
 mod backup_store;
+mod dump;
+mod error;
+mod reconcile;
+mod status;
 
-use std::{process::ExitCode, sync::Arc};
+use std::path::PathBuf;
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
-use dbops_api::Backup;
+use dbops_api::{Backup, Database};
 use dbops_shared::{
+    backoff::Backoff,
     cli::CommonArgs,
-    controller::{self, Context},
+    controller::{self, Configure, Context},
+    postgres::Servers,
     telemetry,
 };
-use kube::{ResourceExt, runtime::controller::Action};
+use kube::Api;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
 
 use crate::backup_store::BackupStore;
+use crate::reconcile::{Attempts, DatabaseIndex, Slots, State};
 
 /// The controller name: metrics label, Lease `dbops-backup-controller`, Event reporter.
 const CONTROLLER: &str = "backup-controller";
@@ -52,17 +65,10 @@ struct Args {
     #[arg(long, env = "DBOPS_MAX_CONCURRENT_BACKUPS", default_value_t = 2,
           value_parser = clap::value_parser!(u16).range(1..))]
     max_concurrent_backups: u16,
-}
 
-/// This controller's own settings, handed to every reconcile.
-#[derive(Debug)]
-#[expect(
-    dead_code,
-    reason = "read by the backup logic of the next issues; only logged for now"
-)]
-struct State {
-    backup_store: BackupStore,
-    max_concurrent_backups: u16,
+    /// The pg_dump program (a path, or a name looked up in PATH).
+    #[arg(long, env = "DBOPS_PG_DUMP", default_value = "pg_dump")]
+    pg_dump: PathBuf,
 }
 
 #[tokio::main]
@@ -78,18 +84,35 @@ async fn main() -> ExitCode {
     tracing::info!(
         backup_store = %args.backup_store,
         max_concurrent_backups = args.max_concurrent_backups,
+        pg_dump = %args.pg_dump.display(),
         "backup settings"
     );
-    let state = State {
-        backup_store: args.backup_store,
-        max_concurrent_backups: args.max_concurrent_backups,
+    let backoff = Backoff {
+        base: args.common.backoff_base,
+        max: args.common.backoff_max,
     };
+    let store = args.backup_store.clone();
+    let pg_dump = args.pg_dump.clone();
+    let max_concurrent = usize::from(args.max_concurrent_backups);
+    let state = move |client: kube::Client, reporter| State {
+        store,
+        pg_dump,
+        servers: Servers::new(2, 5, Duration::from_secs(30)),
+        slots: Slots::new(max_concurrent),
+        backoff,
+        recorder: Recorder::new(client, reporter),
+        databases: DatabaseIndex::default(),
+        attempts: Attempts::default(),
+    };
+    let namespace = args.common.watch_namespace.clone();
+    let configure: Configure<Backup, State> =
+        Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref()));
     match controller::run::<Backup, _, _, _, _>(
         CONTROLLER,
         &args.common,
-        move |_, _| state,
-        controller::no_extra_watches(),
-        reconcile,
+        state,
+        configure,
+        reconcile::reconcile,
     )
     .await
     {
@@ -101,63 +124,51 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Observes the object and does nothing else yet.
-async fn reconcile(
-    obj: Arc<Backup>,
-    ctx: Arc<Context<State>>,
-) -> Result<Action, std::convert::Infallible> {
-    tracing::debug!(
-        "observed Backup {}/{} generation {}",
-        obj.namespace().unwrap_or_default(),
-        obj.name_any(),
-        obj.metadata.generation.unwrap_or_default()
-    );
-    Ok(Action::requeue(ctx.resync_interval))
+/// Databases, mapped to the unfinished Backups that refer to them.
+fn watches(
+    c: kube::runtime::Controller<Backup>,
+    ctx: &Arc<Context<State>>,
+    namespace: Option<&str>,
+) -> kube::runtime::Controller<Backup> {
+    let databases: Api<Database> = match namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
+    let index = ctx.clone();
+    c.watches(
+        databases,
+        watcher::Config::default(),
+        move |db: Database| {
+            let ns = db.metadata.namespace.clone().unwrap_or_default();
+            let name = db.metadata.name.clone().unwrap_or_default();
+            index
+                .state
+                .databases
+                .backups_of(&ns, &name)
+                .into_iter()
+                .map(move |backup| ObjectRef::new(&backup).within(&ns))
+        },
+    )
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
-    use dbops_shared::{health::HealthState, metrics::Metrics};
-    use http::{Request, Response};
-    use kube::{Client, client::Body};
-
     use super::*;
 
-    /// Unit test with a mocked API (tower-test), not an integration test: the reconcile,
-    /// run through the shared wrapper, requeues after the resync interval and sends nothing
-    /// to the API server.
-    #[tokio::test]
-    async fn reconcile_observes_and_makes_no_api_call() {
-        let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    #[test]
+    fn the_flags_have_their_documented_defaults() {
         let args = Args::try_parse_from(["dbops-backup-controller"]).unwrap();
-        let ctx: Arc<Context<State>> = Arc::new(Context::new(
-            CONTROLLER,
-            Client::new(service, "default"),
-            &args.common,
-            HealthState::new(false),
-            Arc::new(Metrics::new(CONTROLLER)),
-            State {
-                backup_store: args.backup_store,
-                max_concurrent_backups: args.max_concurrent_backups,
-            },
-        ));
-        let obj: Backup = serde_json::from_value(serde_json::json!({
-            "apiVersion": "dbops.dev/v1alpha1", "kind": "Backup",
-            "metadata": {"name": "orders-manual-1", "namespace": "default", "uid": "uid-1", "generation": 1},
-            "spec": {"databaseRef": {"name": "orders"}}
-        }))
-        .unwrap();
-
-        let work = reconcile(Arc::new(obj.clone()), ctx.clone());
-        let action = controller::instrumented_reconcile(Arc::new(obj), ctx.clone(), work)
-            .await
-            .unwrap();
-        assert_eq!(action, Action::requeue(args.common.resync_interval));
-
-        drop(ctx);
-        let next = tokio::time::timeout(Duration::from_secs(5), api.next_request()).await;
-        assert!(matches!(next, Ok(None)), "reconcile called the API");
+        assert_eq!(
+            args.backup_store,
+            BackupStore::File {
+                root: "/var/lib/dbops/backups".into()
+            }
+        );
+        assert_eq!(args.max_concurrent_backups, 2);
+        assert_eq!(args.pg_dump, PathBuf::from("pg_dump"));
+        assert!(
+            Args::try_parse_from(["dbops-backup-controller", "--max-concurrent-backups=0"])
+                .is_err()
+        );
     }
 }

@@ -33,7 +33,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 
-use crate::reconcile::{AdminSecretIndex, FINAL_SNAPSHOT_LABEL, State, Verified};
+use crate::reconcile::{AdminSecretIndex, FINAL_SNAPSHOT_LABEL, State, Verified, Written};
 
 /// The controller name: metrics label, Lease `dbops-database-controller`, Event reporter.
 const CONTROLLER: &str = "database-controller";
@@ -85,6 +85,9 @@ async fn main() -> ExitCode {
         admin_secrets: AdminSecretIndex::default(),
         migrations: std::sync::OnceLock::new(),
         verified: Verified::default(),
+        written: Written::default(),
+        databases: std::sync::OnceLock::new(),
+        last_prune: std::sync::Mutex::new(None),
     };
     match controller::run::<Database, _, _, _, _>(
         CONTROLLER,
@@ -120,6 +123,7 @@ fn watches(
     }
     let client = ctx.client.clone();
     let index = ctx.clone();
+    let _ = ctx.state.databases.set(c.store());
 
     // Every Migration in a store, so a reconcile asks "is one running?" without a list.
     let (reader, writer) = reflector::store();

@@ -13,7 +13,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dbops_api::{Backup, Database, DatabaseDeletionPolicy, Migration, MigrationPhase};
+use dbops_api::{
+    Backup, Database, DatabaseDeletionPolicy, DatabaseStatus, Migration, MigrationPhase,
+};
 use dbops_shared::controller::Context;
 use dbops_shared::postgres::{Credentials, PgError, ServerKey, Servers, Session};
 use k8s_openapi::api::core::v1::Secret;
@@ -41,6 +43,76 @@ pub struct State {
     pub migrations: std::sync::OnceLock<Store<Migration>>,
     /// When each Database's PostgreSQL state was last verified, and at which generation.
     pub verified: Verified,
+    /// The status last written for each Database.
+    pub written: Written,
+    /// The controller's own cache of Databases (set up with the watches), to forget
+    /// what is remembered about Databases that are gone.
+    pub databases: std::sync::OnceLock<Store<Database>>,
+    pub last_prune: Mutex<Option<Instant>>,
+}
+
+impl State {
+    /// Drops index and memo entries of Databases no longer in the cache, at most once per
+    /// `every`: memory stays bounded by the Databases that exist.
+    pub fn prune(&self, every: Duration) {
+        let Some(store) = self.databases.get() else {
+            return;
+        };
+        {
+            let mut last = self.last_prune.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|at| at.elapsed() < every) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let live: HashSet<String> = store
+            .state()
+            .iter()
+            .filter_map(|d| d.metadata.uid.clone())
+            .collect();
+        let keys: HashSet<(String, String)> = store
+            .state()
+            .iter()
+            .map(|d| (d.namespace().unwrap_or_default(), d.name_any()))
+            .collect();
+        self.verified
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|uid, _| live.contains(uid));
+        self.written
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|uid, _| live.contains(uid));
+        self.admin_secrets
+            .retain(|ns, db| keys.contains(&(ns.to_string(), db.to_string())));
+    }
+}
+
+/// The status this controller last wrote for each Database (by uid). A reconcile that
+/// runs on a cached object older than its own last status write (the watch has not
+/// caught up yet) would otherwise write the same status, and send the same Event, twice.
+#[derive(Default)]
+pub struct Written {
+    inner: Mutex<HashMap<String, DatabaseStatus>>,
+}
+
+impl Written {
+    pub fn is_current(&self, db: &Database, status: &DatabaseStatus) -> bool {
+        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&db.uid().unwrap_or_default()) == Some(status)
+    }
+
+    pub fn record(&self, db: &Database, status: &DatabaseStatus) {
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        map.insert(db.uid().unwrap_or_default(), status.clone());
+    }
+
+    fn forget(&self, uid: &str) {
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        map.remove(uid);
+    }
 }
 
 /// The last full check of each Database against PostgreSQL. A reconcile soon after one
@@ -120,6 +192,21 @@ impl AdminSecretIndex {
         }
     }
 
+    /// Keeps only the Databases for which `keep(namespace, name)` holds.
+    pub fn retain(&self, keep: impl Fn(&str, &str) -> bool) {
+        let gone: Vec<(String, String)> = {
+            let maps = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            maps.by_database
+                .keys()
+                .filter(|(ns, db)| !keep(ns, db))
+                .cloned()
+                .collect()
+        };
+        for (ns, db) in gone {
+            self.forget(&ns, &db);
+        }
+    }
+
     pub fn databases_using(&self, namespace: &str, secret: &str) -> Vec<String> {
         let maps = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         maps.by_secret
@@ -140,6 +227,7 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Ac
     let namespace = db.namespace().unwrap_or_default();
     let name = db.name_any();
     let api: Api<Database> = Api::namespaced(ctx.client.clone(), &namespace);
+    ctx.state.prune(ctx.resync_interval);
     ctx.state
         .admin_secrets
         .record(&namespace, &name, &db.spec.server.admin_secret_ref.name);
@@ -469,6 +557,7 @@ async fn cleanup(
     match outcome {
         Ok(()) => {
             remove_finalizer(db, api).await?;
+            ctx.state.written.forget(&db.uid().unwrap_or_default());
             ctx.state
                 .admin_secrets
                 .forget(&db.namespace().unwrap_or_default(), &db.name_any());
@@ -580,5 +669,59 @@ impl Error {
                 message: other.to_string(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_admin_secret_index_follows_each_database_to_its_current_secret() {
+        let index = AdminSecretIndex::default();
+        index.record("shop", "orders", "pg-admin");
+        index.record("shop", "users", "pg-admin");
+        index.record("other", "orders", "pg-admin");
+        let mut using = index.databases_using("shop", "pg-admin");
+        using.sort();
+        assert_eq!(using, ["orders", "users"]);
+
+        // orders moves to another Secret: only the new one maps to it.
+        index.record("shop", "orders", "pg-new");
+        assert_eq!(index.databases_using("shop", "pg-admin"), ["users"]);
+        assert_eq!(index.databases_using("shop", "pg-new"), ["orders"]);
+
+        index.forget("shop", "users");
+        assert!(index.databases_using("shop", "pg-admin").is_empty());
+
+        index.retain(|ns, _| ns == "shop");
+        assert!(index.databases_using("other", "pg-admin").is_empty());
+        assert_eq!(index.databases_using("shop", "pg-new"), ["orders"]);
+    }
+
+    #[test]
+    fn a_verification_is_recent_only_for_its_generation_and_window() {
+        let verified = Verified::default();
+        let p = Provisioned {
+            provider_id: "h:5432/1".into(),
+            server_version: "15".into(),
+        };
+        verified.record("uid-1", 1, &p);
+        assert_eq!(
+            verified.recent("uid-1", 1, Duration::from_secs(60)),
+            Some(p.clone())
+        );
+        assert_eq!(
+            verified.recent("uid-1", 2, Duration::from_secs(60)),
+            None,
+            "a new generation needs a full check"
+        );
+        assert_eq!(
+            verified.recent("uid-1", 1, Duration::ZERO),
+            None,
+            "outside the window"
+        );
+        verified.forget("uid-1");
+        assert_eq!(verified.recent("uid-1", 1, Duration::from_secs(60)), None);
     }
 }

@@ -54,15 +54,12 @@ pub async fn observe(s: &Session, role: &str, database: &str) -> Result<Observed
         role: role_exists.map(|_| RoleInfo {
             comment: row.get(2),
         }),
-        database: match oid {
-            Some(oid) => Some(DatabaseInfo {
-                oid,
-                owner: row.get(4),
-                connection_limit: row.get(5),
-                comment: row.get(6),
-            }),
-            None => None,
-        },
+        database: oid.map(|oid| DatabaseInfo {
+            oid,
+            owner: row.get(4),
+            connection_limit: row.get(5),
+            comment: row.get(6),
+        }),
     })
 }
 

@@ -227,7 +227,7 @@ async fn write(
     old: &DatabaseStatus,
     new: DatabaseStatus,
 ) -> Result<()> {
-    if &new == old {
+    if &new == old || ctx.state.written.is_current(db, &new) {
         return Ok(());
     }
     api.patch_status(
@@ -236,6 +236,7 @@ async fn write(
         &Patch::Merge(json!({ "status": new })),
     )
     .await?;
+    ctx.state.written.record(db, &new);
     let before =
         get(&old.conditions, condition::READY).map(|c| (c.status.clone(), c.reason.clone()));
     if let Some(after) = get(&new.conditions, condition::READY)

@@ -78,34 +78,123 @@ async fn databases(args: DatabasesArgs) -> Result<()> {
         args.count
     );
 
-    // Baseline: the same SQL and Secrets from one process.
-    let pg_base = PgServer::start("baseline").await?;
-    let ns_base = namespace(&client, "bench-baseline").await?;
-    let w0 = api_writes(&client).await?;
-    let t0 = Instant::now();
-    baseline(&client, &ns_base, &pg_base, &args).await?;
-    let base_secs = t0.elapsed().as_secs_f64();
-    let base_writes = api_writes(&client).await? - w0;
+    // Baseline and controller alternate (B C C B) so that drift in the machine's load
+    // weighs on both alike; each run has its own PostgreSQL server and namespace.
+    let b1 = run_baseline(&client, &args, 1).await?;
+    let c1 = run_controller(&cp, &client, &args, 1, tmp.path(), false).await?;
+    let c2 = run_controller(&cp, &client, &args, 2, tmp.path(), true).await?;
+    let b2 = run_baseline(&client, &args, 2).await?;
 
-    // The controller.
-    let pg = PgServer::start("controller").await?;
-    let ns = namespace(&client, "bench-controller").await?;
-    admin_secret(&client, &ns, &pg).await?;
+    let n = args.count as f64;
+    let base = (b1.secs + b2.secs) / 2.0;
+    let ctl = (c1.secs + c2.secs) / 2.0;
+    println!("| | baseline (one process, direct) | database-controller | ratio |");
+    println!("|---|---|---|---|");
+    println!(
+        "| time until all {} exist / are Ready (runs B C C B) | {:.1} s, {:.1} s | {:.1} s, {:.1} s | {:.2}x |",
+        args.count,
+        b1.secs,
+        b2.secs,
+        c1.secs,
+        c2.secs,
+        ctl / base
+    );
+    println!(
+        "| API writes per Database (apiserver /metrics: databases, secrets, events; the N creates excluded) | {:.2} | {:.2} | |",
+        (b1.writes + b2.writes) / (2.0 * n),
+        (c1.writes + c2.writes) / (2.0 * n)
+    );
+    println!(
+        "| the controller's writes by kind (audit log, run 2) | | {} | |",
+        c2.breakdown
+    );
+    println!(
+        "| API writes while idle over 2 resyncs ({}) | | {:.0} | |",
+        args.resync, c2.idle_writes
+    );
+    println!("| DDL statements while idle | | {} | |", c2.idle_ddl);
+    println!(
+        "| controller CPU seconds to Ready (run 1, run 2) | | {:.1}, {:.1} | |",
+        c1.cpu, c2.cpu
+    );
+    println!(
+        "| controller peak RSS (run 1, run 2) | | {:.1} MiB, {:.1} MiB | |",
+        c1.rss_kib as f64 / 1024.0,
+        c2.rss_kib as f64 / 1024.0
+    );
+    println!(
+        "\nsettings: {} SQL sessions each, controller --concurrency={} --api-rate-limit={} --resync-interval={}; {} cores",
+        args.sessions,
+        args.concurrency,
+        args.api_rate_limit,
+        args.resync,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+    Ok(())
+}
+
+struct BaselineRun {
+    secs: f64,
+    writes: f64,
+}
+
+async fn run_baseline(
+    client: &kube::Client,
+    args: &DatabasesArgs,
+    round: u32,
+) -> Result<BaselineRun> {
+    let pg = PgServer::start(&format!("baseline{round}")).await?;
+    let ns = namespace(client, &format!("bench-baseline-{round}")).await?;
+    let w0 = api_writes(client).await?;
+    let t0 = Instant::now();
+    baseline(client, &ns, &pg, args).await?;
+    Ok(BaselineRun {
+        secs: t0.elapsed().as_secs_f64(),
+        writes: api_writes(client).await? - w0,
+    })
+}
+
+struct ControllerRun {
+    secs: f64,
+    writes: f64,
+    cpu: f64,
+    rss_kib: u64,
+    breakdown: String,
+    idle_writes: f64,
+    idle_ddl: usize,
+}
+
+async fn run_controller(
+    cp: &ControlPlane,
+    client: &kube::Client,
+    args: &DatabasesArgs,
+    round: u32,
+    dir: &std::path::Path,
+    observe_idle: bool,
+) -> Result<ControllerRun> {
+    let pg = PgServer::start(&format!("controller{round}")).await?;
+    let ns = namespace(client, &format!("bench-controller-{round}")).await?;
+    admin_secret(client, &ns, &pg).await?;
     let kubeconfig = cp.kubeconfig_for("dbops-database-controller", &["system:masters"])?;
     let extra = vec![
+        format!("--watch-namespace={ns}"),
         format!("--concurrency={}", args.concurrency),
         format!("--max-sessions-per-server={}", args.sessions),
         format!("--api-rate-limit={}", args.api_rate_limit),
         format!("--resync-interval={}", args.resync),
         "--log-filter=warn".to_string(),
     ];
+    let log_dir = dir.join(format!("controller-{round}"));
+    std::fs::create_dir_all(&log_dir)?;
     let controller =
-        ControllerProcess::start("database-controller", &kubeconfig, tmp.path(), &extra)?;
+        ControllerProcess::start("database-controller", &kubeconfig, &log_dir, &extra)?;
     let pid = controller.process.pid();
     let (cpu0, _) = proc_usage(pid)?;
 
     let dbs: Api<Database> = Api::namespaced(client.clone(), &ns);
-    let w0 = api_writes(&client).await?;
+    let w0 = api_writes(client).await?;
     let t0 = Instant::now();
     let all_ready = wait_all_ready(dbs.clone(), args.count);
     let create = stream::iter(0..args.count)
@@ -128,55 +217,44 @@ async fn databases(args: DatabasesArgs) -> Result<()> {
     let (created, ready) = tokio::join!(create, all_ready);
     created?;
     ready?;
-    let ctl_secs = t0.elapsed().as_secs_f64();
-    let ctl_writes = api_writes(&client).await? - w0 - args.count as f64;
+    let secs = t0.elapsed().as_secs_f64();
+    let writes = api_writes(client).await? - w0 - args.count as f64;
+    let (cpu1, rss_kib) = proc_usage(pid)?;
 
-    let resync = parse_secs(&args.resync)?;
-    let ddl0 = pg.ddl_statements()?.len();
-    let w_idle0 = api_writes(&client).await?;
-    tokio::time::sleep(Duration::from_secs_f64(resync * 2.0 + 2.0)).await;
-    let idle_writes = api_writes(&client).await? - w_idle0;
-    let idle_ddl = pg.ddl_statements()?.len() - ddl0;
-    let (cpu1, peak_rss_kib) = proc_usage(pid)?;
+    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
+    for w in cp.audit_writes("dbops-database-controller", Some(&ns))? {
+        let kind = if w.subresource.is_empty() {
+            format!("{} {}", w.verb, w.resource)
+        } else {
+            format!("{} {}/{}", w.verb, w.resource, w.subresource)
+        };
+        *by_kind.entry(kind).or_default() += 1;
+    }
+    let breakdown = by_kind
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect::<Vec<_>>()
+        .join(", ");
 
-    let n = args.count as f64;
-    println!("| | baseline (one process, direct) | database-controller | ratio |");
-    println!("|---|---|---|---|");
-    println!(
-        "| time until all {} exist / are Ready | {base_secs:.1} s | {ctl_secs:.1} s | {:.2}x |",
-        args.count,
-        ctl_secs / base_secs
-    );
-    println!(
-        "| API writes per Database (databases, secrets, events; the N creates excluded) | {:.2} | {:.2} | |",
-        base_writes / n,
-        ctl_writes / n
-    );
-    println!(
-        "| API writes while idle over 2 resyncs ({}) | | {idle_writes:.0} | |",
-        args.resync
-    );
-    println!("| DDL statements while idle | | {idle_ddl} | |");
-    println!(
-        "| controller CPU seconds (to Ready + idle) | | {:.1} | |",
-        cpu1 - cpu0
-    );
-    println!(
-        "| controller peak RSS | | {:.1} MiB | |",
-        peak_rss_kib as f64 / 1024.0
-    );
-    println!(
-        "\nsettings: {} SQL sessions each, controller --concurrency={} --api-rate-limit={} --resync-interval={}; {} cores",
-        args.sessions,
-        args.concurrency,
-        args.api_rate_limit,
-        args.resync,
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0)
-    );
+    let (mut idle_writes, mut idle_ddl) = (0.0, 0);
+    if observe_idle {
+        let resync = parse_secs(&args.resync)?;
+        let ddl0 = pg.ddl_statements()?.len();
+        let w_idle0 = api_writes(client).await?;
+        tokio::time::sleep(Duration::from_secs_f64(resync * 2.0 + 2.0)).await;
+        idle_writes = api_writes(client).await? - w_idle0;
+        idle_ddl = pg.ddl_statements()?.len() - ddl0;
+    }
     drop(controller);
-    Ok(())
+    Ok(ControllerRun {
+        secs,
+        writes,
+        cpu: cpu1 - cpu0,
+        rss_kib,
+        breakdown,
+        idle_writes,
+        idle_ddl,
+    })
 }
 
 async fn namespace(client: &kube::Client, name: &str) -> Result<String> {

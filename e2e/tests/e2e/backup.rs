@@ -821,3 +821,55 @@ async fn one_dump_per_server_at_a_time() {
         "neither Backup was seen waiting for the server's slot"
     );
 }
+
+/// Refused credentials are permanent: the Backup fails at once (one attempt, no retry)
+/// with AuthenticationFailed, and neither password reaches the log or the status.
+#[tokio::test]
+async fn refused_credentials_fail_the_backup_at_once() {
+    let mut s = Setup::new("bk-auth").await;
+    s.create_database("app", "Delete").await;
+    // The database-controller stops, so the Database stays Ready; then the admin Secret
+    // gets a wrong password.
+    if let Some(mut c) = s.database_controller.take() {
+        c.process.stop().unwrap();
+    }
+    let wrong = "not-the-password-4f1c9b";
+    let secrets: Api<Secret> = Api::namespaced(s.b.client.clone(), s.ns());
+    secrets
+        .patch(
+            ADMIN_SECRET,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"stringData": {"password": wrong}})),
+        )
+        .await
+        .unwrap();
+    s.create_backup("app-1", "app", json!({"maxRetries": 5}))
+        .await;
+    let failed = s
+        .wait_backup("app-1", "Failed", READY, |b| {
+            phase(b) == Some(BackupPhase::Failed)
+        })
+        .await;
+    assert!(
+        has(
+            &failed,
+            Want::new("Failed", "True", Some("AuthenticationFailed"))
+        ),
+        "{:?}",
+        BackupView(failed.clone())
+    );
+    assert_eq!(attempts(&failed), 1, "a permanent failure is not retried");
+    assert!(s.store_files().is_empty(), "{:?}", s.store_files());
+    let raw = std::fs::read_to_string(s.logs.path().join("backup-controller.log")).unwrap();
+    let status = serde_json::to_string(&failed.status).unwrap();
+    for secret in [wrong, s.pg.superuser_password()] {
+        assert!(
+            !raw.contains(secret),
+            "a password is in the backup-controller's log"
+        );
+        assert!(
+            !status.contains(secret),
+            "a password is in the Backup's status"
+        );
+    }
+}

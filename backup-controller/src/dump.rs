@@ -1,0 +1,259 @@
+//! Running `pg_dump --format=custom` and streaming its output into the backup store,
+//! computing the SHA-256 and the size on the way.
+//!
+//! The password reaches pg_dump through `PGPASSWORD` in its environment only: never on
+//! its command line (visible in `ps`), never in a log line. pg_dump is killed when the
+//! attempt is dropped (a shutdown); when this process dies, it loses its stdout reader
+//! and stops on the broken pipe.
+
+use std::future::Future;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use dbops_api::ServerSpec;
+use dbops_shared::postgres::Credentials;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+use crate::backup_store::{ArtifactWriter, StoreError};
+
+/// How much of pg_dump's stderr is kept for the error message.
+const STDERR_KEPT: usize = 4096;
+/// Read size from pg_dump's stdout.
+const CHUNK: usize = 256 * 1024;
+
+/// Why a dump failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DumpError {
+    #[error("could not run {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading pg_dump's output: {0}")]
+    Read(#[source] std::io::Error),
+    #[error("pg_dump failed ({status}): {stderr}")]
+    Failed { status: ExitStatus, stderr: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl DumpError {
+    /// The CamelCase condition reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            DumpError::Failed { stderr, .. } if is_auth_failure(stderr) => "AuthenticationFailed",
+            DumpError::Failed { stderr, .. } if is_connection_failure(stderr) => {
+                "ServerUnreachable"
+            }
+            DumpError::Store(_) => "StoreUnavailable",
+            _ => "DumpFailed",
+        }
+    }
+
+    /// Whether retrying cannot help (wrong credentials).
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, DumpError::Failed { stderr, .. } if is_auth_failure(stderr))
+    }
+}
+
+fn is_auth_failure(stderr: &str) -> bool {
+    stderr.contains("password authentication failed")
+        || stderr.contains("no password supplied")
+        || stderr.contains("role") && stderr.contains("does not exist") && stderr.contains("FATAL")
+}
+
+fn is_connection_failure(stderr: &str) -> bool {
+    [
+        "could not connect",
+        "Connection refused",
+        "could not translate host name",
+        "server closed the connection",
+        "timeout expired",
+        "the database system is shutting down",
+        "the database system is starting up",
+        "terminating connection",
+    ]
+    .iter()
+    .any(|s| stderr.contains(s))
+}
+
+/// Whom pg_dump connects to, as whom, and which database it dumps.
+pub struct Source<'a> {
+    pub server: &'a ServerSpec,
+    pub credentials: &'a Credentials,
+    pub database: &'a str,
+}
+
+/// What a complete dump produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dumped {
+    pub size_bytes: u64,
+    /// SHA-256, lower-case hex.
+    pub sha256: String,
+}
+
+/// `pg_dump --version`, for example `pg_dump (PostgreSQL) 15.14 (Debian 15.14-0+deb12u1)`.
+pub async fn pg_dump_version(pg_dump: &Path) -> Result<String, DumpError> {
+    let out = Command::new(pg_dump)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|source| DumpError::Spawn {
+            program: pg_dump.display().to_string(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(DumpError::Failed {
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Runs pg_dump against `source`, writing its output to `artifact` (not committed), and
+/// calls `progress` with the bytes written so far at most once per `progress_every`.
+pub async fn run<F, Fut>(
+    pg_dump: &Path,
+    source: &Source<'_>,
+    artifact: &mut ArtifactWriter,
+    progress_every: Duration,
+    mut progress: F,
+) -> Result<Dumped, DumpError>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut child = Command::new(pg_dump)
+        .args(["--format=custom", "--no-password"])
+        .env("PGHOST", &source.server.host)
+        .env("PGPORT", source.server.port.to_string())
+        .env("PGUSER", &source.credentials.username)
+        .env("PGPASSWORD", &source.credentials.password)
+        .env("PGDATABASE", source.database)
+        .env("PGSSLMODE", source.server.ssl_mode.as_str())
+        .env("PGCONNECT_TIMEOUT", "10")
+        .env("PGAPPNAME", "dbops-backup")
+        // Nothing from this process's environment may redirect the connection.
+        .env_remove("PGSERVICE")
+        .env_remove("PGSERVICEFILE")
+        .env_remove("PGPASSFILE")
+        .env_remove("PGOPTIONS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| DumpError::Spawn {
+            program: pg_dump.display().to_string(),
+            source,
+        })?;
+    let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(DumpError::Read(std::io::Error::other(
+            "pg_dump's output is not piped",
+        )));
+    };
+    let errors = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match stderr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    kept.extend_from_slice(&buf[..n]);
+                    if kept.len() > 2 * STDERR_KEPT {
+                        kept.drain(..kept.len() - STDERR_KEPT);
+                    }
+                }
+            }
+        }
+        let text = String::from_utf8_lossy(&kept).into_owned();
+        let start = text.len().saturating_sub(STDERR_KEPT);
+        let start = (start..text.len())
+            .find(|i| text.is_char_boundary(*i))
+            .unwrap_or(text.len());
+        text[start..].trim().to_string()
+    });
+
+    let mut hasher = Sha256::new();
+    let mut size: u64 = 0;
+    let mut buf = vec![0u8; CHUNK];
+    let mut reported = Instant::now();
+    loop {
+        let n = stdout.read(&mut buf).await.map_err(DumpError::Read)?;
+        if n == 0 {
+            break;
+        }
+        let chunk = &buf[..n];
+        hasher.update(chunk);
+        artifact.write(chunk).await?;
+        size += n as u64;
+        if reported.elapsed() >= progress_every {
+            progress(size).await;
+            reported = Instant::now();
+        }
+    }
+    let status = child.wait().await.map_err(DumpError::Read)?;
+    let stderr = errors.await.unwrap_or_default();
+    if !status.success() {
+        return Err(DumpError::Failed { status, stderr });
+    }
+    Ok(Dumped {
+        size_bytes: size,
+        sha256: hex(&hasher.finalize()),
+    })
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(stderr: &str) -> DumpError {
+        use std::os::unix::process::ExitStatusExt;
+        DumpError::Failed {
+            status: ExitStatus::from_raw(1 << 8),
+            stderr: stderr.into(),
+        }
+    }
+
+    #[test]
+    fn pg_dump_failures_are_sorted_by_what_fixes_them() {
+        let auth = failed(
+            "pg_dump: error: connection to server at \"127.0.0.1\", port 5432 failed: FATAL:  password authentication failed for user \"postgres\"",
+        );
+        assert_eq!(auth.reason(), "AuthenticationFailed");
+        assert!(auth.is_permanent());
+        let down = failed(
+            "pg_dump: error: connection to server at \"127.0.0.1\", port 1 failed: Connection refused",
+        );
+        assert_eq!(down.reason(), "ServerUnreachable");
+        assert!(!down.is_permanent());
+        let other = failed("pg_dump: error: query failed: ERROR:  permission denied");
+        assert_eq!(other.reason(), "DumpFailed");
+        assert!(!other.is_permanent());
+    }
+
+    #[test]
+    fn hex_is_lower_case_and_padded() {
+        assert_eq!(hex(&[0, 1, 0xab, 0xff]), "0001abff");
+        assert_eq!(
+            hex(&Sha256::digest(b"")),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+}

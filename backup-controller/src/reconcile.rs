@@ -1,0 +1,688 @@
+//! The Backup reconcile, as a pipeline of named steps:
+//!
+//! 1. `cleanup` when the Backup is being deleted: its artifact and manifest leave the
+//!    store when `deletionPolicy` is Delete (behind the finalizer);
+//! 2. `sync_finalizer`: present exactly when deletion has work outside the cluster;
+//! 3. nothing more for a Completed or Failed Backup;
+//! 4. `dereference`: the Database (same namespace) must exist (else Failed, at once) and
+//!    be Ready (else Pending, `WaitingForDatabase`; its watch brings us back);
+//! 5. a dump slot: one of `--max-concurrent-backups`, and the server's only one;
+//! 6. `attempt`: status Running (attempts + 1), then credentials, server version,
+//!    pg_dump into the store under a temporary name, rename, manifest;
+//! 7. the outcome: Completed; a transient failure retried after the shared backoff curve
+//!    until `maxRetries` retries are spent; a permanent one Failed at once.
+//!
+//! A Backup found Running that this process is not running was interrupted (a crash, a
+//! restart): it is attempted again, as the next attempt, into the same object key.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dbops_api::{
+    Backup, BackupDeletionPolicy, BackupPhase, BackupStatus, Database, DatabaseDeletionPolicy,
+    condition,
+};
+use dbops_shared::backoff::Backoff;
+use dbops_shared::controller::Context;
+use dbops_shared::postgres::{Credentials, PgError, ServerKey, Servers};
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::Recorder;
+use serde_json::json;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::backup_store::{BackupStore, ObjectKey};
+use crate::dump::{self, Source};
+use crate::error::{Failure, Result};
+use crate::status::{self, Completed, Outcome};
+
+pub const FINALIZER: &str = "dbops.dev/backup-artifact";
+/// How often a running dump reports `status.progressBytes`, at most.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(3);
+/// How soon a Backup waiting for a dump slot looks again.
+const SLOT_POLL: Duration = Duration::from_secs(2);
+
+/// The backup-controller's own state.
+pub struct State {
+    pub store: BackupStore,
+    pub pg_dump: PathBuf,
+    pub servers: Servers,
+    pub slots: Slots,
+    /// The shared backoff curve (`--backoff-base`, `--backoff-max`), applied to the
+    /// attempt count in the status so that it survives restarts.
+    pub backoff: Backoff,
+    pub recorder: Recorder,
+    pub databases: DatabaseIndex,
+    pub attempts: Attempts,
+}
+
+/// Dump slots: `--max-concurrent-backups` in all, and one per server.
+pub struct Slots {
+    global: Arc<Semaphore>,
+    per_server: Mutex<HashMap<ServerKey, Arc<Semaphore>>>,
+}
+
+/// The two permits a dump holds while it runs.
+pub struct Slot {
+    _global: OwnedSemaphorePermit,
+    _server: OwnedSemaphorePermit,
+}
+
+impl Slots {
+    pub fn new(max_concurrent: usize) -> Self {
+        Self {
+            global: Arc::new(Semaphore::new(max_concurrent.max(1))),
+            per_server: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Both permits, if both are free now.
+    pub fn try_acquire(&self, server: &ServerKey) -> Option<Slot> {
+        let per_server = {
+            let mut map = self.per_server.lock().unwrap_or_else(|e| e.into_inner());
+            map.entry(server.clone())
+                .or_insert_with(|| Arc::new(Semaphore::new(1)))
+                .clone()
+        };
+        let server = per_server.try_acquire_owned().ok()?;
+        let global = self.global.clone().try_acquire_owned().ok()?;
+        Some(Slot {
+            _global: global,
+            _server: server,
+        })
+    }
+}
+
+/// Which Backups refer to which Database: `(namespace, database) → Backup names`, kept
+/// for Backups that are not finished, so a Database event maps to the Backups waiting
+/// for it without a scan.
+#[derive(Default)]
+pub struct DatabaseIndex {
+    inner: Mutex<HashMap<(String, String), HashSet<String>>>,
+}
+
+impl DatabaseIndex {
+    pub fn record(&self, namespace: &str, database: &str, backup: &str) {
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry((namespace.to_string(), database.to_string()))
+            .or_default()
+            .insert(backup.to_string());
+    }
+
+    pub fn forget(&self, namespace: &str, database: &str, backup: &str) {
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (namespace.to_string(), database.to_string());
+        if let Some(set) = map.get_mut(&key) {
+            set.remove(backup);
+            if set.is_empty() {
+                map.remove(&key);
+            }
+        }
+    }
+
+    pub fn backups_of(&self, namespace: &str, database: &str) -> Vec<String> {
+        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&(namespace.to_string(), database.to_string()))
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// What this process wrote about each Backup's attempts: tells a status from the watch
+/// cache that lags behind our own write (ignored) from an attempt left Running by another
+/// process (repeated), and holds the time before which a failed attempt is not retried.
+#[derive(Default)]
+pub struct Attempts {
+    inner: Mutex<HashMap<String, Written>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Written {
+    attempt: i32,
+    phase: BackupPhase,
+    retry_at: Option<Instant>,
+}
+
+impl Attempts {
+    fn wrote(&self, uid: &str, attempt: i32, phase: BackupPhase, retry_at: Option<Instant>) {
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        map.insert(
+            uid.to_string(),
+            Written {
+                attempt,
+                phase,
+                retry_at,
+            },
+        );
+    }
+
+    /// Whether `status` is older than what this process last wrote.
+    fn is_stale(&self, uid: &str, status: &BackupStatus) -> bool {
+        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(w) = map.get(uid) else { return false };
+        let seen = status.attempts.unwrap_or(0);
+        seen < w.attempt || (seen == w.attempt && status.phase != Some(w.phase))
+    }
+
+    /// How long until the failed attempt of `uid` may be retried.
+    fn retry_in(&self, uid: &str) -> Option<Duration> {
+        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(uid)?
+            .retry_at?
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+    }
+
+    fn forget(&self, uid: &str) {
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        map.remove(uid);
+    }
+}
+
+/// The store key of a Backup: from its identity, so retries and restarts overwrite.
+pub fn object_key(backup: &Backup) -> ObjectKey {
+    ObjectKey::new(
+        &backup.namespace().unwrap_or_default(),
+        &backup.name_any(),
+        &backup.uid().unwrap_or_default(),
+    )
+}
+
+pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context<State>>) -> Result<Action> {
+    let namespace = backup.namespace().unwrap_or_default();
+    let name = backup.name_any();
+    let uid = backup.uid().unwrap_or_default();
+    let database = backup.spec.database_ref.name.clone();
+    let api: Api<Backup> = Api::namespaced(ctx.client.clone(), &namespace);
+
+    if backup.metadata.deletion_timestamp.is_some() {
+        return cleanup(&backup, &ctx, &api).await;
+    }
+    sync_finalizer(&backup, &api).await?;
+
+    let current = backup.status.clone().unwrap_or_default();
+    if matches!(
+        current.phase,
+        Some(BackupPhase::Completed | BackupPhase::Failed)
+    ) {
+        ctx.state.databases.forget(&namespace, &database, &name);
+        ctx.state.attempts.forget(&uid);
+        // A spec change (deletionPolicy, maxRetries) after the end is observed, no more.
+        status::observe_generation(&backup, &api).await?;
+        return Ok(Action::await_change());
+    }
+    ctx.state.databases.record(&namespace, &database, &name);
+    if ctx.state.attempts.is_stale(&uid, &current) {
+        // Our own last write has not reached the watch cache yet.
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    if let Some(wait) = ctx.state.attempts.retry_in(&uid) {
+        return Ok(Action::requeue(wait));
+    }
+
+    let db = match dereference(&backup, &ctx).await? {
+        Dereferenced::Ready(db) => db,
+        Dereferenced::Missing(failure) => {
+            let attempts = current.attempts.unwrap_or(0);
+            return finish(&backup, &ctx, &api, Err(failure), attempts).await;
+        }
+        Dereferenced::NotReady(message) => {
+            let waiting = Outcome::Waiting {
+                reason: "WaitingForDatabase",
+                message,
+            };
+            status::publish(&backup, &ctx, &api, &waiting).await?;
+            // The Database watch brings the Backup back when it changes.
+            return Ok(Action::requeue(ctx.resync_interval));
+        }
+    };
+
+    let done = current.attempts.unwrap_or(0);
+    let allowed = backup.spec.max_retries.max(0).saturating_add(1);
+    if current.phase == Some(BackupPhase::Running) {
+        tracing::info!(
+            attempt = done,
+            "attempt {done} was interrupted (the controller stopped); starting over"
+        );
+        if done >= allowed {
+            let failure = Failure::permanent(
+                "Interrupted",
+                format!("attempt {done} of {allowed} was interrupted and no retry is left"),
+            );
+            return finish(&backup, &ctx, &api, Err(failure), done).await;
+        }
+    }
+
+    let server = ServerKey::of(&db.spec.server);
+    let Some(slot) = ctx.state.slots.try_acquire(&server) else {
+        let waiting = Outcome::Waiting {
+            reason: "WaitingForSlot",
+            message: format!(
+                "waiting for a free dump slot (one dump per server at a time; {server} is busy or all slots are in use)"
+            ),
+        };
+        status::publish(&backup, &ctx, &api, &waiting).await?;
+        return Ok(Action::requeue(SLOT_POLL));
+    };
+
+    let attempt = done + 1;
+    let started_at = status::now();
+    let running = Outcome::Running {
+        attempt,
+        of: allowed,
+        started_at: started_at.clone(),
+        what: format!("pg_dump of database {} on {server}", db.database_name()),
+    };
+    let mut latest = (*backup).clone();
+    latest.status = Some(status::publish(&backup, &ctx, &api, &running).await?);
+    ctx.state
+        .attempts
+        .wrote(&uid, attempt, BackupPhase::Running, None);
+    let outcome = run_attempt(&latest, &db, &ctx, &api, &started_at).await;
+    let action = finish(&latest, &ctx, &api, outcome, attempt).await;
+    // Only now: the next dump on this server must not show Running beside this one.
+    drop(slot);
+    action
+}
+
+/// Publishes the end of attempt `attempt` (or of a Backup that cannot start): Completed,
+/// a retry after the backoff, or Failed. `latest` carries the status as last written.
+async fn finish(
+    latest: &Backup,
+    ctx: &Context<State>,
+    api: &Api<Backup>,
+    outcome: std::result::Result<Completed, Failure>,
+    attempt: i32,
+) -> Result<Action> {
+    let backup = latest;
+    let uid = backup.uid().unwrap_or_default();
+    let allowed = backup.spec.max_retries.max(0).saturating_add(1);
+    match outcome {
+        Ok(done) => {
+            status::publish(latest, ctx, api, &Outcome::Completed(&done)).await?;
+            ctx.state
+                .attempts
+                .wrote(&uid, attempt, BackupPhase::Completed, None);
+            Ok(Action::await_change())
+        }
+        Err(failure) if failure.permanent || attempt >= allowed => {
+            tracing::warn!(
+                reason = failure.reason,
+                "Backup failed: {}",
+                failure.message
+            );
+            discard_partial(backup, ctx).await;
+            status::publish(latest, ctx, api, &Outcome::Failed(&failure)).await?;
+            ctx.state
+                .attempts
+                .wrote(&uid, attempt, BackupPhase::Failed, None);
+            Ok(Action::await_change())
+        }
+        Err(failure) => {
+            let retry_in = ctx
+                .state
+                .backoff
+                .jittered_delay(u32::try_from(attempt - 1).unwrap_or(0));
+            tracing::info!(
+                reason = failure.reason,
+                attempt,
+                ?retry_in,
+                "attempt failed; retrying: {}",
+                failure.message
+            );
+            let retrying = Outcome::Retrying {
+                failure: &failure,
+                attempt,
+                of: allowed,
+                retry_in,
+            };
+            status::publish(latest, ctx, api, &retrying).await?;
+            ctx.state.attempts.wrote(
+                &uid,
+                attempt,
+                BackupPhase::Pending,
+                Some(Instant::now() + retry_in),
+            );
+            Ok(Action::requeue(retry_in))
+        }
+    }
+}
+
+async fn discard_partial(backup: &Backup, ctx: &Context<State>) {
+    if let Err(e) = ctx.state.store.discard_partial(&object_key(backup)).await {
+        tracing::warn!(error = %e, "could not remove a partial artifact");
+    }
+}
+
+/// What became of the Database a Backup refers to.
+enum Dereferenced {
+    Ready(Box<Database>),
+    /// It does not exist: the Backup fails at once.
+    Missing(Failure),
+    /// It exists and is not Ready: the Backup waits.
+    NotReady(String),
+}
+
+/// The Database to back up (same namespace), if it exists and is Ready.
+async fn dereference(backup: &Backup, ctx: &Context<State>) -> Result<Dereferenced> {
+    let namespace = backup.namespace().unwrap_or_default();
+    let name = &backup.spec.database_ref.name;
+    let databases: Api<Database> = Api::namespaced(ctx.client.clone(), &namespace);
+    let Some(db) = databases.get_opt(name).await? else {
+        return Ok(Dereferenced::Missing(Failure::permanent(
+            "DatabaseNotFound",
+            format!("Database {namespace}/{name} does not exist"),
+        )));
+    };
+    Ok(if can_be_dumped(&db) {
+        Dereferenced::Ready(Box::new(db))
+    } else {
+        Dereferenced::NotReady(format!(
+            "waiting for Database {namespace}/{name} to be Ready"
+        ))
+    })
+}
+
+/// Whether the Database's database exists in PostgreSQL for pg_dump: it is Ready, or it
+/// is being deleted with `deletionPolicy: Snapshot` after it was provisioned (its
+/// controller reports Ready=False/Deleting then, and keeps the database until the final
+/// Backup is Ready).
+fn can_be_dumped(db: &Database) -> bool {
+    let Some(status) = db.status.as_ref() else {
+        return false;
+    };
+    let ready = dbops_shared::conditions::is_true(&status.conditions, condition::READY);
+    let awaiting_final_snapshot = db.metadata.deletion_timestamp.is_some()
+        && db.spec.deletion_policy == DatabaseDeletionPolicy::Snapshot
+        && status.provider_id.is_some();
+    ready || awaiting_final_snapshot
+}
+
+/// One attempt: credentials, server version, the dump into the store, the manifest.
+async fn run_attempt(
+    backup: &Backup,
+    db: &Database,
+    ctx: &Context<State>,
+    api: &Api<Backup>,
+    started_at: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> std::result::Result<Completed, Failure> {
+    let state = &ctx.state;
+    let key = object_key(backup);
+    let credentials = admin_credentials(ctx, db).await?;
+    let dbname = db.database_name();
+
+    let session = state
+        .servers
+        .connect(&db.spec.server, &credentials, &dbname)
+        .await?;
+    let server_version: String = session
+        .query_one("SHOW server_version", &[])
+        .await
+        .map_err(PgError::sql("reading server_version"))?
+        .try_get(0)
+        .map_err(PgError::sql("reading server_version"))?;
+    drop(session);
+    let pg_dump_version = dump::pg_dump_version(&state.pg_dump).await?;
+
+    let mut artifact = state.store.create_artifact(&key).await?;
+    let source = Source {
+        server: &db.spec.server,
+        credentials: &credentials,
+        database: &dbname,
+    };
+    let name = backup.name_any();
+    let dumped = dump::run(
+        &state.pg_dump,
+        &source,
+        &mut artifact,
+        PROGRESS_EVERY,
+        |bytes| status::progress(api, &name, bytes),
+    )
+    .await?;
+    artifact.commit().await?;
+
+    let completed_at = status::now();
+    let manifest = json!({
+        "apiVersion": "dbops.dev/v1alpha1",
+        "kind": "BackupManifest",
+        "backup": {
+            "namespace": backup.namespace(),
+            "name": name,
+            "uid": backup.uid(),
+        },
+        "database": {
+            "name": db.name_any(),
+            "databaseName": dbname,
+            "server": ServerKey::of(&db.spec.server).to_string(),
+        },
+        "serverVersion": server_version,
+        "pgDumpVersion": pg_dump_version,
+        "format": "custom",
+        "artifact": key.artifact(),
+        "sizeBytes": dumped.size_bytes,
+        "checksum": dumped.sha256,
+        "checksumAlgorithm": "sha256",
+        "startedAt": started_at,
+        "completedAt": completed_at,
+    });
+    let body = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| Failure::transient("ManifestFailed", format!("encoding the manifest: {e}")))?;
+    state.store.put_manifest(&key, &body).await?;
+    tracing::info!(
+        size_bytes = dumped.size_bytes,
+        checksum = %dumped.sha256,
+        "backup completed"
+    );
+    Ok(Completed {
+        location: state.store.location(&key),
+        size_bytes: i64::try_from(dumped.size_bytes).unwrap_or(i64::MAX),
+        checksum: dumped.sha256,
+        server_version,
+        completed_at,
+    })
+}
+
+/// Admin credentials of the Database's server, from its admin Secret.
+async fn admin_credentials(
+    ctx: &Context<State>,
+    db: &Database,
+) -> std::result::Result<Credentials, Failure> {
+    let namespace = db.namespace().unwrap_or_default();
+    let name = &db.spec.server.admin_secret_ref.name;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let secret = secrets
+        .get_opt(name)
+        .await
+        .map_err(|e| {
+            Failure::transient("KubernetesApiError", format!("reading admin Secret: {e}"))
+        })?
+        .ok_or_else(|| {
+            Failure::transient(
+                "AdminSecretNotFound",
+                format!("admin Secret {namespace}/{name} not found"),
+            )
+        })?;
+    Credentials::from_secret(&secret).map_err(|e| {
+        Failure::transient(
+            "AdminSecretInvalid",
+            format!("admin Secret {namespace}/{name}: {e}"),
+        )
+    })
+}
+
+fn wants_finalizer(backup: &Backup) -> bool {
+    backup.spec.deletion_policy == BackupDeletionPolicy::Delete
+}
+
+fn has_finalizer(backup: &Backup) -> bool {
+    backup.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+/// Adds or removes the finalizer so that it is there exactly when deleting the Backup
+/// must remove its artifact. A merge patch with the resourceVersion: never a lost update.
+async fn sync_finalizer(backup: &Backup, api: &Api<Backup>) -> Result<()> {
+    let want = wants_finalizer(backup);
+    if want == has_finalizer(backup) {
+        return Ok(());
+    }
+    let mut finalizers: Vec<String> = backup
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    if want {
+        finalizers.push(FINALIZER.to_string());
+    }
+    patch_finalizers(backup, api, finalizers).await
+}
+
+async fn patch_finalizers(
+    backup: &Backup,
+    api: &Api<Backup>,
+    finalizers: Vec<String>,
+) -> Result<()> {
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": backup.resource_version()}});
+    match api
+        .patch(
+            &backup.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletion: the artifact and manifest go when the policy says Delete (already gone is
+/// fine), then the finalizer.
+async fn cleanup(backup: &Backup, ctx: &Context<State>, api: &Api<Backup>) -> Result<Action> {
+    let namespace = backup.namespace().unwrap_or_default();
+    ctx.state.databases.forget(
+        &namespace,
+        &backup.spec.database_ref.name,
+        &backup.name_any(),
+    );
+    ctx.state.attempts.forget(&backup.uid().unwrap_or_default());
+    if !has_finalizer(backup) {
+        return Ok(Action::await_change());
+    }
+    let key = object_key(backup);
+    if wants_finalizer(backup) {
+        ctx.state.store.delete(&key).await?;
+        status::publish_event(
+            ctx,
+            backup,
+            true,
+            "ArtifactDeleted",
+            &format!(
+                "removed {} and its manifest",
+                ctx.state.store.location(&key)
+            ),
+        )
+        .await;
+    }
+    let finalizers = backup
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    patch_finalizers(backup, api, finalizers).await?;
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(attempts: i32, phase: BackupPhase) -> BackupStatus {
+        BackupStatus {
+            attempts: Some(attempts),
+            phase: Some(phase),
+            ..BackupStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_lagging_cache_is_told_from_an_interrupted_attempt() {
+        let attempts = Attempts::default();
+        // Another process's attempt left Running: not ours, so not stale.
+        assert!(!attempts.is_stale("u", &status(1, BackupPhase::Running)));
+        attempts.wrote("u", 2, BackupPhase::Completed, None);
+        assert!(attempts.is_stale("u", &status(2, BackupPhase::Running)));
+        assert!(attempts.is_stale("u", &status(1, BackupPhase::Pending)));
+        assert!(!attempts.is_stale("u", &status(2, BackupPhase::Completed)));
+    }
+
+    #[test]
+    fn one_dump_per_server_and_a_global_limit() {
+        let slots = Slots::new(2);
+        let a = ServerKey {
+            host: "a".into(),
+            port: 5432,
+        };
+        let b = ServerKey {
+            host: "b".into(),
+            port: 5432,
+        };
+        let c = ServerKey {
+            host: "c".into(),
+            port: 5432,
+        };
+        let first = slots.try_acquire(&a).unwrap();
+        assert!(slots.try_acquire(&a).is_none(), "one dump per server");
+        let _second = slots.try_acquire(&b).unwrap();
+        assert!(slots.try_acquire(&c).is_none(), "two in all");
+        drop(first);
+        assert!(slots.try_acquire(&c).is_some());
+    }
+
+    fn database(policy: &str, deleting: bool, ready: &str, provisioned: bool) -> Database {
+        let mut db: Database = serde_json::from_value(json!({
+            "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
+            "metadata": {"name": "orders", "namespace": "ns"},
+            "spec": {"server": {"host": "h", "adminSecretRef": {"name": "a"}}, "deletionPolicy": policy},
+            "status": {"conditions": [{"type": "Ready", "status": ready, "reason": "X",
+                "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+        }))
+        .unwrap();
+        if deleting {
+            db.metadata.deletion_timestamp = Some(status::now());
+        }
+        if provisioned && let Some(s) = db.status.as_mut() {
+            s.provider_id = Some("h:5432/1".into());
+        }
+        db
+    }
+
+    #[test]
+    fn a_ready_database_or_one_awaiting_its_final_snapshot_can_be_dumped() {
+        assert!(can_be_dumped(&database("Retain", false, "True", true)));
+        assert!(!can_be_dumped(&database("Retain", false, "False", true)));
+        assert!(can_be_dumped(&database("Snapshot", true, "False", true)));
+        assert!(!can_be_dumped(&database("Snapshot", true, "False", false)));
+        assert!(!can_be_dumped(&database("Delete", true, "False", true)));
+    }
+
+    #[test]
+    fn the_index_maps_a_database_to_its_unfinished_backups() {
+        let index = DatabaseIndex::default();
+        index.record("ns", "orders", "b1");
+        index.record("ns", "orders", "b2");
+        index.record("other", "orders", "b3");
+        let mut of = index.backups_of("ns", "orders");
+        of.sort();
+        assert_eq!(of, ["b1", "b2"]);
+        index.forget("ns", "orders", "b1");
+        index.forget("ns", "orders", "b2");
+        assert!(index.backups_of("ns", "orders").is_empty());
+    }
+}
