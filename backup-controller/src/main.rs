@@ -111,6 +111,7 @@ async fn main() -> ExitCode {
         CONTROLLER,
         &args.common,
         state,
+        controller::Trigger::AnyChange,
         configure,
         reconcile::reconcile,
     )

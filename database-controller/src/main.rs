@@ -93,6 +93,9 @@ async fn main() -> ExitCode {
         CONTROLLER,
         &args.common,
         state,
+        // Status writes are the controller's own; Secrets, admin Secrets, Migrations and
+        // final Backups have watches of their own, and the resync requeues.
+        controller::Trigger::GenerationChange,
         configure,
         reconcile::reconcile,
     )

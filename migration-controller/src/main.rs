@@ -49,6 +49,7 @@ async fn main() -> ExitCode {
         CONTROLLER,
         &args.common,
         move |_, _| (),
+        controller::Trigger::AnyChange,
         controller::no_extra_watches(),
         reconcile,
     )

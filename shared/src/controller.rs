@@ -25,10 +25,12 @@ use kube::{
     Api, Client, Resource,
     api::ListParams,
     runtime::{
+        WatchStreamExt,
         controller::{self, Action, Controller},
         events::Reporter,
-        reflector::ObjectRef,
-        watcher,
+        predicates,
+        reflector::{self, ObjectRef, reflector},
+        watcher::{self, watcher},
     },
 };
 use serde::de::DeserializeOwned;
@@ -143,6 +145,17 @@ pub enum ControllerError {
     Leader(#[from] LeaderError),
 }
 
+/// Which changes of the controller's own kind start a reconcile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// Every change, status included.
+    AnyChange,
+    /// Only a new `metadata.generation` (spec changes and the start of deletion): the
+    /// controller's own status writes then start no reconcile. Requeues, and the extra
+    /// watches, still do.
+    GenerationChange,
+}
+
 /// Adds a controller's own watches (owned children, related kinds) to its `Controller`.
 pub type Configure<K, S> = Box<dyn FnOnce(Controller<K>, &Arc<Context<S>>) -> Controller<K> + Send>;
 
@@ -160,6 +173,7 @@ pub async fn run<K, S, F, Fut, E>(
     controller: &'static str,
     args: &CommonArgs,
     state: impl FnOnce(Client, Reporter) -> S,
+    trigger: Trigger,
     configure: Configure<K, S>,
     reconcile: F,
 ) -> Result<(), ControllerError>
@@ -211,11 +225,11 @@ where
         let result = if args.leader_elect {
             let lease = LeaseSettings::from_env(controller);
             leader::run_as_leader(client, lease, &health, shutdown.clone(), |stop| {
-                run_controller(ctx, args, configure, reconcile, stop)
+                run_controller(ctx, args, trigger, configure, reconcile, stop)
             })
             .await
         } else {
-            run_controller(ctx, args, configure, reconcile, shutdown.clone()).await;
+            run_controller(ctx, args, trigger, configure, reconcile, shutdown.clone()).await;
             Ok(())
         };
         shutdown.cancel();
@@ -268,6 +282,7 @@ where
 async fn run_controller<K, S, F, Fut, E>(
     ctx: Arc<Context<S>>,
     args: &CommonArgs,
+    trigger: Trigger,
     configure: Configure<K, S>,
     mut reconcile: F,
     stop: CancellationToken,
@@ -285,7 +300,18 @@ async fn run_controller<K, S, F, Fut, E>(
     E: ReconcileError,
 {
     let api: Api<K> = scoped_api(ctx.client.clone(), args.watch_namespace.as_deref());
-    let controller = Controller::new(api, watcher::Config::default())
+    let controller = match trigger {
+        Trigger::AnyChange => Controller::new(api, watcher::Config::default()),
+        Trigger::GenerationChange => {
+            let (reader, writer) = reflector::store();
+            let changes = reflector(writer, watcher(api, watcher::Config::default()))
+                .default_backoff()
+                .applied_objects()
+                .predicate_filter(predicates::generation, Default::default());
+            Controller::for_stream(changes, reader)
+        }
+    };
+    let controller = controller
         .with_config(controller::Config::default().concurrency(args.concurrency))
         .graceful_shutdown_on(stop.clone().cancelled_owned());
     let controller = configure(controller, &ctx);
