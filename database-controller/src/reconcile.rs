@@ -99,6 +99,16 @@ pub struct Written {
 }
 
 impl Written {
+    /// The status to build on: the one last written if there is one (this controller is
+    /// the only writer, so the cached object can only be older), else the cached one.
+    pub fn latest(&self, db: &Database) -> DatabaseStatus {
+        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&db.uid().unwrap_or_default())
+            .cloned()
+            .or_else(|| db.status.clone())
+            .unwrap_or_default()
+    }
+
     pub fn is_current(&self, db: &Database, status: &DatabaseStatus) -> bool {
         let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         map.get(&db.uid().unwrap_or_default()) == Some(status)

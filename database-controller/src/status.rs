@@ -46,7 +46,7 @@ pub async fn publish(
     if matches!(outcome, Err(Error::Kube(_))) {
         return Ok(());
     }
-    let old = db.status.clone().unwrap_or_default();
+    let old = ctx.state.written.latest(db);
     let mut new = old.clone();
     let generation = db.metadata.generation;
     let t = now();
@@ -186,7 +186,7 @@ pub async fn publish_deleting(
     outcome: &Result<()>,
 ) -> Result<()> {
     let Err(e) = outcome else { return Ok(()) };
-    let old = db.status.clone().unwrap_or_default();
+    let old = ctx.state.written.latest(db);
     let mut new = old.clone();
     new.phase = Some(DatabasePhase::Deleting);
     new.observed_generation = db.metadata.generation;
