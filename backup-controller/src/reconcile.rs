@@ -29,7 +29,7 @@ use dbops_shared::controller::Context;
 use dbops_shared::postgres::{Credentials, PgError, ServerKey, Servers};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
 use serde_json::json;
@@ -522,43 +522,10 @@ fn has_finalizer(backup: &Backup) -> bool {
     backup.finalizers().iter().any(|f| f == FINALIZER)
 }
 
-/// Adds or removes the finalizer so that it is there exactly when deleting the Backup
-/// must remove its artifact. A merge patch with the resourceVersion: never a lost update.
+/// The finalizer is there exactly when deleting the Backup must remove its artifact.
 async fn sync_finalizer(backup: &Backup, api: &Api<Backup>) -> Result<()> {
     let want = wants_finalizer(backup);
-    if want == has_finalizer(backup) {
-        return Ok(());
-    }
-    let mut finalizers: Vec<String> = backup
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
-    if want {
-        finalizers.push(FINALIZER.to_string());
-    }
-    patch_finalizers(backup, api, finalizers).await
-}
-
-async fn patch_finalizers(
-    backup: &Backup,
-    api: &Api<Backup>,
-    finalizers: Vec<String>,
-) -> Result<()> {
-    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": backup.resource_version()}});
-    match api
-        .patch(
-            &backup.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    Ok(dbops_shared::finalizer::set(backup, api, FINALIZER, want).await?)
 }
 
 /// Deletion: the artifact and manifest go when the policy says Delete (already gone is
@@ -589,13 +556,7 @@ async fn cleanup(backup: &Backup, ctx: &Context<State>, api: &Api<Backup>) -> Re
         )
         .await;
     }
-    let finalizers = backup
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
-    patch_finalizers(backup, api, finalizers).await?;
+    dbops_shared::finalizer::set(backup, api, FINALIZER, false).await?;
     Ok(Action::await_change())
 }
 

@@ -306,54 +306,14 @@ fn has_finalizer(db: &Database) -> bool {
     db.finalizers().iter().any(|f| f == FINALIZER)
 }
 
-/// Adds or removes the finalizer so that it is there exactly when deletion has work to do
-/// outside the cluster. A merge patch with the resourceVersion: never a lost update.
+/// The finalizer is there exactly when deletion has work to do outside the cluster.
 async fn sync_finalizer(db: &Database, api: &Api<Database>, migration_active: bool) -> Result<()> {
     let want = needs_finalizer(db, migration_active);
-    if want == has_finalizer(db) {
-        return Ok(());
-    }
-    let mut finalizers: Vec<String> = db
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
-    if want {
-        finalizers.push(FINALIZER.to_string());
-    }
-    let patch =
-        json!({"metadata": {"finalizers": finalizers, "resourceVersion": db.resource_version()}});
-    api.patch(
-        &db.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await?;
-    Ok(())
+    Ok(dbops_shared::finalizer::set(db, api, FINALIZER, want).await?)
 }
 
 async fn remove_finalizer(db: &Database, api: &Api<Database>) -> Result<()> {
-    let finalizers: Vec<String> = db
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
-    let patch =
-        json!({"metadata": {"finalizers": finalizers, "resourceVersion": db.resource_version()}});
-    match api
-        .patch(
-            &db.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    Ok(dbops_shared::finalizer::set(db, api, FINALIZER, false).await?)
 }
 
 /// Admin credentials from the Secret named in the spec, in the Database's namespace.
