@@ -475,23 +475,35 @@ async fn provision_in_postgres(
     }
 
     let desired = secret::desired(db, &password);
-    if !existing
-        .as_ref()
-        .is_some_and(|s| secret::is_current(s, &desired))
-    {
-        secrets
-            .patch(
-                &db.connection_secret_name(),
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&desired),
-            )
-            .await?;
+    match &existing {
+        Some(s) if secret::is_current(s, &desired) => {}
+        // A new Secret: a plain create costs the apiserver less than an apply.
+        None => match secrets.create(&PostParams::default(), &desired).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                apply_secret(&secrets, db, &desired).await?
+            }
+            Err(e) => return Err(e.into()),
+        },
+        Some(_) => apply_secret(&secrets, db, &desired).await?,
     }
 
     Ok(Provisioned {
         provider_id: format!("{server}/{oid}"),
         server_version: observed.server_version,
     })
+}
+
+/// Server-side apply of the Secret: takes back every field this controller sets.
+async fn apply_secret(secrets: &Api<Secret>, db: &Database, desired: &Secret) -> Result<()> {
+    secrets
+        .patch(
+            &db.connection_secret_name(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(desired),
+        )
+        .await?;
+    Ok(())
 }
 
 /// Deletion: what the policy asks for in PostgreSQL, then the finalizer goes.
