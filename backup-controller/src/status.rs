@@ -7,9 +7,8 @@ use dbops_api::{Backup, BackupPhase, BackupStatus, condition};
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, set_condition};
 use dbops_shared::controller::Context;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType};
-use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::error::{Failure, Result};
@@ -279,25 +278,8 @@ pub async fn publish_event(
     reason: &str,
     note: &str,
 ) {
-    let ev = Event {
-        type_: if normal {
-            EventType::Normal
-        } else {
-            EventType::Warning
-        },
-        reason: reason.to_string(),
-        note: Some(note.to_string()),
-        action: "Backup".into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx
-        .state
-        .recorder
-        .publish(&ev, &backup.object_ref(&()))
-        .await
-    {
-        tracing::warn!(error = %e, reason, "could not publish an Event");
-    }
+    dbops_shared::events::publish(&ctx.state.recorder, backup, normal, "Backup", reason, note)
+        .await;
 }
 
 #[cfg(test)]

@@ -5,9 +5,8 @@ use dbops_api::{Database, DatabasePhase, DatabaseStatus, condition};
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, get, set_condition};
 use dbops_shared::controller::{Context, ReconcileError};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType};
-use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::error::{Error, Result};
@@ -258,18 +257,5 @@ async fn write(
 
 /// Publishes an Event about the Database; failures are logged, never fatal.
 pub async fn event(ctx: &Context<State>, db: &Database, normal: bool, reason: &str, note: &str) {
-    let ev = Event {
-        type_: if normal {
-            EventType::Normal
-        } else {
-            EventType::Warning
-        },
-        reason: reason.to_string(),
-        note: Some(note.to_string()),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.state.recorder.publish(&ev, &db.object_ref(&())).await {
-        tracing::warn!(error = %e, reason, "could not publish an Event");
-    }
+    dbops_shared::events::publish(&ctx.state.recorder, db, normal, "Reconcile", reason, note).await;
 }

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod client;
 pub mod conditions;
 pub mod controller;
+pub mod events;
 pub mod finalizer;
 pub mod health;
 pub mod leader;
