@@ -107,22 +107,17 @@ async fn main() -> ExitCode {
     let namespace = args.common.watch_namespace.clone();
     let configure: Configure<Backup, State> =
         Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref()));
-    match controller::run::<Backup, _, _, _, _>(
-        CONTROLLER,
-        &args.common,
-        state,
-        controller::Trigger::AnyChange,
-        configure,
-        reconcile::reconcile,
+    controller::exit_code(
+        controller::run::<Backup, _, _, _, _>(
+            CONTROLLER,
+            &args.common,
+            state,
+            controller::Trigger::AnyChange,
+            configure,
+            reconcile::reconcile,
+        )
+        .await,
     )
-    .await
-    {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            tracing::error!("{error}");
-            ExitCode::FAILURE
-        }
-    }
 }
 
 /// Databases, mapped to the unfinished Backups that refer to them.
@@ -131,10 +126,7 @@ fn watches(
     ctx: &Arc<Context<State>>,
     namespace: Option<&str>,
 ) -> kube::runtime::Controller<Backup> {
-    let databases: Api<Database> = match namespace {
-        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-        None => Api::all(ctx.client.clone()),
-    };
+    let databases: Api<Database> = controller::scoped_api(ctx.client.clone(), namespace);
     let index = ctx.clone();
     c.watches(
         databases,

@@ -27,7 +27,6 @@ use dbops_shared::postgres::Servers;
 use dbops_shared::telemetry;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use kube::Api;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::{self, reflector};
@@ -89,24 +88,19 @@ async fn main() -> ExitCode {
         databases: std::sync::OnceLock::new(),
         last_prune: std::sync::Mutex::new(None),
     };
-    match controller::run::<Database, _, _, _, _>(
-        CONTROLLER,
-        &args.common,
-        state,
-        // Status writes are the controller's own; Secrets, admin Secrets, Migrations and
-        // final Backups have watches of their own, and the resync requeues.
-        controller::Trigger::GenerationChange,
-        configure,
-        reconcile::reconcile,
+    controller::exit_code(
+        controller::run::<Database, _, _, _, _>(
+            CONTROLLER,
+            &args.common,
+            state,
+            // Status writes are the controller's own; Secrets, admin Secrets, Migrations and
+            // final Backups have watches of their own, and the resync requeues.
+            controller::Trigger::GenerationChange,
+            configure,
+            reconcile::reconcile,
+        )
+        .await,
     )
-    .await
-    {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            tracing::error!("{error}");
-            ExitCode::FAILURE
-        }
-    }
 }
 
 /// Owned connection Secrets, admin Secrets, Migrations and final snapshot Backups.
@@ -115,15 +109,6 @@ fn watches(
     ctx: &Arc<Context<State>>,
     namespace: Option<&str>,
 ) -> kube::runtime::Controller<Database> {
-    fn api<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
-    where
-        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
-    {
-        match namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
-    }
     let client = ctx.client.clone();
     let index = ctx.clone();
     let _ = ctx.state.databases.set(c.store());
@@ -134,7 +119,7 @@ fn watches(
     let migrations = reflector(
         writer,
         watcher(
-            api::<Migration>(&client, namespace),
+            controller::scoped_api::<Migration>(client.clone(), namespace),
             watcher::Config::default(),
         ),
     )
@@ -150,11 +135,11 @@ fn watches(
             .await;
     });
     c.owns(
-        api::<Secret>(&client, namespace),
+        controller::scoped_api::<Secret>(client.clone(), namespace),
         watcher::Config::default().labels("app.kubernetes.io/managed-by=dbops"),
     )
     .watches(
-        api::<Secret>(&client, namespace),
+        controller::scoped_api::<Secret>(client.clone(), namespace),
         watcher::Config::default(),
         move |secret: Secret| {
             let ns = secret.metadata.namespace.clone().unwrap_or_default();
@@ -168,7 +153,7 @@ fn watches(
         },
     )
     .watches(
-        api::<Migration>(&client, namespace),
+        controller::scoped_api::<Migration>(client.clone(), namespace),
         watcher::Config::default(),
         |m: Migration| {
             let ns = m.metadata.namespace.clone().unwrap_or_default();
@@ -176,7 +161,7 @@ fn watches(
         },
     )
     .watches(
-        api::<Backup>(&client, namespace),
+        controller::scoped_api::<Backup>(client.clone(), namespace),
         watcher::Config::default().labels(FINAL_SNAPSHOT_LABEL),
         |b: Backup| {
             let ns = b.metadata.namespace.clone().unwrap_or_default();

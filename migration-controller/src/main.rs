@@ -45,22 +45,17 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match controller::run::<Migration, _, _, _, _>(
-        CONTROLLER,
-        &args.common,
-        move |_, _| (),
-        controller::Trigger::AnyChange,
-        controller::no_extra_watches(),
-        reconcile,
+    controller::exit_code(
+        controller::run::<Migration, _, _, _, _>(
+            CONTROLLER,
+            &args.common,
+            move |_, _| (),
+            controller::Trigger::AnyChange,
+            controller::no_extra_watches(),
+            reconcile,
+        )
+        .await,
     )
-    .await
-    {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            tracing::error!("{error}");
-            ExitCode::FAILURE
-        }
-    }
 }
 
 /// Observes the object and does nothing else yet.

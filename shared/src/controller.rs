@@ -242,6 +242,17 @@ where
     Ok(())
 }
 
+/// The process exit code for what [`run`] returned; the error is logged.
+pub fn exit_code(result: Result<(), ControllerError>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Fails with [`ControllerError::CrdNotInstalled`] when the API server does not serve `K`.
 pub async fn ensure_crd_served<K>(
     client: &Client,
@@ -264,7 +275,8 @@ where
     }
 }
 
-fn scoped_api<K>(client: Client, namespace: Option<&str>) -> Api<K>
+/// `K` in one namespace (`--watch-namespace`), or in all of them.
+pub fn scoped_api<K>(client: Client, namespace: Option<&str>) -> Api<K>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
 {
