@@ -145,6 +145,29 @@ pub enum ControllerError {
     Leader(#[from] LeaderError),
 }
 
+/// What the runner needs of a controller's kind: namespaced, typed, watchable.
+pub trait Watched:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + DeserializeOwned
+    + Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Which changes of the controller's own kind start a reconcile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Trigger {
@@ -178,13 +201,7 @@ pub async fn run<K, S, F, Fut, E>(
     reconcile: F,
 ) -> Result<(), ControllerError>
 where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
     S: Send + Sync + 'static,
     F: FnMut(Arc<K>, Arc<Context<S>>) -> Fut + Send + 'static,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
@@ -299,13 +316,7 @@ async fn run_controller<K, S, F, Fut, E>(
     mut reconcile: F,
     stop: CancellationToken,
 ) where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
     S: Send + Sync + 'static,
     F: FnMut(Arc<K>, Arc<Context<S>>) -> Fut,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
