@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
-use crate::backup_store::{ArtifactWriter, StoreError};
+use dbops_shared::backup_store::{ArtifactWriter, StoreError};
 
 /// How much of pg_dump's stderr is kept for the error message.
 const STDERR_KEPT: usize = 4096;

@@ -3,8 +3,8 @@
 use dbops_shared::controller::{ErrorKind, ReconcileError};
 use dbops_shared::postgres::PgError;
 
-use crate::backup_store::StoreError;
 use crate::dump::DumpError;
+use dbops_shared::backup_store::StoreError;
 
 /// A reconcile that could not do its own bookkeeping (an API call, removing an artifact
 /// on deletion); retried with the shared per-object backoff. Failures of the dump itself
@@ -64,10 +64,10 @@ impl Failure {
 }
 
 fn store_reason(e: &StoreError) -> &'static str {
-    if e.is_transient() {
-        "StoreUnavailable"
-    } else {
-        "StoreUnsupported"
+    match e {
+        StoreError::Io { .. } => "StoreUnavailable",
+        StoreError::Unsupported(_) => "StoreUnsupported",
+        StoreError::NotFound(_) => "ArtifactNotFound",
     }
 }
 

@@ -14,7 +14,6 @@
 //! A dump still running after the shutdown grace period is abandoned (pg_dump is
 //! killed); the next process finds its Backup Running and starts it over.
 
-mod backup_store;
 mod dump;
 mod error;
 mod reconcile;
@@ -37,8 +36,8 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
-use crate::backup_store::BackupStore;
 use crate::reconcile::{Attempts, DatabaseIndex, Slots, State};
+use dbops_shared::backup_store::BackupStore;
 
 /// The controller name: metrics label, Lease `dbops-backup-controller`, Event reporter.
 const CONTROLLER: &str = "backup-controller";

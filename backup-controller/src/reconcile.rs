@@ -35,10 +35,10 @@ use kube::runtime::events::Recorder;
 use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::backup_store::{BackupStore, ObjectKey};
 use crate::dump::{self, Source};
 use crate::error::{Failure, Result};
 use crate::status::{self, Completed, Outcome};
+use dbops_shared::backup_store::{BackupStore, ObjectKey};
 
 pub const FINALIZER: &str = "dbops.dev/backup-artifact";
 /// How often a running dump reports `status.progressBytes`, at most.

@@ -1,7 +1,8 @@
 //! Plumbing every dbops controller uses: flags, telemetry, metrics, health, backoff,
-//! conditions, leader election, the API rate limit and the generic controller runner.
+//! conditions, the backup store, leader election, the API rate limit and the generic controller runner.
 
 pub mod backoff;
+pub mod backup_store;
 pub mod cli;
 pub mod client;
 pub mod conditions;

@@ -107,7 +107,7 @@ impl ObjectKey {
     }
 }
 
-/// Why a store operation failed. All but `Unsupported` may pass (a full disk, an
+/// Why a store operation failed. `Io` errors may pass (a full disk, an
 /// unmounted volume, a permission fixed by an operator): callers retry them.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -120,6 +120,8 @@ pub enum StoreError {
     },
     #[error("backup store {0} cannot be written yet: only file:// stores are supported")]
     Unsupported(String),
+    #[error("{0} does not exist in the backup store")]
+    NotFound(String),
 }
 
 impl StoreError {
@@ -128,6 +130,9 @@ impl StoreError {
         matches!(self, StoreError::Io { .. })
     }
 }
+
+/// A complete artifact being read.
+pub type ArtifactReader = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
 
 /// An artifact being written; [`ArtifactWriter::commit`] puts it in place.
 pub struct ArtifactWriter {
@@ -213,16 +218,29 @@ impl BackupStore {
             .map_err(self.io(format!("renaming {}", partial.display())))
     }
 
-    /// Opens the complete artifact of `key` for reading (a restore reads it).
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "restore comes in the next step")
-    )]
-    pub async fn open_artifact(&self, key: &ObjectKey) -> Result<tokio::fs::File, StoreError> {
+    /// Opens the complete artifact of `key` for reading (a restore reads it). A missing
+    /// artifact is [`StoreError::NotFound`].
+    pub async fn open_artifact(&self, key: &ObjectKey) -> Result<ArtifactReader, StoreError> {
         let (target, _, _, _) = self.paths(key)?;
-        tokio::fs::File::open(&target)
-            .await
-            .map_err(self.io(format!("opening {}", target.display())))
+        match tokio::fs::File::open(&target).await {
+            Ok(file) => Ok(Box::new(tokio::io::BufReader::with_capacity(1 << 20, file))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(StoreError::NotFound(self.location(key)))
+            }
+            Err(e) => Err(self.io(format!("opening {}", target.display()))(e)),
+        }
+    }
+
+    /// Reads the manifest of `key`. A missing manifest is [`StoreError::NotFound`].
+    pub async fn get_manifest(&self, key: &ObjectKey) -> Result<Vec<u8>, StoreError> {
+        let (_, _, manifest, _) = self.paths(key)?;
+        match tokio::fs::read(&manifest).await {
+            Ok(body) => Ok(body),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(StoreError::NotFound(format!("{}", manifest.display())))
+            }
+            Err(e) => Err(self.io(format!("reading {}", manifest.display()))(e)),
+        }
     }
 
     /// Removes the artifact, its manifest and any partial file of `key`; what is already
