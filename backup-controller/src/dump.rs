@@ -18,6 +18,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
 use dbops_shared::backup_store::{ArtifactWriter, StoreError};
+use dbops_shared::checksum::hex;
 
 /// How much of pg_dump's stderr is kept for the error message.
 const STDERR_KEPT: usize = 4096;
@@ -210,14 +211,6 @@ where
     })
 }
 
-/// Lower-case hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
 
 #[cfg(test)]
 mod tests {
@@ -248,12 +241,4 @@ mod tests {
         assert!(!other.is_permanent());
     }
 
-    #[test]
-    fn hex_is_lower_case_and_padded() {
-        assert_eq!(hex(&[0, 1, 0xab, 0xff]), "0001abff");
-        assert_eq!(
-            hex(&Sha256::digest(b"")),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
-    }
 }

@@ -15,6 +15,12 @@ pub enum Error {
         reason: &'static str,
         message: String,
     },
+    /// Reported in status; retried with backoff.
+    #[error("{message}")]
+    Retry {
+        reason: &'static str,
+        message: String,
+    },
     #[error("{0}")]
     Internal(String),
 }
@@ -22,7 +28,7 @@ pub enum Error {
 impl ReconcileError for Error {
     fn kind(&self) -> ErrorKind {
         match self {
-            Error::Kube(_) | Error::Internal(_) => ErrorKind::Transient,
+            Error::Kube(_) | Error::Internal(_) | Error::Retry { .. } => ErrorKind::Transient,
             Error::Postgres(e) => match e {
                 PgError::UnsupportedSslMode(_) => ErrorKind::InvalidSpec,
                 _ => ErrorKind::Transient,
@@ -35,7 +41,7 @@ impl ReconcileError for Error {
         match self {
             Error::Kube(_) => "KubernetesApiError",
             Error::Postgres(e) => e.reason(),
-            Error::Blocked { reason, .. } => reason,
+            Error::Blocked { reason, .. } | Error::Retry { reason, .. } => reason,
             Error::Internal(_) => "InternalError",
         }
     }

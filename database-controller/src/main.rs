@@ -7,10 +7,12 @@
 //! Watches: Databases; the connection Secrets it owns; admin Secrets (mapped to their
 //! Databases through an index on `spec.server.adminSecretRef`); Migrations (their
 //! Database gets `MigrationInProgress` and its freeze is not "repaired"); and final
-//! snapshot Backups (label `dbops.dev/final-snapshot-of`).
+//! snapshot Backups (label `dbops.dev/final-snapshot-of`) and Backups that a Database
+//! waits to be restored from (`spec.restoreFrom`).
 
 mod error;
 mod reconcile;
+mod restore;
 mod secret;
 mod sql;
 mod status;
@@ -21,6 +23,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use dbops_api::{Backup, Database, Migration};
+use dbops_shared::backup_store::BackupStore;
 use dbops_shared::cli::{CommonArgs, parse_duration};
 use dbops_shared::controller::{self, Configure, Context};
 use dbops_shared::postgres::Servers;
@@ -58,6 +61,20 @@ struct Args {
     /// How long a failing server is left alone (its Databases show ServerUnreachable).
     #[arg(long, env = "DBOPS_BREAKER_OPEN_FOR", default_value = "30s", value_parser = parse_duration)]
     breaker_open_for: Duration,
+
+    /// Where Backups' artifacts are read from for `spec.restoreFrom`: the same URL as the
+    /// backup-controller's --backup-store (file:///absolute/path or s3://bucket/prefix).
+    #[arg(
+        long,
+        env = "DBOPS_BACKUP_STORE",
+        default_value = "file:///var/lib/dbops/backups"
+    )]
+    backup_store: BackupStore,
+
+    /// The pg_restore program (a path, or a name looked up in PATH); its major version
+    /// must be at least the one of the pg_dump that made the artifact.
+    #[arg(long, env = "DBOPS_PG_RESTORE", default_value = "pg_restore")]
+    pg_restore: std::path::PathBuf,
 }
 
 #[tokio::main]
@@ -87,6 +104,10 @@ async fn main() -> ExitCode {
         written: Written::default(),
         databases: std::sync::OnceLock::new(),
         last_prune: std::sync::Mutex::new(None),
+        restorer: restore::Restorer {
+            store: args.backup_store.clone(),
+            pg_restore: args.pg_restore.clone(),
+        },
     };
     controller::exit_code(
         controller::run::<Database, _, _, _, _>(
@@ -111,7 +132,8 @@ fn watches(
 ) -> kube::runtime::Controller<Database> {
     let client = ctx.client.clone();
     let index = ctx.clone();
-    let _ = ctx.state.databases.set(c.store());
+    let databases = c.store();
+    let _ = ctx.state.databases.set(databases.clone());
 
     // Every Migration in a store, so a reconcile asks "is one running?" without a list.
     let (reader, writer) = reflector::store();
@@ -162,14 +184,25 @@ fn watches(
     )
     .watches(
         controller::scoped_api::<Backup>(client.clone(), namespace),
-        watcher::Config::default().labels(FINAL_SNAPSHOT_LABEL),
-        |b: Backup| {
+        watcher::Config::default(),
+        move |b: Backup| {
             let ns = b.metadata.namespace.clone().unwrap_or_default();
-            b.metadata
+            let name = b.metadata.name.clone().unwrap_or_default();
+            // The Database this final snapshot is for ...
+            let final_of = b
+                .metadata
                 .labels
                 .as_ref()
                 .and_then(|l| l.get(FINAL_SNAPSHOT_LABEL))
-                .map(|db| ObjectRef::new(db).within(&ns))
+                .map(|db| ObjectRef::new(db).within(&ns));
+            // ... and the Databases waiting to be restored from it.
+            let restoring: Vec<ObjectRef<Database>> = databases
+                .state()
+                .iter()
+                .filter(|db| restore::waits_for(db, &ns, &name))
+                .map(|db| ObjectRef::from_obj(db.as_ref()))
+                .collect();
+            final_of.into_iter().chain(restoring)
         },
     )
 }

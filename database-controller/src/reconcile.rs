@@ -27,7 +27,7 @@ use kube::runtime::reflector::Store;
 use serde_json::json;
 
 use crate::error::{Error, Result};
-use crate::{secret, sql, status};
+use crate::{restore, secret, sql, status};
 
 pub const FINALIZER: &str = "dbops.dev/database-cleanup";
 pub const FIELD_MANAGER: &str = "dbops-database-controller";
@@ -49,6 +49,8 @@ pub struct State {
     /// what is remembered about Databases that are gone.
     pub databases: std::sync::OnceLock<Store<Database>>,
     pub last_prune: Mutex<Option<Instant>>,
+    /// The backup store and pg_restore, for `spec.restoreFrom`.
+    pub restorer: restore::Restorer,
 }
 
 impl State {
@@ -402,12 +404,12 @@ async fn provision_in_postgres(
     let role_is_ours = observed
         .role
         .as_ref()
-        .is_some_and(|r| r.comment.as_deref() == Some(mark.as_str()));
+        .is_some_and(|r| sql::is_ours(r.comment.as_deref(), &uid));
     if observed.role.is_some() && !role_is_ours {
         return Err(conflict("role", &role, &server));
     }
     let db_is_ours = observed.database.as_ref().is_some_and(|d| {
-        d.comment.as_deref() == Some(mark.as_str())
+        sql::is_ours(d.comment.as_deref(), &uid)
             // Created OWNER our marked role, crashed before its own mark.
             || (d.comment.is_none() && role_is_ours && d.owner == role)
     });
@@ -437,10 +439,27 @@ async fn provision_in_postgres(
         sql::set_password(&session, &role, &password).await?;
     }
 
-    let oid = match &observed.database {
+    // A database made for `spec.restoreFrom` carries "restore pending" until it is filled.
+    let new_mark = if db.spec.restore_from.is_some() {
+        sql::restore_pending_mark(&uid)
+    } else {
+        mark.clone()
+    };
+    let restore_pending = db.spec.restore_from.is_some()
+        && observed
+            .database
+            .as_ref()
+            .is_none_or(|d| d.comment.is_none() || sql::is_restore_pending(d.comment.as_deref()));
+    let mut oid = match &observed.database {
         None => {
-            sql::create_database(&session, &database, &role, db.spec.connection_limit, &mark)
-                .await?;
+            sql::create_database(
+                &session,
+                &database,
+                &role,
+                db.spec.connection_limit,
+                &new_mark,
+            )
+            .await?;
             let again = sql::observe(&session, &role, &database).await?;
             again
                 .database
@@ -452,7 +471,7 @@ async fn provision_in_postgres(
         }
         Some(found) => {
             if found.comment.is_none() {
-                sql::mark_database(&session, &database, &mark).await?;
+                sql::mark_database(&session, &database, &new_mark).await?;
             }
             if found.owner != role {
                 sql::set_owner(&session, &database, &role).await?;
@@ -464,6 +483,9 @@ async fn provision_in_postgres(
             found.oid
         }
     };
+    if restore_pending {
+        oid = restore(db, ctx, &session, observed.database.is_none(), &password).await?;
+    }
     drop(session);
 
     if !db.spec.extensions.is_empty() {
@@ -491,6 +513,42 @@ async fn provision_in_postgres(
     Ok(Provisioned {
         provider_id: format!("{server}/{oid}"),
         server_version: observed.server_version,
+    })
+}
+
+/// Fills a database made for `spec.restoreFrom` (see `restore`); returns its oid, which
+/// changes when a half-restored database had to be made anew.
+async fn restore(
+    db: &Database,
+    ctx: &Context<State>,
+    session: &Session,
+    fresh: bool,
+    password: &str,
+) -> Result<u32> {
+    let artifact = restore::verify(db, &ctx.client, &ctx.state.restorer).await?;
+    // Visible while pg_restore runs, which may take long.
+    let api: Api<Database> =
+        Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    let restoring = Err(Error::Blocked {
+        reason: "Restoring",
+        message: format!("restoring Backup {} (SHA-256 verified)", artifact.backup),
+    });
+    status::publish(db, ctx, &api, &restoring, None).await?;
+    restore::restore(
+        db,
+        session,
+        &ctx.state.restorer,
+        &artifact,
+        fresh,
+        &db.owner_role(),
+        password,
+    )
+    .await?;
+    let database = db.database_name();
+    let again = sql::observe(session, &db.owner_role(), &database).await?;
+    again.database.map(|d| d.oid).ok_or_else(|| Error::Blocked {
+        reason: "DatabaseMissing",
+        message: format!("database {database:?} vanished right after its restore"),
     })
 }
 
@@ -572,16 +630,16 @@ fn deleted_note(db: &Database) -> String {
 /// Drops the database and role if (and only if) this Database created them.
 async fn drop_owned(db: &Database, ctx: &Context<State>) -> Result<()> {
     let server = ServerKey::of(&db.spec.server);
-    let mark = sql::mark(&db.uid().unwrap_or_default());
+    let uid = db.uid().unwrap_or_default();
     let (database, role) = (db.database_name(), db.owner_role());
     let session = admin_session(ctx, db, "postgres").await?;
     let observed = sql::observe(&session, &role, &database).await?;
     let role_is_ours = observed
         .role
         .as_ref()
-        .is_some_and(|r| r.comment.as_deref() == Some(mark.as_str()));
+        .is_some_and(|r| sql::is_ours(r.comment.as_deref(), &uid));
     if let Some(found) = &observed.database {
-        let ours = found.comment.as_deref() == Some(mark.as_str())
+        let ours = sql::is_ours(found.comment.as_deref(), &uid)
             || (found.comment.is_none() && role_is_ours && found.owner == role);
         if ours {
             sql::drop_database(&session, &database).await?;

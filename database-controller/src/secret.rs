@@ -7,7 +7,6 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Resource;
 use kube::api::ObjectMeta;
-use sha2::{Digest, Sha256};
 
 /// Marks the password the controller wrote, so an edit of it is noticed (and rotated).
 pub const PASSWORD_HASH_ANNOTATION: &str = "dbops.dev/password-sha256";
@@ -15,10 +14,7 @@ pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "dbops");
 pub const DATABASE_LABEL: &str = "dbops.dev/database";
 
 fn sha256_hex(s: &str) -> String {
-    Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    dbops_shared::checksum::sha256_hex(s.as_bytes())
 }
 
 /// The password of an existing Secret, if it is still the one this controller wrote.

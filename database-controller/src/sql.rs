@@ -12,6 +12,29 @@ pub fn mark(uid: &str) -> String {
     format!("dbops.dev/uid={uid}")
 }
 
+/// The second word of a database's mark while `spec.restoreFrom` has not been restored
+/// into it yet: a database found with it may hold half a restore and is made anew.
+const RESTORE_PENDING: &str = "dbops.dev/restore=pending";
+
+/// The mark of a database created for a restore that has not completed.
+pub fn restore_pending_mark(uid: &str) -> String {
+    format!("{} {RESTORE_PENDING}", mark(uid))
+}
+
+/// Whether a role's or database's comment marks it as created for the Database `uid`.
+/// The mark is the comment's first word; words after it record more (a restore still
+/// pending, or the Migration that created it on a new server).
+pub fn is_ours(comment: Option<&str>, uid: &str) -> bool {
+    comment
+        .and_then(|c| c.split_whitespace().next())
+        .is_some_and(|first| first == mark(uid))
+}
+
+/// Whether a database's comment says its restore has not completed.
+pub fn is_restore_pending(comment: Option<&str>) -> bool {
+    comment.is_some_and(|c| c.split_whitespace().skip(1).any(|w| w == RESTORE_PENDING))
+}
+
 /// What exists on the server under the Database's names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observed {
@@ -197,4 +220,26 @@ pub async fn drop_role(s: &Session, role: &str) -> Result<(), PgError> {
     ))
     .await
     .map_err(PgError::sql(format!("dropping role {role}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ours_is_decided_by_the_first_token_of_the_comment() {
+        assert!(is_ours(Some("dbops.dev/uid=u1"), "u1"));
+        assert!(is_ours(
+            Some("dbops.dev/uid=u1 dbops.dev/migration=m1"),
+            "u1"
+        ));
+        assert!(!is_ours(Some("dbops.dev/uid=u12"), "u1"));
+        assert!(!is_ours(
+            Some("dbops.dev/migration=m1 dbops.dev/uid=u1"),
+            "u1"
+        ));
+        assert!(!is_ours(Some("someone else's"), "u1"));
+        assert!(!is_ours(Some(""), "u1"));
+        assert!(!is_ours(None, "u1"));
+    }
 }

@@ -27,7 +27,15 @@ fn degrades(reason: &str) -> bool {
 
 /// Reasons retried by backoff rather than waiting for a change.
 fn retrying(reason: &str) -> bool {
-    matches!(reason, "ServerUnreachable" | "SqlError")
+    matches!(
+        reason,
+        "ServerUnreachable" | "SqlError" | "RestoreFailed" | "StoreUnavailable"
+    )
+}
+
+/// Reasons that are steps on the expected way to Ready (a restore).
+pub fn on_the_way(reason: &str) -> bool {
+    matches!(reason, "WaitingForBackup" | "Restoring")
 }
 
 fn now() -> Time {
@@ -106,7 +114,7 @@ pub async fn publish(
             let degraded = provisioned_before && degrades(reason);
             new.phase = Some(if degraded {
                 DatabasePhase::Degraded
-            } else if retrying(reason) {
+            } else if retrying(reason) || on_the_way(reason) {
                 DatabasePhase::Provisioning
             } else {
                 DatabasePhase::Failed
@@ -123,7 +131,14 @@ pub async fn publish(
             );
             set_condition(
                 &mut new.conditions,
-                if retrying(reason) {
+                if on_the_way(reason) {
+                    cond(
+                        condition::PROGRESSING,
+                        ConditionStatus::True,
+                        reason,
+                        message.clone(),
+                    )
+                } else if retrying(reason) {
                     cond(
                         condition::PROGRESSING,
                         ConditionStatus::True,
@@ -241,7 +256,8 @@ async fn write(
     if let Some(after) = get(&new.conditions, condition::READY)
         && before.as_ref() != Some(&(after.status.clone(), after.reason.clone()))
     {
-        let normal = after.status == "True" || after.reason == "Deleting";
+        let normal =
+            after.status == "True" || after.reason == "Deleting" || on_the_way(&after.reason);
         event(ctx, db, normal, &after.reason, &after.message).await;
     }
     if let Some(progress) = get(&new.conditions, condition::PROGRESSING)

@@ -3,6 +3,7 @@
 
 pub mod backoff;
 pub mod backup_store;
+pub mod checksum;
 pub mod cli;
 pub mod client;
 pub mod conditions;

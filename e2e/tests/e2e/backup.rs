@@ -123,7 +123,24 @@ impl Setup {
     }
 
     fn start_database_controller(&mut self) {
-        self.database_controller = Some(self.start("database-controller", vec![]));
+        let pg_restore = dbops_e2e::paths::postgres_bin_dir()
+            .unwrap()
+            .join("pg_restore");
+        self.database_controller = Some(self.start(
+            "database-controller",
+            vec![
+                format!("--backup-store={}", self.store_url),
+                format!("--pg-restore={}", pg_restore.display()),
+            ],
+        ));
+    }
+
+    /// SIGKILL the database-controller.
+    fn kill_database_controller(&mut self) {
+        if let Some(mut c) = self.database_controller.take() {
+            c.process.signal("KILL").unwrap();
+            c.process.wait_exit(Duration::from_secs(10)).unwrap();
+        }
     }
 
     fn start_backup_controller(&mut self) {
@@ -191,6 +208,77 @@ impl Setup {
             .create(&PostParams::default(), &db)
             .await
             .unwrap();
+    }
+
+    /// A Database to be restored from Backup `backup` (`spec.restoreFrom`), not waited for.
+    async fn create_restored_database(&self, name: &str, backup: &str) {
+        let db: Database = serde_json::from_value(json!({
+            "apiVersion": "dbops.dev/v1alpha1",
+            "kind": "Database",
+            "metadata": {"name": name},
+            "spec": {
+                "server": {
+                    "host": self.pg.host(),
+                    "port": self.pg.port(),
+                    "adminSecretRef": {"name": ADMIN_SECRET},
+                    "sslMode": "disable",
+                },
+                "deletionPolicy": "Delete",
+                "restoreFrom": {"backupRef": {"name": backup}},
+            },
+        }))
+        .unwrap();
+        self.databases()
+            .create(&PostParams::default(), &db)
+            .await
+            .unwrap();
+    }
+
+    /// Waits for a condition of Database `name`; on timeout the panic shows the
+    /// database-controller's log.
+    async fn wait_database(&self, name: &str, want: Want<'_>, timeout: Duration) -> Database {
+        match dbops_e2e::wait::database_condition(&self.b.client, self.ns(), name, want, timeout)
+            .await
+        {
+            Ok(db) => db,
+            Err(e) => panic!(
+                "{e:#}\n---- database-controller log ----\n{}",
+                self.log("database-controller", 6000)
+            ),
+        }
+    }
+
+    /// Every table of the public schema of `database` with its exact row count and owner.
+    async fn tables(&self, database: &str) -> BTreeMap<String, (i64, String)> {
+        let (client, connection) =
+            tokio_postgres::connect(&self.pg.conn_string(database), tokio_postgres::NoTls)
+                .await
+                .unwrap();
+        tokio::spawn(connection);
+        let rows = client
+            .query(
+                "SELECT tablename, tableowner FROM pg_tables WHERE schemaname = 'public'",
+                &[],
+            )
+            .await
+            .unwrap();
+        let mut tables = BTreeMap::new();
+        for row in rows {
+            let (table, owner): (String, String) = (row.get(0), row.get(1));
+            let count: i64 = client
+                .query_one(
+                    &format!(
+                        "SELECT count(*) FROM public.{}",
+                        dbops_e2e::postgres::quote_ident(&table)
+                    ),
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            tables.insert(table, (count, owner));
+        }
+        tables
     }
 
     async fn wait_database_ready(&self, name: &str) -> Database {
@@ -872,4 +960,193 @@ async fn refused_credentials_fail_the_backup_at_once() {
             "a password is in the Backup's status"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Restore: `spec.restoreFrom` on a new Database (performed by the database-controller).
+
+/// Row counts by table, without owners.
+fn counts(tables: &BTreeMap<String, (i64, String)>) -> BTreeMap<String, i64> {
+    tables.iter().map(|(t, (n, _))| (t.clone(), *n)).collect()
+}
+
+/// pgbench data backed up, then restored into a new Database: every table with the same
+/// row count, owned by the new Database's role, and reachable with its Secret.
+#[tokio::test]
+async fn a_backup_restores_into_a_new_database_with_every_row() {
+    let s = Setup::new("rs-basic").await;
+    s.create_database("source", "Delete").await;
+    s.pgbench("source", 2).await;
+    s.create_backup("source-1", "source", json!({})).await;
+    s.wait_completed("source-1", READY).await;
+
+    s.create_restored_database("copy", "source-1").await;
+    let copy = s
+        .wait_database(
+            "copy",
+            Want::new("Ready", "True", Some("Provisioned")),
+            BIG_DUMP,
+        )
+        .await;
+
+    let source = s.tables("source").await;
+    let restored = s.tables("copy").await;
+    assert_eq!(source.len(), 4, "pgbench makes 4 tables: {source:?}");
+    assert_eq!(counts(&restored), counts(&source));
+    assert_eq!(source["pgbench_accounts"].0, 200_000);
+    for (table, (_, owner)) in &restored {
+        assert_eq!(owner, "copy", "{table} is owned by {owner}");
+    }
+    // Restored, the database carries the plain ownership mark (no pending restore).
+    let uid = copy.metadata.uid.clone().unwrap();
+    assert_eq!(
+        s.pg.database_comment("copy").await.unwrap(),
+        Some(format!("dbops.dev/uid={uid}"))
+    );
+    // The application's own credentials read the restored rows.
+    let secret = Api::<Secret>::namespaced(s.b.client.clone(), s.ns())
+        .get("copy-connection")
+        .await
+        .unwrap();
+    let data = secret.data.unwrap_or_default();
+    let value = |k: &str| String::from_utf8(data.get(k).unwrap().0.clone()).unwrap();
+    let app =
+        s.pg.connect(&value("username"), &value("password"), &value("dbname"))
+            .await
+            .unwrap();
+    let n: i64 = app
+        .query_one("SELECT count(*) FROM pgbench_branches", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 2);
+}
+
+/// A corrupted artifact (same size, one byte changed) is refused: Ready=False with
+/// ChecksumMismatch and a Warning Event, and the new database stays empty.
+#[tokio::test]
+async fn a_corrupted_artifact_is_refused_and_nothing_is_restored() {
+    let s = Setup::new("rs-corrupt").await;
+    s.create_database("source", "Delete").await;
+    s.pgbench("source", 1).await;
+    s.create_backup("source-1", "source", json!({})).await;
+    let backup = s.wait_completed("source-1", READY).await;
+
+    let (artifact, _) = s.artifact_paths(&backup);
+    let mut bytes = std::fs::read(&artifact).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&artifact, &bytes).unwrap();
+
+    s.create_restored_database("copy", "source-1").await;
+    let db = s
+        .wait_database(
+            "copy",
+            Want::new("Ready", "False", Some("ChecksumMismatch")),
+            READY,
+        )
+        .await;
+    let ready = db
+        .status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == "Ready"))
+        .unwrap();
+    assert!(
+        ready.message.contains("nothing was restored")
+            && ready
+                .message
+                .contains(backup.status.as_ref().unwrap().checksum.as_deref().unwrap()),
+        "{}",
+        ready.message
+    );
+    assert!(
+        db.status.as_ref().unwrap().provider_id.is_none(),
+        "a database that failed its restore is not reported as provisioned"
+    );
+    assert!(s.tables("copy").await.is_empty(), "something was restored");
+
+    let events = dbops_e2e::wait::eventually(
+        "a ChecksumMismatch Warning Event",
+        READY,
+        || async {
+            let events: Api<k8s_openapi::api::core::v1::Event> =
+                Api::namespaced(s.b.client.clone(), s.ns());
+            Ok(events.list(&Default::default()).await?.items)
+        },
+        |events: &Vec<k8s_openapi::api::core::v1::Event>| {
+            events.iter().any(|e| {
+                e.reason.as_deref() == Some("ChecksumMismatch")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.involved_object.name.as_deref() == Some("copy")
+            })
+        },
+    )
+    .await;
+    assert!(!events.is_empty());
+}
+
+/// The database-controller killed while pg_restore runs: after a restart the half-restored
+/// database is made anew and restored once, with every row and no duplicate.
+#[tokio::test]
+async fn a_restore_interrupted_by_a_crash_completes_after_restart() {
+    let mut s = Setup::new("rs-crash").await;
+    s.create_database("source", "Delete").await;
+    s.pgbench("source", 20).await;
+    s.create_backup("source-1", "source", json!({})).await;
+    s.wait_completed("source-1", BIG_DUMP).await;
+
+    s.create_restored_database("copy", "source-1").await;
+    let first = s
+        .wait_database(
+            "copy",
+            Want::new("Progressing", "True", Some("Restoring")),
+            BIG_DUMP,
+        )
+        .await;
+    // pg_restore is running (its session is visible on the server): kill the controller.
+    let restoring = dbops_e2e::wait::eventually(
+        "pg_restore connected to the new database",
+        READY,
+        || async {
+            let c = s.pg.connect_as_superuser().await?;
+            let n: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = 'copy' AND application_name = 'dbops-database-controller-restore'",
+                    &[],
+                )
+                .await?
+                .get(0);
+            Ok(n)
+        },
+        |n| *n > 0,
+    )
+    .await;
+    assert!(restoring > 0);
+    let oid_before = s.pg.database_oid("copy").await.unwrap();
+    s.kill_database_controller();
+    let uid = first.metadata.uid.clone().unwrap();
+    assert_eq!(
+        s.pg.database_comment("copy").await.unwrap(),
+        Some(format!("dbops.dev/uid={uid} dbops.dev/restore=pending")),
+        "the database is still marked as waiting for its restore"
+    );
+
+    s.start_database_controller();
+    s.wait_database(
+        "copy",
+        Want::new("Ready", "True", Some("Provisioned")),
+        BIG_DUMP,
+    )
+    .await;
+    assert_eq!(
+        counts(&s.tables("copy").await),
+        counts(&s.tables("source").await)
+    );
+    assert_eq!(s.pg.count_databases_like("copy%").await.unwrap(), 1);
+    assert_ne!(
+        s.pg.database_oid("copy").await.unwrap(),
+        oid_before,
+        "the half-restored database was made anew"
+    );
 }

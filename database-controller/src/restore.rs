@@ -1,0 +1,319 @@
+//! `spec.restoreFrom`: the new database is filled from a completed Backup's artifact
+//! before the Database turns Ready.
+//!
+//! The steps, each safe to repeat after a crash:
+//! 1. the Backup must exist and be Completed (`WaitingForBackup` until then; the Backup
+//!    watch wakes the Database);
+//! 2. the artifact's SHA-256 is computed from the store and compared with the manifest
+//!    beside it and with the Backup's `status.checksum`; any difference is
+//!    `ChecksumMismatch` and nothing is restored;
+//! 3. a database that may hold half a restore (found marked `restore=pending` rather than
+//!    created just now) is dropped and created again, empty;
+//! 4. `pg_restore --single-transaction --exit-on-error`, connected as the owner role (so
+//!    every restored object belongs to it), reads the artifact from the store on stdin;
+//! 5. the database's mark loses `restore=pending`: from then on it is an ordinary
+//!    database of this Database and is never restored over again.
+//!
+//! Store layout and checksums are the backup-controller's (`shared::backup_store`): the
+//! database-controller must run with the same `--backup-store`.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use dbops_api::{Backup, BackupPhase, Database};
+use dbops_shared::backup_store::{BackupStore, ObjectKey, StoreError};
+use dbops_shared::checksum::{Digest, Sha256, hex};
+use dbops_shared::postgres::Session;
+use kube::api::Api;
+use kube::{Resource, ResourceExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+use crate::error::{Error, Result};
+use crate::sql;
+
+/// How much of pg_restore's stderr is kept for the error message.
+const STDERR_KEPT: usize = 4096;
+/// Read size from the store.
+const CHUNK: usize = 256 * 1024;
+
+/// Where artifacts are read from and with which program.
+pub struct Restorer {
+    pub store: BackupStore,
+    pub pg_restore: PathBuf,
+}
+
+/// A completed Backup's artifact, checked: its key and checksum.
+pub struct Verified {
+    pub key: ObjectKey,
+    pub backup: String,
+    pub checksum: String,
+}
+
+fn blocked(reason: &'static str, message: String) -> Error {
+    Error::Blocked { reason, message }
+}
+
+fn store_error(e: StoreError) -> Error {
+    match e {
+        StoreError::NotFound(what) => blocked(
+            "ArtifactNotFound",
+            format!(
+                "{what}: the Backup's artifact is missing (does this controller use the backup-controller's --backup-store?)"
+            ),
+        ),
+        e if e.is_transient() => Error::Retry {
+            reason: "StoreUnavailable",
+            message: e.to_string(),
+        },
+        e => blocked("StoreUnavailable", e.to_string()),
+    }
+}
+
+/// Step 1 and 2: the Backup named in `spec.restoreFrom`, completed, with an artifact whose
+/// SHA-256 matches both its manifest and the Backup's status.
+pub async fn verify(db: &Database, client: &kube::Client, restorer: &Restorer) -> Result<Verified> {
+    let Some(source) = &db.spec.restore_from else {
+        return Err(Error::Internal("no restoreFrom".into()));
+    };
+    let namespace = db.namespace().unwrap_or_default();
+    let name = &source.backup_ref.name;
+    let backups: Api<Backup> = Api::namespaced(client.clone(), &namespace);
+    let Some(backup) = backups.get_opt(name).await? else {
+        return Err(blocked(
+            "BackupNotFound",
+            format!("Backup {namespace}/{name} named in spec.restoreFrom does not exist"),
+        ));
+    };
+    let status = backup.status.clone().unwrap_or_default();
+    match status.phase {
+        Some(BackupPhase::Completed) => {}
+        Some(BackupPhase::Failed) => {
+            return Err(blocked(
+                "BackupFailed",
+                format!("Backup {namespace}/{name} failed; there is nothing to restore"),
+            ));
+        }
+        _ => {
+            return Err(blocked(
+                "WaitingForBackup",
+                format!("waiting for Backup {namespace}/{name} to complete before restoring"),
+            ));
+        }
+    }
+    let expected = status.checksum.clone().unwrap_or_default();
+    let key = ObjectKey::new(&namespace, name, &backup.uid().unwrap_or_default());
+
+    let manifest = restorer
+        .store
+        .get_manifest(&key)
+        .await
+        .map_err(store_error)?;
+    let in_manifest = serde_json::from_slice::<serde_json::Value>(&manifest)
+        .ok()
+        .and_then(|m| m.get("checksum")?.as_str().map(str::to_owned));
+    let actual = sha256_of(restorer, &key).await?;
+    let mismatch = |what: &str, want: &str| {
+        blocked(
+            "ChecksumMismatch",
+            format!(
+                "the artifact of Backup {namespace}/{name} has SHA-256 {actual}, but {what} says {want}; nothing was restored"
+            ),
+        )
+    };
+    match in_manifest.as_deref() {
+        None => return Err(mismatch("the manifest", "nothing readable")),
+        Some(m) if m != actual => return Err(mismatch("its manifest", m)),
+        Some(_) => {}
+    }
+    if expected != actual {
+        return Err(mismatch("the Backup's status", &expected));
+    }
+    Ok(Verified {
+        key,
+        backup: format!("{namespace}/{name}"),
+        checksum: actual,
+    })
+}
+
+async fn sha256_of(restorer: &Restorer, key: &ObjectKey) -> Result<String> {
+    let mut reader = restorer
+        .store
+        .open_artifact(key)
+        .await
+        .map_err(store_error)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = reader.read(&mut buf).await.map_err(|e| Error::Retry {
+            reason: "StoreUnavailable",
+            message: format!("reading {}: {e}", restorer.store.location(key)),
+        })?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex(&hasher.finalize()))
+}
+
+/// Steps 3 to 5: an empty database (dropped and created again unless `fresh`), the
+/// artifact restored into it as `owner`, then the pending mark removed.
+#[allow(clippy::too_many_arguments)]
+pub async fn restore(
+    db: &Database,
+    session: &Session,
+    restorer: &Restorer,
+    artifact: &Verified,
+    fresh: bool,
+    owner: &str,
+    password: &str,
+) -> Result<()> {
+    let uid = db.uid().unwrap_or_default();
+    let database = db.database_name();
+    if !fresh {
+        // Maybe half a restore from an attempt that crashed or failed: start over.
+        sql::drop_database(session, &database).await?;
+        sql::create_database(
+            session,
+            &database,
+            owner,
+            db.spec.connection_limit,
+            &sql::restore_pending_mark(&uid),
+        )
+        .await?;
+    }
+    run_pg_restore(db, restorer, artifact, owner, password).await?;
+    sql::mark_database(session, &database, &sql::mark(&uid)).await?;
+    tracing::info!(
+        database,
+        backup = artifact.backup,
+        checksum = artifact.checksum,
+        "restored"
+    );
+    Ok(())
+}
+
+async fn run_pg_restore(
+    db: &Database,
+    restorer: &Restorer,
+    artifact: &Verified,
+    owner: &str,
+    password: &str,
+) -> Result<()> {
+    let server = &db.spec.server;
+    let program = restorer.pg_restore.display().to_string();
+    let mut child = Command::new(&restorer.pg_restore)
+        .args([
+            "--single-transaction",
+            "--exit-on-error",
+            "--no-owner",
+            "--no-privileges",
+            "--no-password",
+        ])
+        .arg(format!("--dbname={}", db.database_name()))
+        .env("PGHOST", &server.host)
+        .env("PGPORT", server.port.to_string())
+        .env("PGUSER", owner)
+        // The password goes through the environment only: never on a command line.
+        .env("PGPASSWORD", password)
+        .env("PGSSLMODE", server.ssl_mode.as_str())
+        .env("PGCONNECT_TIMEOUT", "10")
+        .env("PGAPPNAME", "dbops-database-controller-restore")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| Error::Retry {
+            reason: "RestoreFailed",
+            message: format!("could not run {program}: {e}"),
+        })?;
+    let (Some(mut stdin), Some(mut stderr)) = (child.stdin.take(), child.stderr.take()) else {
+        return Err(Error::Internal("pg_restore without pipes".into()));
+    };
+    let errors = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stderr.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            kept.extend_from_slice(&buf[..n]);
+            if kept.len() > STDERR_KEPT {
+                kept.drain(..kept.len() - STDERR_KEPT);
+            }
+        }
+        String::from_utf8_lossy(&kept).trim().to_string()
+    });
+
+    let mut reader = restorer
+        .store
+        .open_artifact(&artifact.key)
+        .await
+        .map_err(store_error)?;
+    // The bytes restored are hashed again. If the artifact changed since `verify`, the
+    // attempt fails and the database keeps its pending mark, so the next attempt starts
+    // from an empty database and verifies again.
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut copy_error = None;
+    loop {
+        let n = match reader.read(&mut buf).await {
+            Ok(n) => n,
+            Err(e) => {
+                copy_error = Some(format!("reading the artifact: {e}"));
+                break;
+            }
+        };
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        if let Err(e) = stdin.write_all(&buf[..n]).await {
+            // pg_restore stopped reading: its exit status and stderr say why.
+            copy_error = Some(format!("writing to pg_restore: {e}"));
+            break;
+        }
+    }
+    drop(stdin);
+    let status = child.wait().await.map_err(|e| Error::Retry {
+        reason: "RestoreFailed",
+        message: format!("waiting for pg_restore: {e}"),
+    })?;
+    let stderr = errors.await.unwrap_or_default();
+    if !status.success() {
+        return Err(Error::Retry {
+            reason: "RestoreFailed",
+            message: format!("pg_restore failed ({status}): {stderr}"),
+        });
+    }
+    if let Some(e) = copy_error {
+        return Err(Error::Retry {
+            reason: "RestoreFailed",
+            message: e,
+        });
+    }
+    let restored = hex(&hasher.finalize());
+    if restored != artifact.checksum {
+        return Err(Error::Retry {
+            reason: "RestoreFailed",
+            message: format!(
+                "the artifact changed while it was restored (SHA-256 {restored}, verified {})",
+                artifact.checksum
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Whether a Backup event concerns a Database still waiting to be restored from it.
+pub fn waits_for(db: &Database, backup_namespace: &str, backup: &str) -> bool {
+    db.meta().namespace.as_deref() == Some(backup_namespace)
+        && db
+            .spec
+            .restore_from
+            .as_ref()
+            .is_some_and(|r| r.backup_ref.name == backup)
+        && db.status.as_ref().is_none_or(|s| s.provider_id.is_none())
+}
