@@ -1,3 +1,5 @@
+//! `dbops-bench backup`: see `backup.rs`.
+//!
 //! `dbops-bench databases`: N Databases applied at once on one PostgreSQL server, through
 //! the database-controller, next to a baseline that issues the same SQL and creates the
 //! same Secrets directly from one process, on the same control plane in the same run.
@@ -22,6 +24,8 @@ use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Mutex;
 
+mod backup;
+
 #[derive(Parser, Debug)]
 #[command(name = "dbops-bench", about = "dbops benchmarks (reports, not tests)")]
 struct Cli {
@@ -33,6 +37,8 @@ struct Cli {
 enum Command {
     /// Provision N Databases through the controller and by a direct baseline.
     Databases(DatabasesArgs),
+    /// Dump and restore a pgbench database through the controllers and by hand.
+    Backup(backup::BackupArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -62,6 +68,7 @@ async fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Databases(args) => databases(args).await,
+        Command::Backup(args) => backup::run(args).await,
     }
 }
 
@@ -257,7 +264,7 @@ async fn run_controller(
     })
 }
 
-async fn namespace(client: &kube::Client, name: &str) -> Result<String> {
+pub(crate) async fn namespace(client: &kube::Client, name: &str) -> Result<String> {
     let mut ns = Namespace::default();
     ns.metadata.name = Some(name.to_string());
     Api::<Namespace>::all(client.clone())
@@ -266,7 +273,7 @@ async fn namespace(client: &kube::Client, name: &str) -> Result<String> {
     Ok(name.to_string())
 }
 
-async fn admin_secret(client: &kube::Client, ns: &str, pg: &PgServer) -> Result<()> {
+pub(crate) async fn admin_secret(client: &kube::Client, ns: &str, pg: &PgServer) -> Result<()> {
     let secret: Secret = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "pg-admin"},
         "stringData": {"username": "postgres", "password": pg.superuser_password()}
@@ -399,7 +406,7 @@ async fn api_writes(client: &kube::Client) -> Result<f64> {
 }
 
 /// (CPU seconds, peak RSS in KiB) of a process, from /proc.
-fn proc_usage(pid: u32) -> Result<(f64, u64)> {
+pub(crate) fn proc_usage(pid: u32) -> Result<(f64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or_default();
     let fields: Vec<&str> = after.split_whitespace().collect();

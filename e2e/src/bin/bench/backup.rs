@@ -1,0 +1,331 @@
+//! `dbops-bench backup`: a pgbench database of about `--scale` × 15 MB dumped and
+//! restored through the controllers (a Backup, then a Database with `spec.restoreFrom`)
+//! and by hand (`pg_dump -Fc -f file`, then `pg_restore` with the flags the controller
+//! uses), alternating B C C B on one PostgreSQL server in one run.
+//!
+//! Reports: seconds and throughput (database size / time) of each run, the ratio
+//! controller : by hand, and the controllers' peak RSS after a small warm-up (scale 1)
+//! and after the big runs, to show whether memory grows with the dump's size.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use dbops_api::{Backup, BackupPhase, Database};
+use dbops_e2e::controlplane::Options;
+use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+
+use crate::{admin_secret, namespace, proc_usage};
+
+#[derive(clap::Args, Debug)]
+pub struct BackupArgs {
+    /// pgbench scale of the big database (1 ≈ 15 MB; 70 ≈ 1 GB).
+    #[arg(long, default_value_t = 70)]
+    scale: u32,
+}
+
+/// How long one dump or restore may take on a busy 2-core machine.
+const LONG: Duration = Duration::from_secs(1800);
+
+struct World {
+    client: kube::Client,
+    ns: String,
+    pg: PgServer,
+    bin: std::path::PathBuf,
+    dir: std::path::PathBuf,
+}
+
+pub async fn run(args: BackupArgs) -> Result<()> {
+    let tmp = tempfile::Builder::new()
+        .prefix("dbops-bench-backup-")
+        .tempdir()?;
+    let cp = ControlPlane::start(Options {
+        dir: tmp.path().join("cp"),
+        apiserver_port: None,
+    })
+    .await?;
+    let client = cp.client().await?;
+    let pg = PgServer::start("bench-backup").await?;
+    let ns = namespace(&client, "bench-backup").await?;
+    admin_secret(&client, &ns, &pg).await?;
+    let store = tmp.path().join("store");
+    std::fs::create_dir_all(&store)?;
+    let bin = dbops_e2e::paths::postgres_bin_dir()?;
+    let common = |extra: &[String]| {
+        let mut v = vec![
+            format!("--watch-namespace={ns}"),
+            format!("--backup-store=file://{}", store.display()),
+            "--log-filter=warn".to_string(),
+        ];
+        v.extend_from_slice(extra);
+        v
+    };
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let kubeconfig = cp.kubeconfig_for("dbops-bench-controllers", &["system:masters"])?;
+    let dbc = ControllerProcess::start(
+        "database-controller",
+        &kubeconfig,
+        &logs,
+        &common(&[format!(
+            "--pg-restore={}",
+            bin.join("pg_restore").display()
+        )]),
+    )?;
+    let bkc = ControllerProcess::start(
+        "backup-controller",
+        &kubeconfig,
+        &logs,
+        &common(&[format!("--pg-dump={}", bin.join("pg_dump").display())]),
+    )?;
+    let w = World {
+        client,
+        ns,
+        pg,
+        bin,
+        dir: tmp.path().to_path_buf(),
+    };
+
+    // Warm-up at scale 1: the controllers' memory after a small dump and restore.
+    create_database(&w, "small", None).await?;
+    pgbench(&w, "small", 1).await?;
+    controller_dump(&w, "small", "small-1").await?;
+    controller_restore(&w, "small-copy", "small-1").await?;
+    let (_, dump_rss_small) = proc_usage(bkc.process.pid())?;
+    let (_, restore_rss_small) = proc_usage(dbc.process.pid())?;
+    let small_size = database_size(&w, "small").await?;
+
+    println!("# backup benchmark: pgbench scale {}\n", args.scale);
+    create_database(&w, "big", None).await?;
+    let t = Instant::now();
+    pgbench(&w, "big", args.scale).await?;
+    let size = database_size(&w, "big").await?;
+    eprintln!(
+        "pgbench -i -s {}: {:.0} MB in {:.0} s",
+        args.scale,
+        mb(size),
+        t.elapsed().as_secs_f64()
+    );
+
+    // Dumps, B C C B.
+    let (b1, f1) = manual_dump(&w, "big", 1).await?;
+    let c1 = controller_dump(&w, "big", "big-1").await?;
+    let c2 = controller_dump(&w, "big", "big-2").await?;
+    let (b2, _) = manual_dump(&w, "big", 2).await?;
+    let artifact = std::fs::metadata(&f1)?.len();
+    // Restores, B C C B, from the same dump each.
+    let rb1 = manual_restore(&w, &f1, 1).await?;
+    let rc1 = controller_restore(&w, "big-copy-1", "big-1").await?;
+    let rc2 = controller_restore(&w, "big-copy-2", "big-1").await?;
+    let rb2 = manual_restore(&w, &f1, 2).await?;
+    let (_, dump_rss) = proc_usage(bkc.process.pid())?;
+    let (_, restore_rss) = proc_usage(dbc.process.pid())?;
+
+    let tp = |secs: f64| mb(size) / secs;
+    let (bd, cd) = ((b1 + b2) / 2.0, (c1 + c2) / 2.0);
+    let (br, cr) = ((rb1 + rb2) / 2.0, (rc1 + rc2) / 2.0);
+    println!(
+        "database: {:.0} MB (pg_database_size), artifact {:.0} MB\n",
+        mb(size),
+        mb(artifact)
+    );
+    println!("| | by hand | through the controllers | throughput ratio (target ≥ 0.9) |");
+    println!("|---|---|---|---|");
+    println!(
+        "| dump (runs B C C B) | {b1:.1} s, {b2:.1} s ({:.0} MB/s) | {c1:.1} s, {c2:.1} s ({:.0} MB/s) | {:.2} |",
+        tp(bd),
+        tp(cd),
+        bd / cd
+    );
+    println!(
+        "| restore (runs B C C B) | {rb1:.1} s, {rb2:.1} s ({:.0} MB/s) | {rc1:.1} s, {rc2:.1} s ({:.0} MB/s) | {:.2} |",
+        tp(br),
+        tp(cr),
+        br / cr
+    );
+    println!(
+        "| backup-controller peak RSS: after a {:.0} MB dump, after the {:.0} MB dumps | | {:.1} MiB, {:.1} MiB | |",
+        mb(small_size),
+        mb(size),
+        dump_rss_small as f64 / 1024.0,
+        dump_rss as f64 / 1024.0
+    );
+    println!(
+        "| database-controller peak RSS: after a {:.0} MB restore, after the {:.0} MB restores | | {:.1} MiB, {:.1} MiB | |",
+        mb(small_size),
+        mb(size),
+        restore_rss_small as f64 / 1024.0,
+        restore_rss as f64 / 1024.0
+    );
+    println!(
+        "\nby hand: `pg_dump -Fc -f file` and `pg_restore --single-transaction --exit-on-error --no-owner --no-privileges -d new` into a database created just before; \
+         controllers: Backup created → Completed (file:// store, SHA-256, manifest), Database with restoreFrom created → Ready (provisioning, checksum pass, pg_restore); {} cores",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+    drop((dbc, bkc));
+    Ok(())
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1e6
+}
+
+async fn create_database(w: &World, name: &str, restore_from: Option<&str>) -> Result<()> {
+    let mut spec = serde_json::json!({
+        "server": {"host": w.pg.host(), "port": w.pg.port(),
+                   "adminSecretRef": {"name": "pg-admin"}, "sslMode": "disable"},
+        "deletionPolicy": "Delete",
+    });
+    if let Some(backup) = restore_from {
+        spec["restoreFrom"] = serde_json::json!({"backupRef": {"name": backup}});
+    }
+    let db: Database = serde_json::from_value(serde_json::json!({
+        "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
+        "metadata": {"name": name}, "spec": spec,
+    }))?;
+    let api: Api<Database> = Api::namespaced(w.client.clone(), &w.ns);
+    api.create(&PostParams::default(), &db).await?;
+    dbops_e2e::wait::wait_for(
+        &format!("Database {name} Ready"),
+        LONG,
+        || async { Ok(api.get_opt(name).await?) },
+        |db| {
+            db.as_ref().is_some_and(|d| {
+                dbops_e2e::wait::database_has(
+                    d,
+                    dbops_e2e::wait::Want::new("Ready", "True", Some("Provisioned")),
+                )
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// `pgbench -i -s scale` as the Database's own role.
+async fn pgbench(w: &World, db: &str, scale: u32) -> Result<()> {
+    let secret = Api::<Secret>::namespaced(w.client.clone(), &w.ns)
+        .get(&format!("{db}-connection"))
+        .await?;
+    let data = secret.data.unwrap_or_default();
+    let value = |k: &str| -> Result<String> {
+        Ok(String::from_utf8(
+            data.get(k).context("connection Secret key")?.0.clone(),
+        )?)
+    };
+    let out = Command::new(w.bin.join("pgbench"))
+        .args(["-i", "-q", "-s", &scale.to_string()])
+        .env("PGHOST", value("PGHOST")?)
+        .env("PGPORT", value("PGPORT")?)
+        .env("PGUSER", value("PGUSER")?)
+        .env("PGPASSWORD", value("PGPASSWORD")?)
+        .env("PGDATABASE", value("PGDATABASE")?)
+        .output()?;
+    if !out.status.success() {
+        bail!("pgbench -i failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+async fn database_size(w: &World, db: &str) -> Result<u64> {
+    let c = w.pg.connect_as_superuser().await?;
+    let n: i64 = c
+        .query_one("SELECT pg_database_size($1)", &[&db])
+        .await?
+        .get(0);
+    Ok(u64::try_from(n)?)
+}
+
+fn superuser_env(w: &World, cmd: &mut Command) {
+    cmd.env("PGHOST", w.pg.host())
+        .env("PGPORT", w.pg.port().to_string())
+        .env("PGUSER", "postgres")
+        .env("PGPASSWORD", w.pg.superuser_password());
+}
+
+/// `pg_dump -Fc -f file` by hand; returns seconds and the file.
+async fn manual_dump(w: &World, db: &str, round: u32) -> Result<(f64, std::path::PathBuf)> {
+    let file = w.dir.join(format!("by-hand-{round}.dump"));
+    let mut cmd = Command::new(w.bin.join("pg_dump"));
+    cmd.args(["-Fc", "--no-password", "-f"])
+        .arg(&file)
+        .arg(format!("--dbname={db}"));
+    superuser_env(w, &mut cmd);
+    let t = Instant::now();
+    let out = cmd.output()?;
+    let secs = t.elapsed().as_secs_f64();
+    if !out.status.success() {
+        bail!("pg_dump failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    eprintln!("by hand dump {round}: {secs:.1} s");
+    Ok((secs, file))
+}
+
+/// CREATE DATABASE, then `pg_restore` with the controller's flags; returns seconds.
+async fn manual_restore(w: &World, file: &Path, round: u32) -> Result<f64> {
+    let name = format!("by_hand_{round}");
+    let c = w.pg.connect_as_superuser().await?;
+    let t = Instant::now();
+    c.batch_execute(&format!("CREATE DATABASE {name}")).await?;
+    let mut cmd = Command::new(w.bin.join("pg_restore"));
+    cmd.args([
+        "--single-transaction",
+        "--exit-on-error",
+        "--no-owner",
+        "--no-privileges",
+        "--no-password",
+    ])
+    .arg(format!("--dbname={name}"))
+    .arg(file);
+    superuser_env(w, &mut cmd);
+    let out = cmd.output()?;
+    let secs = t.elapsed().as_secs_f64();
+    if !out.status.success() {
+        bail!("pg_restore failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    eprintln!("by hand restore {round}: {secs:.1} s");
+    Ok(secs)
+}
+
+/// A Backup created and waited for until Completed; returns seconds.
+async fn controller_dump(w: &World, db: &str, name: &str) -> Result<f64> {
+    let api: Api<Backup> = Api::namespaced(w.client.clone(), &w.ns);
+    let backup: Backup = serde_json::from_value(serde_json::json!({
+        "apiVersion": "dbops.dev/v1alpha1", "kind": "Backup",
+        "metadata": {"name": name}, "spec": {"databaseRef": {"name": db}},
+    }))?;
+    let t = Instant::now();
+    api.create(&PostParams::default(), &backup).await?;
+    let done = dbops_e2e::wait::wait_for(
+        &format!("Backup {name} Completed"),
+        LONG,
+        || async { Ok(api.get_opt(name).await?) },
+        |b| {
+            b.as_ref()
+                .and_then(|b| b.status.as_ref())
+                .and_then(|s| s.phase)
+                .is_some_and(|p| matches!(p, BackupPhase::Completed | BackupPhase::Failed))
+        },
+    )
+    .await?;
+    let secs = t.elapsed().as_secs_f64();
+    if done.and_then(|b| b.status).and_then(|s| s.phase) != Some(BackupPhase::Completed) {
+        bail!("Backup {name} failed");
+    }
+    eprintln!("controller dump {name}: {secs:.1} s");
+    Ok(secs)
+}
+
+/// A Database restored from `backup`, created and waited for until Ready; returns seconds.
+async fn controller_restore(w: &World, name: &str, backup: &str) -> Result<f64> {
+    let t = Instant::now();
+    create_database(w, name, Some(backup)).await?;
+    let secs = t.elapsed().as_secs_f64();
+    eprintln!("controller restore {name}: {secs:.1} s");
+    Ok(secs)
+}
