@@ -30,6 +30,7 @@ use dbops_shared::postgres::Servers;
 use dbops_shared::telemetry;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::{self, reflector};
@@ -103,6 +104,7 @@ async fn main() -> ExitCode {
         verified: Verified::default(),
         written: Written::default(),
         databases: std::sync::OnceLock::new(),
+        secrets: std::sync::OnceLock::new(),
         last_prune: std::sync::Mutex::new(None),
         restorer: restore::Restorer {
             store: args.backup_store.clone(),
@@ -156,14 +158,37 @@ fn watches(
             })
             .await;
     });
-    c.owns(
-        controller::scoped_api::<Secret>(client.clone(), namespace),
-        watcher::Config::default().labels("app.kubernetes.io/managed-by=dbops"),
-    )
-    .watches(
+    // One watch of Secrets feeds a cache (admin and connection Secrets are read from it,
+    // not fetched per reconcile) and two triggers: owned connection Secrets, and admin
+    // Secrets mapped to their Databases.
+    let (secret_store, secret_writer) = reflector::store_shared::<Secret>(1024);
+    let _ = ctx.state.secrets.set(secret_store);
+    let (Some(owned_secrets), Some(admin_secrets)) =
+        (secret_writer.subscribe(), secret_writer.subscribe())
+    else {
+        unreachable!("a shared store can be subscribed to");
+    };
+    let secrets = watcher(
         controller::scoped_api::<Secret>(client.clone(), namespace),
         watcher::Config::default(),
-        move |secret: Secret| {
+    )
+    .default_backoff()
+    .modify(|s| {
+        s.managed_fields_mut().clear();
+    })
+    .reflect_shared(secret_writer);
+    tokio::spawn(async move {
+        secrets
+            .for_each(|event| {
+                if let Err(error) = event {
+                    tracing::warn!(%error, "Secret watch failed; retrying with backoff");
+                }
+                std::future::ready(())
+            })
+            .await;
+    });
+    c.owns_shared_stream(owned_secrets)
+        .watches_shared_stream(admin_secrets, move |secret: Arc<Secret>| {
             let ns = secret.metadata.namespace.clone().unwrap_or_default();
             let name = secret.metadata.name.clone().unwrap_or_default();
             index
@@ -172,37 +197,36 @@ fn watches(
                 .databases_using(&ns, &name)
                 .into_iter()
                 .map(move |db| ObjectRef::new(&db).within(&ns))
-        },
-    )
-    .watches(
-        controller::scoped_api::<Migration>(client.clone(), namespace),
-        watcher::Config::default(),
-        |m: Migration| {
-            let ns = m.metadata.namespace.clone().unwrap_or_default();
-            Some(ObjectRef::new(&m.spec.database_ref.name).within(&ns))
-        },
-    )
-    .watches(
-        controller::scoped_api::<Backup>(client.clone(), namespace),
-        watcher::Config::default(),
-        move |b: Backup| {
-            let ns = b.metadata.namespace.clone().unwrap_or_default();
-            let name = b.metadata.name.clone().unwrap_or_default();
-            // The Database this final snapshot is for ...
-            let final_of = b
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(FINAL_SNAPSHOT_LABEL))
-                .map(|db| ObjectRef::new(db).within(&ns));
-            // ... and the Databases waiting to be restored from it.
-            let restoring: Vec<ObjectRef<Database>> = databases
-                .state()
-                .iter()
-                .filter(|db| restore::waits_for(db, &ns, &name))
-                .map(|db| ObjectRef::from_obj(db.as_ref()))
-                .collect();
-            final_of.into_iter().chain(restoring)
-        },
-    )
+        })
+        .watches(
+            controller::scoped_api::<Migration>(client.clone(), namespace),
+            watcher::Config::default(),
+            |m: Migration| {
+                let ns = m.metadata.namespace.clone().unwrap_or_default();
+                Some(ObjectRef::new(&m.spec.database_ref.name).within(&ns))
+            },
+        )
+        .watches(
+            controller::scoped_api::<Backup>(client.clone(), namespace),
+            watcher::Config::default(),
+            move |b: Backup| {
+                let ns = b.metadata.namespace.clone().unwrap_or_default();
+                let name = b.metadata.name.clone().unwrap_or_default();
+                // The Database this final snapshot is for ...
+                let final_of = b
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(FINAL_SNAPSHOT_LABEL))
+                    .map(|db| ObjectRef::new(db).within(&ns));
+                // ... and the Databases waiting to be restored from it.
+                let restoring: Vec<ObjectRef<Database>> = databases
+                    .state()
+                    .iter()
+                    .filter(|db| restore::waits_for(db, &ns, &name))
+                    .map(|db| ObjectRef::from_obj(db.as_ref()))
+                    .collect();
+                final_of.into_iter().chain(restoring)
+            },
+        )
 }

@@ -23,7 +23,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::json;
 
 use crate::error::{Error, Result};
@@ -48,6 +48,8 @@ pub struct State {
     /// The controller's own cache of Databases (set up with the watches), to forget
     /// what is remembered about Databases that are gone.
     pub databases: std::sync::OnceLock<Store<Database>>,
+    /// Every Secret in scope, kept by the Secret watch (set up with the watches).
+    pub secrets: std::sync::OnceLock<Store<Secret>>,
     pub last_prune: Mutex<Option<Instant>>,
     /// The backup store and pg_restore, for `spec.restoreFrom`.
     pub restorer: restore::Restorer,
@@ -318,15 +320,36 @@ async fn remove_finalizer(db: &Database, api: &Api<Database>) -> Result<()> {
     Ok(dbops_shared::finalizer::set(db, api, FINALIZER, false).await?)
 }
 
+/// A Secret from the watch's cache or, when the cache does not hold it (not synced yet,
+/// or newer than the cache), from the API. A cached copy may be a little old; every change
+/// to it is a watch event that reconciles the Database again.
+async fn cached_secret(
+    ctx: &Context<State>,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Arc<Secret>>> {
+    if let Some(found) = ctx
+        .state
+        .secrets
+        .get()
+        .and_then(|store| store.get(&ObjectRef::new(name).within(namespace)))
+    {
+        return Ok(Some(found));
+    }
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    Ok(secrets.get_opt(name).await?.map(Arc::new))
+}
+
 /// Admin credentials from the Secret named in the spec, in the Database's namespace.
 async fn admin_credentials(ctx: &Context<State>, db: &Database) -> Result<Credentials> {
     let namespace = db.namespace().unwrap_or_default();
     let name = &db.spec.server.admin_secret_ref.name;
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let secret = secrets.get_opt(name).await?.ok_or_else(|| Error::Blocked {
-        reason: "AdminSecretNotFound",
-        message: format!("admin Secret {namespace}/{name} not found"),
-    })?;
+    let secret = cached_secret(ctx, &namespace, name)
+        .await?
+        .ok_or_else(|| Error::Blocked {
+            reason: "AdminSecretNotFound",
+            message: format!("admin Secret {namespace}/{name} not found"),
+        })?;
     Credentials::from_secret(&secret).map_err(|e| Error::Blocked {
         reason: "AdminSecretInvalid",
         message: format!("admin Secret {namespace}/{name}: {e}"),
@@ -377,9 +400,8 @@ async fn provision(
 
 /// Whether the connection Secret holds the password written and everything else current.
 async fn secret_is_current(db: &Database, ctx: &Context<State>) -> Result<bool> {
-    let secrets: Api<Secret> =
-        Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
-    let Some(existing) = secrets.get_opt(&db.connection_secret_name()).await? else {
+    let namespace = db.namespace().unwrap_or_default();
+    let Some(existing) = cached_secret(ctx, &namespace, &db.connection_secret_name()).await? else {
         return Ok(false);
     };
     Ok(secret::kept_password(&existing)
@@ -427,8 +449,8 @@ async fn provision_in_postgres(
 
     // The password: kept while the Secret still holds the one written; otherwise new.
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let existing = secrets.get_opt(&db.connection_secret_name()).await?;
-    let kept = existing.as_ref().and_then(secret::kept_password);
+    let existing = cached_secret(ctx, &namespace, &db.connection_secret_name()).await?;
+    let kept = existing.as_deref().and_then(secret::kept_password);
     let password = kept
         .clone()
         .unwrap_or_else(dbops_shared::postgres::generate_password);
@@ -661,7 +683,7 @@ async fn final_snapshot(db: &Database, ctx: &Context<State>) -> Result<()> {
     let backup = match backups.get_opt(&name).await? {
         Some(b) => b,
         None => {
-            let b: Backup = serde_json::from_value(json!({
+            let mut b: Backup = serde_json::from_value(json!({
                 "apiVersion": "dbops.dev/v1alpha1",
                 "kind": "Backup",
                 "metadata": {
@@ -672,6 +694,10 @@ async fn final_snapshot(db: &Database, ctx: &Context<State>) -> Result<()> {
                 "spec": {"databaseRef": {"name": db.name_any()}, "deletionPolicy": "Retain"},
             }))
             .map_err(|e| Error::Internal(e.to_string()))?;
+            // The backup-controller continues this reconcile's trace.
+            if let Some((key, value)) = dbops_shared::telemetry::trace_annotation() {
+                b.annotations_mut().insert(key, value);
+            }
             backups.create(&PostParams::default(), &b).await?
         }
     };
