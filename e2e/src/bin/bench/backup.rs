@@ -25,6 +25,9 @@ pub struct BackupArgs {
     /// pgbench scale of the big database (1 ≈ 15 MB; 70 ≈ 1 GB).
     #[arg(long, default_value_t = 70)]
     scale: u32,
+    /// Rounds of B C C B (by hand, controllers, controllers, by hand) per operation.
+    #[arg(long, default_value_t = 2)]
+    rounds: u32,
 }
 
 /// How long one dump or restore may take on a busy 2-core machine.
@@ -70,10 +73,7 @@ pub async fn run(args: BackupArgs) -> Result<()> {
         "database-controller",
         &kubeconfig,
         &logs,
-        &common(&[format!(
-            "--pg-restore={}",
-            bin.join("pg_restore").display()
-        )]),
+        &common(&[format!("--pg-restore={}", bin.join("pg_restore").display())]),
     )?;
     let bkc = ControllerProcess::start(
         "backup-controller",
@@ -110,41 +110,76 @@ pub async fn run(args: BackupArgs) -> Result<()> {
         t.elapsed().as_secs_f64()
     );
 
-    // Dumps, B C C B.
-    let (b1, f1) = manual_dump(&w, "big", 1).await?;
-    let c1 = controller_dump(&w, "big", "big-1").await?;
-    let c2 = controller_dump(&w, "big", "big-2").await?;
-    let (b2, _) = manual_dump(&w, "big", 2).await?;
+    // Dumps, then restores (each from the first dump), B C C B per round.
+    let (mut bd, mut cd, mut br, mut cr) = (vec![], vec![], vec![], vec![]);
+    let mut first: Option<std::path::PathBuf> = None;
+    let mut first_backup: Option<String> = None;
+    let mut n = 0;
+    for _ in 0..args.rounds {
+        for by_hand in [true, false, false, true] {
+            n += 1;
+            if by_hand {
+                let (secs, file) = manual_dump(&w, "big", n).await?;
+                bd.push(secs);
+                first.get_or_insert(file);
+            } else {
+                let name = format!("big-{n}");
+                cd.push(controller_dump(&w, "big", &name).await?);
+                first_backup.get_or_insert(name);
+            }
+        }
+    }
+    let (Some(f1), Some(first_backup)) = (first, first_backup) else {
+        bail!("no dump was made");
+    };
     let artifact = std::fs::metadata(&f1)?.len();
-    // Restores, B C C B, from the same dump each.
-    let rb1 = manual_restore(&w, &f1, 1).await?;
-    let rc1 = controller_restore(&w, "big-copy-1", "big-1").await?;
-    let rc2 = controller_restore(&w, "big-copy-2", "big-1").await?;
-    let rb2 = manual_restore(&w, &f1, 2).await?;
+    let mut m = 0;
+    for _ in 0..args.rounds {
+        for by_hand in [true, false, false, true] {
+            m += 1;
+            if by_hand {
+                br.push(manual_restore(&w, &f1, m).await?);
+            } else {
+                cr.push(controller_restore(&w, &format!("big-copy-{m}"), &first_backup).await?);
+            }
+        }
+    }
     let (_, dump_rss) = proc_usage(bkc.process.pid())?;
     let (_, restore_rss) = proc_usage(dbc.process.pid())?;
 
     let tp = |secs: f64| mb(size) / secs;
-    let (bd, cd) = ((b1 + b2) / 2.0, (c1 + c2) / 2.0);
-    let (br, cr) = ((rb1 + rb2) / 2.0, (rc1 + rc2) / 2.0);
+    let list = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (bdm, cdm, brm, crm) = (median(&bd), median(&cd), median(&br), median(&cr));
     println!(
         "database: {:.0} MB (pg_database_size), artifact {:.0} MB\n",
         mb(size),
         mb(artifact)
     );
-    println!("| | by hand | through the controllers | throughput ratio (target ≥ 0.9) |");
+    println!(
+        "| {} rounds of B C C B; seconds, median throughput | by hand | through the controllers | throughput ratio, medians (target ≥ 0.9) |",
+        args.rounds
+    );
     println!("|---|---|---|---|");
     println!(
-        "| dump (runs B C C B) | {b1:.1} s, {b2:.1} s ({:.0} MB/s) | {c1:.1} s, {c2:.1} s ({:.0} MB/s) | {:.2} |",
-        tp(bd),
-        tp(cd),
-        bd / cd
+        "| dump | {} s ({:.0} MB/s) | {} s ({:.0} MB/s) | {:.2} |",
+        list(&bd),
+        tp(bdm),
+        list(&cd),
+        tp(cdm),
+        bdm / cdm
     );
     println!(
-        "| restore (runs B C C B) | {rb1:.1} s, {rb2:.1} s ({:.0} MB/s) | {rc1:.1} s, {rc2:.1} s ({:.0} MB/s) | {:.2} |",
-        tp(br),
-        tp(cr),
-        br / cr
+        "| restore | {} s ({:.0} MB/s) | {} s ({:.0} MB/s) | {:.2} |",
+        list(&br),
+        tp(brm),
+        list(&cr),
+        tp(crm),
+        brm / crm
     );
     println!(
         "| backup-controller peak RSS: after a {:.0} MB dump, after the {:.0} MB dumps | | {:.1} MiB, {:.1} MiB | |",
@@ -169,6 +204,16 @@ pub async fn run(args: BackupArgs) -> Result<()> {
     );
     drop((dbc, bkc));
     Ok(())
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 fn mb(bytes: u64) -> f64 {
@@ -227,7 +272,10 @@ async fn pgbench(w: &World, db: &str, scale: u32) -> Result<()> {
         .env("PGDATABASE", value("PGDATABASE")?)
         .output()?;
     if !out.status.success() {
-        bail!("pgbench -i failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "pgbench -i failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(())
 }
@@ -286,7 +334,10 @@ async fn manual_restore(w: &World, file: &Path, round: u32) -> Result<f64> {
     let out = cmd.output()?;
     let secs = t.elapsed().as_secs_f64();
     if !out.status.success() {
-        bail!("pg_restore failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "pg_restore failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     eprintln!("by hand restore {round}: {secs:.1} s");
     Ok(secs)
