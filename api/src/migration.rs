@@ -132,6 +132,44 @@ pub struct MigrationStatus {
     /// Ready, Progressing and Failed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+
+    /// The server the Database was on when the Migration started (recorded by Preflight):
+    /// FreezeSource, its compensation and Cleanup act on it, whatever the Database says
+    /// later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_server: Option<ServerSpec>,
+
+    /// The UID of the Database moved (recorded by Preflight): the ownership mark looked
+    /// for on the source and written on the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database_uid: Option<String>,
+
+    /// What FreezeSource found before it changed anything, written before the change, so
+    /// the compensation restores exactly that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze: Option<FreezeRecord>,
+
+    /// True once ProvisionTarget is about to change the target server (written before its
+    /// first statement there): until then a rollback has nothing to remove on the target.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub target_touched: bool,
+
+    /// The Database's metadata.generation after SwitchTraffic patched spec.server: the
+    /// switch is complete when the Database is Ready at this generation or a later one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switched_generation: Option<i64>,
+}
+
+/// The source database's settings before FreezeSource changed them.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FreezeRecord {
+    /// The database's connection limit before the freeze (-1: none).
+    pub previous_connection_limit: i32,
+    /// The database-level `default_transaction_read_only` setting before the freeze;
+    /// absent when the database had none (the compensation then resets it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_read_only: Option<String>,
 }
 
 /// Lifecycle phase of a Migration.
@@ -173,6 +211,20 @@ impl MigrationStep {
         MigrationStep::SwitchTraffic,
         MigrationStep::Cleanup,
     ];
+
+    /// The step's name as it appears in status, Events and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigrationStep::Preflight => "Preflight",
+            MigrationStep::Snapshot => "Snapshot",
+            MigrationStep::FreezeSource => "FreezeSource",
+            MigrationStep::ProvisionTarget => "ProvisionTarget",
+            MigrationStep::CopyData => "CopyData",
+            MigrationStep::Verify => "Verify",
+            MigrationStep::SwitchTraffic => "SwitchTraffic",
+            MigrationStep::Cleanup => "Cleanup",
+        }
+    }
 }
 
 /// The state of one step.
@@ -192,6 +244,10 @@ pub struct StepStatus {
     /// What the step did, or why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Attempts that ended in a retryable error; the step is rolled back once they reach
+    /// the controller's limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_attempts: Option<i32>,
 }
 
 /// The state of a step.

@@ -1,28 +1,45 @@
-//! dbops migration-controller: reconciles `Migration` objects (dbops.dev/v1alpha1).
+//! dbops migration-controller: moves a `Database` (dbops.dev/v1alpha1) to another
+//! PostgreSQL server as a resumable saga, one `Migration` at a time per Database:
+//! Preflight → Snapshot → FreezeSource → ProvisionTarget → CopyData → Verify →
+//! SwitchTraffic → Cleanup, with compensations in reverse order when a step before
+//! SwitchTraffic fails. See `saga` for the driver and `steps` for the steps.
 //!
-//! For now the reconcile does only honest minimal work: it logs at debug
-//! "observed Migration <namespace>/<name> generation <g>" and requeues after
-//! `--resync-interval`. It makes NO writes, to the API or to PostgreSQL; the real logic
-//! comes in later issues. It will later also watch Databases and Backups (the migration snapshot); not yet.
+//! Watches: Migrations (new generations: spec changes and deletion); the snapshot Backups
+//! they own; Databases, mapped to their Migrations through an index on
+//! `spec.databaseRef` (the switch completes when the Database is Ready on the target).
 //!
 //! Startup: telemetry, a Kubernetes client (KUBECONFIG or in-cluster), a check that the
-//! CRD migrations.dbops.dev is served (exit 1 with "CRD migrations.dbops.dev is not installed" otherwise), the health
-//! and metrics server, then the controller until SIGTERM/SIGINT, after which the process
-//! exits 0 once in-flight reconciles have finished.
+//! CRD migrations.dbops.dev is served (exit 1 with "CRD migrations.dbops.dev is not
+//! installed" otherwise), the health and metrics server, then the controller until
+//! SIGTERM/SIGINT. A step interrupted by a shutdown or a crash is resumed by the next
+//! process from the record in the Migration's status.
 
-use std::{process::ExitCode, sync::Arc};
+mod copy;
+mod error;
+mod progress;
+mod saga;
+mod sql;
+mod steps;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
-use dbops_api::Migration;
-use dbops_shared::{
-    cli::CommonArgs,
-    controller::{self, Context},
-    telemetry,
-};
-use kube::{ResourceExt, runtime::controller::Action};
+use dbops_api::{Backup, Database, Migration, MigrationStep};
+use dbops_shared::cli::{CommonArgs, parse_duration};
+use dbops_shared::controller::{self, Configure, Context};
+use dbops_shared::postgres::Servers;
+use dbops_shared::telemetry;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+
+use crate::saga::{CrashPoint, DatabaseIndex, State};
 
 /// The controller name: metrics label, Lease `dbops-migration-controller`, Event reporter.
-const CONTROLLER: &str = "migration-controller";
+const CONTROLLER: &str = dbops_shared::metrics::MIGRATION_CONTROLLER;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -33,6 +50,58 @@ const CONTROLLER: &str = "migration-controller";
 struct Args {
     #[command(flatten)]
     common: CommonArgs,
+
+    /// The pg_dump program (a path, or a name looked up in PATH); at least the source's
+    /// major version.
+    #[arg(long, env = "DBOPS_PG_DUMP", default_value = "pg_dump")]
+    pg_dump: PathBuf,
+
+    /// The pg_restore program (a path, or a name looked up in PATH).
+    #[arg(long, env = "DBOPS_PG_RESTORE", default_value = "pg_restore")]
+    pg_restore: PathBuf,
+
+    /// Failed attempts of a step before SwitchTraffic after which the Migration is rolled
+    /// back (retries follow the --backoff-base/--backoff-max curve).
+    #[arg(long, env = "DBOPS_STEP_MAX_ATTEMPTS", default_value_t = 3,
+          value_parser = clap::value_parser!(i32).range(1..))]
+    step_max_attempts: i32,
+
+    /// Concurrent SQL sessions per PostgreSQL server, across all reconciles.
+    #[arg(long, env = "DBOPS_MAX_SESSIONS_PER_SERVER", default_value_t = 4)]
+    max_sessions_per_server: usize,
+
+    /// Consecutive connection failures after which a server is left alone for a while.
+    #[arg(long, env = "DBOPS_BREAKER_THRESHOLD", default_value_t = 5)]
+    breaker_threshold: u32,
+
+    /// How long a failing server is left alone.
+    #[arg(long, env = "DBOPS_BREAKER_OPEN_FOR", default_value = "30s", value_parser = parse_duration)]
+    breaker_open_for: Duration,
+
+    /// Testing only: exit with code 86 at `<Step>:started` (the step's Running record is
+    /// written, nothing done yet) or `<Step>:done` (its effects are done, its Succeeded
+    /// record not yet written), to prove that a new process resumes from there.
+    #[arg(long, hide = true, value_parser = parse_crash_point)]
+    debug_exit_at: Option<CrashPoint>,
+}
+
+fn parse_crash_point(value: &str) -> Result<CrashPoint, String> {
+    let (step, point) = value
+        .split_once(':')
+        .ok_or_else(|| format!("expected <Step>:started or <Step>:done, got {value:?}"))?;
+    let step = MigrationStep::ALL
+        .into_iter()
+        .find(|s| s.as_str() == step)
+        .ok_or_else(|| format!("unknown step {step:?}"))?;
+    let after_side_effects = match point {
+        "started" => false,
+        "done" => true,
+        other => return Err(format!("expected started or done, got {other:?}")),
+    };
+    Ok(CrashPoint {
+        step,
+        after_side_effects,
+    })
 }
 
 #[tokio::main]
@@ -45,76 +114,102 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let servers = Servers::new(
+        args.max_sessions_per_server,
+        args.breaker_threshold,
+        args.breaker_open_for,
+    );
+    let namespace = args.common.watch_namespace.clone();
+    let configure: Configure<Migration, State> =
+        Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref()));
+    let (pg_dump, pg_restore) = (args.pg_dump.clone(), args.pg_restore.clone());
+    let (max_attempts, crash_at) = (args.step_max_attempts, args.debug_exit_at);
+    let state = move |client: kube::Client, reporter| State {
+        servers,
+        recorder: Recorder::new(client, reporter),
+        index: DatabaseIndex::default(),
+        pg_dump,
+        pg_restore,
+        max_attempts,
+        crash_at,
+    };
     controller::exit_code(
         controller::run::<Migration, _, _, _, _>(
             CONTROLLER,
             &args.common,
-            move |_, _| (),
-            controller::Trigger::AnyChange,
-            controller::no_extra_watches(),
-            reconcile,
+            state,
+            // Status writes are the controller's own; Backups and Databases have watches
+            // of their own, and waits requeue after the resync interval.
+            controller::Trigger::GenerationChange,
+            configure,
+            saga::reconcile,
         )
         .await,
     )
 }
 
-/// Observes the object and does nothing else yet.
-async fn reconcile(
-    obj: Arc<Migration>,
-    ctx: Arc<Context<()>>,
-) -> Result<Action, std::convert::Infallible> {
-    tracing::debug!(
-        "observed Migration {}/{} generation {}",
-        obj.namespace().unwrap_or_default(),
-        obj.name_any(),
-        obj.metadata.generation.unwrap_or_default()
-    );
-    Ok(Action::requeue(ctx.resync_interval))
+/// The snapshot Backups the Migrations own, and the Databases they move.
+fn watches(
+    c: kube::runtime::Controller<Migration>,
+    ctx: &Arc<Context<State>>,
+    namespace: Option<&str>,
+) -> kube::runtime::Controller<Migration> {
+    let client = ctx.client.clone();
+    let index = ctx.clone();
+    c.owns(
+        controller::scoped_api::<Backup>(client.clone(), namespace),
+        watcher::Config::default().labels(steps::SNAPSHOT_LABEL),
+    )
+    .watches(
+        controller::scoped_api::<Database>(client, namespace),
+        watcher::Config::default(),
+        move |db: Database| {
+            let ns = db.metadata.namespace.clone().unwrap_or_default();
+            let name = db.metadata.name.clone().unwrap_or_default();
+            index
+                .state
+                .index
+                .migrations_of(&ns, &name)
+                .into_iter()
+                .map(move |m| ObjectRef::new(&m).within(&ns))
+        },
+    )
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
-    use dbops_shared::{health::HealthState, metrics::Metrics};
-    use http::{Request, Response};
-    use kube::{Client, client::Body};
-
     use super::*;
 
-    /// Unit test with a mocked API (tower-test), not an integration test: the reconcile,
-    /// run through the shared wrapper, requeues after the resync interval and sends nothing
-    /// to the API server.
-    #[tokio::test]
-    async fn reconcile_observes_and_makes_no_api_call() {
-        let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    #[test]
+    fn the_debug_exit_point_names_a_step_and_a_moment() {
+        assert_eq!(
+            parse_crash_point("CopyData:done"),
+            Ok(CrashPoint {
+                step: MigrationStep::CopyData,
+                after_side_effects: true
+            })
+        );
+        assert_eq!(
+            parse_crash_point("Preflight:started"),
+            Ok(CrashPoint {
+                step: MigrationStep::Preflight,
+                after_side_effects: false
+            })
+        );
+        assert!(parse_crash_point("Copy:done").is_err());
+        assert!(parse_crash_point("CopyData").is_err());
+        assert!(parse_crash_point("CopyData:later").is_err());
+    }
+
+    #[test]
+    fn flags_have_sensible_defaults() {
         let args = Args::try_parse_from(["dbops-migration-controller"]).unwrap();
-        let ctx: Arc<Context<()>> = Arc::new(Context::new(
-            CONTROLLER,
-            Client::new(service, "default"),
-            &args.common,
-            HealthState::new(false),
-            Arc::new(Metrics::new(CONTROLLER)),
-            (),
-        ));
-        let obj: Migration = serde_json::from_value(serde_json::json!({
-            "apiVersion": "dbops.dev/v1alpha1", "kind": "Migration",
-            "metadata": {"name": "orders-to-target", "namespace": "default", "uid": "uid-1", "generation": 1},
-            "spec": {
-                "databaseRef": {"name": "orders"},
-                "target": {"server": {"host": "127.0.0.1", "adminSecretRef": {"name": "pg-target-admin"}}}
-            }
-        }))
-        .unwrap();
-
-        let work = reconcile(Arc::new(obj.clone()), ctx.clone());
-        let action = controller::instrumented_reconcile(Arc::new(obj), ctx.clone(), work)
-            .await
-            .unwrap();
-        assert_eq!(action, Action::requeue(args.common.resync_interval));
-
-        drop(ctx);
-        let next = tokio::time::timeout(Duration::from_secs(5), api.next_request()).await;
-        assert!(matches!(next, Ok(None)), "reconcile called the API");
+        assert_eq!(args.step_max_attempts, 3);
+        assert_eq!(args.pg_dump, PathBuf::from("pg_dump"));
+        assert!(args.debug_exit_at.is_none());
+        assert!(
+            Args::try_parse_from(["x", "--step-max-attempts=0"]).is_err(),
+            "at least one attempt"
+        );
     }
 }

@@ -2,13 +2,38 @@
 //!
 //! - `dbops_reconciles_total{controller, outcome}`: finished reconciles (`success`, `error`);
 //! - `dbops_reconcile_errors_total{controller, reason}`: failed reconciles by error reason;
-//! - `dbops_reconcile_duration_seconds{controller}`: reconcile duration histogram.
+//! - `dbops_reconcile_duration_seconds{controller}`: reconcile duration histogram;
+//! - `dbops_resources{controller, kind, condition, status}`: the objects in the
+//!   controller's watch store by condition, counted at scrape time;
+//! - `dbops_external_requests_total{target, outcome}`: requests to the Kubernetes API
+//!   (`kubernetes`: one per HTTP request; outcome `ok`, `client_error`, `server_error`,
+//!   `error` when no answer came), PostgreSQL (`postgres`: one per connection and per
+//!   statement; `ok`, `error`) and the backup store (`store`: one per operation; `ok`,
+//!   `error`);
+//!
+//! in the backup-controller only ([`BackupMetrics`]):
+//!
+//! - `dbops_backup_bytes_total`: bytes of completed backup artifacts;
+//! - `dbops_backup_duration_seconds`: time from a Backup's start to its completion;
+//! - `dbops_backup_last_success_timestamp_seconds{namespace, database}`: when the last
+//!   Backup of a Database completed (Unix time);
+//!
+//! and in the migration-controller only ([`MigrationMetrics`]):
+//!
+//! - `dbops_migration_step_duration_seconds{step}`: time from a saga step's start to its
+//!   success (across controller restarts, from the times in the Migration's status);
+//! - `dbops_migration_rollbacks_total{failed_step}`: rollbacks started, by failed step.
 
-use std::{fmt::Write, time::Instant};
+use std::{
+    collections::BTreeMap,
+    fmt::Write,
+    sync::{Arc, LazyLock, Mutex, PoisonError},
+    time::Instant,
+};
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder, text::encode},
-    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::{Registry, Unit},
 };
 
@@ -18,29 +43,105 @@ const DURATION_BUCKETS: [f64; 11] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 /// The registry of a process and the metrics of its controller.
 #[derive(Debug)]
 pub struct Metrics {
-    registry: Registry,
+    registry: Arc<Registry>,
     controller: ControllerMetrics,
+    migration: Option<MigrationMetrics>,
+    resources: Arc<Resources>,
+    backup: Option<BackupMetrics>,
 }
+
+/// The controller whose process also registers [`MigrationMetrics`].
+pub const MIGRATION_CONTROLLER: &str = "migration-controller";
 
 impl Metrics {
     /// A registry prefixed `dbops` holding the metrics of `controller`.
     pub fn new(controller: &str) -> Self {
         let mut registry = Registry::with_prefix("dbops");
+        let migration =
+            (controller == MIGRATION_CONTROLLER).then(|| MigrationMetrics::register(&mut registry));
+        let backup =
+            (controller == BACKUP_CONTROLLER).then(|| BackupMetrics::register(&mut registry));
         let controller = ControllerMetrics::register(&mut registry, controller);
+        let resources = Arc::new(Resources::default());
+        registry.register(
+            "resources",
+            "Objects in the controller's watch store by condition type and status",
+            resources.gauge.clone(),
+        );
+        registry.register(
+            "external_requests",
+            "Requests to the Kubernetes API, PostgreSQL and the backup store, by outcome",
+            EXTERNAL_REQUESTS.clone(),
+        );
         Self {
-            registry,
+            registry: Arc::new(registry),
             controller,
+            migration,
+            resources,
+            backup,
         }
+    }
+
+    /// The same registry and metric families, labelled `controller`: for a second
+    /// controller in the same process (its series appear in the same `/metrics`).
+    pub fn for_controller(&self, controller: &str) -> Self {
+        Self {
+            registry: self.registry.clone(),
+            controller: ControllerMetrics {
+                controller: controller.to_owned(),
+                ..self.controller.clone()
+            },
+            migration: self.migration.clone(),
+            resources: self.resources.clone(),
+            backup: self.backup.clone(),
+        }
+    }
+
+    /// Counts, at each scrape, the objects `conditions` lists (one `(type, status)` per
+    /// condition of each object) under this controller's label and `kind`.
+    pub fn count_resources(
+        &self,
+        kind: &str,
+        conditions: impl Fn() -> Vec<(String, String)> + Send + Sync + 'static,
+    ) {
+        let source = ResourceSource {
+            controller: self.controller.controller.clone(),
+            kind: kind.to_owned(),
+            conditions: Box::new(conditions),
+        };
+        self.resources
+            .sources
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(source);
+    }
+
+    /// The backup metrics; present in the backup-controller only.
+    pub fn backup(&self) -> Option<&BackupMetrics> {
+        self.backup.as_ref()
     }
 
     pub fn controller(&self) -> &ControllerMetrics {
         &self.controller
     }
 
+    /// The saga metrics; present in the migration-controller only.
+    pub fn migration(&self) -> Option<&MigrationMetrics> {
+        self.migration.as_ref()
+    }
+
     /// Everything registered, in the OpenMetrics text format.
     pub fn encode(&self) -> Result<String, MetricsError> {
+        // One scrape at a time, so the resource counts are never half refreshed.
+        let sources = self
+            .resources
+            .sources
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.resources.refresh(&sources);
         let mut body = String::new();
         encode(&mut body, &self.registry).map_err(|_| MetricsError::Encode)?;
+        drop(sources);
         Ok(body)
     }
 }
@@ -173,6 +274,238 @@ impl Drop for ReconcileTimer {
     }
 }
 
+/// Upper bounds (seconds) of the migration step duration buckets: a step lasts from
+/// milliseconds (Preflight) to an hour (CopyData of a large database).
+const STEP_BUCKETS: [f64; 12] = [
+    0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepLabels {
+    step: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RollbackLabels {
+    failed_step: String,
+}
+
+type StepHistogramFamily = Family<StepLabels, Histogram, fn() -> Histogram>;
+
+/// The migration saga's metrics.
+#[derive(Debug, Clone)]
+pub struct MigrationMetrics {
+    step_duration: StepHistogramFamily,
+    rollbacks: Family<RollbackLabels, Counter>,
+}
+
+impl MigrationMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            step_duration: StepHistogramFamily::new_with_constructor(|| {
+                Histogram::new(STEP_BUCKETS)
+            }),
+            rollbacks: Family::default(),
+        };
+        registry.register_with_unit(
+            "migration_step_duration",
+            "Duration of migration saga steps, from start to success",
+            Unit::Seconds,
+            metrics.step_duration.clone(),
+        );
+        registry.register(
+            "migration_rollbacks",
+            "Migration rollbacks started, by the step that failed",
+            metrics.rollbacks.clone(),
+        );
+        metrics
+    }
+
+    /// Records that `step` succeeded after `seconds`.
+    pub fn observe_step(&self, step: &str, seconds: f64) {
+        self.step_duration
+            .get_or_create(&StepLabels {
+                step: step.to_owned(),
+            })
+            .observe(seconds);
+    }
+
+    /// Counts a rollback started because `failed_step` failed.
+    pub fn record_rollback(&self, failed_step: &str) {
+        self.rollbacks
+            .get_or_create(&RollbackLabels {
+                failed_step: failed_step.to_owned(),
+            })
+            .inc();
+    }
+}
+
+/// The controller whose process also registers [`BackupMetrics`].
+pub const BACKUP_CONTROLLER: &str = "backup-controller";
+
+/// Where an external request went.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Target {
+    Kubernetes,
+    Postgres,
+    Store,
+}
+
+impl Target {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kubernetes => "kubernetes",
+            Self::Postgres => "postgres",
+            Self::Store => "store",
+        }
+    }
+}
+
+impl EncodeLabelValue for Target {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ExternalLabels {
+    target: Target,
+    outcome: &'static str,
+}
+
+/// One family per process, registered in every [`Metrics`] registry: the PostgreSQL
+/// sessions and the backup store count their requests without a handle on the registry.
+static EXTERNAL_REQUESTS: LazyLock<Family<ExternalLabels, Counter>> =
+    LazyLock::new(Family::default);
+
+/// Counts one request to `target` that ended with `outcome` (a short snake_case word:
+/// `ok`, `error`, `client_error`, ...).
+pub fn record_external_request(target: Target, outcome: &'static str) {
+    EXTERNAL_REQUESTS
+        .get_or_create(&ExternalLabels { target, outcome })
+        .inc();
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabels {
+    controller: String,
+    kind: String,
+    condition: String,
+    status: String,
+}
+
+/// What one controller counts into `dbops_resources` at each scrape.
+struct ResourceSource {
+    controller: String,
+    kind: String,
+    conditions: Box<dyn Fn() -> Vec<(String, String)> + Send + Sync>,
+}
+
+/// The `dbops_resources` gauge and the watch stores it is computed from.
+#[derive(Default)]
+struct Resources {
+    gauge: Family<ResourceLabels, Gauge>,
+    sources: Mutex<Vec<ResourceSource>>,
+}
+
+impl std::fmt::Debug for Resources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resources").finish_non_exhaustive()
+    }
+}
+
+impl Resources {
+    /// Sets the gauge to what the sources hold now; series of vanished conditions go.
+    fn refresh(&self, sources: &[ResourceSource]) {
+        let mut counts: BTreeMap<(&str, &str, String, String), i64> = BTreeMap::new();
+        for source in sources {
+            for (condition, status) in (source.conditions)() {
+                *counts
+                    .entry((&source.controller, &source.kind, condition, status))
+                    .or_default() += 1;
+            }
+        }
+        self.gauge.clear();
+        for ((controller, kind, condition, status), count) in counts {
+            self.gauge
+                .get_or_create(&ResourceLabels {
+                    controller: controller.to_owned(),
+                    kind: kind.to_owned(),
+                    condition,
+                    status,
+                })
+                .set(count);
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackupLabels {
+    namespace: String,
+    database: String,
+}
+
+/// Upper bounds (seconds) of the backup duration buckets: seconds to hours.
+const BACKUP_BUCKETS: [f64; 11] = [
+    1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0,
+];
+
+/// The backup-controller's metrics of completed Backups.
+#[derive(Debug, Clone)]
+pub struct BackupMetrics {
+    bytes: Counter,
+    duration: Histogram,
+    last_success: Family<BackupLabels, Gauge>,
+}
+
+impl BackupMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            bytes: Counter::default(),
+            duration: Histogram::new(BACKUP_BUCKETS),
+            last_success: Family::default(),
+        };
+        registry.register_with_unit(
+            "backup",
+            "Bytes of completed backup artifacts",
+            Unit::Bytes,
+            metrics.bytes.clone(),
+        );
+        registry.register_with_unit(
+            "backup_duration",
+            "Time from a Backup's start to its completion",
+            Unit::Seconds,
+            metrics.duration.clone(),
+        );
+        registry.register(
+            "backup_last_success_timestamp_seconds",
+            "When the last Backup of a Database completed, in seconds since the Unix epoch",
+            metrics.last_success.clone(),
+        );
+        metrics
+    }
+
+    /// Records a completed Backup of Database `namespace/database`: `bytes` long, taking
+    /// `seconds`, completed at `completed_unix` (seconds since the epoch).
+    pub fn record_completed(
+        &self,
+        namespace: &str,
+        database: &str,
+        bytes: u64,
+        seconds: f64,
+        completed_unix: i64,
+    ) {
+        self.bytes.inc_by(bytes);
+        self.duration.observe(seconds);
+        self.last_success
+            .get_or_create(&BackupLabels {
+                namespace: namespace.to_owned(),
+                database: database.to_owned(),
+            })
+            .set(completed_unix);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,5 +533,76 @@ mod tests {
         assert!(text.contains(
             r#"dbops_reconcile_duration_seconds_count{controller="database-controller"} 1"#
         ));
+    }
+
+    #[test]
+    fn a_second_controller_shares_the_registry_under_its_own_label() {
+        let metrics = Metrics::new("backup-controller");
+        let scheduler = metrics.for_controller("backup-scheduler");
+        scheduler.controller().record_outcome(Outcome::Success);
+        let text = metrics.encode().unwrap();
+        assert!(text.contains(
+            r#"dbops_reconciles_total{controller="backup-scheduler",outcome="success"} 1"#
+        ));
+        assert_eq!(text.matches("# TYPE dbops_reconciles counter").count(), 1);
+    }
+
+    #[test]
+    fn migration_steps_and_rollbacks_are_measured_in_the_migration_controller_only() {
+        let metrics = Metrics::new(MIGRATION_CONTROLLER);
+        let migration = metrics.migration().unwrap();
+        migration.observe_step("CopyData", 2.0);
+        migration.record_rollback("Verify");
+        let text = metrics.encode().unwrap();
+        assert!(text.contains(r#"dbops_migration_step_duration_seconds_count{step="CopyData"} 1"#));
+        assert!(text.contains(r#"dbops_migration_rollbacks_total{failed_step="Verify"} 1"#));
+        assert!(Metrics::new("database-controller").migration().is_none());
+    }
+
+    #[test]
+    fn resources_are_counted_by_condition_at_scrape_time() {
+        let metrics = Metrics::new("database-controller");
+        let objects = Arc::new(Mutex::new(vec![("Ready", "True"), ("Ready", "True")]));
+        let source = objects.clone();
+        metrics.count_resources("Database", move || {
+            source
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(c, s)| (c.to_string(), s.to_string()))
+                .collect()
+        });
+        let text = metrics.encode().unwrap();
+        assert!(text.contains(
+            r#"dbops_resources{controller="database-controller",kind="Database",condition="Ready",status="True"} 2"#
+        ), "{text}");
+        *objects.lock().unwrap() = vec![("Ready", "False")];
+        let text = metrics.encode().unwrap();
+        assert!(
+            text.contains(r#"condition="Ready",status="False"} 1"#),
+            "{text}"
+        );
+        assert!(!text.contains(r#"status="True""#), "{text}");
+    }
+
+    #[test]
+    fn external_requests_and_backups_are_counted() {
+        let metrics = Metrics::new(BACKUP_CONTROLLER);
+        record_external_request(Target::Store, "ok");
+        metrics
+            .backup()
+            .unwrap()
+            .record_completed("ns", "orders", 1234, 2.0, 1_700_000_000);
+        let text = metrics.encode().unwrap();
+        assert!(text.contains(r#"dbops_external_requests_total{target="store",outcome="ok"}"#));
+        assert!(text.contains("dbops_backup_bytes_total 1234"), "{text}");
+        assert!(
+            text.contains("dbops_backup_duration_seconds_count 1"),
+            "{text}"
+        );
+        assert!(text.contains(
+            r#"dbops_backup_last_success_timestamp_seconds{namespace="ns",database="orders"} 1700000000"#
+        ), "{text}");
+        assert!(Metrics::new("database-controller").backup().is_none());
     }
 }

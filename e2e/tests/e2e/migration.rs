@@ -1,0 +1,1084 @@
+//! The migration-controller against a real control plane, two real PostgreSQL servers
+//! (source and target) and the other two controllers as processes: the saga moves a
+//! Database with pgbench data while a writer keeps inserting, without losing a write the
+//! writer saw committed; failures at Preflight, Snapshot and after the freeze roll back;
+//! a controller killed at every step resumes to Succeeded without repeating DDL; Manual
+//! cutover waits for approval; a second Migration of the same Database is refused, and
+//! deleting an active Migration rolls it back.
+//!
+//! Each test has its own namespace, two servers, a backup store and the three controllers
+//! (watching only that namespace, resync 5 s, backoff 1 s..5 s). No test prints a
+//! password: logs are redacted before they are shown.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dbops_api::{
+    Backup, BackupPhase, Database, Migration, MigrationPhase, MigrationStep, StepState,
+};
+use dbops_e2e::postgres::redact_passwords;
+use dbops_e2e::wait::{Want, wait_for};
+use dbops_e2e::{ControllerProcess, PgServer};
+use k8s_openapi::api::core::v1::{Event, Secret};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::{Bed, bed};
+
+const SOURCE_ADMIN: &str = "pg-source-admin";
+const TARGET_ADMIN: &str = "pg-target-admin";
+/// Provisioning, a small dump and restore on a busy 2-core machine.
+const READY: Duration = Duration::from_secs(120);
+/// A whole saga with pgbench data on a busy 2-core machine.
+const SAGA: Duration = Duration::from_secs(240);
+/// The exit code of the migration-controller's `--debug-exit-at`.
+const DEBUG_EXIT: i32 = 86;
+
+/// One test's world: namespace, two servers, admin Secrets, store, three controllers.
+struct Setup {
+    // Dropped in this order: the controllers first, then PostgreSQL, then the namespace.
+    migration_controller: Option<ControllerProcess>,
+    backup_controller: Option<ControllerProcess>,
+    database_controller: Option<ControllerProcess>,
+    source: PgServer,
+    target: PgServer,
+    b: Bed,
+    _store: tempfile::TempDir,
+    /// The backup-controller's `--backup-store`.
+    store_url: String,
+    logs: tempfile::TempDir,
+}
+
+impl Setup {
+    async fn new(prefix: &str) -> Self {
+        Self::with_store(prefix, None).await
+    }
+
+    async fn with_store(prefix: &str, store_url: Option<&dyn Fn(&Path) -> String>) -> Self {
+        let b = bed(prefix).await;
+        let source = PgServer::start(&format!("{prefix}-src")).await.unwrap();
+        let target = PgServer::start(&format!("{prefix}-dst")).await.unwrap();
+        let store = tempfile::Builder::new()
+            .prefix(&format!("dbops-{prefix}-store-"))
+            .tempdir()
+            .unwrap();
+        let store_url = match store_url {
+            Some(f) => f(store.path()),
+            None => format!("file://{}", store.path().display()),
+        };
+        let mut s = Self {
+            migration_controller: None,
+            backup_controller: None,
+            database_controller: None,
+            source,
+            target,
+            b,
+            _store: store,
+            store_url,
+            logs: tempfile::Builder::new()
+                .prefix(&format!("dbops-{prefix}-logs-"))
+                .tempdir()
+                .unwrap(),
+        };
+        s.create_admin_secret(SOURCE_ADMIN, true).await;
+        s.create_admin_secret(TARGET_ADMIN, false).await;
+        s.database_controller = Some(s.start("database-controller", vec![]));
+        s.backup_controller = Some(s.start(
+            "backup-controller",
+            vec![
+                format!("--backup-store={}", s.store_url),
+                format!("--pg-dump={}", bin("pg_dump")),
+                "--max-concurrent-backups=2".into(),
+            ],
+        ));
+        s
+    }
+
+    fn ns(&self) -> &str {
+        self.b.ns.name()
+    }
+
+    async fn create_admin_secret(&self, name: &str, source: bool) {
+        let pg = if source { &self.source } else { &self.target };
+        let mut secret = Secret::default();
+        secret.metadata.name = Some(name.to_string());
+        secret.string_data = Some(BTreeMap::from([
+            ("username".to_string(), "postgres".to_string()),
+            ("password".to_string(), pg.superuser_password().to_string()),
+        ]));
+        Api::<Secret>::namespaced(self.b.client.clone(), self.ns())
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+    }
+
+    fn start(&self, name: &str, extra: Vec<String>) -> ControllerProcess {
+        let kubeconfig = self
+            .b
+            .cp
+            .kubeconfig_for(&format!("dbops-{name}"), &["system:masters"])
+            .unwrap();
+        let mut args = vec![
+            format!("--watch-namespace={}", self.ns()),
+            "--resync-interval=5s".to_string(),
+            "--backoff-base=1s".to_string(),
+            "--backoff-max=5s".to_string(),
+        ];
+        args.extend(extra);
+        ControllerProcess::start(name, &kubeconfig, self.logs.path(), &args)
+            .unwrap_or_else(|e| panic!("starting the {name}: {}", self.redact(&format!("{e:#}"))))
+    }
+
+    /// Starts the migration-controller with `extra` flags after the defaults.
+    fn start_migration_controller(&mut self, extra: &[&str]) {
+        let mut args = vec![
+            format!("--pg-dump={}", bin("pg_dump")),
+            format!("--pg-restore={}", bin("pg_restore")),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        self.migration_controller = Some(self.start("migration-controller", args));
+    }
+
+    /// Waits for the migration-controller to exit by itself; returns its exit code.
+    fn wait_migration_controller_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let mut c = self.migration_controller.take().unwrap();
+        match c.process.wait_exit(timeout) {
+            Ok(status) => status.code(),
+            Err(e) => panic!(
+                "{e:#}\n---- migration-controller log ----\n{}",
+                self.log("migration-controller", 8000)
+            ),
+        }
+    }
+
+    fn log(&self, controller: &str, max_bytes: u64) -> String {
+        let path = self.logs.path().join(format!("{controller}.log"));
+        self.redact(&dbops_e2e::process::log_tail(&path, max_bytes))
+    }
+
+    fn redact(&self, text: &str) -> String {
+        redact_passwords(
+            &text
+                .replace(self.source.superuser_password(), "<source-password>")
+                .replace(self.target.superuser_password(), "<target-password>"),
+        )
+    }
+
+    fn databases(&self) -> Api<Database> {
+        Api::namespaced(self.b.client.clone(), self.ns())
+    }
+
+    fn migrations(&self) -> Api<Migration> {
+        Api::namespaced(self.b.client.clone(), self.ns())
+    }
+
+    /// A Database on the source server, Ready.
+    async fn create_database(&self, name: &str) -> Database {
+        self.create_database_with(name, &[]).await
+    }
+
+    /// A Database on the source server with these extensions, Ready.
+    async fn create_database_with(&self, name: &str, extensions: &[&str]) -> Database {
+        let db: Database = serde_json::from_value(json!({
+            "apiVersion": "dbops.dev/v1alpha1",
+            "kind": "Database",
+            "metadata": {"name": name},
+            "spec": {
+                "server": {
+                    "host": self.source.host(),
+                    "port": self.source.port(),
+                    "adminSecretRef": {"name": SOURCE_ADMIN},
+                    "sslMode": "disable",
+                },
+                "extensions": extensions,
+            },
+        }))
+        .unwrap();
+        self.databases()
+            .create(&PostParams::default(), &db)
+            .await
+            .unwrap();
+        match dbops_e2e::wait::database_condition(
+            &self.b.client,
+            self.ns(),
+            name,
+            Want::new("Ready", "True", Some("Provisioned")),
+            READY,
+        )
+        .await
+        {
+            Ok(db) => db,
+            Err(e) => panic!(
+                "{e:#}\n---- database-controller log ----\n{}",
+                self.log("database-controller", 6000)
+            ),
+        }
+    }
+
+    /// The connection Secret's values.
+    async fn connection(&self, db: &str) -> Conn {
+        let secret = Api::<Secret>::namespaced(self.b.client.clone(), self.ns())
+            .get(&format!("{db}-connection"))
+            .await
+            .unwrap();
+        let data = secret.data.unwrap_or_default();
+        let value = |k: &str| String::from_utf8(data.get(k).unwrap().0.clone()).unwrap();
+        Conn {
+            host: value("PGHOST"),
+            port: value("PGPORT").parse().unwrap(),
+            user: value("PGUSER"),
+            password: value("PGPASSWORD"),
+            dbname: value("PGDATABASE"),
+        }
+    }
+
+    /// `pgbench -i -s <scale>` into the Database, as its own role.
+    async fn pgbench(&self, db: &str, scale: u32) {
+        let c = self.connection(db).await;
+        let out = Command::new(bin("pgbench"))
+            .args(["-i", "-q", "-s", &scale.to_string()])
+            .env("PGHOST", &c.host)
+            .env("PGPORT", c.port.to_string())
+            .env("PGUSER", &c.user)
+            .env("PGPASSWORD", &c.password)
+            .env("PGDATABASE", &c.dbname)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pgbench -i failed: {}",
+            self.redact(&String::from_utf8_lossy(&out.stderr))
+        );
+    }
+
+    async fn create_migration(&self, name: &str, db: &str, extra: serde_json::Value) {
+        let mut spec = json!({
+            "databaseRef": {"name": db},
+            "target": {"server": {
+                "host": self.target.host(),
+                "port": self.target.port(),
+                "adminSecretRef": {"name": TARGET_ADMIN},
+                "sslMode": "disable",
+            }},
+        });
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+            spec.extend(extra.clone());
+        }
+        let m: Migration = serde_json::from_value(json!({
+            "apiVersion": "dbops.dev/v1alpha1",
+            "kind": "Migration",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+        .unwrap();
+        self.migrations()
+            .create(&PostParams::default(), &m)
+            .await
+            .unwrap();
+    }
+
+    /// Waits for the Migration to satisfy `done`; on timeout the panic shows its status
+    /// and the controllers' logs.
+    async fn wait_migration(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&Migration) -> bool,
+    ) -> Migration {
+        let api = self.migrations();
+        let found = wait_for(
+            &format!("Migration {name}: {what}"),
+            timeout,
+            || async { Ok(api.get_opt(name).await?.map(MigrationView)) },
+            |m| m.as_ref().is_some_and(|m| done(&m.0)),
+        )
+        .await;
+        match found {
+            Ok(Some(m)) => m.0,
+            Ok(None) => unreachable!(),
+            Err(e) => panic!(
+                "{e:#}\n---- migration-controller log ----\n{}",
+                self.log("migration-controller", 12000)
+            ),
+        }
+    }
+
+    async fn wait_phase(&self, name: &str, phase: MigrationPhase, timeout: Duration) -> Migration {
+        self.wait_migration(name, &format!("phase {phase:?}"), timeout, |m| {
+            phase_of(m) == Some(phase)
+        })
+        .await
+    }
+
+    async fn events_about(&self, kind: &str, name: &str) -> Vec<Event> {
+        let events: Api<Event> = Api::namespaced(self.b.client.clone(), self.ns());
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.involved_object.kind.as_deref() == Some(kind)
+                    && e.involved_object.name.as_deref() == Some(name)
+            })
+            .collect()
+    }
+
+    /// Whether the owner role can write to the Database on the source (what an
+    /// application would do), creating a probe table if needed.
+    async fn source_writable(&self, db: &str, c: &Conn) -> Result<(), String> {
+        let client = self
+            .source
+            .connect(&c.user, &c.password, db)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        client
+            .batch_execute("CREATE TABLE IF NOT EXISTS probe (x int); INSERT INTO probe VALUES (1)")
+            .await
+            .map_err(|e| format!("write: {e}"))
+    }
+
+    async fn superuser_scalar_i64(pg: &PgServer, db: &str, sql: &str) -> i64 {
+        let client = pg
+            .connect(dbops_e2e::postgres::SUPERUSER, pg.superuser_password(), db)
+            .await
+            .unwrap();
+        client.query_one(sql, &[]).await.unwrap().get(0)
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- migration-controller log tail ({}) ----\n{}\n---- database-controller log tail ----\n{}\n---- backup-controller log tail ----\n{}\n---- source postgres log tail ----\n{}\n---- target postgres log tail ----\n{}",
+                self.ns(),
+                self.log("migration-controller", 12000),
+                self.log("database-controller", 4000),
+                self.log("backup-controller", 3000),
+                self.redact(&self.source.log_tail(3000)),
+                self.redact(&self.target.log_tail(3000)),
+            );
+        }
+    }
+}
+
+/// What a connection Secret says.
+#[derive(Clone)]
+struct Conn {
+    host: String,
+    port: u16,
+    user: String,
+    password: String,
+    dbname: String,
+}
+
+fn bin(name: &str) -> String {
+    dbops_e2e::paths::postgres_bin_dir()
+        .unwrap()
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// A Migration shown by its status only, for failure messages.
+struct MigrationView(Migration);
+
+impl std::fmt::Debug for MigrationView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Migration {:?} finalizers {:?} deleting {} status {}",
+            self.0.metadata.name,
+            self.0.metadata.finalizers,
+            self.0.metadata.deletion_timestamp.is_some(),
+            serde_json::to_string(&self.0.status).unwrap_or_default()
+        )
+    }
+}
+
+fn phase_of(m: &Migration) -> Option<MigrationPhase> {
+    m.status.as_ref().and_then(|s| s.phase)
+}
+
+fn condition<'a>(
+    m: &'a Migration,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    m.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+}
+
+fn step_state(m: &Migration, step: MigrationStep) -> Option<StepState> {
+    m.status
+        .as_ref()
+        .and_then(|s| s.steps.iter().find(|x| x.name == step))
+        .map(|s| s.state)
+}
+
+/// The writer: inserts 1, 2, 3, ... one autocommit statement each, through the
+/// connection Secret's values as read at its start (the source), reconnecting after an
+/// error, until told to stop. Pacing (1 ms between attempts) keeps it from spinning on
+/// refused connections; nothing waits on a sleep.
+struct Writer {
+    committed: Arc<Mutex<Vec<i64>>>,
+    /// (number, error) of every attempt that failed.
+    failed: Arc<Mutex<Vec<(i64, String)>>>,
+    stop: tokio_util_like::Stop,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// A tiny stop flag (tokio-util is not a dependency of the e2e crate).
+mod tokio_util_like {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[derive(Clone, Default)]
+    pub struct Stop(Arc<AtomicBool>);
+
+    impl Stop {
+        pub fn stop(&self) {
+            self.0.store(true, Ordering::Release);
+        }
+        pub fn stopped(&self) -> bool {
+            self.0.load(Ordering::Acquire)
+        }
+    }
+}
+
+impl Writer {
+    fn start(pg_port: u16, c: Conn) -> Self {
+        let committed = Arc::new(Mutex::new(Vec::new()));
+        let failed = Arc::new(Mutex::new(Vec::new()));
+        let stop = tokio_util_like::Stop::default();
+        let (com, fail, st) = (committed.clone(), failed.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut client: Option<tokio_postgres::Client> = None;
+            let mut n: i64 = 0;
+            while !st.stopped() {
+                n += 1;
+                if client.as_ref().is_none_or(|c| c.is_closed()) {
+                    let mut config = tokio_postgres::Config::new();
+                    config
+                        .host(&c.host)
+                        .port(pg_port)
+                        .user(&c.user)
+                        .password(&c.password)
+                        .dbname(&c.dbname)
+                        .connect_timeout(Duration::from_secs(5));
+                    match config.connect(tokio_postgres::NoTls).await {
+                        Ok((cl, connection)) => {
+                            tokio::spawn(async move {
+                                let _ = connection.await;
+                            });
+                            client = Some(cl);
+                        }
+                        Err(e) => {
+                            fail.lock().unwrap().push((n, format!("connect: {e}")));
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            continue;
+                        }
+                    }
+                }
+                let cl = client.as_ref().unwrap();
+                match cl
+                    .execute("INSERT INTO writes (n) VALUES ($1)", &[&n])
+                    .await
+                {
+                    Ok(_) => com.lock().unwrap().push(n),
+                    Err(e) => {
+                        fail.lock().unwrap().push((n, format!("insert: {e}")));
+                        client = None;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        });
+        Self {
+            committed,
+            failed,
+            stop,
+            task,
+        }
+    }
+
+    fn committed(&self) -> usize {
+        self.committed.lock().unwrap().len()
+    }
+
+    async fn finish(self) -> (Vec<i64>, Vec<(i64, String)>) {
+        self.stop.stop();
+        self.task.await.unwrap();
+        let committed = self.committed.lock().unwrap().clone();
+        let failed = self.failed.lock().unwrap().clone();
+        (committed, failed)
+    }
+}
+
+/// (1) The happy path: pgbench data and a writer inserting numbered rows; the writer is
+/// stopped by the freeze (loudly: every later attempt fails), every row it saw committed
+/// is on the target, and the Database is Ready there with the same connection Secret.
+#[tokio::test]
+async fn a_database_moves_with_every_committed_write() {
+    let mut s = Setup::new("mig-happy").await;
+    s.start_migration_controller(&[]);
+    // pgcrypto: an extension the owner does not own (created by the database-controller).
+    s.create_database_with("app", &["pgcrypto"]).await;
+    s.pgbench("app", 1).await;
+    let c = s.connection("app").await;
+    let owner = s.source.connect(&c.user, &c.password, "app").await.unwrap();
+    owner
+        .batch_execute(
+            "CREATE TABLE writes (n bigint PRIMARY KEY); \
+             CREATE TABLE hashed AS SELECT digest('x', 'sha256') AS h; \
+             COMMENT ON TABLE writes IS 'numbered rows'",
+        )
+        .await
+        .unwrap();
+    drop(owner);
+
+    let writer = Writer::start(s.source.port(), c.clone());
+    wait_for(
+        "the writer to commit 50 rows",
+        Duration::from_secs(30),
+        || async { Ok(writer.committed()) },
+        |n| *n >= 50,
+    )
+    .await
+    .unwrap();
+    s.create_migration("app-move", "app", json!({})).await;
+    let done = s
+        .wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
+        .await;
+    let (committed, failed) = writer.finish().await;
+
+    // The freeze stopped the writer, loudly, and for good.
+    let first_failure = failed
+        .first()
+        .map(|(n, _)| *n)
+        .expect("the freeze made writes fail");
+    assert!(
+        committed.iter().all(|n| *n < first_failure),
+        "a write succeeded after the freeze: first failure at {first_failure}, last success {:?}",
+        committed.last()
+    );
+    assert!(committed.len() >= 50);
+
+    // Every committed row is on the target, and nothing the writer did not attempt.
+    let target_db = s
+        .target
+        .connect(
+            dbops_e2e::postgres::SUPERUSER,
+            s.target.superuser_password(),
+            "app",
+        )
+        .await
+        .unwrap();
+    let rows: BTreeSet<i64> = target_db
+        .query("SELECT n FROM writes", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let committed_set: BTreeSet<i64> = committed.iter().copied().collect();
+    assert!(
+        committed_set.is_subset(&rows),
+        "committed rows missing on the target: {:?}",
+        committed_set.difference(&rows).take(10).collect::<Vec<_>>()
+    );
+    assert!(
+        rows.iter().all(|n| *n <= first_failure),
+        "the target holds rows never attempted before the freeze"
+    );
+    let accounts: i64 = target_db
+        .query_one("SELECT count(*) FROM pgbench_accounts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(accounts, 100_000);
+    let owner_of_table: String = target_db
+        .query_one(
+            "SELECT tableowner::text FROM pg_tables WHERE tablename = 'pgbench_accounts'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        owner_of_table, c.user,
+        "objects belong to the Database's owner role"
+    );
+    let (hashed, comment): (i64, Option<String>) = {
+        let row = target_db
+            .query_one(
+                "SELECT (SELECT count(*) FROM hashed WHERE h = digest('x', 'sha256')), \
+                        obj_description('writes'::regclass, 'pg_class')",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(
+        hashed, 1,
+        "pgcrypto works on the target and the data matches"
+    );
+    assert_eq!(
+        comment.as_deref(),
+        Some("numbered rows"),
+        "comments are copied"
+    );
+
+    // Every step Succeeded with times; the snapshot Backup Completed.
+    let status = done.status.clone().unwrap();
+    assert_eq!(status.steps.len(), 8);
+    for step in &status.steps {
+        assert_eq!(step.state, StepState::Succeeded, "{step:?}");
+        assert!(
+            step.started_at.is_some() && step.finished_at.is_some(),
+            "{step:?}"
+        );
+    }
+    assert!(condition(&done, "Ready").is_some_and(|c| c.status == "True"));
+    let snapshot = status.snapshot_ref.clone().unwrap().name;
+    let backup = Api::<Backup>::namespaced(s.b.client.clone(), s.ns())
+        .get(&snapshot)
+        .await
+        .unwrap();
+    assert_eq!(
+        backup.status.as_ref().and_then(|b| b.phase),
+        Some(BackupPhase::Completed)
+    );
+
+    // The Database is Ready on the target at the switched generation; the Secret (same
+    // name) points there and works.
+    let db = s.databases().get("app").await.unwrap();
+    assert_eq!(db.spec.server.port, i32::from(s.target.port()));
+    let db_status = db.status.clone().unwrap();
+    assert!(db_status.observed_generation >= status.switched_generation);
+    assert!(dbops_e2e::wait::database_has(
+        &db,
+        Want::new("Ready", "True", Some("Provisioned"))
+    ));
+    let after = s.connection("app").await;
+    assert_eq!(after.port, s.target.port());
+    let app = s
+        .target
+        .connect(&after.user, &after.password, &after.dbname)
+        .await
+        .expect("the connection Secret logs in on the target");
+    app.execute("INSERT INTO writes (n) VALUES (-1)", &[])
+        .await
+        .expect("the target is writable for the application");
+
+    // The source is kept frozen (sourceRetention Keep).
+    let limit = Setup::superuser_scalar_i64(
+        &s.source,
+        "postgres",
+        "SELECT datconnlimit::bigint FROM pg_database WHERE datname = 'app'",
+    )
+    .await;
+    assert_eq!(limit, 0);
+
+    // An Event per step, and the step durations in the metrics.
+    let events = s.events_about("Migration", "app-move").await;
+    for step in MigrationStep::ALL {
+        let reason = format!("{}Succeeded", step.as_str());
+        assert!(
+            events
+                .iter()
+                .any(|e| e.reason.as_deref() == Some(reason.as_str())),
+            "no {reason} Event: {:?}",
+            events.iter().map(|e| e.reason.clone()).collect::<Vec<_>>()
+        );
+    }
+    let (_, metrics) = s
+        .migration_controller
+        .as_ref()
+        .unwrap()
+        .get("/metrics")
+        .unwrap();
+    for step in MigrationStep::ALL {
+        let line = format!(
+            "dbops_migration_step_duration_seconds_count{{step=\"{}\"}} 1",
+            step.as_str()
+        );
+        assert!(metrics.contains(&line), "no {line} in\n{metrics}");
+    }
+}
+
+/// (2a) A database of that name already on the target: Preflight fails, nothing is
+/// changed anywhere, and the Migration ends RolledBack saying why.
+#[tokio::test]
+async fn a_name_conflict_on_the_target_fails_preflight_and_changes_nothing() {
+    let mut s = Setup::new("mig-conflict").await;
+    s.start_migration_controller(&[]);
+    s.create_database("app").await;
+    let admin = s.target.connect_as_superuser().await.unwrap();
+    admin.batch_execute("CREATE DATABASE app").await.unwrap();
+    admin
+        .batch_execute("COMMENT ON DATABASE app IS 'someone else''s'")
+        .await
+        .unwrap();
+    s.create_migration("app-move", "app", json!({})).await;
+    let m = s
+        .wait_phase("app-move", MigrationPhase::RolledBack, READY)
+        .await;
+    let status = m.status.clone().unwrap();
+    assert_eq!(status.failed_step, Some(MigrationStep::Preflight));
+    let failed = condition(&m, "Failed").unwrap();
+    assert_eq!(
+        (failed.status.as_str(), failed.reason.as_str()),
+        ("True", "NameConflict")
+    );
+    assert!(
+        failed.message.contains("already exists"),
+        "{}",
+        failed.message
+    );
+    assert!(status.snapshot_ref.is_none(), "no snapshot was taken");
+    assert_eq!(
+        step_state(&m, MigrationStep::Snapshot),
+        Some(StepState::Pending)
+    );
+    // Nothing changed: the foreign database keeps its comment, no role appeared, the
+    // source stays writable.
+    assert_eq!(
+        s.target.database_comment("app").await.unwrap().as_deref(),
+        Some("someone else's")
+    );
+    assert!(!s.target.role_exists("app").await.unwrap());
+    let c = s.connection("app").await;
+    s.source_writable("app", &c).await.unwrap();
+    assert!(
+        m.finalizers().is_empty(),
+        "the finalizer is gone at the end"
+    );
+}
+
+/// (2b) The snapshot Backup fails (the store cannot be written): RolledBack at Snapshot,
+/// the source never frozen, the target untouched.
+#[tokio::test]
+async fn a_failed_snapshot_rolls_back() {
+    let blocked = |dir: &Path| {
+        let file = dir.join("a-regular-file");
+        std::fs::write(&file, b"not a directory").unwrap();
+        format!("file://{}/store", file.display())
+    };
+    let mut s = Setup::with_store("mig-snapfail", Some(&blocked)).await;
+    s.start_migration_controller(&[]);
+    s.create_database("app").await;
+    s.create_migration("app-move", "app", json!({})).await;
+    let m = s
+        .wait_phase("app-move", MigrationPhase::RolledBack, SAGA)
+        .await;
+    let status = m.status.clone().unwrap();
+    assert_eq!(status.failed_step, Some(MigrationStep::Snapshot));
+    let failed = condition(&m, "Failed").unwrap();
+    assert_eq!(failed.reason, "SnapshotFailed", "{failed:?}");
+    assert!(status.freeze.is_none(), "the source was never frozen");
+    assert_eq!(
+        step_state(&m, MigrationStep::FreezeSource),
+        Some(StepState::Pending)
+    );
+    let c = s.connection("app").await;
+    s.source_writable("app", &c).await.unwrap();
+    assert!(!s.target.database_exists("app").await.unwrap());
+    assert!(!s.target.role_exists("app").await.unwrap());
+    let events = s.events_about("Migration", "app-move").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("RolledBack"))
+    );
+}
+
+/// (2c) The target goes away after the freeze: ProvisionTarget fails its attempts, the
+/// rollback unfreezes exactly what was frozen, and the target (once back) is clean.
+#[tokio::test]
+async fn the_target_stopped_after_the_freeze_rolls_back_and_unfreezes() {
+    let mut s = Setup::new("mig-tgtdown").await;
+    s.create_database("app").await;
+    let c = s.connection("app").await;
+    // Stop right after ProvisionTarget's record says it began, before it touched anything.
+    s.start_migration_controller(&["--debug-exit-at=ProvisionTarget:started"]);
+    s.create_migration("app-move", "app", json!({})).await;
+    let code = s.wait_migration_controller_exit(SAGA);
+    assert_eq!(code, Some(DEBUG_EXIT));
+    assert!(
+        s.source_writable("app", &c).await.is_err(),
+        "the source is frozen at this point"
+    );
+    s.target.stop().unwrap();
+    s.start_migration_controller(&["--step-max-attempts=2"]);
+    let m = s
+        .wait_phase("app-move", MigrationPhase::RolledBack, SAGA)
+        .await;
+    let status = m.status.clone().unwrap();
+    assert_eq!(status.failed_step, Some(MigrationStep::ProvisionTarget));
+    assert_eq!(condition(&m, "Failed").unwrap().reason, "ServerUnreachable");
+    assert_eq!(
+        step_state(&m, MigrationStep::FreezeSource),
+        Some(StepState::Compensated)
+    );
+    // Exactly what was frozen is undone: the limit and the setting as they were.
+    s.source_writable("app", &c).await.unwrap();
+    let limit = Setup::superuser_scalar_i64(
+        &s.source,
+        "postgres",
+        "SELECT datconnlimit::bigint FROM pg_database WHERE datname = 'app'",
+    )
+    .await;
+    assert_eq!(limit, -1);
+    let settings = Setup::superuser_scalar_i64(
+        &s.source,
+        "postgres",
+        "SELECT count(*) FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = 'app'",
+    )
+    .await;
+    assert_eq!(
+        settings, 0,
+        "default_transaction_read_only was reset, not set off"
+    );
+    s.target.start_again().await.unwrap();
+    assert!(!s.target.database_exists("app").await.unwrap());
+    assert!(!s.target.role_exists("app").await.unwrap());
+}
+
+/// (2d) The target goes away after ProvisionTarget created the role and database there:
+/// CopyData fails, the rollback unfreezes the source at once although the target's
+/// compensation cannot run yet, and completes (target clean) once the target is back.
+#[tokio::test]
+async fn a_target_down_during_the_copy_holds_up_only_its_own_compensation() {
+    let mut s = Setup::new("mig-tgtlate").await;
+    s.create_database("app").await;
+    let c = s.connection("app").await;
+    s.start_migration_controller(&["--debug-exit-at=CopyData:started"]);
+    s.create_migration("app-move", "app", json!({})).await;
+    assert_eq!(s.wait_migration_controller_exit(SAGA), Some(DEBUG_EXIT));
+    assert!(s.target.database_exists("app").await.unwrap());
+    s.target.stop().unwrap();
+    s.start_migration_controller(&["--step-max-attempts=2", "--breaker-open-for=2s"]);
+    let m = s
+        .wait_migration(
+            "app-move",
+            "rolling back with the target's compensation pending",
+            SAGA,
+            |m| {
+                phase_of(m) == Some(MigrationPhase::RollingBack)
+                    && step_state(m, MigrationStep::FreezeSource) == Some(StepState::Compensated)
+            },
+        )
+        .await;
+    assert_eq!(
+        m.status.as_ref().unwrap().failed_step,
+        Some(MigrationStep::CopyData)
+    );
+    assert_eq!(
+        step_state(&m, MigrationStep::ProvisionTarget),
+        Some(StepState::Succeeded),
+        "not compensated while the target is down"
+    );
+    s.source_writable("app", &c)
+        .await
+        .expect("the source is writable again while the target is down");
+
+    s.target.start_again().await.unwrap();
+    let m = s
+        .wait_phase("app-move", MigrationPhase::RolledBack, SAGA)
+        .await;
+    assert_eq!(
+        step_state(&m, MigrationStep::ProvisionTarget),
+        Some(StepState::Compensated)
+    );
+    assert!(!s.target.database_exists("app").await.unwrap());
+    assert!(!s.target.role_exists("app").await.unwrap());
+    let db = s.databases().get("app").await.unwrap();
+    assert_eq!(db.spec.server.port, i32::from(s.source.port()));
+}
+
+/// (3) The controller exits at every step, after the step's effects and before its record
+/// says Succeeded (and at a few step starts); each new process resumes, and in the end
+/// the Migration Succeeded with every DDL statement run once.
+#[tokio::test]
+async fn a_controller_killed_at_every_step_resumes_to_succeeded() {
+    let mut s = Setup::new("mig-crash").await;
+    s.create_database("app").await;
+    s.pgbench("app", 1).await;
+    s.create_migration("app-move", "app", json!({"sourceRetention": "Drop"}))
+        .await;
+    let mut points: Vec<String> = MigrationStep::ALL
+        .iter()
+        .map(|step| format!("{}:done", step.as_str()))
+        .collect();
+    points.insert(4, "CopyData:started".into());
+    points.insert(7, "SwitchTraffic:started".into());
+    for point in &points {
+        s.start_migration_controller(&[&format!("--debug-exit-at={point}")]);
+        let code = s.wait_migration_controller_exit(SAGA);
+        assert_eq!(code, Some(DEBUG_EXIT), "the process stopped at {point}");
+    }
+    s.start_migration_controller(&[]);
+    let m = s
+        .wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
+        .await;
+    for step in MigrationStep::ALL {
+        assert_eq!(step_state(&m, step), Some(StepState::Succeeded), "{step:?}");
+    }
+    // Exactly one snapshot, dumped once.
+    let backups = Api::<Backup>::namespaced(s.b.client.clone(), s.ns())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(backups.len(), 1);
+    assert_eq!(backups[0].status.as_ref().and_then(|b| b.attempts), Some(1));
+    // The data is there, once.
+    let accounts =
+        Setup::superuser_scalar_i64(&s.target, "app", "SELECT count(*) FROM pgbench_accounts")
+            .await;
+    assert_eq!(accounts, 100_000);
+    // No side effect was repeated: each DDL of the saga ran once.
+    let target_ddl = s.target.ddl_statements().unwrap();
+    let source_ddl = s.source.ddl_statements().unwrap();
+    let count = |ddl: &[String], needle: &str| ddl.iter().filter(|l| l.contains(needle)).count();
+    assert_eq!(
+        count(&target_ddl, "CREATE ROLE \"app\""),
+        1,
+        "{target_ddl:#?}"
+    );
+    assert_eq!(
+        count(&target_ddl, "CREATE DATABASE \"app\""),
+        1,
+        "{target_ddl:#?}"
+    );
+    assert_eq!(
+        count(&target_ddl, "CREATE TABLE public.pgbench_accounts"),
+        1,
+        "{target_ddl:#?}"
+    );
+    assert_eq!(
+        count(&source_ddl, "CONNECTION LIMIT 0"),
+        1,
+        "{source_ddl:#?}"
+    );
+    assert_eq!(
+        count(&source_ddl, "DROP DATABASE IF EXISTS \"app\""),
+        1,
+        "{source_ddl:#?}"
+    );
+    // sourceRetention Drop: the source database and role are gone; the Database lives on
+    // the target.
+    assert!(!s.source.database_exists("app").await.unwrap());
+    assert!(!s.source.role_exists("app").await.unwrap());
+    let c = s.connection("app").await;
+    assert_eq!(c.port, s.target.port());
+    s.target
+        .connect(&c.user, &c.password, &c.dbname)
+        .await
+        .expect("the Secret logs in on the target");
+}
+
+/// (4) Manual cutover: the Migration waits in AwaitingApproval after Verify with the
+/// Database untouched; `approved: true` switches it.
+#[tokio::test]
+async fn a_manual_cutover_waits_for_approval() {
+    let mut s = Setup::new("mig-manual").await;
+    s.start_migration_controller(&[]);
+    s.create_database("app").await;
+    s.create_migration("app-move", "app", json!({"cutover": "Manual"}))
+        .await;
+    let m = s
+        .wait_phase("app-move", MigrationPhase::AwaitingApproval, SAGA)
+        .await;
+    assert_eq!(
+        step_state(&m, MigrationStep::Verify),
+        Some(StepState::Succeeded)
+    );
+    assert_eq!(
+        step_state(&m, MigrationStep::SwitchTraffic),
+        Some(StepState::Pending)
+    );
+    let db = s.databases().get("app").await.unwrap();
+    assert_eq!(
+        db.spec.server.port,
+        i32::from(s.source.port()),
+        "not switched yet"
+    );
+    assert_eq!(s.connection("app").await.port, s.source.port());
+
+    s.migrations()
+        .patch(
+            "app-move",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"approved": true}})),
+        )
+        .await
+        .unwrap();
+    s.wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
+        .await;
+    let db = s.databases().get("app").await.unwrap();
+    assert_eq!(db.spec.server.port, i32::from(s.target.port()));
+    assert_eq!(s.connection("app").await.port, s.target.port());
+}
+
+/// (5) A second Migration of a Database with an active one is refused with a condition;
+/// deleting the active one (parked for approval) rolls it back before it goes.
+#[tokio::test]
+async fn a_second_migration_is_refused_and_a_deleted_one_rolls_back() {
+    let mut s = Setup::new("mig-second").await;
+    s.start_migration_controller(&[]);
+    s.create_database("app").await;
+    s.create_migration("first", "app", json!({"cutover": "Manual"}))
+        .await;
+    s.wait_phase("first", MigrationPhase::AwaitingApproval, SAGA)
+        .await;
+    s.create_migration("second", "app", json!({})).await;
+    let second = s.wait_phase("second", MigrationPhase::Failed, READY).await;
+    let ready = condition(&second, "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "MigrationAlreadyActive")
+    );
+    assert!(ready.message.contains("first"), "{}", ready.message);
+    assert!(
+        second.status.as_ref().unwrap().steps.is_empty(),
+        "the refused Migration did nothing"
+    );
+    let first = s.migrations().get("first").await.unwrap();
+    assert_eq!(phase_of(&first), Some(MigrationPhase::AwaitingApproval));
+
+    // Deleting the parked Migration rolls it back first: the source is writable again,
+    // the target clean, and then the Migration is gone.
+    let c = s.connection("app").await;
+    assert!(
+        s.source_writable("app", &c).await.is_err(),
+        "frozen while parked"
+    );
+    s.migrations()
+        .delete("first", &DeleteParams::default())
+        .await
+        .unwrap();
+    let api = s.migrations();
+    wait_for(
+        "Migration first to be gone",
+        SAGA,
+        || async { Ok(api.get_opt("first").await?.map(MigrationView)) },
+        |m| m.is_none(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", s.log("migration-controller", 8000)));
+    s.source_writable("app", &c).await.unwrap();
+    assert!(!s.target.database_exists("app").await.unwrap());
+    assert!(!s.target.role_exists("app").await.unwrap());
+    let db = s.databases().get("app").await.unwrap();
+    assert_eq!(db.spec.server.port, i32::from(s.source.port()));
+}

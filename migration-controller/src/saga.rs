@@ -1,0 +1,507 @@
+//! The Migration reconcile: the saga driver.
+//!
+//! Each reconcile reads the Migration fresh from the API (a status write carries the
+//! resourceVersion it was computed from, so a stale view or a second replica gets a 409
+//! instead of overwriting progress), then:
+//!
+//! 1. a finished Migration (Succeeded, Failed, RolledBack) only loses its finalizer;
+//! 2. one not started yet is refused if another Migration of its Database is active;
+//! 3. the finalizer `dbops.dev/migration-rollback` goes on before the first step, so a
+//!    Migration deleted mid-flight is rolled back first (or, once SwitchTraffic has begun,
+//!    finished first);
+//! 4. then step after step: the step's record is written `Running` before its side
+//!    effects and `Succeeded` after them; a step that must wait (the snapshot Backup, the
+//!    Database Ready on the target) returns and its watch brings the reconcile back;
+//! 5. a step that cannot succeed, or fails `--step-max-attempts` times, before
+//!    SwitchTraffic starts the rollback: compensations in reverse order, each recorded as
+//!    it completes, ending `RolledBack`. From SwitchTraffic on there is no way back:
+//!    failures are retried with backoff.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use dbops_api::{Cutover, Database, Migration, MigrationPhase, MigrationStatus, MigrationStep};
+use dbops_shared::controller::{Context, ReconcileError};
+use dbops_shared::postgres::Servers;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::Recorder;
+use serde_json::json;
+
+use crate::error::{Error, Result};
+use crate::progress;
+use crate::steps::{self, Outcome};
+
+pub const FINALIZER: &str = "dbops.dev/migration-rollback";
+pub const FIELD_MANAGER: &str = "dbops-migration-controller";
+
+/// Where a hidden debug flag makes the process exit, to test resumption (see `main`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CrashPoint {
+    pub step: MigrationStep,
+    /// `started`: right after the step's Running record is written, before its side
+    /// effects; `done`: after its side effects, before its Succeeded record.
+    pub after_side_effects: bool,
+}
+
+/// The migration-controller's own state.
+pub struct State {
+    pub servers: Servers,
+    pub recorder: Recorder,
+    pub index: DatabaseIndex,
+    pub pg_dump: PathBuf,
+    pub pg_restore: PathBuf,
+    pub max_attempts: i32,
+    pub crash_at: Option<CrashPoint>,
+}
+
+/// Which Migrations name which Database: `(namespace, database) → Migration names`,
+/// kept up to date by every reconcile, so a Database event maps to its Migrations.
+#[derive(Default)]
+pub struct DatabaseIndex {
+    inner: Mutex<IndexMaps>,
+}
+
+#[derive(Default)]
+struct IndexMaps {
+    by_database: HashMap<(String, String), HashSet<String>>,
+    by_migration: HashMap<(String, String), String>,
+}
+
+impl DatabaseIndex {
+    pub fn record(&self, namespace: &str, migration: &str, database: &str) {
+        let mut maps = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (namespace.to_string(), migration.to_string());
+        if let Some(old) = maps.by_migration.insert(key, database.to_string())
+            && old != database
+            && let Some(set) = maps.by_database.get_mut(&(namespace.to_string(), old))
+        {
+            set.remove(migration);
+        }
+        maps.by_database
+            .entry((namespace.to_string(), database.to_string()))
+            .or_default()
+            .insert(migration.to_string());
+    }
+
+    pub fn forget(&self, namespace: &str, migration: &str) {
+        let mut maps = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(db) = maps
+            .by_migration
+            .remove(&(namespace.to_string(), migration.to_string()))
+        {
+            let key = (namespace.to_string(), db);
+            if let Some(set) = maps.by_database.get_mut(&key) {
+                set.remove(migration);
+                if set.is_empty() {
+                    maps.by_database.remove(&key);
+                }
+            }
+        }
+    }
+
+    pub fn migrations_of(&self, namespace: &str, database: &str) -> Vec<String> {
+        let maps = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        maps.by_database
+            .get(&(namespace.to_string(), database.to_string()))
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// The entry point: see the module documentation.
+pub async fn reconcile(obj: Arc<Migration>, ctx: Arc<Context<State>>) -> Result<Action> {
+    let namespace = obj.namespace().unwrap_or_default();
+    let api: Api<Migration> = Api::namespaced(ctx.client.clone(), &namespace);
+    let Some(m) = api.get_opt(&obj.name_any()).await? else {
+        ctx.state.index.forget(&namespace, &obj.name_any());
+        return Ok(Action::await_change());
+    };
+    ctx.state
+        .index
+        .record(&namespace, &m.name_any(), &m.spec.database_ref.name);
+    let mut saga = Saga {
+        ctx: &ctx,
+        api,
+        namespace,
+        m,
+    };
+    saga.run().await
+}
+
+/// One reconcile's view: the latest Migration (replaced after every write).
+pub struct Saga<'a> {
+    pub ctx: &'a Context<State>,
+    pub api: Api<Migration>,
+    pub namespace: String,
+    pub m: Migration,
+}
+
+impl Saga<'_> {
+    pub fn status(&self) -> MigrationStatus {
+        self.m.status.clone().unwrap_or_default()
+    }
+
+    fn generation(&self) -> Option<i64> {
+        self.m.metadata.generation
+    }
+
+    fn deleting(&self) -> bool {
+        self.m.metadata.deletion_timestamp.is_some()
+    }
+
+    /// Writes the status if it changed, guarded by the resourceVersion it was built on.
+    pub async fn save(&mut self, status: MigrationStatus) -> Result<()> {
+        if self.m.status.as_ref() == Some(&status) {
+            return Ok(());
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": self.m.resource_version()},
+            "status": status,
+        });
+        self.m = self
+            .api
+            .patch_status(
+                &self.m.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn event(&self, normal: bool, reason: &str, note: &str) {
+        dbops_shared::events::publish(
+            &self.ctx.state.recorder,
+            &self.m,
+            normal,
+            "Migrate",
+            reason,
+            note,
+        )
+        .await;
+    }
+
+    async fn set_finalizer(&mut self, present: bool) -> Result<()> {
+        let has = self.m.finalizers().iter().any(|f| f == FINALIZER);
+        if has == present {
+            return Ok(());
+        }
+        dbops_shared::finalizer::set(&self.m, &self.api, FINALIZER, present).await?;
+        if present {
+            self.m = self.api.get(&self.m.name_any()).await?;
+        }
+        Ok(())
+    }
+
+    async fn run(&mut self) -> Result<Action> {
+        let status = self.status();
+        if progress::is_terminal(&status) {
+            self.set_finalizer(false).await?;
+            return Ok(Action::await_change());
+        }
+        if !progress::any_started(&status) && status.phase != Some(MigrationPhase::RollingBack) {
+            if self.deleting() {
+                self.set_finalizer(false).await?;
+                return Ok(Action::await_change());
+            }
+            if let Some(other) = self.active_sibling().await? {
+                let mut status = status;
+                progress::refused(&mut status, self.generation(), &other);
+                self.save(status).await?;
+                self.event(
+                    false,
+                    "MigrationAlreadyActive",
+                    &format!("refused: Migration {other} of the same Database is active"),
+                )
+                .await;
+                return Ok(Action::await_change());
+            }
+        }
+        if !self.deleting() {
+            self.set_finalizer(true).await?;
+        }
+        self.drive().await
+    }
+
+    /// A Migration of the same Database that is active, or that was created first and
+    /// has not ended (so two created at once never both run, nor both get refused).
+    async fn active_sibling(&self) -> Result<Option<String>> {
+        let all = self.api.list(&ListParams::default()).await?;
+        let me = (
+            self.m.metadata.creation_timestamp.clone(),
+            self.m.name_any(),
+        );
+        Ok(all
+            .items
+            .into_iter()
+            .filter(|o| o.spec.database_ref.name == self.m.spec.database_ref.name)
+            .filter(|o| o.name_any() != self.m.name_any())
+            .filter(|o| o.metadata.deletion_timestamp.is_none())
+            .find(|o| {
+                let s = o.status.clone().unwrap_or_default();
+                if progress::is_terminal(&s) {
+                    return false;
+                }
+                progress::any_started(&s)
+                    || (o.metadata.creation_timestamp.clone(), o.name_any()) < me
+            })
+            .map(|o| o.name_any()))
+    }
+
+    /// Runs steps until one waits, fails or the saga ends.
+    async fn drive(&mut self) -> Result<Action> {
+        loop {
+            let status = self.status();
+            if status.phase == Some(MigrationPhase::RollingBack) {
+                return self.roll_back().await;
+            }
+            let Some(step) = progress::next_step(&status) else {
+                return self.finish().await;
+            };
+            let before_switch = step < MigrationStep::SwitchTraffic;
+            if self.deleting() && !progress::started(&status, MigrationStep::SwitchTraffic) {
+                let mut status = status;
+                progress::begin_rollback(
+                    &mut status,
+                    step,
+                    "MigrationDeleted",
+                    "the Migration was deleted before SwitchTraffic",
+                    self.generation(),
+                );
+                self.start_rollback(status, step).await?;
+                continue;
+            }
+            if step == MigrationStep::SwitchTraffic
+                && self.m.spec.cutover == Cutover::Manual
+                && !self.m.spec.approved
+                && !progress::started(&status, step)
+            {
+                return self.await_approval(status).await;
+            }
+            let db = match self.database().await? {
+                Some(db) => db,
+                None if step == MigrationStep::Preflight => {
+                    let mut status = status;
+                    progress::pending(
+                        &mut status,
+                        self.generation(),
+                        "DatabaseNotFound",
+                        format!(
+                            "Database {}/{} does not exist",
+                            self.namespace, self.m.spec.database_ref.name
+                        ),
+                    );
+                    self.save(status).await?;
+                    return Ok(Action::requeue(self.ctx.resync_interval));
+                }
+                None => {
+                    return Err(Error::transient(
+                        "DatabaseNotFound",
+                        format!(
+                            "Database {} is gone in the middle of the Migration",
+                            self.m.spec.database_ref.name
+                        ),
+                    ));
+                }
+            };
+
+            let mut status = status;
+            progress::start(&mut status, step, self.generation());
+            self.save(status).await?;
+            self.crash_point(step, false);
+
+            let outcome = steps::run(self, step, &db).await;
+            match outcome {
+                Ok(Outcome::Done(message)) => {
+                    self.crash_point(step, true);
+                    let mut status = self.status();
+                    let seconds = progress::succeed(&mut status, step, message.clone());
+                    self.save(status).await?;
+                    if let Some(metrics) = self.ctx.metrics.migration() {
+                        metrics.observe_step(step.as_str(), seconds);
+                    }
+                    self.event(true, &format!("{}Succeeded", step.as_str()), &message)
+                        .await;
+                }
+                Ok(Outcome::Wait(message)) => {
+                    let mut status = self.status();
+                    progress::waiting(&mut status, step, message);
+                    self.save(status).await?;
+                    return Ok(Action::requeue(self.ctx.resync_interval));
+                }
+                Err(Error::Fatal { reason, message }) if before_switch => {
+                    let mut status = self.status();
+                    progress::begin_rollback(
+                        &mut status,
+                        step,
+                        reason,
+                        &message,
+                        self.generation(),
+                    );
+                    self.start_rollback(status, step).await?;
+                }
+                Err(e) if e.counts_as_attempt() => {
+                    let mut status = self.status();
+                    let message = e.to_string();
+                    let attempts = progress::attempt_failed(&mut status, step, message.clone());
+                    if before_switch && attempts >= self.ctx.state.max_attempts {
+                        progress::begin_rollback(
+                            &mut status,
+                            step,
+                            e.reason(),
+                            &format!("{message} (after {attempts} attempts)"),
+                            self.generation(),
+                        );
+                        self.start_rollback(status, step).await?;
+                        continue;
+                    }
+                    self.save(status).await?;
+                    self.event(
+                        false,
+                        &format!("{}Retrying", step.as_str()),
+                        &format!("attempt {attempts} failed: {message}"),
+                    )
+                    .await;
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn crash_point(&self, step: MigrationStep, after_side_effects: bool) {
+        let here = CrashPoint {
+            step,
+            after_side_effects,
+        };
+        if self.ctx.state.crash_at == Some(here) {
+            tracing::warn!(
+                step = step.as_str(),
+                after_side_effects,
+                "--debug-exit-at reached: exiting now"
+            );
+            std::process::exit(DEBUG_EXIT_CODE);
+        }
+    }
+
+    async fn database(&self) -> Result<Option<Database>> {
+        let api: Api<Database> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
+        Ok(api.get_opt(&self.m.spec.database_ref.name).await?)
+    }
+
+    async fn start_rollback(&mut self, status: MigrationStatus, step: MigrationStep) -> Result<()> {
+        let (reason, message) = progress::failure(&status);
+        self.save(status).await?;
+        if let Some(metrics) = self.ctx.metrics.migration() {
+            metrics.record_rollback(step.as_str());
+        }
+        self.event(
+            false,
+            "RollbackStarted",
+            &format!("{reason}: {message}; undoing the steps that ran"),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Compensations in reverse order, each recorded as done; then RolledBack.
+    async fn roll_back(&mut self) -> Result<Action> {
+        let db = self.database().await?;
+        let mut pending: Option<(MigrationStep, Error)> = None;
+        for step in progress::to_compensate(&self.status()) {
+            if progress::is_compensated(&self.status(), step) {
+                continue;
+            }
+            match steps::compensate(self, step, db.as_ref()).await {
+                Ok(message) => {
+                    let mut status = self.status();
+                    progress::compensated(&mut status, step, message.clone());
+                    self.save(status).await?;
+                    self.event(true, &format!("{}Compensated", step.as_str()), &message)
+                        .await;
+                }
+                // A server that cannot be reached holds up its own compensation only:
+                // the others (above all unfreezing the source) go ahead; this one is
+                // retried with backoff.
+                Err(e) if pending.is_none() && !matches!(e, Error::Kube(_)) => {
+                    pending = Some((step, e));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some((step, e)) = pending {
+            let mut status = self.status();
+            progress::compensation_failed(&mut status, step, &e.to_string(), self.generation());
+            self.save(status).await?;
+            return Err(e);
+        }
+        let mut status = self.status();
+        progress::rolled_back(&mut status, self.generation());
+        self.save(status).await?;
+        let (reason, message) = progress::failure(&self.status());
+        self.event(
+            false,
+            "RolledBack",
+            &format!("{reason}: {message}; every step that ran was undone"),
+        )
+        .await;
+        self.set_finalizer(false).await?;
+        Ok(Action::await_change())
+    }
+
+    async fn await_approval(&mut self, mut status: MigrationStatus) -> Result<Action> {
+        let first = status.phase != Some(MigrationPhase::AwaitingApproval);
+        progress::awaiting_approval(&mut status, self.generation());
+        self.save(status).await?;
+        if first {
+            self.event(
+                true,
+                "AwaitingApproval",
+                "the copy is verified; set spec.approved: true to switch traffic",
+            )
+            .await;
+        }
+        Ok(Action::await_change())
+    }
+
+    async fn finish(&mut self) -> Result<Action> {
+        let mut status = self.status();
+        let target = &self.m.spec.target.server;
+        let message = format!(
+            "Database {} now lives on {}:{}",
+            self.m.spec.database_ref.name, target.host, target.port
+        );
+        progress::succeeded(&mut status, self.generation(), message.clone());
+        self.save(status).await?;
+        self.event(true, "Succeeded", &message).await;
+        self.set_finalizer(false).await?;
+        Ok(Action::await_change())
+    }
+}
+
+/// The exit code of `--debug-exit-at`.
+pub const DEBUG_EXIT_CODE: i32 = 86;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_index_maps_a_database_to_its_migrations() {
+        let index = DatabaseIndex::default();
+        index.record("shop", "m1", "orders");
+        index.record("shop", "m2", "orders");
+        index.record("other", "m1", "orders");
+        let mut of = index.migrations_of("shop", "orders");
+        of.sort();
+        assert_eq!(of, ["m1", "m2"]);
+        index.forget("shop", "m1");
+        assert_eq!(index.migrations_of("shop", "orders"), ["m2"]);
+        index.forget("shop", "m2");
+        assert!(index.migrations_of("shop", "orders").is_empty());
+        assert_eq!(index.migrations_of("other", "orders"), ["m1"]);
+    }
+}

@@ -1,0 +1,373 @@
+//! The SQL the migration-controller runs, on the source and the target server. Every
+//! identifier and literal goes through `quote_ident`/`quote_literal` or a bind parameter;
+//! the target role's password only as a SCRAM verifier.
+//!
+//! Marks: the database-controller comments its role and database `dbops.dev/uid=<Database
+//! uid>`; what this controller creates on the target is commented
+//! `dbops.dev/uid=<Database uid> dbops.dev/migration=<Migration uid>`, so the
+//! database-controller takes it as its own after the switch (first word) and a rollback
+//! drops only what this Migration created (second word).
+
+use dbops_api::migration::FreezeRecord;
+use dbops_shared::postgres::{PgError, Session, password_verifier, quote_ident, quote_literal};
+
+/// The database-controller's mark: the first word of the comment.
+pub fn database_mark(database_uid: &str) -> String {
+    format!("dbops.dev/uid={database_uid}")
+}
+
+/// The mark of objects this Migration created on the target.
+pub fn migration_mark(database_uid: &str, migration_uid: &str) -> String {
+    format!(
+        "{} dbops.dev/migration={migration_uid}",
+        database_mark(database_uid)
+    )
+}
+
+/// Whether the comment marks an object of the Database `database_uid` (first word).
+pub fn is_databases(comment: Option<&str>, database_uid: &str) -> bool {
+    comment
+        .and_then(|c| c.split_whitespace().next())
+        .is_some_and(|first| first == database_mark(database_uid))
+}
+
+/// Whether the comment marks an object created by the Migration `migration_uid` for the
+/// Database `database_uid`.
+pub fn is_migrations(comment: Option<&str>, database_uid: &str, migration_uid: &str) -> bool {
+    let by = format!("dbops.dev/migration={migration_uid}");
+    is_databases(comment, database_uid)
+        && comment.is_some_and(|c| c.split_whitespace().skip(1).any(|w| w == by))
+}
+
+/// The server's version: `server_version_num` (for example 150014) and the text.
+pub async fn server_version(s: &Session) -> Result<(i32, String), PgError> {
+    let row = s
+        .query_one(
+            "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
+            &[],
+        )
+        .await
+        .map_err(PgError::sql("reading the server version"))?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// A role or database found under a name, with its comment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub comment: Option<String>,
+    /// The database's owner (empty for a role).
+    pub owner: String,
+}
+
+/// The role and the database of those names, if they exist (no writes).
+pub async fn observe(
+    s: &Session,
+    role: &str,
+    database: &str,
+) -> Result<(Option<Found>, Option<Found>), PgError> {
+    let row = s
+        .query_one(
+            "SELECT (SELECT true FROM pg_roles WHERE rolname = $1), \
+               (SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = $1), \
+               d.oid IS NOT NULL, pg_get_userbyid(d.datdba)::text, \
+               shobj_description(d.oid, 'pg_database') \
+             FROM (SELECT 1) AS one LEFT JOIN pg_database d ON d.datname = $2",
+            &[&role, &database],
+        )
+        .await
+        .map_err(PgError::sql("reading pg_roles and pg_database"))?;
+    let role_exists: Option<bool> = row.get(0);
+    let database_exists: bool = row.get(2);
+    Ok((
+        role_exists.map(|_| Found {
+            comment: row.get(1),
+            owner: String::new(),
+        }),
+        database_exists.then(|| Found {
+            comment: row.get(4),
+            owner: row.get::<_, Option<String>>(3).unwrap_or_default(),
+        }),
+    ))
+}
+
+/// Extensions installed in the database the session is connected to (not plpgsql, which
+/// every database has).
+pub async fn installed_extensions(s: &Session) -> Result<Vec<String>, PgError> {
+    let rows = s
+        .query(
+            "SELECT extname::text FROM pg_extension WHERE extname <> 'plpgsql' ORDER BY 1",
+            &[],
+        )
+        .await
+        .map_err(PgError::sql("reading pg_extension"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Extensions the server can install.
+pub async fn available_extensions(s: &Session) -> Result<Vec<String>, PgError> {
+    let rows = s
+        .query("SELECT name::text FROM pg_available_extensions", &[])
+        .await
+        .map_err(PgError::sql("reading pg_available_extensions"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// What FreezeSource is about to change: the connection limit and the database-level
+/// `default_transaction_read_only`. `None` when the database does not exist.
+pub async fn freeze_state(s: &Session, database: &str) -> Result<Option<FreezeRecord>, PgError> {
+    let row = s
+        .query_opt(
+            "SELECT d.datconnlimit, \
+               (SELECT substr(c, length('default_transaction_read_only=') + 1) \
+                  FROM pg_db_role_setting r, unnest(r.setconfig) AS c \
+                 WHERE r.setdatabase = d.oid AND r.setrole = 0 \
+                   AND c LIKE 'default\\_transaction\\_read\\_only=%') \
+             FROM pg_database d WHERE d.datname = $1",
+            &[&database],
+        )
+        .await
+        .map_err(PgError::sql("reading the settings of the source database"))?;
+    Ok(row.map(|r| FreezeRecord {
+        previous_connection_limit: r.get(0),
+        previous_read_only: r.get(1),
+    }))
+}
+
+/// Stops new writes: new sessions default to read-only transactions, no new non-superuser
+/// session is admitted, and every other session on the database is ended (waiting up to
+/// 5 s for each, a few rounds). Returns (sessions ended, sessions still there).
+pub async fn freeze(s: &Session, database: &str) -> Result<(usize, i64), PgError> {
+    let frozen = freeze_state(s, database).await?.is_some_and(|f| {
+        f.previous_connection_limit == 0 && f.previous_read_only.as_deref() == Some("on")
+    });
+    if !frozen {
+        s.batch_execute(&format!(
+            "ALTER DATABASE {db} CONNECTION LIMIT 0; \
+             ALTER DATABASE {db} SET default_transaction_read_only = on",
+            db = quote_ident(database)
+        ))
+        .await
+        .map_err(PgError::sql(format!("freezing database {database}")))?;
+    }
+    let mut ended = 0;
+    for _ in 0..5 {
+        let rows = s
+            .query(
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity \
+                 WHERE datname = $1 AND pid <> pg_backend_pid()",
+                &[&database],
+            )
+            .await
+            .map_err(PgError::sql(format!("ending the sessions on {database}")))?;
+        if rows.is_empty() {
+            return Ok((ended, 0));
+        }
+        ended += rows.len();
+    }
+    let left: i64 = s
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            &[&database],
+        )
+        .await
+        .map_err(PgError::sql(format!("counting the sessions on {database}")))?
+        .get(0);
+    Ok((ended, left))
+}
+
+/// Restores exactly what [`freeze`] changed, from the record written before it.
+pub async fn unfreeze(s: &Session, database: &str, was: &FreezeRecord) -> Result<(), PgError> {
+    let db = quote_ident(database);
+    let read_only = match &was.previous_read_only {
+        Some(value) => format!(
+            "ALTER DATABASE {db} SET default_transaction_read_only = {}",
+            quote_literal(value)
+        ),
+        None => format!("ALTER DATABASE {db} RESET default_transaction_read_only"),
+    };
+    s.batch_execute(&format!(
+        "ALTER DATABASE {db} CONNECTION LIMIT {}; {read_only}",
+        was.previous_connection_limit
+    ))
+    .await
+    .map_err(PgError::sql(format!("unfreezing database {database}")))
+}
+
+/// Creates the login role with the password's verifier and marks it, atomically.
+pub async fn create_role(
+    s: &mut Session,
+    role: &str,
+    password: &str,
+    mark: &str,
+) -> Result<(), PgError> {
+    let tx = s
+        .client_mut()
+        .transaction()
+        .await
+        .map_err(PgError::sql("BEGIN"))?;
+    tx.batch_execute(&format!(
+        "CREATE ROLE {r} LOGIN PASSWORD {}; COMMENT ON ROLE {r} IS {}",
+        quote_literal(&password_verifier(password)),
+        quote_literal(mark),
+        r = quote_ident(role),
+    ))
+    .await
+    .map_err(PgError::sql(format!("creating role {role}")))?;
+    tx.commit().await.map_err(PgError::sql("COMMIT"))
+}
+
+/// Creates the database owned by `owner`; marking it is [`mark_database`].
+pub async fn create_database(
+    s: &Session,
+    database: &str,
+    owner: &str,
+    connection_limit: i32,
+) -> Result<(), PgError> {
+    s.batch_execute(&format!(
+        "CREATE DATABASE {} OWNER {} CONNECTION LIMIT {connection_limit}",
+        quote_ident(database),
+        quote_ident(owner),
+    ))
+    .await
+    .map_err(PgError::sql(format!("creating database {database}")))
+}
+
+/// Marks the database and closes it to PUBLIC (as the database-controller does).
+pub async fn mark_database(s: &Session, database: &str, mark: &str) -> Result<(), PgError> {
+    s.batch_execute(&format!(
+        "COMMENT ON DATABASE {db} IS {}; REVOKE ALL ON DATABASE {db} FROM PUBLIC",
+        quote_literal(mark),
+        db = quote_ident(database),
+    ))
+    .await
+    .map_err(PgError::sql(format!("marking database {database}")))
+}
+
+pub async fn create_extension(s: &Session, extension: &str) -> Result<(), PgError> {
+    s.batch_execute(&format!(
+        "CREATE EXTENSION IF NOT EXISTS {}",
+        quote_ident(extension)
+    ))
+    .await
+    .map_err(PgError::sql(format!("creating extension {extension}")))
+}
+
+/// Ends every session on the database and drops it; a missing database is success.
+pub async fn drop_database(s: &Session, database: &str) -> Result<(), PgError> {
+    s.batch_execute(&format!(
+        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+        quote_ident(database)
+    ))
+    .await
+    .map_err(PgError::sql(format!("dropping database {database}")))
+}
+
+/// Hands what the role still owns in this database to the admin, drops its privileges,
+/// then the role; a missing role is success.
+pub async fn drop_role(s: &Session, role: &str) -> Result<(), PgError> {
+    let exists = s
+        .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
+        .await
+        .map_err(PgError::sql("reading pg_roles"))?
+        .is_some();
+    if !exists {
+        return Ok(());
+    }
+    s.batch_execute(&format!(
+        "REASSIGN OWNED BY {r} TO CURRENT_USER; DROP OWNED BY {r}; DROP ROLE {r}",
+        r = quote_ident(role)
+    ))
+    .await
+    .map_err(PgError::sql(format!("dropping role {role}")))
+}
+
+/// How many schemas, relations and functions outside the system schemas the connected
+/// database holds: the restore runs in one transaction, so more than none means it
+/// committed.
+pub async fn user_objects(s: &Session) -> Result<i64, PgError> {
+    let row = s
+        .query_one(
+            "SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                      WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') \
+                        AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp%' \
+                        AND NOT EXISTS (SELECT 1 FROM pg_depend d \
+                                         WHERE d.classid = 'pg_class'::regclass \
+                                           AND d.objid = c.oid AND d.deptype = 'e')) \
+                  + (SELECT count(*) FROM pg_namespace \
+                      WHERE nspname NOT IN ('pg_catalog', 'information_schema', 'public') \
+                        AND nspname NOT LIKE 'pg\\_%') \
+                  + (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+                      WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') \
+                        AND NOT EXISTS (SELECT 1 FROM pg_depend d \
+                                         WHERE d.classid = 'pg_proc'::regclass \
+                                           AND d.objid = p.oid AND d.deptype = 'e'))",
+            &[],
+        )
+        .await
+        .map_err(PgError::sql("counting the objects in the target database"))?;
+    Ok(row.get(0))
+}
+
+/// The ordinary tables of the connected database outside the system schemas and not
+/// belonging to an extension, as (schema, table), sorted.
+pub async fn tables(s: &Session) -> Result<Vec<(String, String)>, PgError> {
+    let rows = s
+        .query(
+            "SELECT n.nspname::text, c.relname::text FROM pg_class c \
+               JOIN pg_namespace n ON n.oid = c.relnamespace \
+              WHERE c.relkind = 'r' \
+                AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+                AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp%' \
+                AND NOT EXISTS (SELECT 1 FROM pg_depend d \
+                                 WHERE d.classid = 'pg_class'::regclass \
+                                   AND d.objid = c.oid AND d.deptype = 'e') \
+              ORDER BY 1, 2",
+            &[],
+        )
+        .await
+        .map_err(PgError::sql("listing tables"))?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// `count(*)` of one table.
+pub async fn count_rows(s: &Session, schema: &str, table: &str) -> Result<i64, PgError> {
+    let row = s
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {}.{}",
+                quote_ident(schema),
+                quote_ident(table)
+            ),
+            &[],
+        )
+        .await
+        .map_err(PgError::sql(format!(
+            "counting the rows of {schema}.{table}"
+        )))?;
+    Ok(row.get(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_tell_the_databases_objects_from_the_migrations() {
+        let mark = migration_mark("db-1", "mig-1");
+        assert_eq!(mark, "dbops.dev/uid=db-1 dbops.dev/migration=mig-1");
+        assert!(is_databases(Some(&mark), "db-1"));
+        assert!(is_migrations(Some(&mark), "db-1", "mig-1"));
+        assert!(!is_migrations(Some(&mark), "db-1", "mig-2"));
+        assert!(!is_migrations(Some(&mark), "db-2", "mig-1"));
+        let plain = database_mark("db-1");
+        assert!(is_databases(Some(&plain), "db-1"));
+        assert!(!is_migrations(Some(&plain), "db-1", "mig-1"));
+        assert!(!is_databases(Some("dbops.dev/uid=db-10"), "db-1"));
+        assert!(!is_databases(None, "db-1"));
+        assert!(!is_migrations(
+            Some("dbops.dev/migration=mig-1 dbops.dev/uid=db-1"),
+            "db-1",
+            "mig-1"
+        ));
+    }
+}

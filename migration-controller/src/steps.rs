@@ -1,0 +1,717 @@
+//! The saga's steps and their compensations, one small function each. Every step checks
+//! what already exists before it acts, so running it again after a crash at any line
+//! repeats no side effect; whatever a compensation must know is in the status, written
+//! before the step acted.
+//!
+//! | step | does | compensation |
+//! |---|---|---|
+//! | Preflight | reads both servers: reachable, target major ≥ source, extensions available, no foreign role/database of those names on the target | none (read only) |
+//! | Snapshot | Backup `<migration>-snapshot`, owned by the Migration; waits for it | none: the Backup stays as the rollback point |
+//! | FreezeSource | records the connection limit and `default_transaction_read_only`, then sets them to 0 and on and ends every session | restores the recorded values |
+//! | ProvisionTarget | role (the connection Secret's password) and database on the target, marked with this Migration, and the source's extensions | drops the role and database if they carry this Migration's mark |
+//! | CopyData | `pg_dump` of the frozen source piped into `pg_restore` on the target, in one transaction | none of its own: the data is in the target database |
+//! | Verify | the same tables, with the same row counts, on both | none (read only) |
+//! | SwitchTraffic | patches the Database's `spec.server` (field manager `dbops-migration-controller`), waits until it is Ready at the new generation | none: the point of no return |
+//! | Cleanup | `sourceRetention: Drop` drops the source database and role (if marked by the Database) | none |
+
+use dbops_api::{
+    Backup, BackupPhase, Database, MigrationStep, ServerSpec, SourceRetention, condition,
+};
+use dbops_shared::postgres::{Credentials, PgError, ServerKey, Session};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::copy::{self, Endpoint, Programs};
+use crate::error::{Error, Result};
+use crate::saga::{FIELD_MANAGER, Saga};
+use crate::sql;
+use dbops_shared::controller::ReconcileError;
+
+/// What a step's run came to.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Its effects are complete; the message goes into the step's record and an Event.
+    Done(String),
+    /// It waits for another object (a watch brings the reconcile back).
+    Wait(String),
+}
+
+/// Label on the snapshot Backup: the Migration it belongs to.
+pub const SNAPSHOT_LABEL: &str = "dbops.dev/migration";
+
+pub async fn run(saga: &mut Saga<'_>, step: MigrationStep, db: &Database) -> Result<Outcome> {
+    match step {
+        MigrationStep::Preflight => preflight(saga, db).await,
+        MigrationStep::Snapshot => snapshot(saga, db).await,
+        MigrationStep::FreezeSource => freeze_source(saga, db).await,
+        MigrationStep::ProvisionTarget => provision_target(saga, db).await,
+        MigrationStep::CopyData => copy_data(saga, db).await,
+        MigrationStep::Verify => verify(saga, db).await,
+        MigrationStep::SwitchTraffic => switch_traffic(saga, db).await,
+        MigrationStep::Cleanup => cleanup(saga, db).await,
+    }
+}
+
+/// Undoes the step's effects (idempotent); returns what was done.
+pub async fn compensate(
+    saga: &mut Saga<'_>,
+    step: MigrationStep,
+    db: Option<&Database>,
+) -> Result<String> {
+    match step {
+        MigrationStep::Preflight => Ok("nothing to undo: Preflight only reads".into()),
+        MigrationStep::Snapshot => Ok(match saga.status().snapshot_ref {
+            Some(r) => format!("snapshot Backup {} kept as the rollback point", r.name),
+            None => "no snapshot was taken".into(),
+        }),
+        MigrationStep::FreezeSource => unfreeze_source(saga, db).await,
+        MigrationStep::ProvisionTarget => clean_target(saga, db).await,
+        MigrationStep::CopyData => Ok(
+            "nothing of its own to undo: the copy is in the target database, which the compensation of ProvisionTarget drops"
+                .into(),
+        ),
+        MigrationStep::Verify => Ok("nothing to undo: Verify only reads".into()),
+        MigrationStep::SwitchTraffic | MigrationStep::Cleanup => {
+            Ok("nothing to undo: the step never ran".into())
+        }
+    }
+}
+
+// ---- helpers -------------------------------------------------------------------------
+
+/// Admin credentials of a server from its Secret in the Migration's namespace.
+async fn admin_credentials(saga: &Saga<'_>, server: &ServerSpec) -> Result<Credentials> {
+    let name = &server.admin_secret_ref.name;
+    let secrets: Api<Secret> = Api::namespaced(saga.ctx.client.clone(), &saga.namespace);
+    let secret = secrets.get_opt(name).await?.ok_or_else(|| {
+        Error::transient(
+            "AdminSecretNotFound",
+            format!("admin Secret {}/{name} not found", saga.namespace),
+        )
+    })?;
+    Credentials::from_secret(&secret).map_err(|e| {
+        Error::transient(
+            "AdminSecretInvalid",
+            format!("admin Secret {}/{name}: {e}", saga.namespace),
+        )
+    })
+}
+
+async fn session(saga: &Saga<'_>, server: &ServerSpec, dbname: &str) -> Result<Session> {
+    let credentials = admin_credentials(saga, server).await?;
+    Ok(saga
+        .ctx
+        .state
+        .servers
+        .connect(server, &credentials, dbname)
+        .await?)
+}
+
+/// The source server recorded by Preflight.
+fn source_server(saga: &Saga<'_>) -> Result<ServerSpec> {
+    saga.status().source_server.ok_or_else(|| {
+        Error::transient("SourceNotRecorded", "Preflight has not recorded the source")
+    })
+}
+
+fn database_uid(saga: &Saga<'_>) -> Result<String> {
+    saga.status().database_uid.ok_or_else(|| {
+        Error::transient(
+            "SourceNotRecorded",
+            "Preflight has not recorded the Database",
+        )
+    })
+}
+
+fn migration_uid(saga: &Saga<'_>) -> String {
+    saga.m.uid().unwrap_or_default()
+}
+
+fn at(server: &ServerSpec) -> String {
+    ServerKey::of(server).to_string()
+}
+
+/// Errors that retrying Preflight cannot cure end it at once.
+fn preflight_error(e: Error) -> Error {
+    match e {
+        Error::Postgres(PgError::AuthenticationFailed { .. })
+        | Error::Postgres(PgError::UnsupportedSslMode(_)) => {
+            let reason = e.reason();
+            Error::fatal(reason, e.to_string())
+        }
+        Error::Transient { reason, message }
+            if matches!(reason, "AdminSecretNotFound" | "AdminSecretInvalid") =>
+        {
+            Error::fatal(reason, message)
+        }
+        e => e,
+    }
+}
+
+fn major(version_num: i32) -> i32 {
+    version_num / 10000
+}
+
+// ---- Preflight -----------------------------------------------------------------------
+
+async fn preflight(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
+    if db.metadata.deletion_timestamp.is_some() {
+        return Err(Error::fatal(
+            "DatabaseDeleting",
+            format!("Database {} is being deleted", db.name_any()),
+        ));
+    }
+    let ready = db
+        .status
+        .as_ref()
+        .is_some_and(|s| dbops_shared::conditions::is_true(&s.conditions, condition::READY));
+    if !ready {
+        return Ok(Outcome::Wait(format!(
+            "waiting for Database {} to be Ready",
+            db.name_any()
+        )));
+    }
+    let mut status = saga.status();
+    if status.source_server.is_none() || status.database_uid.is_none() {
+        status.source_server = Some(db.spec.server.clone());
+        status.database_uid = db.uid();
+        saga.save(status).await?;
+    }
+    preflight_checks(saga, db).await.map_err(preflight_error)
+}
+
+async fn preflight_checks(saga: &Saga<'_>, db: &Database) -> Result<Outcome> {
+    let source = source_server(saga)?;
+    let target = saga.m.spec.target.server.clone();
+    let uid = database_uid(saga)?;
+    let (database, role) = (db.database_name(), db.owner_role());
+    if ServerKey::of(&source) == ServerKey::of(&target) {
+        return Err(Error::fatal(
+            "TargetIsSource",
+            format!(
+                "the target {} is the server the Database is on",
+                at(&target)
+            ),
+        ));
+    }
+
+    let s = session(saga, &source, "postgres").await?;
+    let (source_num, source_version) = sql::server_version(&s).await?;
+    let (_, found) = sql::observe(&s, &role, &database).await?;
+    drop(s);
+    if !found.is_some_and(|d| sql::is_databases(d.comment.as_deref(), &uid)) {
+        return Err(Error::fatal(
+            "SourceNotFound",
+            format!(
+                "database {database:?} on {} does not exist or was not created by this Database",
+                at(&source)
+            ),
+        ));
+    }
+    let s = session(saga, &source, &database).await?;
+    let extensions = sql::installed_extensions(&s).await?;
+    drop(s);
+
+    let t = session(saga, &target, "postgres").await?;
+    let (target_num, target_version) = sql::server_version(&t).await?;
+    if major(target_num) < major(source_num) {
+        return Err(Error::fatal(
+            "TargetVersionTooOld",
+            format!(
+                "the target runs PostgreSQL {target_version}, older than the source's {source_version}"
+            ),
+        ));
+    }
+    let available = sql::available_extensions(&t).await?;
+    let missing: Vec<&String> = extensions
+        .iter()
+        .filter(|e| !available.contains(e))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::fatal(
+            "ExtensionUnavailable",
+            format!(
+                "extensions {missing:?} used by the database are not available on {}",
+                at(&target)
+            ),
+        ));
+    }
+    let muid = migration_uid(saga);
+    let (role_found, db_found) = sql::observe(&t, &role, &database).await?;
+    if db_found.is_some_and(|d| !sql::is_migrations(d.comment.as_deref(), &uid, &muid)) {
+        return Err(Error::fatal(
+            "NameConflict",
+            format!(
+                "a database {database:?} already exists on {} and was not created by this Migration; nothing was changed",
+                at(&target)
+            ),
+        ));
+    }
+    if role_found.is_some_and(|r| !sql::is_migrations(r.comment.as_deref(), &uid, &muid)) {
+        return Err(Error::fatal(
+            "NameConflict",
+            format!(
+                "a role {role:?} already exists on {} and was not created by this Migration; nothing was changed",
+                at(&target)
+            ),
+        ));
+    }
+    Ok(Outcome::Done(format!(
+        "source PostgreSQL {source_version} on {}, target PostgreSQL {target_version} on {}; extensions {extensions:?} available; no role or database {database:?} on the target",
+        at(&source),
+        at(&target)
+    )))
+}
+
+// ---- Snapshot ------------------------------------------------------------------------
+
+async fn snapshot(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
+    let name = format!("{}-snapshot", saga.m.name_any());
+    let backups: Api<Backup> = Api::namespaced(saga.ctx.client.clone(), &saga.namespace);
+    let backup = match backups.get_opt(&name).await? {
+        Some(b) => b,
+        None => {
+            let owner = saga.m.controller_owner_ref(&()).map(|r| vec![r]);
+            let b: Backup = serde_json::from_value(json!({
+                "apiVersion": "dbops.dev/v1alpha1",
+                "kind": "Backup",
+                "metadata": {
+                    "name": name,
+                    "namespace": saga.namespace,
+                    "labels": {SNAPSHOT_LABEL: saga.m.name_any()},
+                    "ownerReferences": owner,
+                },
+                "spec": {"databaseRef": {"name": db.name_any()}, "deletionPolicy": "Retain"},
+            }))
+            .map_err(|e| Error::transient("InternalError", e.to_string()))?;
+            match backups.create(&PostParams::default(), &b).await {
+                Ok(b) => b,
+                Err(kube::Error::Api(e)) if e.code == 409 => backups.get(&name).await?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    let ours = backup
+        .owner_references()
+        .iter()
+        .any(|r| Some(&r.uid) == saga.m.metadata.uid.as_ref());
+    if !ours {
+        return Err(Error::fatal(
+            "NameConflict",
+            format!("Backup {name} exists and does not belong to this Migration"),
+        ));
+    }
+    let mut status = saga.status();
+    if status.snapshot_ref.is_none() {
+        status.snapshot_ref = Some(dbops_api::LocalObjectReference { name: name.clone() });
+        saga.save(status).await?;
+    }
+    let backup_status = backup.status.clone().unwrap_or_default();
+    match backup_status.phase {
+        Some(BackupPhase::Completed) => Ok(Outcome::Done(format!(
+            "Backup {name} completed ({} bytes, sha256 {})",
+            backup_status.size_bytes.unwrap_or_default(),
+            backup_status.checksum.as_deref().unwrap_or("?")
+        ))),
+        Some(BackupPhase::Failed) => {
+            let why = dbops_shared::conditions::get(&backup_status.conditions, condition::FAILED)
+                .map(|c| format!("{}: {}", c.reason, c.message))
+                .unwrap_or_else(|| "no reason given".into());
+            Err(Error::fatal(
+                "SnapshotFailed",
+                format!("snapshot Backup {name} failed ({why})"),
+            ))
+        }
+        phase => Ok(Outcome::Wait(format!(
+            "waiting for snapshot Backup {name} ({})",
+            phase.map_or("not started".to_string(), |p| format!("{p:?}"))
+        ))),
+    }
+}
+
+// ---- FreezeSource --------------------------------------------------------------------
+
+async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
+    let source = source_server(saga)?;
+    let database = db.database_name();
+    let s = session(saga, &source, "postgres").await?;
+    let mut status = saga.status();
+    let record = match status.freeze.clone() {
+        Some(r) => r,
+        None => {
+            let found = sql::freeze_state(&s, &database).await?.ok_or_else(|| {
+                Error::fatal(
+                    "SourceNotFound",
+                    format!("database {database:?} is gone from {}", at(&source)),
+                )
+            })?;
+            // Written before anything changes: the compensation restores exactly this.
+            status.freeze = Some(found.clone());
+            saga.save(status).await?;
+            found
+        }
+    };
+    let (ended, left) = sql::freeze(&s, &database).await?;
+    if left > 0 {
+        return Err(Error::transient(
+            "SessionsRemain",
+            format!("{left} sessions on {database} survived pg_terminate_backend"),
+        ));
+    }
+    Ok(Outcome::Done(format!(
+        "database {database} on {}: connection limit 0 (was {}), default_transaction_read_only on (was {}); {ended} sessions ended",
+        at(&source),
+        record.previous_connection_limit,
+        record.previous_read_only.as_deref().unwrap_or("unset"),
+    )))
+}
+
+async fn unfreeze_source(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<String> {
+    let Some(record) = saga.status().freeze else {
+        return Ok("nothing was frozen".into());
+    };
+    let db = db.ok_or_else(|| Error::transient("DatabaseNotFound", "the Database is gone"))?;
+    let source = source_server(saga)?;
+    let database = db.database_name();
+    let s = session(saga, &source, "postgres").await?;
+    if sql::freeze_state(&s, &database).await?.is_none() {
+        return Ok(format!(
+            "database {database} no longer exists on {}",
+            at(&source)
+        ));
+    }
+    sql::unfreeze(&s, &database, &record).await?;
+    Ok(format!(
+        "database {database} on {}: connection limit {} and default_transaction_read_only {} restored",
+        at(&source),
+        record.previous_connection_limit,
+        record.previous_read_only.as_deref().unwrap_or("unset"),
+    ))
+}
+
+// ---- ProvisionTarget -----------------------------------------------------------------
+
+/// The password in the Database's connection Secret (the target role gets the same, so
+/// the Secret keeps working after the switch).
+async fn connection_password(saga: &Saga<'_>, db: &Database) -> Result<String> {
+    let name = db.connection_secret_name();
+    let secrets: Api<Secret> = Api::namespaced(saga.ctx.client.clone(), &saga.namespace);
+    let secret = secrets.get_opt(&name).await?;
+    secret
+        .and_then(|s| s.data)
+        .and_then(|d| d.get("password").cloned())
+        .and_then(|p| String::from_utf8(p.0).ok())
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| {
+            Error::transient(
+                "ConnectionSecretMissing",
+                format!("connection Secret {name} has no password"),
+            )
+        })
+}
+
+async fn provision_target(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
+    let target = saga.m.spec.target.server.clone();
+    let source = source_server(saga)?;
+    let uid = database_uid(saga)?;
+    let muid = migration_uid(saga);
+    let mark = sql::migration_mark(&uid, &muid);
+    let (database, role) = (db.database_name(), db.owner_role());
+
+    let mut t = session(saga, &target, "postgres").await?;
+    let (role_found, db_found) = sql::observe(&t, &role, &database).await?;
+    let role_ours = role_found
+        .as_ref()
+        .is_some_and(|r| sql::is_migrations(r.comment.as_deref(), &uid, &muid));
+    if role_found.is_some() && !role_ours {
+        return Err(Error::fatal(
+            "NameConflict",
+            format!("role {role:?} appeared on {} meanwhile", at(&target)),
+        ));
+    }
+    let db_ours = db_found.as_ref().is_some_and(|d| {
+        sql::is_migrations(d.comment.as_deref(), &uid, &muid)
+            // Created OWNER our marked role, then a crash before its mark.
+            || (d.comment.is_none() && role_ours && d.owner == role)
+    });
+    if db_found.is_some() && !db_ours {
+        return Err(Error::fatal(
+            "NameConflict",
+            format!(
+                "database {database:?} appeared on {} meanwhile",
+                at(&target)
+            ),
+        ));
+    }
+    let password = connection_password(saga, db).await?;
+    let mut status = saga.status();
+    if !status.target_touched {
+        // Written before the first statement that changes the target.
+        status.target_touched = true;
+        saga.save(status).await?;
+    }
+    if role_found.is_none() {
+        sql::create_role(&mut t, &role, &password, &mark).await?;
+    }
+    match &db_found {
+        None => {
+            sql::create_database(&t, &database, &role, db.spec.connection_limit).await?;
+            sql::mark_database(&t, &database, &mark).await?;
+        }
+        Some(d) if d.comment.is_none() => sql::mark_database(&t, &database, &mark).await?,
+        Some(_) => {}
+    }
+    drop(t);
+
+    let s = session(saga, &source, &database).await?;
+    let extensions = sql::installed_extensions(&s).await?;
+    drop(s);
+    if !extensions.is_empty() {
+        let t = session(saga, &target, &database).await?;
+        let there = sql::installed_extensions(&t).await?;
+        for extension in extensions.iter().filter(|e| !there.contains(e)) {
+            sql::create_extension(&t, extension).await?;
+        }
+    }
+    Ok(Outcome::Done(format!(
+        "role {role} and database {database} on {} (marked {mark:?}); extensions {extensions:?}",
+        at(&target)
+    )))
+}
+
+async fn clean_target(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<String> {
+    if !saga.status().target_touched {
+        return Ok("nothing was created on the target".into());
+    }
+    let db = db.ok_or_else(|| Error::transient("DatabaseNotFound", "the Database is gone"))?;
+    let target = saga.m.spec.target.server.clone();
+    let uid = database_uid(saga)?;
+    let muid = migration_uid(saga);
+    let (database, role) = (db.database_name(), db.owner_role());
+    let t = session(saga, &target, "postgres").await?;
+    let (role_found, db_found) = sql::observe(&t, &role, &database).await?;
+    let role_ours = role_found
+        .as_ref()
+        .is_some_and(|r| sql::is_migrations(r.comment.as_deref(), &uid, &muid));
+    let mut done = Vec::new();
+    if let Some(d) = db_found {
+        let ours = sql::is_migrations(d.comment.as_deref(), &uid, &muid)
+            || (d.comment.is_none() && role_ours && d.owner == role);
+        if ours {
+            sql::drop_database(&t, &database).await?;
+            done.push(format!("database {database} dropped"));
+        } else {
+            done.push(format!(
+                "database {database} left alone (not created by this Migration)"
+            ));
+        }
+    }
+    if role_ours {
+        sql::drop_role(&t, &role).await?;
+        done.push(format!("role {role} dropped"));
+    }
+    if done.is_empty() {
+        done.push("nothing of this Migration's is left".into());
+    }
+    Ok(format!("on {}: {}", at(&target), done.join(", ")))
+}
+
+// ---- CopyData ------------------------------------------------------------------------
+
+async fn copy_data(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
+    let source = source_server(saga)?;
+    let target = saga.m.spec.target.server.clone();
+    let database = db.database_name();
+    let t = session(saga, &target, &database).await?;
+    let already = sql::user_objects(&t).await?;
+    drop(t);
+    if already > 0 {
+        return Ok(Outcome::Done(format!(
+            "already copied: {already} objects in the target database (the restore is one transaction)"
+        )));
+    }
+    let source_credentials = admin_credentials(saga, &source).await?;
+    let target_credentials = admin_credentials(saga, &target).await?;
+    let started = std::time::Instant::now();
+    copy::copy(
+        &Programs {
+            pg_dump: &saga.ctx.state.pg_dump,
+            pg_restore: &saga.ctx.state.pg_restore,
+        },
+        &Endpoint {
+            server: &source,
+            credentials: &source_credentials,
+            database: &database,
+        },
+        &Endpoint {
+            server: &target,
+            credentials: &target_credentials,
+            database: &database,
+        },
+        &db.owner_role(),
+    )
+    .await?;
+    Ok(Outcome::Done(format!(
+        "pg_dump of {database} on {} restored into {} in {:.1}s, owned by {}",
+        at(&source),
+        at(&target),
+        started.elapsed().as_secs_f64(),
+        db.owner_role()
+    )))
+}
+
+// ---- Verify --------------------------------------------------------------------------
+
+async fn verify(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
+    let source = source_server(saga)?;
+    let target = saga.m.spec.target.server.clone();
+    let database = db.database_name();
+    let s = session(saga, &source, &database).await?;
+    let t = session(saga, &target, &database).await?;
+    let (on_source, on_target) = (sql::tables(&s).await?, sql::tables(&t).await?);
+    if on_source != on_target {
+        let missing: Vec<_> = on_source
+            .iter()
+            .filter(|x| !on_target.contains(x))
+            .collect();
+        let extra: Vec<_> = on_target
+            .iter()
+            .filter(|x| !on_source.contains(x))
+            .collect();
+        return Err(Error::fatal(
+            "VerifyFailed",
+            format!(
+                "tables differ: missing on the target {missing:?}, only on the target {extra:?}"
+            ),
+        ));
+    }
+    let mut rows = 0;
+    let mut mismatches = Vec::new();
+    for (schema, table) in &on_source {
+        let (a, b) = (
+            sql::count_rows(&s, schema, table).await?,
+            sql::count_rows(&t, schema, table).await?,
+        );
+        if a != b {
+            mismatches.push(format!(
+                "{schema}.{table}: {a} on the source, {b} on the target"
+            ));
+        }
+        rows += a;
+    }
+    if !mismatches.is_empty() {
+        return Err(Error::fatal(
+            "VerifyFailed",
+            format!("row counts differ: {}", mismatches.join("; ")),
+        ));
+    }
+    Ok(Outcome::Done(format!(
+        "{} tables, {rows} rows: the same on both servers",
+        on_source.len()
+    )))
+}
+
+// ---- SwitchTraffic -------------------------------------------------------------------
+
+async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
+    let target = saga.m.spec.target.server.clone();
+    let mut status = saga.status();
+    let mut db = db.clone();
+    if db.spec.server != target {
+        let databases: Api<Database> = Api::namespaced(saga.ctx.client.clone(), &saga.namespace);
+        let patch = json!({
+            "apiVersion": "dbops.dev/v1alpha1",
+            "kind": "Database",
+            "metadata": {"name": db.name_any()},
+            "spec": {"server": target},
+        });
+        db = databases
+            .patch(
+                &db.name_any(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+        status.switched_generation = db.metadata.generation;
+        saga.save(status.clone()).await?;
+        saga.event(
+            true,
+            "TrafficSwitched",
+            &format!(
+                "Database {} spec.server now {}; waiting for it to be Ready there",
+                db.name_any(),
+                at(&target)
+            ),
+        )
+        .await;
+    } else if status.switched_generation.is_none() {
+        // Patched, then a crash before the record: this generation is at least the patched one.
+        status.switched_generation = db.metadata.generation;
+        saga.save(status.clone()).await?;
+    }
+    let generation = status.switched_generation.unwrap_or_default();
+    let ready = db.status.as_ref().is_some_and(|s| {
+        s.observed_generation.unwrap_or_default() >= generation
+            && dbops_shared::conditions::get(&s.conditions, condition::READY).is_some_and(|c| {
+                c.status == "True" && c.observed_generation.unwrap_or_default() >= generation
+            })
+    });
+    if ready {
+        Ok(Outcome::Done(format!(
+            "Database {} is Ready on {} (generation {generation}); Secret {} points there",
+            db.name_any(),
+            at(&target),
+            db.connection_secret_name()
+        )))
+    } else {
+        Ok(Outcome::Wait(format!(
+            "waiting for Database {} to be Ready on {} at generation {generation}",
+            db.name_any(),
+            at(&target)
+        )))
+    }
+}
+
+// ---- Cleanup -------------------------------------------------------------------------
+
+async fn cleanup(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
+    let source = source_server(saga)?;
+    let (database, role) = (db.database_name(), db.owner_role());
+    if saga.m.spec.source_retention == SourceRetention::Keep {
+        return Ok(Outcome::Done(format!(
+            "sourceRetention Keep: database {database} stays on {}, frozen (read-only, connection limit 0)",
+            at(&source)
+        )));
+    }
+    let uid = database_uid(saga)?;
+    let s = session(saga, &source, "postgres").await?;
+    let (role_found, db_found) = sql::observe(&s, &role, &database).await?;
+    let role_ours = role_found
+        .as_ref()
+        .is_some_and(|r| sql::is_databases(r.comment.as_deref(), &uid));
+    let mut done = Vec::new();
+    if let Some(d) = db_found {
+        if sql::is_databases(d.comment.as_deref(), &uid) {
+            sql::drop_database(&s, &database).await?;
+            done.push(format!("database {database} dropped"));
+        } else {
+            done.push(format!(
+                "database {database} left alone (not this Database's)"
+            ));
+        }
+    }
+    if role_ours {
+        sql::drop_role(&s, &role).await?;
+        done.push(format!("role {role} dropped"));
+    }
+    if done.is_empty() {
+        done.push("already gone".into());
+    }
+    Ok(Outcome::Done(format!(
+        "sourceRetention Drop on {}: {}",
+        at(&source),
+        done.join(", ")
+    )))
+}
