@@ -65,8 +65,9 @@ impl Failure {
 
 fn store_reason(e: &StoreError) -> &'static str {
     match e {
-        StoreError::Io { .. } => "StoreUnavailable",
-        StoreError::Unsupported(_) => "StoreUnsupported",
+        StoreError::Io { .. } | StoreError::Remote { .. } => "StoreUnavailable",
+        StoreError::Refused { .. } => "StoreRefused",
+        StoreError::Misconfigured { .. } => "StoreMisconfigured",
         StoreError::NotFound(_) => "ArtifactNotFound",
     }
 }

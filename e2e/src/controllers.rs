@@ -35,8 +35,31 @@ impl ControllerProcess {
         metrics_port: u16,
         extra_args: &[String],
     ) -> Result<Self> {
+        Self::launch(name, kubeconfig, log_dir, metrics_port, extra_args, &[])
+    }
+
+    /// Like [`ControllerProcess::start`] with `env` added to the controller's environment
+    /// (for example an S3 store's `AWS_*` settings).
+    pub fn start_with_env(
+        name: &str,
+        kubeconfig: &Path,
+        log_dir: &Path,
+        extra_args: &[String],
+        env: &[(String, String)],
+    ) -> Result<Self> {
+        Self::launch(name, kubeconfig, log_dir, free_port()?, extra_args, env)
+    }
+
+    fn launch(
+        name: &str,
+        kubeconfig: &Path,
+        log_dir: &Path,
+        metrics_port: u16,
+        extra_args: &[String],
+        env: &[(String, String)],
+    ) -> Result<Self> {
         let binary = paths::workspace_bin(&format!("dbops-{name}"))?;
-        let spec = Spec::new(name, binary)
+        let mut spec = Spec::new(name, binary)
             .args([format!("--metrics-addr=127.0.0.1:{metrics_port}")])
             .args(extra_args.iter().cloned())
             .env("KUBECONFIG", kubeconfig.display().to_string())
@@ -44,6 +67,9 @@ impl ControllerProcess {
                 "RUST_LOG",
                 std::env::var("DBOPS_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
             );
+        for (key, value) in env {
+            spec = spec.env(key.clone(), value.clone());
+        }
         let mut process = Supervised::start(&spec, log_dir)?;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

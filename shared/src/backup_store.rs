@@ -1,24 +1,143 @@
 //! The `--backup-store` URL, where Backups write their artifacts, and the operations on it.
 //!
 //! `file:///absolute/path` (the default, `file:///var/lib/dbops/backups`) or
-//! `s3://bucket[/prefix]`. Credentials never go in the URL (they would end up in logs);
-//! an S3 store takes them from the environment. Only `file://` stores can be written yet:
-//! operations on an S3 store fail with [`StoreError::Unsupported`].
+//! `s3://bucket[/prefix]`. Credentials never go in the URL (they would end up in logs):
+//! an S3 store takes them, its region and its endpoint from the environment
+//! (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
+//! `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP=true` for a plain-HTTP endpoint, and the rest of
+//! the `AWS_*` settings `object_store` knows), read once, when the first operation needs
+//! the client; every clone of the store shares that client.
 //!
 //! Layout: one object key per Backup, `<namespace>/<name>-<uid>`, so whatever retries or
 //! crashes happen a Backup has at most one artifact (`<key>.dump`) and one manifest
-//! (`<key>.manifest.json`) beside it. Both are written under a temporary name in the same
-//! directory (`.<name>-<uid>.dump.partial`) and renamed into place once complete: a
-//! reader never sees half an artifact, and a retry overwrites the partial one.
+//! (`<key>.manifest.json`) beside it.
+//!
+//! - `file://`: both are written under a temporary name in the same directory
+//!   (`.<name>-<uid>.dump.partial`) and renamed into place once complete: a reader never
+//!   sees half an artifact, and a retry overwrites the partial one.
+//! - `s3://`: the artifact is streamed as a multipart upload of [`S3_PART_SIZE`] parts,
+//!   at most [`S3_PARTS_IN_FLIGHT`] of them uploading while the next one fills (bounded
+//!   memory whatever the dump's size), and becomes visible only when the upload is
+//!   completed in [`ArtifactWriter::commit`]. A dump smaller than one part is a single
+//!   PUT at commit. A writer dropped without commit aborts its upload; parts left by a
+//!   process that died are invisible and are removed by the bucket's
+//!   `AbortIncompleteMultipartUpload` lifecycle rule. A retry overwrites the same key.
 
+use std::sync::{Arc, Mutex};
 use std::{fmt, path::PathBuf, str::FromStr};
 
+use futures::TryStreamExt;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig, WriteMultipart,
+};
 use tokio::io::AsyncWriteExt;
+
+/// The size of one part of an S3 multipart upload. S3 allows 10,000 parts, so one
+/// artifact can hold up to ~156 GiB.
+pub const S3_PART_SIZE: usize = 16 << 20;
+/// Parts uploading at once while the next one fills: an S3 artifact being written holds
+/// at most `(S3_PARTS_IN_FLIGHT + 1) * S3_PART_SIZE` bytes in memory.
+pub const S3_PARTS_IN_FLIGHT: usize = 2;
+
 /// A parsed, validated backup store location.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BackupStore {
-    File { root: PathBuf },
-    S3 { bucket: String, prefix: String },
+    File {
+        root: PathBuf,
+    },
+    S3 {
+        bucket: String,
+        prefix: String,
+        /// Where the settings come from and the client, built on first use.
+        client: S3Client,
+    },
+}
+
+/// The client of an `s3://` store: built once from the settings on first use and shared
+/// by every clone of the [`BackupStore`]. Settings are the process environment unless
+/// [`BackupStore::with_s3_environment`] gave others.
+#[derive(Clone, Default)]
+pub struct S3Client {
+    settings: Option<Arc<Vec<(String, String)>>>,
+    built: Arc<Mutex<Option<Arc<dyn ObjectStore>>>>,
+}
+
+/// Every client is equal: a store is identified by its URL.
+impl PartialEq for S3Client {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for S3Client {}
+
+/// Names only: the values may be credentials.
+impl fmt::Debug for S3Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.settings {
+            None => f.write_str("S3Client(settings from the environment)"),
+            Some(vars) => {
+                let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+                write!(f, "S3Client(settings {names:?})")
+            }
+        }
+    }
+}
+
+impl S3Client {
+    /// The client, built on the first call; a failure is not remembered.
+    fn get(&self, bucket: &str) -> Result<Arc<dyn ObjectStore>, String> {
+        let mut built = self
+            .built
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(client) = built.as_ref() {
+            return Ok(Arc::clone(client));
+        }
+        let client: Arc<dyn ObjectStore> = match &self.settings {
+            Some(vars) => Arc::new(build_s3(bucket, vars.iter().cloned())?),
+            None => Arc::new(build_s3(bucket, std::env::vars())?),
+        };
+        *built = Some(Arc::clone(&client));
+        Ok(client)
+    }
+}
+
+/// An S3 client for `bucket` from `AWS_*` settings. Requests time out only when the
+/// server stalls (60 s without a byte), not by their total length: a restore may read
+/// one object for an hour. Retries are few: the controller backs off per Backup.
+fn build_s3(
+    bucket: &str,
+    settings: impl Iterator<Item = (String, String)>,
+) -> Result<object_store::aws::AmazonS3, String> {
+    // reqwest's rustls has no provider of its own here: use ring, as kube does.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let options = ClientOptions::new()
+        .with_connect_timeout(std::time::Duration::from_secs(5))
+        .with_timeout_disabled()
+        .with_read_timeout(std::time::Duration::from_secs(60));
+    let retry = RetryConfig {
+        max_retries: 3,
+        retry_timeout: std::time::Duration::from_secs(120),
+        ..RetryConfig::default()
+    };
+    let mut builder = AmazonS3Builder::new()
+        .with_client_options(options)
+        .with_retry(retry);
+    for (name, value) in settings {
+        if !name.starts_with("AWS_") {
+            continue;
+        }
+        if let Ok(key) = name.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() {
+            builder = builder.with_config(key, value);
+        }
+    }
+    builder
+        .with_bucket_name(bucket)
+        .build()
+        .map_err(|e| e.to_string())
 }
 
 /// Why a `--backup-store` URL was refused.
@@ -67,6 +186,7 @@ impl FromStr for BackupStore {
             return Ok(Self::S3 {
                 bucket: bucket.to_owned(),
                 prefix: prefix.trim_matches('/').to_owned(),
+                client: S3Client::default(),
             });
         }
         // Only the scheme is echoed back: the rest may hold credentials.
@@ -79,8 +199,8 @@ impl fmt::Display for BackupStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::File { root } => write!(f, "file://{}", root.display()),
-            Self::S3 { bucket, prefix } if prefix.is_empty() => write!(f, "s3://{bucket}"),
-            Self::S3 { bucket, prefix } => write!(f, "s3://{bucket}/{prefix}"),
+            Self::S3 { bucket, prefix, .. } if prefix.is_empty() => write!(f, "s3://{bucket}"),
+            Self::S3 { bucket, prefix, .. } => write!(f, "s3://{bucket}/{prefix}"),
         }
     }
 }
@@ -105,10 +225,27 @@ impl ObjectKey {
     pub fn artifact(&self) -> String {
         format!("{}/{}.dump", self.namespace, self.stem)
     }
+
+    /// The manifest's key relative to the store root.
+    pub fn manifest(&self) -> String {
+        format!("{}/{}.manifest.json", self.namespace, self.stem)
+    }
 }
 
-/// Why a store operation failed. `Io` errors may pass (a full disk, an
-/// unmounted volume, a permission fixed by an operator): callers retry them.
+/// `<prefix>/<relative>` as an object key (no empty segments).
+fn s3_key(prefix: &str, relative: &str) -> ObjectPath {
+    ObjectPath::from_iter(
+        prefix
+            .split('/')
+            .chain(relative.split('/'))
+            .filter(|part| !part.is_empty()),
+    )
+}
+
+/// Why a store operation failed. `Io` and `Remote` errors may pass (a full disk, an
+/// unmounted volume, a permission fixed by an operator, an S3 endpoint down or
+/// throttling): callers retry them. `Refused` and `Misconfigured` need a change of
+/// configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("backup store {store}: {what}: {source}")]
@@ -118,8 +255,25 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
-    #[error("backup store {0} cannot be written yet: only file:// stores are supported")]
-    Unsupported(String),
+    /// The S3 endpoint could not be reached, timed out, failed (5xx) or throttled.
+    #[error("backup store {store}: {what}: {message}")]
+    Remote {
+        store: String,
+        what: String,
+        message: String,
+    },
+    /// The S3 endpoint refused the request for good: credentials refused (401/403), the
+    /// bucket does not exist, or another client error (4xx).
+    #[error("backup store {store}: {what}: {message}")]
+    Refused {
+        store: String,
+        what: String,
+        message: String,
+    },
+    /// The S3 client could not be built from the environment (an invalid endpoint URL,
+    /// an `http://` endpoint without `AWS_ALLOW_HTTP=true`, ...).
+    #[error("backup store {store} is misconfigured: {message}")]
+    Misconfigured { store: String, message: String },
     #[error("{0} does not exist in the backup store")]
     NotFound(String),
 }
@@ -127,22 +281,158 @@ pub enum StoreError {
 impl StoreError {
     /// Whether the operation may work later without a configuration change.
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Io { .. })
+        matches!(self, StoreError::Io { .. } | StoreError::Remote { .. })
+    }
+}
+
+/// What an S3 error means for the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum S3Failure {
+    /// The object does not exist (its bucket does).
+    NotFound,
+    /// Worth retrying: connection, timeout, 5xx, throttling.
+    Transient,
+    /// Needs a configuration change; the text says which.
+    Permanent(&'static str),
+}
+
+/// Sorts an `object_store` error by what fixes it, from its kind and its text (the S3
+/// error code and the HTTP status are only in the text).
+fn classify_s3(e: &object_store::Error) -> S3Failure {
+    use object_store::Error as E;
+    let text = e.to_string();
+    if text.contains("NoSuchBucket") {
+        return S3Failure::Permanent("the bucket does not exist");
+    }
+    const CREDENTIALS: &str =
+        "the credentials were refused (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)";
+    if [
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+    ]
+    .iter()
+    .any(|code| text.contains(code))
+    {
+        return S3Failure::Permanent(CREDENTIALS);
+    }
+    if text.contains("HTTP error: builder error") {
+        // reqwest refused to build the request: an http:// endpoint that is not allowed.
+        return S3Failure::Permanent(
+            "the request could not be made: an http:// AWS_ENDPOINT_URL needs AWS_ALLOW_HTTP=true",
+        );
+    }
+    match e {
+        E::NotFound { .. } => S3Failure::NotFound,
+        E::Unauthenticated { .. } => S3Failure::Permanent(CREDENTIALS),
+        E::PermissionDenied { .. } => S3Failure::Permanent("access denied"),
+        E::InvalidPath { .. }
+        | E::NotSupported { .. }
+        | E::NotImplemented { .. }
+        | E::UnknownConfigurationKey { .. } => S3Failure::Permanent("not supported"),
+        _ => match http_status(&text) {
+            Some(401) => S3Failure::Permanent(CREDENTIALS),
+            Some(403) => S3Failure::Permanent("access denied"),
+            Some(408 | 429) => S3Failure::Transient,
+            Some(400..=499) => S3Failure::Permanent("request refused"),
+            _ => S3Failure::Transient,
+        },
+    }
+}
+
+/// The HTTP status in an `object_store` error text ("... status code: 503 Service ...").
+fn http_status(text: &str) -> Option<u16> {
+    let (_, after) = text.split_once("status code: ")?;
+    after.get(..3)?.parse().ok()
+}
+
+/// At most `max` bytes of `text` (on a character boundary), for condition messages.
+fn shorten(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let end = (0..=max)
+        .rev()
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(0);
+    format!("{}…", &text[..end])
+}
+
+/// The [`StoreError`] for a failed S3 request; `location` names the object if missing.
+fn s3_error(store: &str, what: &str, location: &str, e: &object_store::Error) -> StoreError {
+    let message = shorten(&e.to_string(), 600);
+    match classify_s3(e) {
+        S3Failure::NotFound => StoreError::NotFound(location.to_owned()),
+        S3Failure::Transient => StoreError::Remote {
+            store: store.to_owned(),
+            what: what.to_owned(),
+            message,
+        },
+        S3Failure::Permanent(why) => StoreError::Refused {
+            store: store.to_owned(),
+            what: what.to_owned(),
+            message: format!("{why}: {message}"),
+        },
     }
 }
 
 /// A complete artifact being read.
 pub type ArtifactReader = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
 
-/// An artifact being written; [`ArtifactWriter::commit`] puts it in place.
+/// An artifact being written; [`ArtifactWriter::commit`] puts it in place. Dropped
+/// without commit, nothing becomes visible.
 pub struct ArtifactWriter {
+    sink: Sink,
+}
+
+enum Sink {
+    File(FileSink),
+    S3(S3Sink),
+}
+
+struct FileSink {
     store: String,
     partial: PathBuf,
     target: PathBuf,
     file: tokio::io::BufWriter<tokio::fs::File>,
 }
 
+struct S3Sink {
+    store: String,
+    location: String,
+    client: Arc<dyn ObjectStore>,
+    path: ObjectPath,
+    /// The bytes written before the first part is full: a small artifact is one PUT.
+    pending: Vec<u8>,
+    /// The multipart upload, once the first part is full.
+    upload: Option<WriteMultipart>,
+}
+
 impl BackupStore {
+    /// This `s3://` store with its settings (`AWS_*` names and values) from `vars` rather
+    /// than the process environment, for tests and tools. A `file://` store is unchanged.
+    pub fn with_s3_environment<K, V>(self, vars: impl IntoIterator<Item = (K, V)>) -> Self
+    where
+        K: Into<String>,
+        V: Into<String>,
+    {
+        match self {
+            Self::S3 { bucket, prefix, .. } => Self::S3 {
+                bucket,
+                prefix,
+                client: S3Client {
+                    settings: Some(Arc::new(
+                        vars.into_iter()
+                            .map(|(k, v)| (k.into(), v.into()))
+                            .collect(),
+                    )),
+                    built: Arc::default(),
+                },
+            },
+            file => file,
+        }
+    }
+
     fn io(&self, what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
         let store = self.to_string();
         let what = what.into();
@@ -153,37 +443,78 @@ impl BackupStore {
         }
     }
 
-    fn root(&self) -> Result<&PathBuf, StoreError> {
-        match self {
-            Self::File { root } => Ok(root),
-            Self::S3 { .. } => Err(StoreError::Unsupported(self.to_string())),
-        }
-    }
-
     /// The URL of the artifact, as status.location shows it.
     pub fn location(&self, key: &ObjectKey) -> String {
+        self.url_of(&key.artifact())
+    }
+
+    /// The URL of an object given relative to the store root.
+    fn url_of(&self, relative: &str) -> String {
         match self {
-            Self::File { root } => format!("file://{}", root.join(key.artifact()).display()),
-            Self::S3 { bucket, prefix } if prefix.is_empty() => {
-                format!("s3://{bucket}/{}", key.artifact())
+            Self::File { root } => format!("file://{}", root.join(relative).display()),
+            Self::S3 { bucket, prefix, .. } => {
+                format!("s3://{bucket}/{}", s3_key(prefix, relative))
             }
-            Self::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}/{}", key.artifact()),
         }
     }
 
-    fn paths(&self, key: &ObjectKey) -> Result<(PathBuf, PathBuf, PathBuf, PathBuf), StoreError> {
-        let dir = self.root()?.join(&key.namespace);
-        Ok((
+    fn paths(
+        &self,
+        root: &std::path::Path,
+        key: &ObjectKey,
+    ) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
+        let dir = root.join(&key.namespace);
+        (
             dir.join(format!("{}.dump", key.stem)),
             dir.join(format!(".{}.dump.partial", key.stem)),
             dir.join(format!("{}.manifest.json", key.stem)),
             dir.join(format!(".{}.manifest.json.partial", key.stem)),
-        ))
+        )
     }
 
-    /// Starts (or starts over) the artifact of `key` under its temporary name.
+    /// The S3 client and the key of `relative` in the bucket.
+    fn s3(&self, relative: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath), StoreError> {
+        match self {
+            Self::S3 {
+                bucket,
+                prefix,
+                client,
+            } => {
+                let client = client
+                    .get(bucket)
+                    .map_err(|message| StoreError::Misconfigured {
+                        store: self.to_string(),
+                        message,
+                    })?;
+                Ok((client, s3_key(prefix, relative)))
+            }
+            Self::File { .. } => Err(StoreError::Misconfigured {
+                store: self.to_string(),
+                message: "not an s3:// store".into(),
+            }),
+        }
+    }
+
+    /// Starts (or starts over) the artifact of `key`: under its temporary name in a
+    /// `file://` store; in an `s3://` store nothing is sent before a part is full.
     pub async fn create_artifact(&self, key: &ObjectKey) -> Result<ArtifactWriter, StoreError> {
-        let (target, partial, _, _) = self.paths(key)?;
+        let root = match self {
+            Self::File { root } => root,
+            Self::S3 { .. } => {
+                let (client, path) = self.s3(&key.artifact())?;
+                return Ok(ArtifactWriter {
+                    sink: Sink::S3(S3Sink {
+                        store: self.to_string(),
+                        location: self.location(key),
+                        client,
+                        path,
+                        pending: Vec::new(),
+                        upload: None,
+                    }),
+                });
+            }
+        };
+        let (target, partial, _, _) = self.paths(root, key);
         if let Some(dir) = target.parent() {
             tokio::fs::create_dir_all(dir)
                 .await
@@ -193,16 +524,33 @@ impl BackupStore {
             .await
             .map_err(self.io(format!("creating {}", partial.display())))?;
         Ok(ArtifactWriter {
-            store: self.to_string(),
-            partial,
-            target,
-            file: tokio::io::BufWriter::with_capacity(1 << 20, file),
+            sink: Sink::File(FileSink {
+                store: self.to_string(),
+                partial,
+                target,
+                file: tokio::io::BufWriter::with_capacity(1 << 20, file),
+            }),
         })
     }
 
-    /// Writes the manifest of `key` (temporary name, then renamed into place).
+    /// Writes the manifest of `key`: a temporary name renamed into place (`file://`), or
+    /// one PUT (`s3://`).
     pub async fn put_manifest(&self, key: &ObjectKey, body: &[u8]) -> Result<(), StoreError> {
-        let (_, _, target, partial) = self.paths(key)?;
+        let root = match self {
+            Self::File { root } => root,
+            Self::S3 { .. } => {
+                let (client, path) = self.s3(&key.manifest())?;
+                let location = self.url_of(&key.manifest());
+                return client
+                    .put(&path, PutPayload::from(body.to_vec()))
+                    .await
+                    .map(drop)
+                    .map_err(|e| {
+                        s3_error(&self.to_string(), "writing the manifest", &location, &e)
+                    });
+            }
+        };
+        let (_, _, target, partial) = self.paths(root, key);
         let mut file = tokio::fs::File::create(&partial)
             .await
             .map_err(self.io(format!("creating {}", partial.display())))?;
@@ -218,10 +566,23 @@ impl BackupStore {
             .map_err(self.io(format!("renaming {}", partial.display())))
     }
 
-    /// Opens the complete artifact of `key` for reading (a restore reads it). A missing
-    /// artifact is [`StoreError::NotFound`].
+    /// Opens the complete artifact of `key` for reading (a restore reads it), streamed:
+    /// nothing is read ahead beyond a buffer. A missing artifact is
+    /// [`StoreError::NotFound`].
     pub async fn open_artifact(&self, key: &ObjectKey) -> Result<ArtifactReader, StoreError> {
-        let (target, _, _, _) = self.paths(key)?;
+        let root = match self {
+            Self::File { root } => root,
+            Self::S3 { .. } => {
+                let (client, path) = self.s3(&key.artifact())?;
+                let location = self.location(key);
+                let found = client.get(&path).await.map_err(|e| {
+                    s3_error(&self.to_string(), "reading the artifact", &location, &e)
+                })?;
+                let stream = found.into_stream().map_err(std::io::Error::from);
+                return Ok(Box::new(tokio_util::io::StreamReader::new(stream)));
+            }
+        };
+        let (target, _, _, _) = self.paths(root, key);
         match tokio::fs::File::open(&target).await {
             Ok(file) => Ok(Box::new(tokio::io::BufReader::with_capacity(1 << 20, file))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -233,7 +594,19 @@ impl BackupStore {
 
     /// Reads the manifest of `key`. A missing manifest is [`StoreError::NotFound`].
     pub async fn get_manifest(&self, key: &ObjectKey) -> Result<Vec<u8>, StoreError> {
-        let (_, _, manifest, _) = self.paths(key)?;
+        let root = match self {
+            Self::File { root } => root,
+            Self::S3 { .. } => {
+                let (client, path) = self.s3(&key.manifest())?;
+                let location = self.url_of(&key.manifest());
+                let error = |e: object_store::Error| {
+                    s3_error(&self.to_string(), "reading the manifest", &location, &e)
+                };
+                let found = client.get(&path).await.map_err(error)?;
+                return Ok(found.bytes().await.map_err(error)?.to_vec());
+            }
+        };
+        let (_, _, manifest, _) = self.paths(root, key);
         match tokio::fs::read(&manifest).await {
             Ok(body) => Ok(body),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -246,7 +619,28 @@ impl BackupStore {
     /// Removes the artifact, its manifest and any partial file of `key`; what is already
     /// gone counts as removed.
     pub async fn delete(&self, key: &ObjectKey) -> Result<(), StoreError> {
-        let (artifact, partial, manifest, manifest_partial) = self.paths(key)?;
+        let root = match self {
+            Self::File { root } => root,
+            Self::S3 { .. } => {
+                for relative in [key.manifest(), key.artifact()] {
+                    let (client, path) = self.s3(&relative)?;
+                    match client.delete(&path).await {
+                        Ok(()) => {}
+                        Err(e) => match s3_error(
+                            &self.to_string(),
+                            "removing an object",
+                            &self.url_of(&relative),
+                            &e,
+                        ) {
+                            StoreError::NotFound(_) => {}
+                            e => return Err(e),
+                        },
+                    }
+                }
+                return Ok(());
+            }
+        };
+        let (artifact, partial, manifest, manifest_partial) = self.paths(root, key);
         for path in [manifest, artifact, partial, manifest_partial] {
             match tokio::fs::remove_file(&path).await {
                 Ok(()) => {}
@@ -257,9 +651,15 @@ impl BackupStore {
         Ok(())
     }
 
-    /// Removes only the partial artifact of `key` (after an attempt that gave up).
+    /// Removes only the partial artifact of `key` (after an attempt that gave up). An
+    /// `s3://` store has none to remove: an unfinished upload is invisible, aborted when
+    /// its writer is dropped, and otherwise expired by the bucket's lifecycle rule.
     pub async fn discard_partial(&self, key: &ObjectKey) -> Result<(), StoreError> {
-        let (_, partial, _, _) = self.paths(key)?;
+        let root = match self {
+            Self::File { root } => root,
+            Self::S3 { .. } => return Ok(()),
+        };
+        let (_, partial, _, _) = self.paths(root, key);
         match tokio::fs::remove_file(&partial).await {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -270,6 +670,24 @@ impl BackupStore {
 
 impl ArtifactWriter {
     pub async fn write(&mut self, chunk: &[u8]) -> Result<(), StoreError> {
+        match &mut self.sink {
+            Sink::File(sink) => sink.write(chunk).await,
+            Sink::S3(sink) => sink.write(chunk).await,
+        }
+    }
+
+    /// Makes the artifact visible: flushed, synced and renamed into place (`file://`),
+    /// or the multipart upload completed (or the single PUT sent) (`s3://`).
+    pub async fn commit(self) -> Result<(), StoreError> {
+        match self.sink {
+            Sink::File(sink) => sink.commit().await,
+            Sink::S3(mut sink) => sink.commit().await,
+        }
+    }
+}
+
+impl FileSink {
+    async fn write(&mut self, chunk: &[u8]) -> Result<(), StoreError> {
         self.file
             .write_all(chunk)
             .await
@@ -280,8 +698,7 @@ impl ArtifactWriter {
             })
     }
 
-    /// Flushes and syncs the artifact, then renames it into place.
-    pub async fn commit(mut self) -> Result<(), StoreError> {
+    async fn commit(mut self) -> Result<(), StoreError> {
         let store = self.store.clone();
         let partial = self.partial.clone();
         let io = |what: &str| {
@@ -303,6 +720,107 @@ impl ArtifactWriter {
             .await
             .map_err(io("renaming"))
     }
+}
+
+impl S3Sink {
+    fn error(&self, what: &str, e: &object_store::Error) -> StoreError {
+        s3_error(&self.store, what, &self.location, e)
+    }
+
+    async fn write(&mut self, chunk: &[u8]) -> Result<(), StoreError> {
+        if let Some(upload) = self.upload.as_mut() {
+            // Back pressure: wait while enough parts are on their way.
+            return match upload.wait_for_capacity(S3_PARTS_IN_FLIGHT).await {
+                Ok(()) => {
+                    upload.write(chunk);
+                    Ok(())
+                }
+                Err(e) => Err(s3_error(
+                    &self.store,
+                    "uploading a part of the artifact",
+                    &self.location,
+                    &e,
+                )),
+            };
+        }
+        if self.pending.len() + chunk.len() < S3_PART_SIZE {
+            self.pending.extend_from_slice(chunk);
+            return Ok(());
+        }
+        // The first part is full: from now on the artifact goes up in parts.
+        let started = self.client.put_multipart(&self.path).await;
+        let upload = started.map_err(|e| self.error("starting the upload", &e))?;
+        let mut upload = WriteMultipart::new_with_chunk_size(upload, S3_PART_SIZE);
+        upload.write(&std::mem::take(&mut self.pending));
+        upload.write(chunk);
+        self.upload = Some(upload);
+        Ok(())
+    }
+
+    async fn commit(&mut self) -> Result<(), StoreError> {
+        match self.upload.take() {
+            // On failure, finish aborts the upload itself.
+            Some(upload) => upload
+                .finish()
+                .await
+                .map(drop)
+                .map_err(|e| self.error("completing the upload", &e)),
+            None => {
+                let body = PutPayload::from(std::mem::take(&mut self.pending));
+                self.client
+                    .put(&self.path, body)
+                    .await
+                    .map(drop)
+                    .map_err(|e| self.error("writing the artifact", &e))
+            }
+        }
+    }
+}
+
+/// An upload that was not committed is aborted in the background (its parts freed).
+impl Drop for S3Sink {
+    fn drop(&mut self) {
+        if let (Some(upload), Ok(runtime)) =
+            (self.upload.take(), tokio::runtime::Handle::try_current())
+        {
+            runtime.spawn(async move {
+                if let Err(e) = upload.abort().await {
+                    tracing::warn!(error = %e, "could not abort an unfinished multipart upload");
+                }
+            });
+        }
+    }
+}
+
+/// Runs one operation on the store (`create_artifact`, `commit`, `put_manifest`,
+/// `open_artifact`, `get_manifest`, `delete`, `discard_partial`) inside a `store` span
+/// (`store.operation`, `store.location`: the artifact's URL, never a credential) and counts
+/// it in `dbops_external_requests_total{target="store"}`. Callers wrap their calls:
+/// `traced("put_manifest", store.location(&key), store.put_manifest(&key, &body))`.
+pub async fn traced<T>(
+    operation: &'static str,
+    location: String,
+    work: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    use tracing::Instrument;
+    let span = tracing::info_span!(
+        "store",
+        otel.name = %format_args!("store {operation}"),
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        store.operation = operation,
+        store.location = location.as_str(),
+    );
+    let result = work.instrument(span.clone()).await;
+    let outcome = match &result {
+        Ok(_) => "ok",
+        Err(_) => {
+            span.record("otel.status_code", "ERROR");
+            "error"
+        }
+    };
+    crate::metrics::record_external_request(crate::metrics::Target::Store, outcome);
+    result
 }
 
 #[cfg(test)]
@@ -327,14 +845,16 @@ mod tests {
             "s3://backups/dbops/prod/".parse(),
             Ok(BackupStore::S3 {
                 bucket: "backups".into(),
-                prefix: "dbops/prod".into()
+                prefix: "dbops/prod".into(),
+                client: S3Client::default(),
             })
         );
         assert_eq!(
             "s3://backups".parse(),
             Ok(BackupStore::S3 {
                 bucket: "backups".into(),
-                prefix: String::new()
+                prefix: String::new(),
+                client: S3Client::default(),
             })
         );
     }
@@ -425,8 +945,159 @@ mod tests {
         let store = BackupStore::File { root: file };
         let e = store.create_artifact(&key()).await.err().unwrap();
         assert!(e.is_transient(), "{e}");
-        let s3: BackupStore = "s3://bucket/x".parse().unwrap();
-        let e = s3.create_artifact(&key()).await.err().unwrap();
+    }
+
+    /// Settings for an S3 endpoint on loopback (never a real one: no test leaves 127/8).
+    fn s3_settings(endpoint: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID", "test-key".to_string()),
+            ("AWS_SECRET_ACCESS_KEY", "test-secret-value".to_string()),
+            ("AWS_REGION", "us-east-1".to_string()),
+            ("AWS_ENDPOINT_URL", endpoint.to_string()),
+            ("AWS_ALLOW_HTTP", "true".to_string()),
+            ("HOME", "/nowhere".to_string()),
+        ]
+    }
+
+    #[test]
+    fn s3_objects_sit_under_the_prefix() {
+        let store: BackupStore = "s3://backups/dbops/prod/".parse().unwrap();
+        assert_eq!(
+            store.location(&key()),
+            "s3://backups/dbops/prod/team-a/orders-1-0b5c.dump"
+        );
+        assert_eq!(
+            store.url_of(&key().manifest()),
+            "s3://backups/dbops/prod/team-a/orders-1-0b5c.manifest.json"
+        );
+        let bare: BackupStore = "s3://backups".parse().unwrap();
+        assert_eq!(
+            bare.location(&key()),
+            "s3://backups/team-a/orders-1-0b5c.dump"
+        );
+        assert_eq!(
+            s3_key("a//b/", "ns/x.dump").as_ref(),
+            "a/b/ns/x.dump",
+            "no empty segment"
+        );
+    }
+
+    #[test]
+    fn s3_settings_values_never_show_in_debug_output() {
+        let store = "s3://backups/x"
+            .parse::<BackupStore>()
+            .unwrap()
+            .with_s3_environment(s3_settings("http://127.0.0.1:1"));
+        let shown = format!("{store:?}");
+        assert!(shown.contains("AWS_SECRET_ACCESS_KEY"), "{shown}");
+        assert!(!shown.contains("test-secret-value"), "{shown}");
+        assert!(!shown.contains("test-key\""), "{shown}");
+    }
+
+    fn generic(text: &str) -> object_store::Error {
+        object_store::Error::Generic {
+            store: "S3",
+            source: text.into(),
+        }
+    }
+
+    #[test]
+    fn s3_errors_are_sorted_by_what_fixes_them() {
+        use object_store::Error as E;
+        let not_found = E::NotFound {
+            path: "team-a/x.dump".into(),
+            source: "Server returned non-2xx status code: 404 Not Found: <Code>NoSuchKey</Code>"
+                .into(),
+        };
+        assert_eq!(classify_s3(&not_found), S3Failure::NotFound);
+        let no_bucket = E::NotFound {
+            path: "team-a/x.dump".into(),
+            source: "Server returned non-2xx status code: 404 Not Found: <Code>NoSuchBucket</Code>"
+                .into(),
+        };
+        assert_eq!(
+            classify_s3(&no_bucket),
+            S3Failure::Permanent("the bucket does not exist")
+        );
+        let denied = E::PermissionDenied {
+            path: "x".into(),
+            source: "Server returned non-2xx status code: 403 Forbidden: <Code>AccessDenied</Code>"
+                .into(),
+        };
+        assert_eq!(classify_s3(&denied), S3Failure::Permanent("access denied"));
+        let bad_key = generic(
+            "Error performing PUT http://127.0.0.1:9/b/k in 2ms - Server returned non-2xx status code: 403 Forbidden: <Code>InvalidAccessKeyId</Code>",
+        );
+        assert!(
+            matches!(classify_s3(&bad_key), S3Failure::Permanent(why) if why.contains("credentials"))
+        );
+        for transient in [
+            "Error performing PUT http://127.0.0.1:9/b/k in 2ms, after 3 retries - Server returned non-2xx status code: 503 Service Unavailable: <Code>SlowDown</Code>",
+            "Server returned non-2xx status code: 500 Internal Server Error: ",
+            "Server returned non-2xx status code: 429 Too Many Requests: ",
+            "Error performing PUT http://127.0.0.1:9/b/k in 2ms - HTTP error: error sending request",
+        ] {
+            assert_eq!(
+                classify_s3(&generic(transient)),
+                S3Failure::Transient,
+                "{transient}"
+            );
+        }
+        assert_eq!(
+            classify_s3(&generic(
+                "Server returned non-2xx status code: 400 Bad Request: "
+            )),
+            S3Failure::Permanent("request refused")
+        );
+
+        let e = s3_error("s3://b/p", "writing", "s3://b/p/k", &not_found);
+        assert!(
+            matches!(e, StoreError::NotFound(ref at) if at == "s3://b/p/k"),
+            "{e}"
+        );
+        let e = s3_error("s3://b/p", "writing", "s3://b/p/k", &no_bucket);
         assert!(!e.is_transient(), "{e}");
+        assert!(e.to_string().contains("the bucket does not exist"), "{e}");
+        let e = s3_error(
+            "s3://b/p",
+            "writing",
+            "s3://b/p/k",
+            &generic(&"x".repeat(5000)),
+        );
+        assert!(e.is_transient(), "{e}");
+        assert!(e.to_string().len() < 1000, "messages are shortened");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_s3_endpoint_is_a_transient_error() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let store = "s3://backups/x"
+            .parse::<BackupStore>()
+            .unwrap()
+            .with_s3_environment(s3_settings(&endpoint));
+        let e = store.put_manifest(&key(), b"{}").await.unwrap_err();
+        assert!(matches!(e, StoreError::Remote { .. }), "{e}");
+        assert!(e.is_transient(), "{e}");
+        assert!(!e.to_string().contains("test-secret-value"), "{e}");
+        // Nothing is sent before a part is full: starting an artifact cannot fail.
+        let mut writer = store.create_artifact(&key()).await.unwrap();
+        writer.write(b"a small dump").await.unwrap();
+        let e = writer.commit().await.unwrap_err();
+        assert!(e.is_transient(), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_plain_http_endpoint_needs_to_be_allowed() {
+        let mut settings = s3_settings("http://127.0.0.1:1");
+        settings.retain(|(k, _)| *k != "AWS_ALLOW_HTTP");
+        let store = "s3://backups"
+            .parse::<BackupStore>()
+            .unwrap()
+            .with_s3_environment(settings);
+        let e = store.get_manifest(&key()).await.unwrap_err();
+        assert!(!e.is_transient(), "{e}");
+        assert!(e.to_string().contains("AWS_ALLOW_HTTP"), "{e}");
     }
 }
