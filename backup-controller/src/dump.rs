@@ -211,7 +211,6 @@ where
     })
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,5 +239,4 @@ mod tests {
         assert_eq!(other.reason(), "DumpFailed");
         assert!(!other.is_permanent());
     }
-
 }

@@ -4,6 +4,9 @@
 //! failures up to `spec.maxRetries`; and on deletion removes the artifact when
 //! `spec.deletionPolicy` is Delete. See `reconcile` for the steps.
 //!
+//! A second controller in the same process, `schedule` (`backup-scheduler`), creates
+//! the scheduled Backups of Databases with `spec.backup` and prunes them by retention.
+//!
 //! Watches: Backups; Databases, mapped to the Backups waiting for them through an index
 //! on `spec.databaseRef`. At most `--max-concurrent-backups` dumps run at once, and one
 //! per PostgreSQL server.
@@ -17,6 +20,7 @@
 mod dump;
 mod error;
 mod reconcile;
+mod schedule;
 mod status;
 
 use std::path::PathBuf;
@@ -33,7 +37,7 @@ use dbops_shared::{
 };
 use kube::Api;
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 
 use crate::reconcile::{Attempts, DatabaseIndex, Slots, State};
@@ -107,15 +111,34 @@ async fn main() -> ExitCode {
     let configure: Configure<Backup, State> =
         Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref()));
     controller::exit_code(
-        controller::run::<Backup, _, _, _, _>(
+        controller::run_with::<Backup, _, _, _, _>(
             CONTROLLER,
             &args.common,
             state,
             controller::Trigger::AnyChange,
             configure,
             reconcile::reconcile,
+            vec![scheduler(args.common.watch_namespace.clone())],
         )
         .await,
+    )
+}
+
+/// The scheduler of Databases with `spec.backup`: reconciled when their spec changes,
+/// when one of their scheduled Backups changes, and at each slot.
+fn scheduler(namespace: Option<String>) -> controller::Companion {
+    let (backups, writer) = reflector::store::<Backup>();
+    let state = move |client: kube::Client, reporter| {
+        schedule::State::new(backups, Recorder::new(client, reporter))
+    };
+    let configure: Configure<Database, schedule::State> =
+        Box::new(move |c, ctx| schedule::watches(c, ctx, namespace.as_deref(), writer));
+    controller::Companion::new(
+        schedule::CONTROLLER,
+        state,
+        controller::Trigger::GenerationChange,
+        configure,
+        schedule::reconcile,
     )
 }
 

@@ -38,7 +38,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::dump::{self, Source};
 use crate::error::{Failure, Result};
 use crate::status::{self, Completed, Outcome};
-use dbops_shared::backup_store::{BackupStore, ObjectKey};
+use dbops_shared::backup_store::{BackupStore, ObjectKey, traced};
 
 pub const FINALIZER: &str = "dbops.dev/backup-artifact";
 /// How often a running dump reports `status.progressBytes`, at most.
@@ -304,6 +304,23 @@ async fn finish(
     match outcome {
         Ok(done) => {
             status::publish(latest, ctx, api, &Outcome::Completed(&done)).await?;
+            if let Some(metrics) = ctx.metrics.backup() {
+                let started = backup.status.as_ref().and_then(|s| s.started_at.as_ref());
+                let seconds = started.map_or(0.0, |s| {
+                    done.completed_at
+                        .0
+                        .duration_since(s.0)
+                        .as_secs_f64()
+                        .max(0.0)
+                });
+                metrics.record_completed(
+                    &backup.namespace().unwrap_or_default(),
+                    &backup.spec.database_ref.name,
+                    u64::try_from(done.size_bytes).unwrap_or(0),
+                    seconds,
+                    done.completed_at.0.as_second(),
+                );
+            }
             ctx.state
                 .attempts
                 .wrote(&uid, attempt, BackupPhase::Completed, None);
@@ -353,7 +370,13 @@ async fn finish(
 }
 
 async fn discard_partial(backup: &Backup, ctx: &Context<State>) {
-    if let Err(e) = ctx.state.store.discard_partial(&object_key(backup)).await {
+    let (store, key) = (&ctx.state.store, object_key(backup));
+    let discarded = traced(
+        "discard_partial",
+        store.location(&key),
+        store.discard_partial(&key),
+    );
+    if let Err(e) = discarded.await {
         tracing::warn!(error = %e, "could not remove a partial artifact");
     }
 }
@@ -428,7 +451,9 @@ async fn run_attempt(
     drop(session);
     let pg_dump_version = dump::pg_dump_version(&state.pg_dump).await?;
 
-    let mut artifact = state.store.create_artifact(&key).await?;
+    let location = state.store.location(&key);
+    let create = state.store.create_artifact(&key);
+    let mut artifact = traced("create_artifact", location.clone(), create).await?;
     let source = Source {
         server: &db.spec.server,
         credentials: &credentials,
@@ -443,7 +468,7 @@ async fn run_attempt(
         |bytes| status::progress(api, &name, bytes),
     )
     .await?;
-    artifact.commit().await?;
+    traced("commit", location.clone(), artifact.commit()).await?;
 
     let completed_at = status::now();
     let manifest = json!({
@@ -471,7 +496,12 @@ async fn run_attempt(
     });
     let body = serde_json::to_vec_pretty(&manifest)
         .map_err(|e| Failure::transient("ManifestFailed", format!("encoding the manifest: {e}")))?;
-    state.store.put_manifest(&key, &body).await?;
+    traced(
+        "put_manifest",
+        location,
+        state.store.put_manifest(&key, &body),
+    )
+    .await?;
     tracing::info!(
         size_bytes = dumped.size_bytes,
         checksum = %dumped.sha256,
@@ -543,7 +573,8 @@ async fn cleanup(backup: &Backup, ctx: &Context<State>, api: &Api<Backup>) -> Re
     }
     let key = object_key(backup);
     if wants_finalizer(backup) {
-        ctx.state.store.delete(&key).await?;
+        let store = &ctx.state.store;
+        traced("delete", store.location(&key), store.delete(&key)).await?;
         status::publish_event(
             ctx,
             backup,

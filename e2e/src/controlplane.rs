@@ -12,10 +12,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config};
@@ -322,6 +324,54 @@ impl ControlPlane {
         Ok(kubeconfig)
     }
 
+    /// Writes a kubeconfig holding a token of ServiceAccount `namespace/name`, minted by the
+    /// TokenRequest API (valid for `valid_for`, at least 10 minutes by the apiserver's
+    /// rules), so that a process using it has exactly that ServiceAccount's RBAC, as it
+    /// would in a pod. The audit log names it `system:serviceaccount:<namespace>:<name>`
+    /// ([`service_account_user`]). The ServiceAccount must exist.
+    pub async fn kubeconfig_for_service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+        valid_for: Duration,
+    ) -> Result<PathBuf> {
+        let client = self.client().await?;
+        let accounts: Api<ServiceAccount> = Api::namespaced(client, namespace);
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: Vec::new(),
+                expiration_seconds: Some(i64::try_from(valid_for.as_secs())?),
+                ..TokenRequestSpec::default()
+            },
+            ..TokenRequest::default()
+        };
+        let minted = accounts
+            .create_token_request(name, &PostParams::default(), &request)
+            .await
+            .with_context(|| format!("requesting a token for ServiceAccount {namespace}/{name}"))?;
+        let token = minted
+            .status
+            .map(|s| s.token)
+            .filter(|t| !t.is_empty())
+            .with_context(|| {
+                format!("the TokenRequest for {namespace}/{name} returned no token")
+            })?;
+        let n = self.minted.fetch_add(1, Ordering::Relaxed);
+        let dir = self
+            .dir
+            .join("users")
+            .join(format!("sa-{namespace}-{name}-{n}"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let kubeconfig = dir.join("kubeconfig");
+        write_token_kubeconfig(
+            &kubeconfig,
+            &self.server,
+            &self.dir.join("pki").join("ca.crt"),
+            &token,
+        )?;
+        Ok(kubeconfig)
+    }
+
     /// The audit log kube-apiserver writes (JSON lines, writes only).
     pub fn audit_log_path(&self) -> PathBuf {
         self.dir.join("audit.log")
@@ -452,6 +502,11 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
+/// The user name the apiserver gives a ServiceAccount's tokens (audit log, RBAC).
+pub fn service_account_user(namespace: &str, name: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{name}")
+}
+
 /// Writes a kubeconfig that refers to certificate files by path.
 pub fn write_kubeconfig(
     path: &Path,
@@ -476,7 +531,18 @@ pub fn write_token_kubeconfig(path: &Path, server: &str, ca: &Path, token: &str)
         "apiVersion: v1\nkind: Config\nclusters:\n- name: dbops\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: token\n  user:\n    token: {token}\ncontexts:\n- name: dbops\n  context:\n    cluster: dbops\n    user: token\ncurrent-context: dbops\n",
         ca = ca.display(),
     );
-    std::fs::write(path, text)?;
+    // Created owner-only: the token is a credential from its first byte on disk.
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
     restrict(path)
 }
 

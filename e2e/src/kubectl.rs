@@ -63,4 +63,37 @@ impl Kubectl {
     pub fn apply(&self, namespace: &str, yaml: &str) -> Result<Output> {
         self.run(&["apply", "-n", namespace, "-f", "-"], Some(yaml))
     }
+
+    /// `kubectl apply -k <dir>`: for real, or with `--dry-run=server` (the apiserver runs
+    /// admission and validation and stores nothing).
+    pub fn apply_kustomization(&self, dir: &Path, server_dry_run: bool) -> Result<Output> {
+        let dir = dir.display().to_string();
+        let mut args = vec!["apply", "-k", &dir];
+        if server_dry_run {
+            args.push("--dry-run=server");
+        }
+        self.run(&args, None)
+    }
+
+    /// `kubectl auth can-i <verb> <resource>` in `namespace` (all namespaces when
+    /// `None`), as this kubeconfig's user: whether RBAC allows it. An answer other than
+    /// yes or no (a failed request) is an error.
+    pub fn can_i(&self, verb: &str, resource: &str, namespace: Option<&str>) -> Result<bool> {
+        let mut args = vec!["auth", "can-i", verb, resource];
+        match namespace {
+            Some(ns) => args.extend(["-n", ns]),
+            None => args.push("--all-namespaces"),
+        }
+        let out = self.run(&args, None)?;
+        // "no" may carry the authorizer's reason: "no - <reason>".
+        let answer = out.stdout.trim();
+        match answer.split_whitespace().next() {
+            Some("yes") => Ok(true),
+            Some("no") => Ok(false),
+            _ => anyhow::bail!(
+                "kubectl auth can-i {verb} {resource} answered neither yes nor no: {}",
+                out.text()
+            ),
+        }
+    }
 }

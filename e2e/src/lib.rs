@@ -5,11 +5,13 @@
 
 pub mod controllers;
 pub mod controlplane;
+pub mod jaeger;
 pub mod kubectl;
 pub mod namespace;
 pub mod paths;
 pub mod postgres;
 pub mod process;
+pub mod s3;
 pub mod wait;
 
 pub use controllers::ControllerProcess;

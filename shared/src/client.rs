@@ -1,12 +1,23 @@
 //! The Kubernetes client every controller uses: configuration from `KUBECONFIG` (or
 //! `~/.kube/config`) or the in-cluster service account, behind the `--api-rate-limit`
-//! token bucket.
+//! token bucket, with every request traced and counted ([`TraceLayer`]).
 
-use std::num::NonZeroU32;
+use std::{
+    future::Future,
+    num::NonZeroU32,
+    pin::Pin,
+    task::{Context, Poll},
+};
 
+use http::{Request, Response};
 use kube::{Client, Config, client::ClientBuilder};
+use tower::{Layer, Service};
+use tracing::{Instrument, field};
 
-use crate::rate_limit::{RateLimitLayer, RateLimiter};
+use crate::{
+    metrics::{Target, record_external_request},
+    rate_limit::{RateLimitLayer, RateLimiter},
+};
 
 /// Why no client could be built.
 #[derive(Debug, thiserror::Error)]
@@ -21,5 +32,165 @@ pub enum ClientError {
 pub async fn rate_limited_client(requests_per_second: NonZeroU32) -> Result<Client, ClientError> {
     let config = Config::infer().await?;
     let layer = RateLimitLayer::new(RateLimiter::new(requests_per_second));
-    Ok(ClientBuilder::try_from(config)?.with_layer(&layer).build())
+    // The trace layer sits inside the rate limit: a span measures the request, not the
+    // wait for a token.
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&TraceLayer)
+        .with_layer(&layer)
+        .build())
+}
+
+/// One `kubernetes` span per request sent inside a span (a reconcile): named
+/// `<METHOD> <resource>[/<subresource>]`, with `http.request.method`, `url.path` (never
+/// the query, never a body), `k8s.resource` and `http.response.status_code`. Every
+/// request, traced or not (watches run outside reconciles), counts in
+/// `dbops_external_requests_total{target="kubernetes"}`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TraceLayer;
+
+impl<S> Layer<S> for TraceLayer {
+    type Service = Traced<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Traced { inner }
+    }
+}
+
+/// The service of [`TraceLayer`].
+#[derive(Clone, Debug)]
+pub struct Traced<S> {
+    inner: S,
+}
+
+impl<S, B, RB> Service<Request<B>> for Traced<S>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let span = if tracing::Span::current().is_none() {
+            tracing::Span::none()
+        } else {
+            let method = request.method().as_str();
+            let path = request.uri().path();
+            let resource = resource_of(path);
+            tracing::info_span!(
+                "kubernetes",
+                otel.name = %format_args!("{method} {resource}"),
+                otel.kind = "client",
+                otel.status_code = field::Empty,
+                http.request.method = method,
+                url.path = path,
+                k8s.resource = resource,
+                http.response.status_code = field::Empty,
+            )
+        };
+        let response = span.in_scope(|| self.inner.call(request));
+        Box::pin(
+            async move {
+                let result = response.await;
+                let outcome = match &result {
+                    Ok(response) => {
+                        let status = response.status();
+                        let span = tracing::Span::current();
+                        span.record("http.response.status_code", status.as_u16());
+                        if status.is_server_error() || status.is_client_error() {
+                            span.record("otel.status_code", "ERROR");
+                        }
+                        outcome_of(status)
+                    }
+                    Err(_) => {
+                        tracing::Span::current().record("otel.status_code", "ERROR");
+                        "error"
+                    }
+                };
+                record_external_request(Target::Kubernetes, outcome);
+                result
+            }
+            .instrument(span),
+        )
+    }
+}
+
+/// The `outcome` label of an answered request.
+fn outcome_of(status: http::StatusCode) -> &'static str {
+    if status.is_server_error() {
+        "server_error"
+    } else if status.is_client_error() {
+        "client_error"
+    } else {
+        "ok"
+    }
+}
+
+/// The resource a request path names, without namespace or object name: `databases`,
+/// `databases/status`, `secrets`, `namespaces`; the path itself when it is not a
+/// resource path (`/version`).
+fn resource_of(path: &str) -> String {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest = match segments.first() {
+        Some(&"api") if segments.len() > 2 => &segments[2..],
+        Some(&"apis") if segments.len() > 3 => &segments[3..],
+        _ => return path.to_owned(),
+    };
+    let rest = match rest {
+        ["namespaces", _namespace, resource, more @ ..] => {
+            let mut r = vec![*resource];
+            r.extend(more);
+            r
+        }
+        other => other.to_vec(),
+    };
+    match rest.as_slice() {
+        [resource] | [resource, _] => (*resource).to_owned(),
+        [resource, _, subresource, ..] => format!("{resource}/{subresource}"),
+        [] => path.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_name_the_resource_not_the_object() {
+        assert_eq!(
+            resource_of("/api/v1/namespaces/ns/secrets/pg-admin"),
+            "secrets"
+        );
+        assert_eq!(resource_of("/api/v1/namespaces/ns/secrets"), "secrets");
+        assert_eq!(resource_of("/api/v1/namespaces/ns"), "namespaces");
+        assert_eq!(
+            resource_of("/apis/dbops.dev/v1alpha1/namespaces/ns/databases/orders/status"),
+            "databases/status"
+        );
+        assert_eq!(
+            resource_of("/apis/dbops.dev/v1alpha1/databases"),
+            "databases"
+        );
+        assert_eq!(
+            resource_of("/apis/coordination.k8s.io/v1/namespaces/ns/leases/x"),
+            "leases"
+        );
+        assert_eq!(resource_of("/version"), "/version");
+    }
+
+    #[test]
+    fn outcomes_by_status_class() {
+        assert_eq!(outcome_of(http::StatusCode::OK), "ok");
+        assert_eq!(outcome_of(http::StatusCode::NOT_FOUND), "client_error");
+        assert_eq!(outcome_of(http::StatusCode::CONFLICT), "client_error");
+        assert_eq!(
+            outcome_of(http::StatusCode::SERVICE_UNAVAILABLE),
+            "server_error"
+        );
+    }
 }

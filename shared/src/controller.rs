@@ -7,6 +7,11 @@
 //! 3. serve /healthz, /readyz and /metrics on `--metrics-addr`;
 //! 4. run the `Controller` (only while leader with `--leader-elect`) until a signal;
 //! 5. let in-flight reconciles finish, release the Lease, stop the health server.
+//!
+//! [`run_with`] does the same for a process that runs more controllers than one (the
+//! backup-controller's scheduler beside its Backup controller): each [`Companion`] shares
+//! the signals, client, health server, `/metrics` (under its own `controller` label),
+//! Lease and shutdown, and the process is ready once every watch store has synced.
 
 use std::{
     convert::Infallible,
@@ -14,12 +19,12 @@ use std::{
     future::Future,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::Duration,
 };
 
-use futures::StreamExt;
+use futures::{StreamExt, future::BoxFuture};
 use k8s_openapi::NamespaceResourceScope;
 use kube::{
     Api, Client, Resource,
@@ -33,9 +38,10 @@ use kube::{
         watcher::{self, watcher},
     },
 };
-use serde::de::DeserializeOwned;
+use serde::{Serialize, de::DeserializeOwned};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, field};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::{
     backoff::{Backoff, BackoffKey, BackoffTracker},
@@ -45,7 +51,7 @@ use crate::{
     leader::{self, LeaderError, LeaseSettings},
     metrics::{Metrics, Outcome},
     shutdown::{self, ShutdownError},
-    telemetry::current_trace_id,
+    telemetry::{TRACEPARENT_ANNOTATION, current_trace_id, remote_parent},
 };
 
 /// How long running reconciles may take to finish after SIGTERM/SIGINT.
@@ -150,6 +156,7 @@ pub trait Watched:
     Resource<DynamicType = (), Scope = NamespaceResourceScope>
     + Clone
     + DeserializeOwned
+    + Serialize
     + Debug
     + Send
     + Sync
@@ -161,6 +168,7 @@ impl<K> Watched for K where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
         + Clone
         + DeserializeOwned
+        + Serialize
         + Debug
         + Send
         + Sync
@@ -207,6 +215,122 @@ where
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
     E: ReconcileError,
 {
+    run_with(
+        controller,
+        args,
+        state,
+        trigger,
+        configure,
+        reconcile,
+        Vec::new(),
+    )
+    .await
+}
+
+/// A further controller of the same process, run by [`run_with`] beside its main one.
+/// Its reconciles are counted under its own `controller` label; its Events name it as
+/// `dbops-<controller>`; the Lease stays the main controller's.
+pub struct Companion {
+    start: Box<dyn FnOnce(Shared) -> BoxFuture<'static, ()> + Send>,
+}
+
+/// What the runner hands a companion when the controllers start.
+struct Shared {
+    client: Client,
+    args: CommonArgs,
+    health: HealthState,
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+    stop: CancellationToken,
+}
+
+impl Companion {
+    /// A controller of kind `K`, configured like [`run`]'s.
+    pub fn new<K, S, F, Fut, E>(
+        controller: &'static str,
+        state: impl FnOnce(Client, Reporter) -> S + Send + 'static,
+        trigger: Trigger,
+        configure: Configure<K, S>,
+        reconcile: F,
+    ) -> Self
+    where
+        K: Watched,
+        S: Send + Sync + 'static,
+        F: FnMut(Arc<K>, Arc<Context<S>>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: ReconcileError,
+    {
+        let start = move |shared: Shared| -> BoxFuture<'static, ()> {
+            Box::pin(async move {
+                let reporter = Context::<S>::reporter_for(controller);
+                let state = state(shared.client.clone(), reporter);
+                let ctx = Arc::new(Context::new(
+                    controller,
+                    shared.client,
+                    &shared.args,
+                    shared.health,
+                    Arc::new(shared.metrics.for_controller(controller)),
+                    state,
+                ));
+                run_controller(
+                    ctx,
+                    &shared.args,
+                    trigger,
+                    configure,
+                    reconcile,
+                    shared.readiness,
+                    shared.stop,
+                )
+                .await;
+            })
+        };
+        Self {
+            start: Box::new(start),
+        }
+    }
+}
+
+/// Marks the process ready once each of its controllers has synced its watch store.
+#[derive(Clone)]
+struct Readiness {
+    health: HealthState,
+    pending: Arc<AtomicUsize>,
+}
+
+impl Readiness {
+    fn new(health: HealthState, controllers: usize) -> Self {
+        Self {
+            health,
+            pending: Arc::new(AtomicUsize::new(controllers)),
+        }
+    }
+
+    /// One controller's store has synced.
+    fn synced(&self) {
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.health.set_ready(true);
+        }
+    }
+}
+
+/// [`run`], with `companions` run beside the controller of `K` in the same process,
+/// started and stopped with it (and only while leader with `--leader-elect`).
+pub async fn run_with<K, S, F, Fut, E>(
+    controller: &'static str,
+    args: &CommonArgs,
+    state: impl FnOnce(Client, Reporter) -> S,
+    trigger: Trigger,
+    configure: Configure<K, S>,
+    reconcile: F,
+    companions: Vec<Companion>,
+) -> Result<(), ControllerError>
+where
+    K: Watched,
+    S: Send + Sync + 'static,
+    F: FnMut(Arc<K>, Arc<Context<S>>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    E: ReconcileError,
+{
     args.validate()?;
     let shutdown = shutdown::on_signals()?;
     let listener = health::bind(args.metrics_addr).await?;
@@ -226,12 +350,32 @@ where
         state,
     ));
 
+    // Every controller of the process, until `stop`.
+    let controllers = |stop: CancellationToken| {
+        let readiness = Readiness::new(health.clone(), 1 + companions.len());
+        let others = companions.into_iter().map(|companion| {
+            (companion.start)(Shared {
+                client: client.clone(),
+                args: args.clone(),
+                health: health.clone(),
+                metrics: metrics.clone(),
+                readiness: readiness.clone(),
+                stop: stop.clone(),
+            })
+        });
+        let others = futures::future::join_all(others);
+        let main = run_controller(ctx, args, trigger, configure, reconcile, readiness, stop);
+        async move {
+            tokio::join!(main, others);
+        }
+    };
+
     // Whichever of the two ends first stops the other.
     let server = async {
         let served = health::serve_on(
             listener,
             health.clone(),
-            metrics,
+            metrics.clone(),
             shutdown.clone().cancelled_owned(),
         )
         .await;
@@ -241,12 +385,16 @@ where
     let work = async {
         let result = if args.leader_elect {
             let lease = LeaseSettings::from_env(controller);
-            leader::run_as_leader(client, lease, &health, shutdown.clone(), |stop| {
-                run_controller(ctx, args, trigger, configure, reconcile, stop)
-            })
+            leader::run_as_leader(
+                client.clone(),
+                lease,
+                &health,
+                shutdown.clone(),
+                controllers,
+            )
             .await
         } else {
-            run_controller(ctx, args, trigger, configure, reconcile, shutdown.clone()).await;
+            controllers(shutdown.clone()).await;
             Ok(())
         };
         shutdown.cancel();
@@ -314,6 +462,7 @@ async fn run_controller<K, S, F, Fut, E>(
     trigger: Trigger,
     configure: Configure<K, S>,
     mut reconcile: F,
+    readiness: Readiness,
     stop: CancellationToken,
 ) where
     K: Watched,
@@ -340,12 +489,20 @@ async fn run_controller<K, S, F, Fut, E>(
     let controller = configure(controller, &ctx);
 
     let store = controller.store();
+    let counted = store.clone();
+    ctx.metrics.count_resources(&K::kind(&()), move || {
+        counted
+            .state()
+            .iter()
+            .flat_map(|obj| conditions_of(obj.as_ref()))
+            .collect()
+    });
     let synced = AtomicBool::new(false);
     let readiness = async {
         if store.wait_until_ready().await.is_ok() {
             tracing::info!("watch store synced; ready");
             synced.store(true, Ordering::Release);
-            ctx.health.set_ready(true);
+            readiness.synced();
         }
     };
 
@@ -397,18 +554,27 @@ async fn run_controller<K, S, F, Fut, E>(
 ///
 /// The object fields are `object.*`, not `name`: JSON logs already use `name` for the
 /// span's own name.
+///
+/// An object created (or changed) by another controller carries that controller's trace
+/// context in the `dbops.dev/traceparent` annotation
+/// ([`crate::telemetry::trace_annotation`]). Until the object is settled (`Ready` or
+/// `Failed` is `True` for its current generation), its reconciles continue that trace as
+/// children of the annotating span; afterwards (resyncs, cleanup) each reconcile is a trace
+/// of its own with a link to it, so one trace never grows without end.
 pub async fn instrumented_reconcile<K, S, E>(
     obj: Arc<K>,
     ctx: Arc<Context<S>>,
     work: impl Future<Output = Result<Action, E>>,
 ) -> Result<Action, E>
 where
-    K: Resource<DynamicType = ()>,
+    K: Resource<DynamicType = ()> + Serialize,
     E: ReconcileError,
 {
     let meta = obj.meta();
     let span = tracing::info_span!(
         "reconcile",
+        otel.name = %format_args!("reconcile {}", K::kind(&())),
+        otel.status_code = field::Empty,
         controller = ctx.controller,
         kind = %K::kind(&()),
         object.namespace = meta.namespace.as_deref(),
@@ -417,7 +583,23 @@ where
         outcome = field::Empty,
         error = field::Empty,
         trace_id = field::Empty,
+        trace.continued = field::Empty,
     );
+    // Before the span is first entered: a parent can only be set on a span not yet started.
+    if let Some(parent) = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(TRACEPARENT_ANNOTATION))
+        .and_then(|value| remote_parent(value))
+    {
+        use opentelemetry::trace::TraceContextExt;
+        if is_settled(obj.as_ref()) {
+            span.add_link(parent.span().span_context().clone());
+            span.record("trace.continued", "link");
+        } else if span.set_parent(parent).is_ok() {
+            span.record("trace.continued", "parent");
+        }
+    }
     async move {
         let span = tracing::Span::current();
         if let Some(trace_id) = current_trace_id() {
@@ -436,6 +618,7 @@ where
                 metrics.record_outcome(Outcome::Error);
                 metrics.record_error(error.reason());
                 span.record("outcome", Outcome::Error.as_str());
+                span.record("otel.status_code", "ERROR");
                 span.record("error", error.reason());
             }
         }
@@ -443,6 +626,54 @@ where
     }
     .instrument(span)
     .await
+}
+
+/// `(type, status)` of each condition in the object's `status.conditions`.
+pub fn conditions_of<K: Serialize>(obj: &K) -> Vec<(String, String)> {
+    let Ok(value) = serde_json::to_value(obj) else {
+        return Vec::new();
+    };
+    let Some(conditions) = value
+        .pointer("/status/conditions")
+        .and_then(|c| c.as_array())
+    else {
+        return Vec::new();
+    };
+    conditions
+        .iter()
+        .filter_map(|c| {
+            let type_ = c.get("type")?.as_str()?;
+            let status = c.get("status")?.as_str()?;
+            Some((type_.to_owned(), status.to_owned()))
+        })
+        .collect()
+}
+
+/// Whether an object has reached an end state its creator's trace should not follow past:
+/// `Ready` or `Failed` is `True` for its current generation (a condition without
+/// `observedGeneration` counts as current). A spec change (for example the
+/// migration-controller switching a Database's server) makes it unsettled again.
+fn is_settled<K: Serialize>(obj: &K) -> bool {
+    let Ok(value) = serde_json::to_value(obj) else {
+        return false;
+    };
+    let generation = value
+        .pointer("/metadata/generation")
+        .and_then(|g| g.as_i64());
+    let Some(conditions) = value
+        .pointer("/status/conditions")
+        .and_then(|c| c.as_array())
+    else {
+        return false;
+    };
+    conditions.iter().any(|c| {
+        let type_ = c.get("type").and_then(|t| t.as_str());
+        let status = c.get("status").and_then(|s| s.as_str());
+        let observed = c.get("observedGeneration").and_then(|g| g.as_i64());
+        matches!(type_, Some("Ready" | "Failed"))
+            && status == Some("True")
+            && (observed.is_none() || observed == generation)
+    })
 }
 
 /// Transient errors are retried after the object's next backoff delay; an invalid spec
@@ -614,6 +845,16 @@ mod tests {
         assert!(text.contains(r#"reason="ServerUnavailable"} 1"#));
     }
 
+    #[test]
+    fn a_process_is_ready_once_every_controller_has_synced() {
+        let health = HealthState::new(false);
+        let readiness = Readiness::new(health.clone(), 2);
+        readiness.clone().synced();
+        assert!(!health.is_ready(), "one of two controllers synced");
+        readiness.synced();
+        assert!(health.is_ready());
+    }
+
     #[tokio::test]
     async fn an_invalid_spec_waits_for_a_change() {
         let (ctx, _handle) = context();
@@ -622,5 +863,145 @@ mod tests {
             Action::await_change()
         );
         assert!(ctx.backoff.is_empty());
+    }
+
+    /// Spans of reconciles run under an in-memory OpenTelemetry exporter.
+    fn otel_subscriber() -> (
+        impl tracing::Subscriber + Send + Sync,
+        opentelemetry_sdk::trace::InMemorySpanExporter,
+        opentelemetry_sdk::trace::SdkTracerProvider,
+    ) {
+        use opentelemetry::trace::TracerProvider as _;
+        use tracing_subscriber::layer::SubscriberExt;
+        let exporter = opentelemetry_sdk::trace::InMemorySpanExporter::default();
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("test"));
+        (
+            tracing_subscriber::registry().with(layer),
+            exporter,
+            provider,
+        )
+    }
+
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn annotated(conditions: serde_json::Value) -> Arc<dbops_api::Backup> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "dbops.dev/v1alpha1",
+                "kind": "Backup",
+                "metadata": {
+                    "name": "orders-final", "namespace": "default", "uid": "uid-2",
+                    "generation": 1,
+                    "annotations": {TRACEPARENT_ANNOTATION: PARENT},
+                },
+                "spec": {"databaseRef": {"name": "orders"}},
+                "status": {"conditions": conditions},
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn an_unsettled_object_continues_its_creators_trace_and_passes_it_on() {
+        let (subscriber, exporter, provider) = otel_subscriber();
+        let _default = tracing::subscriber::set_default(subscriber);
+        let (ctx, _handle) = context();
+        let obj = annotated(serde_json::json!([]));
+        let passed_on = Arc::new(std::sync::Mutex::new(None));
+        let writer = passed_on.clone();
+        instrumented_reconcile(obj, ctx, async move {
+            *writer.lock().unwrap() = crate::telemetry::trace_annotation();
+            Ok::<_, Infallible>(Action::await_change())
+        })
+        .await
+        .unwrap();
+        let passed_on = passed_on.lock().unwrap().take().unwrap();
+        provider.force_flush().unwrap();
+        let spans = exporter.get_finished_spans().unwrap();
+        let reconcile = spans.iter().find(|s| s.name == "reconcile Backup").unwrap();
+        assert_eq!(
+            reconcile.span_context.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(reconcile.parent_span_id.to_string(), "00f067aa0ba902b7");
+        // What this reconcile writes on an object it creates names the reconcile itself.
+        assert_eq!(passed_on.0, TRACEPARENT_ANNOTATION);
+        assert_eq!(
+            passed_on.1,
+            format!(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-{}-01",
+                reconcile.span_context.span_id()
+            )
+        );
+        let attribute = |key: &str| {
+            reconcile
+                .attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == key)
+                .map(|kv| kv.value.to_string())
+        };
+        assert_eq!(attribute("controller").as_deref(), Some("test-controller"));
+        assert_eq!(attribute("kind").as_deref(), Some("Backup"));
+        assert_eq!(attribute("object.name").as_deref(), Some("orders-final"));
+        assert_eq!(attribute("object.generation").as_deref(), Some("1"));
+        assert_eq!(attribute("outcome").as_deref(), Some("success"));
+        assert_eq!(attribute("trace.continued").as_deref(), Some("parent"));
+    }
+
+    #[test]
+    fn an_object_is_settled_when_ready_or_failed_for_its_generation() {
+        let condition = |type_: &str, status: &str, generation: i64| {
+            serde_json::json!([{
+                "type": type_, "status": status, "reason": "R", "message": "m",
+                "observedGeneration": generation,
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }])
+        };
+        assert!(!is_settled(annotated(serde_json::json!([])).as_ref()));
+        assert!(is_settled(
+            annotated(condition("Ready", "True", 1)).as_ref()
+        ));
+        assert!(is_settled(
+            annotated(condition("Failed", "True", 1)).as_ref()
+        ));
+        assert!(!is_settled(
+            annotated(condition("Ready", "False", 1)).as_ref()
+        ));
+        // Ready for an older generation: a spec change is still being worked on.
+        let mut changed = (*annotated(condition("Ready", "True", 1))).clone();
+        changed.metadata.generation = Some(2);
+        assert!(!is_settled(&changed));
+    }
+
+    #[tokio::test]
+    async fn a_settled_object_starts_its_own_trace_linked_to_its_creator() {
+        let (subscriber, exporter, provider) = otel_subscriber();
+        let _default = tracing::subscriber::set_default(subscriber);
+        let (ctx, _handle) = context();
+        let obj = annotated(serde_json::json!([{
+            "type": "Ready", "status": "True", "reason": "Completed", "message": "done",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }]));
+        instrumented_reconcile(obj, ctx, async {
+            Ok::<_, Infallible>(Action::await_change())
+        })
+        .await
+        .unwrap();
+        provider.force_flush().unwrap();
+        let spans = exporter.get_finished_spans().unwrap();
+        let reconcile = spans.iter().find(|s| s.name == "reconcile Backup").unwrap();
+        assert_ne!(
+            reconcile.span_context.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        let links: Vec<String> = reconcile
+            .links
+            .iter()
+            .map(|l| l.span_context.span_id().to_string())
+            .collect();
+        assert_eq!(links, ["00f067aa0ba902b7"]);
     }
 }

@@ -6,9 +6,17 @@
 //! Passwords never travel as plain text in SQL: [`password_verifier`] turns them into a
 //! SCRAM-SHA-256 verifier before `CREATE/ALTER ROLE ... PASSWORD`, the same as psql's
 //! `\password`, so neither the server log nor a trace can show them.
+//!
+//! Every statement sent through a [`Session`] (or a [`Transaction`] of one) is a
+//! `sql` span (`db.statement` with the text, never the parameters; string literals
+//! masked in any statement that mentions a password) and one
+//! `dbops_external_requests_total{target="postgres"}`, as is every new connection.
+//! [`Session::client_mut`] is the untraced way around.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,7 +24,11 @@ use dbops_api::{ServerSpec, SslMode};
 use k8s_openapi::api::core::v1::Secret;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, NoTls, Row};
+use tracing::{Instrument, field};
+
+use crate::metrics::{Target, record_external_request};
 
 /// Which server: host and port.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -273,17 +285,334 @@ struct Breaker {
 pub struct Session {
     client: Option<Client>,
     key: PoolKey,
+    server: ServerKey,
     state: Arc<ServerState>,
     _permit: OwnedSemaphorePermit,
 }
 
 impl Session {
-    /// The client, for transactions.
+    /// The client itself: what it sends is not traced (prefer the methods of `Session`
+    /// and [`Session::transaction`]).
     pub fn client_mut(&mut self) -> &mut Client {
         self.client
             .as_mut()
             .unwrap_or_else(|| unreachable!("the client is taken only on drop"))
     }
+
+    fn on(&self) -> StatementTarget<'_> {
+        StatementTarget {
+            server: &self.server,
+            dbname: &self.key.dbname,
+        }
+    }
+
+    /// [`Client::query`], traced.
+    pub async fn query(
+        &self,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        traced(self.on(), statement, Client::query(self, statement, params)).await
+    }
+
+    /// [`Client::query_one`], traced.
+    pub async fn query_one(
+        &self,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, tokio_postgres::Error> {
+        traced(
+            self.on(),
+            statement,
+            Client::query_one(self, statement, params),
+        )
+        .await
+    }
+
+    /// [`Client::query_opt`], traced.
+    pub async fn query_opt(
+        &self,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, tokio_postgres::Error> {
+        traced(
+            self.on(),
+            statement,
+            Client::query_opt(self, statement, params),
+        )
+        .await
+    }
+
+    /// [`Client::execute`], traced.
+    pub async fn execute(
+        &self,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        traced(
+            self.on(),
+            statement,
+            Client::execute(self, statement, params),
+        )
+        .await
+    }
+
+    /// [`Client::batch_execute`], traced (one span for the whole batch).
+    pub async fn batch_execute(&self, statements: &str) -> Result<(), tokio_postgres::Error> {
+        traced(
+            self.on(),
+            statements,
+            Client::batch_execute(self, statements),
+        )
+        .await
+    }
+
+    /// A transaction whose statements, `COMMIT` and `ROLLBACK` are traced.
+    pub async fn transaction(&mut self) -> Result<Transaction<'_>, tokio_postgres::Error> {
+        let server = self.server.clone();
+        let dbname = self.key.dbname.clone();
+        let on = StatementTarget {
+            server: &server,
+            dbname: &dbname,
+        };
+        let tx = traced(on, "BEGIN", self.client_mut().transaction()).await?;
+        Ok(Transaction { tx, server, dbname })
+    }
+}
+
+/// A transaction of a [`Session`]; dropped without [`Transaction::commit`], it rolls back.
+pub struct Transaction<'a> {
+    tx: tokio_postgres::Transaction<'a>,
+    server: ServerKey,
+    dbname: String,
+}
+
+impl fmt::Debug for Transaction<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transaction").finish_non_exhaustive()
+    }
+}
+
+impl<'a> Transaction<'a> {
+    fn on(&self) -> StatementTarget<'_> {
+        StatementTarget {
+            server: &self.server,
+            dbname: &self.dbname,
+        }
+    }
+
+    /// The transaction itself: what it sends is not traced.
+    pub fn inner(&self) -> &tokio_postgres::Transaction<'a> {
+        &self.tx
+    }
+
+    /// `Transaction::query`, traced.
+    pub async fn query(
+        &self,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        traced(self.on(), statement, self.tx.query(statement, params)).await
+    }
+
+    /// `Transaction::query_one`, traced.
+    pub async fn query_one(
+        &self,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, tokio_postgres::Error> {
+        traced(self.on(), statement, self.tx.query_one(statement, params)).await
+    }
+
+    /// `Transaction::query_opt`, traced.
+    pub async fn query_opt(
+        &self,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, tokio_postgres::Error> {
+        traced(self.on(), statement, self.tx.query_opt(statement, params)).await
+    }
+
+    /// `Transaction::execute`, traced.
+    pub async fn execute(
+        &self,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        traced(self.on(), statement, self.tx.execute(statement, params)).await
+    }
+
+    /// `Transaction::batch_execute`, traced (one span for the whole batch).
+    pub async fn batch_execute(&self, statements: &str) -> Result<(), tokio_postgres::Error> {
+        traced(self.on(), statements, self.tx.batch_execute(statements)).await
+    }
+
+    /// `COMMIT`, traced.
+    pub async fn commit(self) -> Result<(), tokio_postgres::Error> {
+        let Self { tx, server, dbname } = self;
+        let on = StatementTarget {
+            server: &server,
+            dbname: &dbname,
+        };
+        traced(on, "COMMIT", tx.commit()).await
+    }
+
+    /// `ROLLBACK`, traced.
+    pub async fn rollback(self) -> Result<(), tokio_postgres::Error> {
+        let Self { tx, server, dbname } = self;
+        let on = StatementTarget {
+            server: &server,
+            dbname: &dbname,
+        };
+        traced(on, "ROLLBACK", tx.rollback()).await
+    }
+}
+
+/// Where a statement is sent, for its span.
+#[derive(Clone, Copy)]
+struct StatementTarget<'a> {
+    server: &'a ServerKey,
+    dbname: &'a str,
+}
+
+/// The longest `db.statement` recorded; longer statements are cut.
+const MAX_STATEMENT_CHARS: usize = 2048;
+
+/// Runs `work` (sending `statement`) inside a `sql` span and counts it.
+async fn traced<T>(
+    on: StatementTarget<'_>,
+    statement: &str,
+    work: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, tokio_postgres::Error> {
+    let recorded = redact_statement(statement);
+    let recorded: String = recorded.chars().take(MAX_STATEMENT_CHARS).collect();
+    let span = tracing::info_span!(
+        "sql",
+        otel.name = %statement_kind(statement),
+        otel.kind = "client",
+        otel.status_code = field::Empty,
+        db.system = "postgresql",
+        db.name = on.dbname,
+        db.statement = recorded.as_str(),
+        server.address = on.server.host.as_str(),
+        server.port = on.server.port,
+        error = field::Empty,
+    );
+    let result = work.instrument(span.clone()).await;
+    match &result {
+        Ok(_) => record_external_request(Target::Postgres, "ok"),
+        Err(error) => {
+            record_external_request(Target::Postgres, "error");
+            span.record("otel.status_code", "ERROR");
+            let code = error.code().map_or("none", |code| code.code());
+            span.record("error", code);
+        }
+    }
+    result
+}
+
+/// What a statement does, for a span name: its first keyword, with the object type after
+/// `CREATE`, `ALTER` and `DROP` (`CREATE ROLE`, `ALTER DATABASE`, `SELECT`).
+pub fn statement_kind(statement: &str) -> String {
+    let mut words = statement
+        .split(|c: char| c.is_whitespace() || c == ';' || c == '(')
+        .filter(|w| !w.is_empty());
+    let first = words.next().unwrap_or("SQL").to_ascii_uppercase();
+    match first.as_str() {
+        "CREATE" | "ALTER" | "DROP" => match words.next() {
+            Some(object) if object.chars().all(|c| c.is_ascii_alphabetic()) => {
+                format!("{first} {}", object.to_ascii_uppercase())
+            }
+            _ => first,
+        },
+        _ => first,
+    }
+}
+
+/// The statement as a trace may show it: unchanged unless it mentions a password (`CREATE
+/// ROLE ... PASSWORD '<verifier>'`, `ALTER ROLE ... PASSWORD`, a connection string), in
+/// which case every string literal becomes `'***'`; a statement whose literals cannot be
+/// told apart is reduced to its kind.
+pub fn redact_statement(statement: &str) -> Cow<'_, str> {
+    if !statement.to_ascii_lowercase().contains("password") {
+        return Cow::Borrowed(statement);
+    }
+    match mask_literals(statement) {
+        Some(masked) => Cow::Owned(masked),
+        None => Cow::Owned(format!("{} [redacted]", statement_kind(statement))),
+    }
+}
+
+/// `statement` with every string literal (`'...'`, `E'...'`, `$tag$...$tag$`) replaced by
+/// `'***'`; quoted identifiers are kept. `None` when a literal is not terminated.
+fn mask_literals(statement: &str) -> Option<String> {
+    let chars: Vec<char> = statement.chars().collect();
+    let mut out = String::with_capacity(statement.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '"' => {
+                // A quoted identifier: copied through, "" is an embedded quote.
+                let start = i;
+                i += 1;
+                loop {
+                    match chars.get(i) {
+                        None => return None,
+                        Some('"') if chars.get(i + 1) == Some(&'"') => i += 2,
+                        Some('"') => break,
+                        Some(_) => i += 1,
+                    }
+                }
+                out.extend(&chars[start..=i]);
+                i += 1;
+            }
+            '\'' => {
+                // E'...' takes backslash escapes; '' is an embedded quote in both forms.
+                let escapes = out.ends_with(['E', 'e']);
+                if escapes {
+                    out.pop();
+                }
+                i += 1;
+                loop {
+                    match chars.get(i) {
+                        None => return None,
+                        Some('\\') if escapes => i += 2,
+                        Some('\'') if chars.get(i + 1) == Some(&'\'') => i += 2,
+                        Some('\'') => break,
+                        Some(_) => i += 1,
+                    }
+                }
+                out.push_str("'***'");
+                i += 1;
+            }
+            '$' => {
+                // $tag$...$tag$ (tag empty or an identifier); anything else is a parameter.
+                let tag_end = chars[i + 1..]
+                    .iter()
+                    .position(|c| !(c.is_alphanumeric() || *c == '_'))
+                    .map(|n| i + 1 + n);
+                match tag_end {
+                    Some(end) if chars[end] == '$' && !chars[i + 1].is_ascii_digit() => {
+                        let tag: String = chars[i..=end].iter().collect();
+                        let body: String = chars[end + 1..].iter().collect();
+                        let close = body.find(&tag)?;
+                        out.push_str("'***'");
+                        i = end + 1 + body[..close].chars().count() + tag.chars().count();
+                    }
+                    _ => {
+                        out.push(c);
+                        i += 1;
+                    }
+                }
+            }
+            _ => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    Some(out)
 }
 
 impl fmt::Debug for Session {
@@ -394,11 +723,33 @@ impl Servers {
             return Ok(Session {
                 client: Some(client),
                 key: pool_key,
+                server: key,
                 state,
                 _permit: permit,
             });
         }
-        let result = self.connect_now(&key, server, credentials, dbname).await;
+        let span = tracing::info_span!(
+            "pg.connect",
+            otel.kind = "client",
+            otel.status_code = field::Empty,
+            db.system = "postgresql",
+            db.name = dbname,
+            server.address = key.host.as_str(),
+            server.port = key.port,
+            error = field::Empty,
+        );
+        let result = self
+            .connect_now(&key, server, credentials, dbname)
+            .instrument(span.clone())
+            .await;
+        match &result {
+            Ok(_) => record_external_request(Target::Postgres, "ok"),
+            Err(error) => {
+                record_external_request(Target::Postgres, "error");
+                span.record("otel.status_code", "ERROR");
+                span.record("error", error.reason());
+            }
+        }
         let mut breaker = state.breaker.lock().unwrap_or_else(|e| e.into_inner());
         match &result {
             Err(e) if e.is_unreachable() => {
@@ -416,6 +767,7 @@ impl Servers {
         result.map(|client| Session {
             client: Some(client),
             key: pool_key,
+            server: key,
             state: state.clone(),
             _permit: permit,
         })
@@ -527,6 +879,44 @@ mod tests {
             Credentials::from_secret(&secret),
             Err(CredentialsError::MissingKey("admin".into(), "password"))
         );
+    }
+
+    #[test]
+    fn statements_with_a_password_are_recorded_without_their_literals() {
+        let verifier = password_verifier("s3cret");
+        let create = format!(
+            "CREATE ROLE {} LOGIN PASSWORD {}; COMMENT ON ROLE {} IS {}",
+            quote_ident("app\"x"),
+            quote_literal(&verifier),
+            quote_ident("app\"x"),
+            quote_literal("dbops.dev/uid=1")
+        );
+        let recorded = redact_statement(&create);
+        assert!(!recorded.contains(&verifier), "{recorded}");
+        assert!(!recorded.contains("SCRAM"), "{recorded}");
+        assert_eq!(
+            recorded,
+            "CREATE ROLE \"app\"\"x\" LOGIN PASSWORD '***'; COMMENT ON ROLE \"app\"\"x\" IS '***'"
+        );
+        let alter = "alter role r password E'it\\'s''x'";
+        assert_eq!(redact_statement(alter), "alter role r password '***'");
+        let dollar = "ALTER ROLE r PASSWORD $q$se'cret$q$";
+        assert_eq!(redact_statement(dollar), "ALTER ROLE r PASSWORD '***'");
+        assert_eq!(
+            redact_statement("ALTER ROLE r PASSWORD 'unterminated"),
+            "ALTER ROLE [redacted]"
+        );
+    }
+
+    #[test]
+    fn other_statements_are_recorded_as_written() {
+        let select = "SELECT 1 FROM pg_roles WHERE rolname = $1";
+        assert_eq!(redact_statement(select), select);
+        assert_eq!(statement_kind(select), "SELECT");
+        assert_eq!(statement_kind("  create database \"x\""), "CREATE DATABASE");
+        assert_eq!(statement_kind("DROP ROLE x"), "DROP ROLE");
+        assert_eq!(statement_kind("COMMENT ON DATABASE x IS 'y'"), "COMMENT");
+        assert_eq!(statement_kind(""), "SQL");
     }
 
     #[tokio::test]

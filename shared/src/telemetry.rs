@@ -1,11 +1,17 @@
 //! Logs and traces: a tracing subscriber filtered by `--log-filter`, writing text or JSON
 //! lines to stderr and, when `--otlp-endpoint` is set, exporting spans over OTLP/gRPC
 //! (for example to Jaeger). The W3C TraceContext propagator is installed globally.
+//!
+//! One trace across controllers: a controller that creates an object for another one
+//! writes [`trace_annotation`] (the W3C `traceparent` of its current span) into the new
+//! object's annotations; the receiving controller's reconcile span continues that trace
+//! ([`remote_parent`], applied by `controller::instrumented_reconcile`).
 
-use std::time::Duration;
+use std::{collections::HashMap, time::Duration};
 
 use opentelemetry::{
-    global,
+    Context, global,
+    propagation::TextMapPropagator,
     trace::{TraceContextExt, TraceId, TracerProvider as _},
 };
 use opentelemetry_otlp::{ExporterBuildError, SpanExporter, WithExportConfig};
@@ -105,4 +111,61 @@ pub fn current_trace_id() -> Option<String> {
     let context = tracing::Span::current().context();
     let trace_id = context.span().span_context().trace_id();
     (trace_id != TraceId::INVALID).then(|| trace_id.to_string())
+}
+
+/// The annotation that carries the W3C trace context from the controller that created an
+/// object to the one that reconciles it.
+pub const TRACEPARENT_ANNOTATION: &str = "dbops.dev/traceparent";
+
+/// The W3C header name of the trace context.
+const TRACEPARENT: &str = "traceparent";
+
+/// `(dbops.dev/traceparent, <traceparent of the current span>)`, to add to the annotations
+/// of an object created for another controller; `None` when traces are not exported.
+pub fn trace_annotation() -> Option<(String, String)> {
+    traceparent_of(&tracing::Span::current().context())
+        .map(|value| (TRACEPARENT_ANNOTATION.to_owned(), value))
+}
+
+/// The `traceparent` of `context`, when it holds a valid span.
+fn traceparent_of(context: &Context) -> Option<String> {
+    if !context.span().span_context().is_valid() {
+        return None;
+    }
+    let mut carrier = HashMap::new();
+    TraceContextPropagator::new().inject_context(context, &mut carrier);
+    carrier.remove(TRACEPARENT)
+}
+
+/// The remote parent named by a `dbops.dev/traceparent` annotation value; `None` when the
+/// value is not a valid W3C traceparent.
+pub fn remote_parent(traceparent: &str) -> Option<Context> {
+    let carrier = HashMap::from([(TRACEPARENT.to_owned(), traceparent.to_owned())]);
+    let context = TraceContextPropagator::new().extract(&carrier);
+    context.span().span_context().is_valid().then_some(context)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_valid_traceparent_is_a_remote_parent_and_round_trips() {
+        let value = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let parent = remote_parent(value).unwrap();
+        assert!(parent.span().span_context().is_remote());
+        assert_eq!(traceparent_of(&parent).as_deref(), Some(value));
+    }
+
+    #[test]
+    fn garbage_is_no_parent() {
+        assert!(remote_parent("").is_none());
+        assert!(remote_parent("00-00000000000000000000000000000000-00f067aa0ba902b7-01").is_none());
+        assert!(remote_parent("not a traceparent").is_none());
+    }
+
+    #[test]
+    fn without_an_exporter_there_is_no_annotation() {
+        assert!(trace_annotation().is_none());
+    }
 }

@@ -1,5 +1,6 @@
 //! `dbops-dev`: the process behind `e2e/dev`. `dbops-dev up` starts the control plane,
-//! two PostgreSQL servers with admin Secrets, and the three controllers, all under
+//! two PostgreSQL servers with admin Secrets, Jaeger, and the three controllers exporting
+//! their traces to it, all under
 //! `<state-dir>`, then stays in the foreground until SIGTERM or Ctrl-C stops everything.
 
 use std::path::{Path, PathBuf};
@@ -8,6 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use dbops_e2e::controlplane::Options;
+use dbops_e2e::jaeger::{self, Jaeger};
 use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
@@ -45,6 +47,12 @@ struct UpArgs {
     /// First of three ports for the controllers' health and metrics servers.
     #[arg(long, default_value_t = 18081)]
     metrics_base_port: u16,
+    /// Jaeger's query API and UI on 127.0.0.1.
+    #[arg(long, default_value_t = 16686)]
+    jaeger_query_port: u16,
+    /// Jaeger's OTLP/gRPC receiver on 127.0.0.1 (the controllers' --otlp-endpoint).
+    #[arg(long, default_value_t = 4317)]
+    jaeger_otlp_port: u16,
 }
 
 #[tokio::main]
@@ -88,9 +96,27 @@ async fn up(args: UpArgs) -> Result<()> {
         apply_admin_secret(&client, "default", name, server).await?;
     }
 
+    let jaeger_dir = state.join("jaeger");
+    std::fs::create_dir_all(&jaeger_dir)?;
+    let jaeger = Jaeger::start_on(
+        &jaeger_dir,
+        jaeger::Ports {
+            otlp_grpc: args.jaeger_otlp_port,
+            query_http: args.jaeger_query_port,
+            query_grpc: dbops_e2e::process::free_port()?,
+            health: dbops_e2e::process::free_port()?,
+        },
+    )?;
+
     let backups = state.join("backups");
     std::fs::create_dir_all(&backups)?;
-    let controllers = start_controllers(&kubeconfig, &logs, &backups, args.metrics_base_port)?;
+    let controllers = start_controllers(
+        &kubeconfig,
+        &logs,
+        &backups,
+        args.metrics_base_port,
+        &jaeger.otlp_endpoint(),
+    )?;
 
     let summary = format!(
         "dbops dev environment is up ({:.0}s)\n\
@@ -99,6 +125,7 @@ async fn up(args: UpArgs) -> Result<()> {
          PostgreSQL      main 127.0.0.1:{main_port} (Secret default/pg-main-admin), \
          target 127.0.0.1:{target_port} (Secret default/pg-target-admin)\n\
          controllers     {controllers}\n\
+         Jaeger          {jaeger} (API: {jaeger}/api/services, {jaeger}/api/traces?service=dbops-database-controller)\n\
          logs            {logs}\n",
         started.elapsed().as_secs_f64(),
         kubeconfig = kubeconfig.display(),
@@ -114,6 +141,7 @@ async fn up(args: UpArgs) -> Result<()> {
             ))
             .collect::<Vec<_>>()
             .join(", "),
+        jaeger = jaeger.query_url(),
         logs = logs.display(),
     );
     std::fs::write(state.join("ready"), &summary)?;
@@ -123,6 +151,7 @@ async fn up(args: UpArgs) -> Result<()> {
     println!("stopping the dev environment");
     std::fs::remove_file(state.join("ready")).ok();
     drop(controllers);
+    drop(jaeger);
     drop((main, target));
     drop(cp);
     Ok(())
@@ -133,8 +162,10 @@ fn start_controllers(
     logs: &Path,
     backups: &Path,
     base_port: u16,
+    otlp_endpoint: &str,
 ) -> Result<Vec<ControllerProcess>> {
     let store = format!("--backup-store=file://{}", backups.display());
+    let otlp = format!("--otlp-endpoint={otlp_endpoint}");
     [
         ("database-controller", vec![]),
         ("backup-controller", vec![store]),
@@ -142,7 +173,10 @@ fn start_controllers(
     ]
     .into_iter()
     .zip(base_port..)
-    .map(|((name, args), port)| ControllerProcess::start_on(name, kubeconfig, logs, port, &args))
+    .map(|((name, mut args), port)| {
+        args.push(otlp.clone());
+        ControllerProcess::start_on(name, kubeconfig, logs, port, &args)
+    })
     .collect()
 }
 

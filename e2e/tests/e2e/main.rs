@@ -9,7 +9,13 @@ mod backup;
 mod control_plane;
 mod controllers;
 mod database;
+mod migration;
+mod deploy;
+mod leader;
+mod metrics;
 mod postgres;
+mod schedule;
+mod traces;
 
 use dbops_e2e::{ControlPlane, Kubectl, TestNamespace, controlplane::Options};
 use tokio::sync::OnceCell;

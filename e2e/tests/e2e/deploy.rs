@@ -1,0 +1,696 @@
+//! The deployment in `deploy/` against the real apiserver: it applies (for real and with
+//! `--dry-run=server`), its pods would pass the `restricted` Pod Security Standard, each
+//! controller does its whole job with a token of its own ServiceAccount (TokenRequest
+//! API), and the apiserver refuses a controller a verb it does not need.
+//!
+//! The ServiceAccounts, RBAC, Deployments, PodDisruptionBudgets and Services are applied
+//! once per control plane into `dbops-system` ([`deployed`]); nothing runs the
+//! Deployments (there is no scheduler or kubelet), the controllers run here as processes
+//! with the ServiceAccounts' tokens, the way they would in those pods.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use dbops_api::{Backup, BackupPhase, Database};
+use dbops_e2e::controllers::http_get;
+use dbops_e2e::controlplane::{client_from_kubeconfig, service_account_user};
+use dbops_e2e::postgres::redact_passwords;
+use dbops_e2e::process::{Spec, Supervised, free_port};
+use dbops_e2e::wait::{Want, eventually, wait_for};
+use dbops_e2e::{ControlPlane, ControllerProcess, Kubectl, PgServer, paths};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::sync::OnceCell;
+
+use crate::bed;
+
+/// Where the controllers, their ServiceAccounts and their Leases live.
+pub const SYSTEM_NAMESPACE: &str = "dbops-system";
+const CONTROLLERS: [&str; 3] = [
+    "database-controller",
+    "backup-controller",
+    "migration-controller",
+];
+/// Objects `kubectl apply -k deploy/` sends: the Namespace, 3 CRDs, and per controller a
+/// ServiceAccount, ClusterRole, ClusterRoleBinding, Role, RoleBinding, Deployment,
+/// PodDisruptionBudget and Service.
+const DEPLOY_OBJECTS: usize = 1 + 3 + 3 * 8;
+
+fn deploy_dir() -> PathBuf {
+    paths::repo_root().join("deploy")
+}
+
+/// Applies `deploy/namespace.yaml` and each `deploy/<controller>/` for real, once per
+/// control plane (idempotent: a second apply changes nothing). The CRDs are the harness's.
+pub async fn deployed(cp: &ControlPlane) {
+    static DONE: OnceCell<()> = OnceCell::const_new();
+    DONE.get_or_init(|| async {
+        let kubectl = Kubectl::new(cp.kubeconfig());
+        let namespace = deploy_dir().join("namespace.yaml").display().to_string();
+        let out = kubectl.run(&["apply", "-f", &namespace], None).unwrap();
+        assert!(out.success, "applying {namespace}: {}", out.text());
+        for controller in CONTROLLERS {
+            let out = kubectl
+                .apply_kustomization(&deploy_dir().join(controller), false)
+                .unwrap();
+            assert!(
+                out.success,
+                "kubectl apply -k deploy/{controller}: {}",
+                out.text()
+            );
+        }
+    })
+    .await;
+}
+
+/// Starts the controller binary `dbops-<controller>` as `name` (its log is
+/// `<log_dir>/<name>.log`) with `kubeconfig`, `args` and `env`, on a free health and
+/// metrics port; returns once `/healthz` answers.
+pub async fn start_controller(
+    controller: &str,
+    name: &str,
+    kubeconfig: &Path,
+    log_dir: &Path,
+    args: &[String],
+    env: &[(&str, &str)],
+) -> Result<ControllerProcess> {
+    let port = free_port()?;
+    let mut spec = Spec::new(name, paths::workspace_bin(&format!("dbops-{controller}"))?)
+        .args([format!("--metrics-addr=127.0.0.1:{port}")])
+        .args(args.iter().cloned())
+        .env("KUBECONFIG", kubeconfig.display().to_string())
+        .env(
+            "RUST_LOG",
+            std::env::var("DBOPS_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
+        );
+    for (key, value) in env {
+        spec = spec.env(*key, *value);
+    }
+    let process = Supervised::start(&spec, log_dir)?;
+    let log = process.log_path().to_path_buf();
+    wait_for(
+        &format!("{name} to answer /healthz"),
+        Duration::from_secs(30),
+        || async {
+            Ok(http_get(port, "/healthz")
+                .map(|(code, _)| code)
+                .unwrap_or(0))
+        },
+        |code| *code == 200,
+    )
+    .await
+    .map_err(|e| {
+        e.context(format!(
+            "{name} log:\n{}",
+            redact_passwords(&dbops_e2e::process::log_tail(&log, 4000))
+        ))
+    })?;
+    Ok(ControllerProcess {
+        process,
+        metrics_port: port,
+    })
+}
+
+/// Waits until the replica's `/readyz` says it is the ready leader.
+pub async fn wait_leading(c: &ControllerProcess, timeout: Duration) {
+    let what = format!("{} to lead and be ready", c.process.name());
+    let result = wait_for(
+        &what,
+        timeout,
+        || async { c.get("/readyz") },
+        |(code, body)| *code == 200 && body.contains("leader"),
+    )
+    .await;
+    if let Err(e) = result {
+        panic!(
+            "{e:#}\n---- {} log ----\n{}",
+            c.process.name(),
+            redact_passwords(&c.process.log_tail(6000))
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_deployment_applies_to_the_real_apiserver_with_server_side_dry_run() {
+    let b = bed("deploy").await;
+    deployed(b.cp).await;
+
+    // The whole kustomization, as a user runs it; the namespace exists, so the apiserver
+    // admits (and Pod Security checks) every object without storing any.
+    let out = b.kubectl.apply_kustomization(&deploy_dir(), true).unwrap();
+    assert!(
+        out.success,
+        "kubectl apply --dry-run=server -k deploy/: {}",
+        out.text()
+    );
+    let applied = out
+        .stdout
+        .lines()
+        .filter(|l| l.contains("(server dry run)"))
+        .count();
+    assert_eq!(applied, DEPLOY_OBJECTS, "{}", out.text());
+    // `warn: restricted` on dbops-system makes the apiserver warn about any Deployment
+    // whose pods the restricted Pod Security Standard would refuse.
+    // (The only other warning is kubectl's about the CRDs, which the harness installed
+    // by server-side apply, lacking its last-applied annotation.)
+    let warnings: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("Warning") && !l.contains("last-applied-configuration"))
+        .collect();
+    assert!(
+        warnings.is_empty(),
+        "the apiserver warned about the deployment: {warnings:#?}"
+    );
+
+    // The check above can fail: a pod template without the hardening is warned about.
+    let careless = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: careless, namespace: dbops-system}
+spec:
+  selector: {matchLabels: {app: careless}}
+  template:
+    metadata: {labels: {app: careless}}
+    spec:
+      containers: [{name: c, image: ghcr.io/dbops/dbops-database-controller:0.1.0}]
+"#;
+    let out = b
+        .kubectl
+        .run(&["apply", "--dry-run=server", "-f", "-"], Some(careless))
+        .unwrap();
+    assert!(out.success, "{}", out.text());
+    assert!(
+        out.stderr.contains("violate PodSecurity \"restricted"),
+        "no Pod Security warning for an unhardened pod: {}",
+        out.text()
+    );
+}
+
+#[tokio::test]
+async fn each_controller_is_deployed_hardened_with_two_leader_elected_replicas() {
+    let b = bed("deploy-shape").await;
+    deployed(b.cp).await;
+    let client = b.client.clone();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let services: Api<Service> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let cluster_roles: Api<ClusterRole> = Api::all(client.clone());
+    let roles: Api<Role> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+
+    for controller in CONTROLLERS {
+        let name = format!("dbops-{controller}");
+        let d = deployments.get(&name).await.unwrap();
+        let spec = d.spec.unwrap();
+        assert_eq!(spec.replicas, Some(2), "{name}");
+        let pod = spec.template.spec.unwrap();
+        assert_eq!(pod.service_account_name.as_deref(), Some(name.as_str()));
+        let pod_security = pod.security_context.unwrap();
+        assert_eq!(pod_security.run_as_non_root, Some(true), "{name}");
+        assert_eq!(
+            pod_security.seccomp_profile.map(|s| s.type_).as_deref(),
+            Some("RuntimeDefault")
+        );
+        let [c] = pod.containers.as_slice() else {
+            panic!("{name}: one container expected");
+        };
+        let args = c.args.clone().unwrap_or_default();
+        assert!(
+            args.iter().any(|a| a == "--leader-elect"),
+            "{name}: {args:?}"
+        );
+        assert!(
+            args.iter().any(|a| a == "--metrics-addr=0.0.0.0:8080"),
+            "{name}: probes need the health port on the pod's address: {args:?}"
+        );
+        let env: Vec<String> = c.env.iter().flatten().map(|e| e.name.clone()).collect();
+        assert!(
+            env.contains(&"POD_NAMESPACE".to_string()),
+            "{name}: {env:?}"
+        );
+        assert!(env.contains(&"POD_NAME".to_string()), "{name}: {env:?}");
+        let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+            p.as_ref()
+                .and_then(|p| p.http_get.as_ref())
+                .and_then(|h| h.path.clone())
+        };
+        assert_eq!(probe_path(&c.liveness_probe).as_deref(), Some("/healthz"));
+        assert_eq!(probe_path(&c.readiness_probe).as_deref(), Some("/readyz"));
+        let resources = c.resources.clone().unwrap();
+        for key in ["cpu", "memory"] {
+            assert!(
+                resources.requests.as_ref().unwrap().contains_key(key),
+                "{name}"
+            );
+        }
+        assert!(
+            resources.limits.as_ref().unwrap().contains_key("memory"),
+            "{name}"
+        );
+        let sc = c.security_context.clone().unwrap();
+        assert_eq!(sc.allow_privilege_escalation, Some(false), "{name}");
+        assert_eq!(sc.read_only_root_filesystem, Some(true), "{name}");
+        assert_eq!(
+            sc.capabilities.and_then(|c| c.drop),
+            Some(vec!["ALL".to_string()]),
+            "{name}"
+        );
+        let mounts: Vec<String> = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.clone())
+            .collect();
+        assert!(mounts.contains(&"/tmp".to_string()), "{name}: {mounts:?}");
+        if controller != "migration-controller" {
+            assert!(
+                mounts.contains(&"/var/lib/dbops/backups".to_string()),
+                "{name}: {mounts:?}"
+            );
+        }
+
+        let pdb = pdbs.get(&name).await.unwrap().spec.unwrap();
+        assert!(
+            pdb.max_unavailable.is_some() || pdb.min_available.is_some(),
+            "{name}"
+        );
+        let svc = services
+            .get(&format!("{name}-metrics"))
+            .await
+            .unwrap()
+            .spec
+            .unwrap();
+        assert!(
+            svc.ports
+                .iter()
+                .flatten()
+                .any(|p| p.name.as_deref() == Some("http-metrics")),
+            "{name}"
+        );
+
+        // Least privilege in shape: no wildcards, no Secret deletion, and the Lease role
+        // names its own Lease only.
+        let rules = cluster_roles
+            .get(&name)
+            .await
+            .unwrap()
+            .rules
+            .unwrap_or_default();
+        for rule in &rules {
+            let everything = |v: &Option<Vec<String>>| v.iter().flatten().any(|x| x == "*");
+            assert!(
+                !rule.verbs.iter().any(|v| v == "*")
+                    && !everything(&rule.resources)
+                    && !everything(&rule.api_groups),
+                "{name}: wildcard rule {rule:?}"
+            );
+            let secrets = rule.resources.iter().flatten().any(|r| r == "secrets");
+            assert!(
+                !(secrets && rule.verbs.iter().any(|v| v == "delete" || v == "update")),
+                "{name} may delete or replace Secrets: {rule:?}"
+            );
+        }
+        let lease_rules = roles
+            .get(&format!("{name}-leader-election"))
+            .await
+            .unwrap()
+            .rules
+            .unwrap_or_default();
+        for rule in lease_rules
+            .iter()
+            .filter(|r| r.verbs.iter().any(|v| v == "patch"))
+        {
+            assert_eq!(rule.resource_names, Some(vec![name.clone()]), "{rule:?}");
+        }
+    }
+}
+
+/// One test's world for the ServiceAccount runs: namespace, PostgreSQL, admin Secret,
+/// the three controllers with their own tokens.
+struct AsServiceAccounts {
+    controllers: Vec<(&'static str, ControllerProcess)>,
+    pg: PgServer,
+    b: crate::Bed,
+    logs: tempfile::TempDir,
+    _store: tempfile::TempDir,
+}
+
+impl AsServiceAccounts {
+    fn log(&self, controller: &str) -> String {
+        let path = self.logs.path().join(format!("{controller}.log"));
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        redact_passwords(&text.replace(self.pg.superuser_password(), "<superuser-password>"))
+    }
+
+    fn logs(&self) -> String {
+        self.controllers
+            .iter()
+            .map(|(c, _)| format!("---- {c} log ----\n{}\n", self.log(c)))
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn each_controller_does_its_job_with_a_token_of_its_own_service_account() {
+    let b = bed("sa-token").await;
+    deployed(b.cp).await;
+    let ns = b.ns.name().to_string();
+    let pg = PgServer::start("sa-token").await.unwrap();
+    let secrets: Api<Secret> = Api::namespaced(b.client.clone(), &ns);
+    let mut admin = Secret::default();
+    admin.metadata.name = Some("pg-admin".into());
+    admin.string_data = Some(BTreeMap::from([
+        ("username".to_string(), "postgres".to_string()),
+        ("password".to_string(), pg.superuser_password().to_string()),
+    ]));
+    secrets
+        .create(&PostParams::default(), &admin)
+        .await
+        .unwrap();
+
+    let logs = tempfile::tempdir().unwrap();
+    let store = tempfile::tempdir().unwrap();
+    let store_url = format!("file://{}", store.path().display());
+    let pg_bin = paths::postgres_bin_dir().unwrap();
+    let mut world = AsServiceAccounts {
+        controllers: Vec::new(),
+        pg,
+        b,
+        logs,
+        _store: store,
+    };
+    for controller in CONTROLLERS {
+        let account = format!("dbops-{controller}");
+        let kubeconfig = world
+            .b
+            .cp
+            .kubeconfig_for_service_account(SYSTEM_NAMESPACE, &account, Duration::from_secs(3600))
+            .await
+            .unwrap();
+        // The flags and environment of the Deployment, scoped to this test's namespace.
+        let mut args = vec![
+            "--leader-elect".to_string(),
+            format!("--watch-namespace={ns}"),
+            "--resync-interval=5s".to_string(),
+            "--backoff-base=1s".to_string(),
+            "--backoff-max=5s".to_string(),
+        ];
+        match controller {
+            "database-controller" => args.extend([
+                format!("--backup-store={store_url}"),
+                format!("--pg-restore={}", pg_bin.join("pg_restore").display()),
+            ]),
+            "backup-controller" => args.extend([
+                format!("--backup-store={store_url}"),
+                format!("--pg-dump={}", pg_bin.join("pg_dump").display()),
+            ]),
+            _ => args.extend([
+                format!("--pg-dump={}", pg_bin.join("pg_dump").display()),
+                format!("--pg-restore={}", pg_bin.join("pg_restore").display()),
+            ]),
+        }
+        let pod = format!("{account}-sa-test");
+        let env = [
+            ("POD_NAMESPACE", SYSTEM_NAMESPACE),
+            ("POD_NAME", pod.as_str()),
+        ];
+        let c = start_controller(
+            controller,
+            controller,
+            &kubeconfig,
+            world.logs.path(),
+            &args,
+            &env,
+        )
+        .await
+        .unwrap();
+        world.controllers.push((controller, c));
+    }
+    // Each holds its Lease in dbops-system and has synced its watches: list and watch of
+    // its kinds across the namespace, and get/create/patch of its Lease, are allowed.
+    for (_, c) in &world.controllers {
+        wait_leading(c, Duration::from_secs(60)).await;
+    }
+
+    // The database-controller provisions a Database; the backup-controller backs it up.
+    let databases: Api<Database> = Api::namespaced(world.b.client.clone(), &ns);
+    let db: Database = serde_json::from_value(json!({
+        "apiVersion": "dbops.dev/v1alpha1",
+        "kind": "Database",
+        "metadata": {"name": "app"},
+        "spec": {"server": {
+            "host": world.pg.host(),
+            "port": world.pg.port(),
+            "adminSecretRef": {"name": "pg-admin"},
+            "sslMode": "disable",
+        }},
+    }))
+    .unwrap();
+    databases.create(&PostParams::default(), &db).await.unwrap();
+    if let Err(e) = dbops_e2e::wait::database_condition(
+        &world.b.client,
+        &ns,
+        "app",
+        Want::new("Ready", "True", Some("Provisioned")),
+        Duration::from_secs(90),
+    )
+    .await
+    {
+        panic!("{e:#}\n{}", world.logs());
+    }
+    assert!(secrets.get_opt("app-connection").await.unwrap().is_some());
+
+    let backups: Api<Backup> = Api::namespaced(world.b.client.clone(), &ns);
+    let backup: Backup = serde_json::from_value(json!({
+        "apiVersion": "dbops.dev/v1alpha1",
+        "kind": "Backup",
+        "metadata": {"name": "app-1"},
+        "spec": {"databaseRef": {"name": "app"}},
+    }))
+    .unwrap();
+    backups
+        .create(&PostParams::default(), &backup)
+        .await
+        .unwrap();
+    let completed = wait_for(
+        "Backup app-1 to complete",
+        Duration::from_secs(120),
+        || async { Ok(backups.get("app-1").await?.status.and_then(|s| s.phase)) },
+        |phase| *phase == Some(BackupPhase::Completed),
+    )
+    .await;
+    if let Err(e) = completed {
+        panic!("{e:#}\n{}", world.logs());
+    }
+
+    // What each ServiceAccount wrote, as the apiserver's audit log records it: its Lease,
+    // and (for the two that acted) its objects; none of it refused.
+    for (controller, _) in &world.controllers {
+        let user = service_account_user(SYSTEM_NAMESPACE, &format!("dbops-{controller}"));
+        let lease = world
+            .b
+            .cp
+            .audit_writes(&user, Some(SYSTEM_NAMESPACE))
+            .unwrap();
+        assert!(
+            lease.iter().any(|w| w.resource == "leases" && w.code < 300),
+            "{user} never wrote its Lease: {lease:?}"
+        );
+        let writes = world.b.cp.audit_writes(&user, Some(&ns)).unwrap();
+        let refused: Vec<_> = writes
+            .iter()
+            .chain(&lease)
+            .filter(|w| w.code >= 400)
+            .collect();
+        // A 409 is a lost race the controllers expect (create of an existing object);
+        // anything else refused is a missing permission or a bug.
+        assert!(
+            refused.iter().all(|w| w.code == 409),
+            "{user} was refused: {refused:?}"
+        );
+        if *controller != "migration-controller" {
+            assert!(!writes.is_empty(), "{user} wrote nothing in {ns}");
+        }
+        // Refused reads (a watch, a get) do not reach the audit log; they reach the log.
+        let log = world.log(controller).to_lowercase();
+        assert!(
+            !log.contains("forbidden") && !log.contains("could not publish an event"),
+            "{controller} was refused something:\n{}",
+            world.log(controller)
+        );
+    }
+    let wrote = |user: &str, resource: &str, verb: &str| {
+        world
+            .b
+            .cp
+            .audit_writes(user, Some(&ns))
+            .unwrap()
+            .iter()
+            .any(|w| w.resource == resource && w.verb == verb && w.code < 300)
+    };
+    let database_user = service_account_user(SYSTEM_NAMESPACE, "dbops-database-controller");
+    let backup_user = service_account_user(SYSTEM_NAMESPACE, "dbops-backup-controller");
+    assert!(wrote(&database_user, "secrets", "create"));
+    assert!(wrote(&database_user, "events", "create"));
+    assert!(wrote(&backup_user, "backups", "patch"));
+    assert!(wrote(&backup_user, "events", "create"));
+}
+
+#[tokio::test]
+async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
+    let b = bed("sa-refused").await;
+    deployed(b.cp).await;
+    let ns = b.ns.name().to_string();
+
+    // Objects to be refused on: a Secret and a Database.
+    let secrets: Api<Secret> = Api::namespaced(b.client.clone(), &ns);
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("precious".into());
+    secret.string_data = Some(BTreeMap::from([("k".to_string(), "v".to_string())]));
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let databases: Api<Database> = Api::namespaced(b.client.clone(), &ns);
+    let db: Database = serde_json::from_value(json!({
+        "apiVersion": "dbops.dev/v1alpha1",
+        "kind": "Database",
+        "metadata": {"name": "orders"},
+        "spec": {"server": {"host": "127.0.0.1", "adminSecretRef": {"name": "precious"}}},
+    }))
+    .unwrap();
+    databases.create(&PostParams::default(), &db).await.unwrap();
+
+    let token = |account: &'static str| {
+        let cp = b.cp;
+        async move {
+            cp.kubeconfig_for_service_account(SYSTEM_NAMESPACE, account, Duration::from_secs(3600))
+                .await
+                .unwrap()
+        }
+    };
+    let backup_kubeconfig = token("dbops-backup-controller").await;
+    let database_kubeconfig = token("dbops-database-controller").await;
+    let as_backup = Kubectl::new(&backup_kubeconfig);
+    let as_database = Kubectl::new(&database_kubeconfig);
+
+    // What RBAC answers, per verb: (kubectl, verb, resource, namespace or all, allowed).
+    let lease = "leases/dbops-database-controller";
+    let cases: [(&Kubectl, &str, &str, Option<&str>, bool); 16] = [
+        // The backup-controller reads admin Secrets one by one, and nothing more.
+        (&as_backup, "get", "secrets", Some(&ns), true),
+        (&as_backup, "list", "secrets", Some(&ns), false),
+        (&as_backup, "delete", "secrets", Some(&ns), false),
+        (&as_backup, "create", "secrets", Some(&ns), false),
+        // It watches Databases everywhere, and never writes them.
+        (&as_backup, "watch", "databases.dbops.dev", None, true),
+        (&as_backup, "patch", "databases.dbops.dev", Some(&ns), false),
+        (
+            &as_backup,
+            "delete",
+            "databases.dbops.dev",
+            Some(&ns),
+            false,
+        ),
+        // Its own kind: scheduled Backups are created and pruned.
+        (&as_backup, "delete", "backups.dbops.dev", Some(&ns), true),
+        // Not another controller's Lease, and no Lease outside dbops-system.
+        (&as_backup, "patch", lease, Some(SYSTEM_NAMESPACE), false),
+        (
+            &as_backup,
+            "create",
+            "leases.coordination.k8s.io",
+            Some(&ns),
+            false,
+        ),
+        // The database-controller writes its connection Secrets, but never deletes one.
+        (&as_database, "create", "secrets", Some(&ns), true),
+        (&as_database, "delete", "secrets", Some(&ns), false),
+        (
+            &as_database,
+            "delete",
+            "databases.dbops.dev",
+            Some(&ns),
+            false,
+        ),
+        (
+            &as_database,
+            "delete",
+            "backups.dbops.dev",
+            Some(&ns),
+            false,
+        ),
+        (&as_database, "patch", lease, Some(SYSTEM_NAMESPACE), true),
+        // Nothing outside what it serves.
+        (&as_database, "list", "pods", None, false),
+    ];
+    for (kubectl, verb, resource, namespace, allowed) in cases {
+        let answer = kubectl.can_i(verb, resource, namespace).unwrap();
+        assert_eq!(
+            answer,
+            allowed,
+            "can-i {verb} {resource} in {namespace:?} with {}",
+            if std::ptr::eq(kubectl, &as_backup) {
+                "the backup-controller's token"
+            } else {
+                "the database-controller's token"
+            }
+        );
+    }
+
+    // And real requests with the backup-controller's token: 403, nothing changed.
+    let client = client_from_kubeconfig(&backup_kubeconfig).await.unwrap();
+    let forbidden = |result: Result<(), kube::Error>, what: &str| match result {
+        Err(kube::Error::Api(status)) if status.code == 403 => {}
+        other => panic!("{what} with the backup-controller's token: expected 403, got {other:?}"),
+    };
+    let their_secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    forbidden(
+        their_secrets
+            .delete("precious", &DeleteParams::default())
+            .await
+            .map(|_| ()),
+        "deleting a Secret",
+    );
+    let their_databases: Api<Database> = Api::namespaced(client.clone(), &ns);
+    forbidden(
+        their_databases
+            .patch(
+                "orders",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"connectionLimit": 1}})),
+            )
+            .await
+            .map(|_| ()),
+        "patching a Database",
+    );
+    // What it may do still works with the same client: the refusal is RBAC, not a bad token.
+    assert!(their_secrets.get("precious").await.is_ok());
+    assert!(secrets.get_opt("precious").await.unwrap().is_some());
+    let db = databases.get("orders").await.unwrap();
+    assert_ne!(db.spec.connection_limit, 1);
+
+    // The audit log shows the refused write under the ServiceAccount's name.
+    let user = service_account_user(SYSTEM_NAMESPACE, "dbops-backup-controller");
+    let started = Instant::now();
+    let refused = eventually(
+        "the refused writes in the audit log",
+        Duration::from_secs(10),
+        || async { b.cp.audit_writes(&user, Some(&ns)) },
+        |writes| writes.iter().filter(|w| w.code == 403).count() >= 2,
+    )
+    .await;
+    assert!(
+        refused
+            .iter()
+            .any(|w| w.verb == "delete" && w.resource == "secrets" && w.code == 403),
+        "{refused:?} (after {:?})",
+        started.elapsed()
+    );
+}

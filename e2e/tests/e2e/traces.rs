@@ -1,0 +1,402 @@
+//! Traces across controllers, read back through a real Jaeger's HTTP API: a Database with
+//! `deletionPolicy: Snapshot` is deleted, the database-controller creates its final
+//! Backup with its trace context in `dbops.dev/traceparent`, and the backup-controller's
+//! reconciles of that Backup continue the same trace. Also the shared fixture of the
+//! observability tests (`metrics.rs`): one namespace, PostgreSQL, a `file://` store, and
+//! both controllers, optionally exporting to Jaeger.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use dbops_api::{Backup, BackupPhase, Database};
+use dbops_e2e::jaeger::{Jaeger, Trace};
+use dbops_e2e::postgres::redact_passwords;
+use dbops_e2e::wait::{Want, eventually};
+use dbops_e2e::{ControllerProcess, PgServer};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::json;
+
+use crate::{Bed, bed};
+
+const ADMIN_SECRET: &str = "pg-admin";
+/// Provisioning, a small dump, or a span export on a busy 2-core machine.
+pub const SLOW: Duration = Duration::from_secs(120);
+pub const DATABASE_CONTROLLER: &str = "dbops-database-controller";
+pub const BACKUP_CONTROLLER: &str = "dbops-backup-controller";
+
+/// One test's world. Dropped in field order: controllers first, then Jaeger, PostgreSQL,
+/// the namespace.
+pub struct World {
+    pub database_controller: ControllerProcess,
+    pub backup_controller: ControllerProcess,
+    pub jaeger: Option<Jaeger>,
+    pub pg: PgServer,
+    pub b: Bed,
+    _store: tempfile::TempDir,
+    logs: tempfile::TempDir,
+}
+
+impl World {
+    /// Namespace, PostgreSQL, admin Secret, store and both controllers; with `traced`, a
+    /// Jaeger that both controllers export to.
+    pub async fn new(prefix: &str, traced: bool) -> Self {
+        let b = bed(prefix).await;
+        let pg = PgServer::start(prefix).await.unwrap();
+        let store = tempfile::Builder::new()
+            .prefix(&format!("dbops-{prefix}-store-"))
+            .tempdir()
+            .unwrap();
+        let logs = tempfile::Builder::new()
+            .prefix(&format!("dbops-{prefix}-logs-"))
+            .tempdir()
+            .unwrap();
+        let jaeger = traced.then(|| Jaeger::start(logs.path()).unwrap());
+        create_admin_secret(&b, &pg).await;
+
+        let mut common = vec![
+            format!("--watch-namespace={}", b.ns.name()),
+            "--resync-interval=5s".to_string(),
+            "--backoff-base=1s".to_string(),
+            "--backoff-max=5s".to_string(),
+            format!("--backup-store=file://{}", store.path().display()),
+        ];
+        if let Some(jaeger) = &jaeger {
+            common.push(format!("--otlp-endpoint={}", jaeger.otlp_endpoint()));
+        }
+        let bin = dbops_e2e::paths::postgres_bin_dir().unwrap();
+        let start = |name: &str, extra: String| {
+            let kubeconfig =
+                b.cp.kubeconfig_for(&format!("dbops-{name}"), &["system:masters"])
+                    .unwrap();
+            let mut args = common.clone();
+            args.push(extra);
+            ControllerProcess::start(name, &kubeconfig, logs.path(), &args).unwrap_or_else(|e| {
+                panic!(
+                    "starting the {name}: {}",
+                    redact_passwords(&format!("{e:#}"))
+                )
+            })
+        };
+        let database_controller = start(
+            "database-controller",
+            format!("--pg-restore={}", bin.join("pg_restore").display()),
+        );
+        let backup_controller = start(
+            "backup-controller",
+            format!("--pg-dump={}", bin.join("pg_dump").display()),
+        );
+        Self {
+            database_controller,
+            backup_controller,
+            jaeger,
+            pg,
+            b,
+            _store: store,
+            logs,
+        }
+    }
+
+    pub fn ns(&self) -> &str {
+        self.b.ns.name()
+    }
+
+    pub fn databases(&self) -> Api<Database> {
+        Api::namespaced(self.b.client.clone(), self.ns())
+    }
+
+    pub fn backups(&self) -> Api<Backup> {
+        Api::namespaced(self.b.client.clone(), self.ns())
+    }
+
+    /// The last bytes of a controller's log, passwords redacted.
+    pub fn log(&self, controller: &str) -> String {
+        let path = self.logs.path().join(format!("{controller}.log"));
+        redact_passwords(
+            &dbops_e2e::process::log_tail(&path, 6000)
+                .replace(self.pg.superuser_password(), "<superuser-password>"),
+        )
+    }
+
+    /// A Database on this world's server with `deletionPolicy`, waited for until Ready.
+    pub async fn create_ready_database(&self, name: &str, policy: &str) -> Database {
+        let db: Database = serde_json::from_value(json!({
+            "apiVersion": "dbops.dev/v1alpha1",
+            "kind": "Database",
+            "metadata": {"name": name},
+            "spec": {
+                "server": {
+                    "host": self.pg.host(),
+                    "port": self.pg.port(),
+                    "adminSecretRef": {"name": ADMIN_SECRET},
+                    "sslMode": "disable",
+                },
+                "deletionPolicy": policy,
+            },
+        }))
+        .unwrap();
+        self.databases()
+            .create(&PostParams::default(), &db)
+            .await
+            .unwrap();
+        match dbops_e2e::wait::database_condition(
+            &self.b.client,
+            self.ns(),
+            name,
+            Want::new("Ready", "True", Some("Provisioned")),
+            SLOW,
+        )
+        .await
+        {
+            Ok(db) => db,
+            Err(e) => panic!(
+                "{e:#}\n---- database-controller log ----\n{}",
+                self.log("database-controller")
+            ),
+        }
+    }
+
+    /// The password in the Database's connection Secret.
+    pub async fn owner_password(&self, db: &str) -> String {
+        let secret = Api::<Secret>::namespaced(self.b.client.clone(), self.ns())
+            .get(&format!("{db}-connection"))
+            .await
+            .unwrap();
+        let data = secret.data.unwrap_or_default();
+        String::from_utf8(data.get("password").unwrap().0.clone()).unwrap()
+    }
+
+    /// Waits until Backup `name` is Completed.
+    pub async fn wait_completed(&self, name: &str) -> Backup {
+        let backups = self.backups();
+        match dbops_e2e::wait::wait_for(
+            &format!("Backup {name} Completed"),
+            SLOW,
+            || async { Ok(backups.get_opt(name).await?) },
+            |b| {
+                b.as_ref()
+                    .and_then(|b| b.status.as_ref())
+                    .is_some_and(|s| s.phase == Some(BackupPhase::Completed))
+            },
+        )
+        .await
+        {
+            Ok(b) => b.unwrap(),
+            Err(e) => panic!(
+                "{e:#}\n---- backup-controller log ----\n{}\n---- database-controller log ----\n{}",
+                self.log("backup-controller"),
+                self.log("database-controller")
+            ),
+        }
+    }
+}
+
+async fn create_admin_secret(b: &Bed, pg: &PgServer) {
+    let mut secret = Secret::default();
+    secret.metadata.name = Some(ADMIN_SECRET.to_string());
+    secret.string_data = Some(BTreeMap::from([
+        ("username".to_string(), "postgres".to_string()),
+        ("password".to_string(), pg.superuser_password().to_string()),
+    ]));
+    Api::<Secret>::namespaced(b.client.clone(), b.ns.name())
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+}
+
+/// The trace in which the backup-controller reconciled Backup `backup`, once it also holds
+/// a span of the database-controller.
+fn trace_across_controllers(jaeger: &Jaeger, backup: &str) -> anyhow::Result<Option<Trace>> {
+    Ok(jaeger.traces(BACKUP_CONTROLLER)?.into_iter().find(|t| {
+        t.spans_of(BACKUP_CONTROLLER, "reconcile Backup")
+            .any(|s| s.tag("object.name").as_deref() == Some(backup))
+            && t.services().contains(DATABASE_CONTROLLER)
+    }))
+}
+
+/// Every tag value of every span of `service` Jaeger holds.
+fn all_tag_values(jaeger: &Jaeger, service: &str) -> Vec<(String, String, String)> {
+    let mut values = Vec::new();
+    for trace in jaeger.traces(service).unwrap() {
+        for span in &trace.spans {
+            for tag in &span.tags {
+                let value = match &tag.value {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                values.push((span.operation_name.clone(), tag.key.clone(), value));
+            }
+        }
+    }
+    values
+}
+
+#[tokio::test]
+async fn a_final_snapshot_is_one_trace_across_both_controllers() {
+    let w = World::new("tr-snapshot", true).await;
+    let jaeger = w.jaeger.as_ref().unwrap();
+    let db = w.create_ready_database("snap", "Snapshot").await;
+    let owner_password = w.owner_password("snap").await;
+    w.databases()
+        .delete("snap", &DeleteParams::default())
+        .await
+        .unwrap();
+    let backup = w.wait_completed("snap-final").await;
+
+    // The Backup carries the creating reconcile's trace context.
+    let traceparent = backup
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("dbops.dev/traceparent"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no dbops.dev/traceparent on {backup:?}"));
+    let trace_id = traceparent.split('-').nth(1).unwrap().to_string();
+
+    // Spans are exported in batches: wait for the trace to hold both services.
+    let found = eventually(
+        "one trace with spans of both controllers",
+        SLOW,
+        || async { trace_across_controllers(jaeger, "snap-final") },
+        Option::is_some,
+    )
+    .await
+    .unwrap();
+    assert_eq!(found.trace_id, trace_id, "the annotation names the trace");
+    // The same trace by id, through /api/traces/<id>.
+    let trace = jaeger.trace(&trace_id).unwrap();
+    assert_eq!(
+        trace.services(),
+        [BACKUP_CONTROLLER, DATABASE_CONTROLLER].into()
+    );
+
+    // The database-controller's reconcile of the deleted Database, with its attributes.
+    let db_reconcile = trace
+        .spans_of(DATABASE_CONTROLLER, "reconcile Database")
+        .next()
+        .unwrap_or_else(|| panic!("no database reconcile span in {trace:#?}"));
+    assert_eq!(
+        db_reconcile.tag("controller").as_deref(),
+        Some("database-controller")
+    );
+    assert_eq!(db_reconcile.tag("kind").as_deref(), Some("Database"));
+    assert_eq!(
+        db_reconcile.tag("object.namespace").as_deref(),
+        Some(w.ns())
+    );
+    assert_eq!(db_reconcile.tag("object.name").as_deref(), Some("snap"));
+    // Deletion moves a custom resource's generation past the one it was created with.
+    let generation: i64 = db_reconcile
+        .tag("object.generation")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(generation > db.metadata.generation.unwrap(), "{generation}");
+    assert_eq!(db_reconcile.tag("outcome").as_deref(), Some("success"));
+    // It created the Backup: a POST backups child span.
+    assert!(
+        trace
+            .spans
+            .iter()
+            .any(|s| s.operation_name == "POST backups"
+                && s.parent_id() == Some(db_reconcile.span_id.as_str())),
+        "no POST backups under the database reconcile: {:#?}",
+        trace
+            .spans
+            .iter()
+            .map(|s| &s.operation_name)
+            .collect::<Vec<_>>()
+    );
+
+    // The backup-controller's reconciles of the final Backup are its children.
+    let backup_reconciles: Vec<_> = trace
+        .spans_of(BACKUP_CONTROLLER, "reconcile Backup")
+        .collect();
+    assert!(!backup_reconciles.is_empty());
+    for span in &backup_reconciles {
+        assert_eq!(span.parent_id(), Some(db_reconcile.span_id.as_str()));
+        assert_eq!(span.tag("controller").as_deref(), Some("backup-controller"));
+        assert_eq!(span.tag("kind").as_deref(), Some("Backup"));
+        assert_eq!(span.tag("object.name").as_deref(), Some("snap-final"));
+        assert_eq!(span.tag("object.namespace").as_deref(), Some(w.ns()));
+        assert!(span.tag("object.generation").is_some());
+        assert!(span.tag("outcome").is_some());
+        assert_eq!(span.tag("trace.continued").as_deref(), Some("parent"));
+    }
+
+    // SQL child spans: the statement, no parameters, under a reconcile of the trace.
+    let sql: Vec<_> = trace
+        .spans
+        .iter()
+        .filter(|s| {
+            s.tag("db.system").as_deref() == Some("postgresql") && s.tag("db.statement").is_some()
+        })
+        .collect();
+    assert!(
+        sql.iter().any(
+            |s| s.tag("db.statement").as_deref() == Some("SHOW server_version")
+                && trace.service_of(s) == BACKUP_CONTROLLER
+        ),
+        "no SQL span of the backup-controller: {sql:#?}"
+    );
+    for s in &sql {
+        let parent = trace.span(s.parent_id().unwrap()).unwrap();
+        assert!(
+            parent.operation_name.starts_with("reconcile ")
+                || parent.operation_name.starts_with("store ")
+                || parent.tag("db.system").is_some(),
+            "SQL span {} under {}",
+            s.operation_name,
+            parent.operation_name
+        );
+    }
+
+    // Store I/O of the dump, under the Backup's reconcile.
+    for operation in [
+        "store create_artifact",
+        "store commit",
+        "store put_manifest",
+    ] {
+        let span = trace
+            .spans_of(BACKUP_CONTROLLER, operation)
+            .next()
+            .unwrap_or_else(|| panic!("no {operation} span"));
+        let parent = trace.span(span.parent_id().unwrap()).unwrap();
+        assert_eq!(parent.operation_name, "reconcile Backup");
+        assert!(span.tag("store.location").unwrap().starts_with("file://"));
+    }
+
+    // The role was created in a trace of its own, its verifier masked.
+    let db_tags = all_tag_values(jaeger, DATABASE_CONTROLLER);
+    let create_role: Vec<_> = db_tags
+        .iter()
+        .filter(|(op, key, _)| op == "CREATE ROLE" && key == "db.statement")
+        .collect();
+    assert!(!create_role.is_empty(), "no CREATE ROLE span");
+    for (_, _, statement) in &create_role {
+        assert!(statement.contains("PASSWORD '***'"), "{statement}");
+    }
+
+    // No span attribute of either service holds a password or a verifier.
+    let mut every = db_tags;
+    every.extend(all_tag_values(jaeger, BACKUP_CONTROLLER));
+    assert!(
+        every.len() > 50,
+        "too few tags to mean anything: {}",
+        every.len()
+    );
+    for (op, key, value) in &every {
+        assert!(
+            !value.contains(w.pg.superuser_password()),
+            "the admin password is in {op}/{key}"
+        );
+        assert!(
+            !value.contains(&owner_password),
+            "the owner password is in {op}/{key}"
+        );
+        assert!(
+            !value.contains("SCRAM-SHA-256$"),
+            "a verifier is in {op}/{key}"
+        );
+    }
+}
