@@ -279,6 +279,31 @@ impl Setup {
             .unwrap();
     }
 
+    /// A Database with extension pgcrypto (created by the controller as the admin), Ready.
+    async fn create_database_with_pgcrypto(&self, name: &str) {
+        let db: Database = serde_json::from_value(json!({
+            "apiVersion": "dbops.dev/v1alpha1",
+            "kind": "Database",
+            "metadata": {"name": name},
+            "spec": {
+                "server": {
+                    "host": self.pg.host(),
+                    "port": self.pg.port(),
+                    "adminSecretRef": {"name": ADMIN_SECRET},
+                    "sslMode": "disable",
+                },
+                "deletionPolicy": "Delete",
+                "extensions": ["pgcrypto"],
+            },
+        }))
+        .unwrap();
+        self.databases()
+            .create(&PostParams::default(), &db)
+            .await
+            .unwrap();
+        self.wait_database_ready(name).await;
+    }
+
     /// A Database to be restored from Backup `backup` (`spec.restoreFrom`), not waited for.
     async fn create_restored_database(&self, name: &str, backup: &str) {
         let db: Database = serde_json::from_value(json!({
@@ -1042,12 +1067,13 @@ fn counts(tables: &BTreeMap<String, (i64, String)>) -> BTreeMap<String, i64> {
     tables.iter().map(|(t, (n, _))| (t.clone(), *n)).collect()
 }
 
-/// pgbench data backed up, then restored into a new Database: every table with the same
-/// row count, owned by the new Database's role, and reachable with its Secret.
+/// pgbench data (and extension pgcrypto) backed up, then restored into a new Database:
+/// every table with the same row count, owned by the new Database's role, the extension
+/// usable, and the data reachable with the new Secret.
 #[tokio::test]
 async fn a_backup_restores_into_a_new_database_with_every_row() {
     let s = Setup::new("rs-basic").await;
-    s.create_database("source", "Delete").await;
+    s.create_database_with_pgcrypto("source").await;
     s.pgbench("source", 2).await;
     s.create_backup("source-1", "source", json!({})).await;
     s.wait_completed("source-1", READY).await;
@@ -1066,6 +1092,18 @@ async fn a_backup_restores_into_a_new_database_with_every_row() {
     assert_eq!(source.len(), 4, "pgbench makes 4 tables: {source:?}");
     assert_eq!(counts(&restored), counts(&source));
     assert_eq!(source["pgbench_accounts"].0, 200_000);
+    // The extension came along (pgcrypto is trusted: the owner role may create it).
+    let (client, connection) =
+        tokio_postgres::connect(&s.pg.conn_string("copy"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let digest: String = client
+        .query_one("SELECT encode(digest('x', 'sha256'), 'hex')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(digest.len(), 64);
     for (table, (_, owner)) in &restored {
         assert_eq!(owner, "copy", "{table} is owned by {owner}");
     }
