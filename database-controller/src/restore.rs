@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 
 use dbops_api::{Backup, BackupPhase, Database};
-use dbops_shared::backup_store::{BackupStore, ObjectKey, StoreError};
+use dbops_shared::backup_store::{BackupStore, ObjectKey, StoreError, traced};
 use dbops_shared::checksum::{Digest, Sha256, hex};
 use dbops_shared::postgres::Session;
 use kube::api::Api;
@@ -137,11 +137,13 @@ pub async fn verify(db: &Database, client: &kube::Client, restorer: &Restorer) -
 }
 
 async fn sha256_of(restorer: &Restorer, key: &ObjectKey) -> Result<String> {
-    let mut reader = restorer
-        .store
-        .open_artifact(key)
-        .await
-        .map_err(store_error)?;
+    let mut reader = traced(
+        "open_artifact",
+        restorer.store.location(key),
+        restorer.store.open_artifact(key),
+    )
+    .await
+    .map_err(store_error)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; CHUNK];
     loop {
@@ -247,11 +249,13 @@ async fn run_pg_restore(
         String::from_utf8_lossy(&kept).trim().to_string()
     });
 
-    let mut reader = restorer
-        .store
-        .open_artifact(&artifact.key)
-        .await
-        .map_err(store_error)?;
+    let mut reader = traced(
+        "open_artifact",
+        restorer.store.location(&artifact.key),
+        restorer.store.open_artifact(&artifact.key),
+    )
+    .await
+    .map_err(store_error)?;
     // The bytes restored are hashed again. If the artifact changed since `verify`, the
     // attempt fails and the database keeps its pending mark, so the next attempt starts
     // from an empty database and verifies again.

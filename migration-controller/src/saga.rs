@@ -184,6 +184,32 @@ impl Saga<'_> {
         .await;
     }
 
+    /// Records this reconcile's trace on the Migration (once, while it runs), so every
+    /// later reconcile, and the objects it creates for the other controllers, join one
+    /// trace for the whole Migration. Nothing is written when tracing is off.
+    async fn adopt_trace(&mut self) -> Result<()> {
+        if self
+            .m
+            .annotations()
+            .contains_key(dbops_shared::telemetry::TRACEPARENT_ANNOTATION)
+        {
+            return Ok(());
+        }
+        let Some((key, value)) = dbops_shared::telemetry::trace_annotation() else {
+            return Ok(());
+        };
+        let patch = json!({"metadata": {"annotations": {key: value}}});
+        self.m = self
+            .api
+            .patch(
+                &self.m.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(())
+    }
+
     async fn set_finalizer(&mut self, present: bool) -> Result<()> {
         let has = self.m.finalizers().iter().any(|f| f == FINALIZER);
         if has == present {
@@ -222,6 +248,7 @@ impl Saga<'_> {
         }
         if !self.deleting() {
             self.set_finalizer(true).await?;
+            self.adopt_trace().await?;
         }
         self.drive().await
     }

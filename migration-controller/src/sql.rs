@@ -200,11 +200,7 @@ pub async fn create_role(
     password: &str,
     mark: &str,
 ) -> Result<(), PgError> {
-    let tx = s
-        .client_mut()
-        .transaction()
-        .await
-        .map_err(PgError::sql("BEGIN"))?;
+    let tx = s.transaction().await.map_err(PgError::sql("BEGIN"))?;
     tx.batch_execute(&format!(
         "CREATE ROLE {r} LOGIN PASSWORD {}; COMMENT ON ROLE {r} IS {}",
         quote_literal(&password_verifier(password)),

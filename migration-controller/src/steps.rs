@@ -265,6 +265,15 @@ async fn preflight_checks(saga: &Saga<'_>, db: &Database) -> Result<Outcome> {
     )))
 }
 
+/// The W3C trace context of this reconcile, for an object another controller acts on (it
+/// continues the trace); empty when tracing is off.
+fn trace_annotations() -> serde_json::Map<String, serde_json::Value> {
+    dbops_shared::telemetry::trace_annotation()
+        .map(|(k, v)| (k, serde_json::Value::String(v)))
+        .into_iter()
+        .collect()
+}
+
 // ---- Snapshot ------------------------------------------------------------------------
 
 async fn snapshot(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
@@ -281,6 +290,7 @@ async fn snapshot(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
                     "name": name,
                     "namespace": saga.namespace,
                     "labels": {SNAPSHOT_LABEL: saga.m.name_any()},
+                    "annotations": trace_annotations(),
                     "ownerReferences": owner,
                 },
                 "spec": {"databaseRef": {"name": db.name_any()}, "deletionPolicy": "Retain"},
@@ -624,7 +634,7 @@ async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
         let patch = json!({
             "apiVersion": "dbops.dev/v1alpha1",
             "kind": "Database",
-            "metadata": {"name": db.name_any()},
+            "metadata": {"name": db.name_any(), "annotations": trace_annotations()},
             "spec": {"server": target},
         });
         db = databases

@@ -183,6 +183,39 @@ mod tests {
         assert_eq!(resource_of("/version"), "/version");
     }
 
+    #[tokio::test]
+    async fn every_request_is_counted_by_outcome() {
+        let (mock, mut handle) = tower_test::mock::pair::<Request<String>, Response<String>>();
+        let mut service = TraceLayer.layer(mock);
+        let respond = tokio::spawn(async move {
+            let (request, send) = handle.next_request().await.unwrap();
+            assert_eq!(request.uri().path(), "/api/v1/namespaces/ns/secrets/gone");
+            send.send_response(
+                Response::builder()
+                    .status(http::StatusCode::NOT_FOUND)
+                    .body(String::new())
+                    .unwrap(),
+            );
+        });
+        let request = Request::get("/api/v1/namespaces/ns/secrets/gone?resourceVersion=0")
+            .body(String::new())
+            .unwrap();
+        let response = tower::ServiceExt::oneshot(&mut service, request)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), http::StatusCode::NOT_FOUND);
+        respond.await.unwrap();
+        let text = crate::metrics::Metrics::new("test-controller")
+            .encode()
+            .unwrap();
+        assert!(
+            text.contains(
+                r#"dbops_external_requests_total{target="kubernetes",outcome="client_error"}"#
+            ),
+            "{text}"
+        );
+    }
+
     #[test]
     fn outcomes_by_status_class() {
         assert_eq!(outcome_of(http::StatusCode::OK), "ok");

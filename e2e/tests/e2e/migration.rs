@@ -19,6 +19,7 @@ use std::time::Duration;
 use dbops_api::{
     Backup, BackupPhase, Database, Migration, MigrationPhase, MigrationStep, StepState,
 };
+use dbops_e2e::jaeger::Jaeger;
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::wait::{Want, wait_for};
 use dbops_e2e::{ControllerProcess, PgServer};
@@ -50,6 +51,8 @@ struct Setup {
     _store: tempfile::TempDir,
     /// The backup-controller's `--backup-store`.
     store_url: String,
+    /// Where the controllers export spans, when the test reads traces.
+    jaeger: Option<Jaeger>,
     logs: tempfile::TempDir,
 }
 
@@ -59,6 +62,19 @@ impl Setup {
     }
 
     async fn with_store(prefix: &str, store_url: Option<&dyn Fn(&Path) -> String>) -> Self {
+        Self::build(prefix, store_url, false).await
+    }
+
+    /// [`Setup::new`] with a real Jaeger that every controller exports its spans to.
+    async fn traced(prefix: &str) -> Self {
+        Self::build(prefix, None, true).await
+    }
+
+    async fn build(
+        prefix: &str,
+        store_url: Option<&dyn Fn(&Path) -> String>,
+        traced: bool,
+    ) -> Self {
         let b = bed(prefix).await;
         let source = PgServer::start(&format!("{prefix}-src")).await.unwrap();
         let target = PgServer::start(&format!("{prefix}-dst")).await.unwrap();
@@ -70,6 +86,11 @@ impl Setup {
             Some(f) => f(store.path()),
             None => format!("file://{}", store.path().display()),
         };
+        let logs = tempfile::Builder::new()
+            .prefix(&format!("dbops-{prefix}-logs-"))
+            .tempdir()
+            .unwrap();
+        let jaeger = traced.then(|| Jaeger::start(logs.path()).unwrap());
         let mut s = Self {
             migration_controller: None,
             backup_controller: None,
@@ -79,10 +100,8 @@ impl Setup {
             b,
             _store: store,
             store_url,
-            logs: tempfile::Builder::new()
-                .prefix(&format!("dbops-{prefix}-logs-"))
-                .tempdir()
-                .unwrap(),
+            jaeger,
+            logs,
         };
         s.create_admin_secret(SOURCE_ADMIN, true).await;
         s.create_admin_secret(TARGET_ADMIN, false).await;
@@ -128,6 +147,9 @@ impl Setup {
             "--backoff-base=1s".to_string(),
             "--backoff-max=5s".to_string(),
         ];
+        if let Some(jaeger) = &self.jaeger {
+            args.push(format!("--otlp-endpoint={}", jaeger.otlp_endpoint()));
+        }
         args.extend(extra);
         ControllerProcess::start(name, &kubeconfig, self.logs.path(), &args)
             .unwrap_or_else(|e| panic!("starting the {name}: {}", self.redact(&format!("{e:#}"))))
@@ -1081,4 +1103,89 @@ async fn a_second_migration_is_refused_and_a_deleted_one_rolls_back() {
     assert!(!s.target.role_exists("app").await.unwrap());
     let db = s.databases().get("app").await.unwrap();
     assert_eq!(db.spec.server.port, i32::from(s.source.port()));
+}
+
+/// (6) A whole Migration is one trace in a real Jaeger: the migration-controller's
+/// reconciles, the backup-controller's dump of the snapshot Backup, and the
+/// database-controller's reconcile after the switch, found through Jaeger's HTTP API by
+/// the trace id the Migration carries in `dbops.dev/traceparent`.
+#[tokio::test]
+async fn a_migration_is_one_trace_across_the_three_controllers() {
+    let mut s = Setup::traced("mig-trace").await;
+    s.start_migration_controller(&[]);
+    s.create_database("app").await;
+    s.create_migration("app-move", "app", json!({})).await;
+    let m = s
+        .wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
+        .await;
+    let traceparent = m
+        .annotations()
+        .get("dbops.dev/traceparent")
+        .cloned()
+        .unwrap_or_else(|| panic!("no dbops.dev/traceparent on the Migration"));
+    let trace_id = traceparent.split('-').nth(1).unwrap().to_string();
+    let snapshot = Api::<Backup>::namespaced(s.b.client.clone(), s.ns())
+        .get("app-move-snapshot")
+        .await
+        .unwrap();
+    assert_eq!(
+        snapshot
+            .annotations()
+            .get("dbops.dev/traceparent")
+            .map(|t| t.split('-').nth(1)),
+        Some(Some(trace_id.as_str())),
+        "the snapshot Backup continues the Migration's trace"
+    );
+
+    let services = [
+        "dbops-backup-controller",
+        "dbops-database-controller",
+        "dbops-migration-controller",
+    ];
+    let jaeger = s.jaeger.as_ref().unwrap();
+    // Spans are exported in batches: wait for all three services in the one trace.
+    let trace = wait_for(
+        "the Migration's trace with spans of all three controllers",
+        READY,
+        || async { jaeger.trace(&trace_id).map(Some).or_else(|_| Ok(None)) },
+        |t| {
+            t.as_ref()
+                .is_some_and(|t| services.iter().all(|svc| t.services().contains(svc)))
+        },
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(trace.services(), services.into());
+    let ops = |service: &str, op: &str| {
+        trace
+            .spans_of(service, op)
+            .filter(|sp| sp.tag("object.namespace").as_deref() == Some(s.ns()))
+            .count()
+    };
+    assert!(ops("dbops-migration-controller", "reconcile Migration") >= 3);
+    assert!(
+        trace
+            .spans_of("dbops-backup-controller", "reconcile Backup")
+            .any(|sp| sp.tag("object.name").as_deref() == Some("app-move-snapshot")),
+        "no reconcile of the snapshot Backup in the trace"
+    );
+    assert!(
+        trace
+            .spans_of("dbops-database-controller", "reconcile Database")
+            .any(|sp| sp.tag("object.name").as_deref() == Some("app")),
+        "no reconcile of the switched Database in the trace"
+    );
+    // SQL of the saga on both servers is in it, never a password.
+    let statements: Vec<String> = trace
+        .spans
+        .iter()
+        .filter_map(|sp| sp.tag("db.statement"))
+        .collect();
+    assert!(statements.iter().any(|st| st.contains("CREATE DATABASE")));
+    for st in &statements {
+        assert!(!st.contains("SCRAM-SHA-256$"), "a verifier in a span: {st}");
+        assert!(!st.contains(s.source.superuser_password()));
+        assert!(!st.contains(s.target.superuser_password()));
+    }
 }
