@@ -405,11 +405,11 @@ pub fn desired_backup(db: &Database, take: &Take) -> Backup {
     backup
 }
 
-/// Annotations that carry the creating reconcile's W3C trace context (`traceparent`,
-/// `tracestate`) to the Backup, so that its dump joins the scheduler's trace: left for
-/// issue 6, none yet.
-fn creator_trace_context() -> Vec<(String, String)> {
-    Vec::new()
+/// The annotation that carries the creating reconcile's W3C trace context
+/// (`dbops.dev/traceparent`) to the Backup, so that its dump continues the scheduler's
+/// trace; none when tracing is off.
+fn creator_trace_context() -> Option<(String, String)> {
+    dbops_shared::telemetry::trace_annotation()
 }
 
 /// The scheduled Backups of `db` in the store: the label names it and an owner

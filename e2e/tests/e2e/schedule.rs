@@ -444,7 +444,16 @@ async fn after_downtime_one_catch_up_backup_then_retention_prunes_the_older_one(
         assert!(f.is_file(), "{} is missing", f.display());
     }
 
-    // 2. Converged: a reconcile (forced by a spec change) makes no API write.
+    // 2. Converged: a reconcile (forced by a spec change) makes no API write. (The
+    //    Backup's own "Completed" Event, written just after its status, comes first.)
+    let first_name = first.name_any();
+    eventually(
+        "the Completed Event of the first Backup",
+        READY,
+        || w.events(&first_name, "Completed"),
+        |events| !events.is_empty(),
+    )
+    .await;
     let replica = &w.replicas[USER];
     let reconciled = scheduler_metric(replica, "dbops_reconciles_total", r#"outcome="success""#);
     let before = w.writes(USER);
