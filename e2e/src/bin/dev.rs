@@ -166,10 +166,14 @@ fn start_controllers(
 ) -> Result<Vec<ControllerProcess>> {
     let store = format!("--backup-store=file://{}", backups.display());
     let otlp = format!("--otlp-endpoint={otlp_endpoint}");
+    let bin = dbops_e2e::paths::postgres_bin_dir()?;
+    let pg_dump = format!("--pg-dump={}", bin.join("pg_dump").display());
+    let pg_restore = format!("--pg-restore={}", bin.join("pg_restore").display());
     [
-        ("database-controller", vec![]),
-        ("backup-controller", vec![store]),
-        ("migration-controller", vec![]),
+        // The database-controller restores `spec.restoreFrom` from the same store.
+        ("database-controller", vec![store.clone(), pg_restore.clone()]),
+        ("backup-controller", vec![store, pg_dump.clone()]),
+        ("migration-controller", vec![pg_dump, pg_restore]),
     ]
     .into_iter()
     .zip(base_port..)
