@@ -5,7 +5,10 @@
 //!
 //! Tests tell who wrote what through the audit log: [`ControlPlane::kubeconfig_for`] mints
 //! a client certificate for a user name of the test's choosing, and
-//! [`ControlPlane::audit_writes`] lists the writes that user made.
+//! [`ControlPlane::audit_writes`] lists the writes that user made. To run a controller
+//! with exactly the permissions it has in a cluster, apply its ServiceAccount and RBAC
+//! from `deploy/` and use [`ControlPlane::kubeconfig_for_service_account`] (a token from
+//! the TokenRequest API; the audit log names it [`service_account_user`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

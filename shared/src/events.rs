@@ -1,10 +1,13 @@
 //! Events about the objects a controller reconciles.
 
 use kube::Resource;
+use tracing::Instrument;
 use kube::runtime::events::{Event, EventType, Recorder};
 
-/// Publishes a Normal (or Warning) Event about `obj`; a failure is logged, never fatal:
-/// an Event is a report, not a step of the reconcile.
+/// Publishes a Normal (or Warning) Event about `obj` in the background: the reconcile does
+/// not wait for the API server (one request less on its path), and a failure is logged,
+/// never fatal: an Event is a report, not a step of the reconcile. The request stays in
+/// the reconcile's trace.
 pub async fn publish<K>(
     recorder: &Recorder,
     obj: &K,
@@ -26,7 +29,15 @@ pub async fn publish<K>(
         action: action.to_string(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&ev, &obj.object_ref(&())).await {
-        tracing::warn!(error = %e, reason, "could not publish an Event");
-    }
+    let recorder = recorder.clone();
+    let reference = obj.object_ref(&());
+    let reason = ev.reason.clone();
+    tokio::spawn(
+        async move {
+            if let Err(e) = recorder.publish(&ev, &reference).await {
+                tracing::warn!(error = %e, reason, "could not publish an Event");
+            }
+        }
+        .in_current_span(),
+    );
 }
