@@ -7,6 +7,12 @@
 //! database each. A leader frozen (SIGSTOP) past its Lease steps down when it runs again,
 //! without a write; a leader cut off from the apiserver steps down before its Lease
 //! expires, so before any other replica can lead.
+//!
+//! The same for the backup-controller (Backups of pgbench data created over time, the
+//! leader killed twice, once mid-dump: one checksummed artifact per Backup, nothing
+//! partial) and the migration-controller (two Migrations, the leader killed twice during
+//! CopyData: both Succeeded, every DDL statement on the target ran once), each beside single
+//! replicas of the controllers it needs.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -14,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dbops_api::Database;
+use dbops_api::{Backup, BackupPhase, Database, Migration, MigrationPhase, MigrationStep};
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::wait::{Want, eventually};
 use dbops_e2e::{ControllerProcess, PgServer};
@@ -30,8 +36,6 @@ use tokio::task::JoinHandle;
 use crate::deploy::start_controller;
 use crate::{Bed, bed};
 
-/// The Lease the database-controller holds (in $POD_NAMESPACE: here the test's namespace).
-const LEASE: &str = "dbops-database-controller";
 /// shared/src/leader.rs: the Lease lasts 15 s.
 const LEASE_DURATION: Duration = Duration::from_secs(15);
 /// What "a few seconds" may add: the standby's wake-up, its forced release of the
@@ -58,8 +62,20 @@ struct Replica {
 struct Scenario {
     /// Names this test's replicas (`<prefix>-replica-<n>`): other tests share the apiserver.
     prefix: String,
+    /// The controller that runs replicas (`database-controller`, ...): its Lease is
+    /// `dbops-<controller>` in $POD_NAMESPACE, here the test's namespace.
+    controller: &'static str,
+    /// Flags of every replica after the common ones (a store, pg_dump, ...).
+    replica_args: Vec<String>,
+    /// Other controllers, one process each, without leader election:
+    /// (`<prefix>-<controller>`, process).
+    singles: Vec<(String, ControllerProcess)>,
     b: Bed,
     pg: PgServer,
+    /// A second server (a Migration's target), when the scenario has one.
+    target: Option<PgServer>,
+    /// The `file://` backup store, when the scenario has one.
+    store: Option<tempfile::TempDir>,
     logs: tempfile::TempDir,
     replicas: Vec<Replica>,
     databases: Vec<String>,
@@ -68,6 +84,11 @@ struct Scenario {
 impl Scenario {
     /// A namespace, a PostgreSQL server and its admin Secret; no replica yet.
     async fn new(prefix: &str) -> Self {
+        Self::for_controller(prefix, "database-controller").await
+    }
+
+    /// [`Scenario::new`] whose replicas run `dbops-<controller>`.
+    async fn for_controller(prefix: &str, controller: &'static str) -> Self {
         let b = bed(prefix).await;
         let pg = PgServer::start(prefix).await.unwrap();
         let secrets: Api<Secret> = Api::namespaced(b.client.clone(), b.ns.name());
@@ -83,8 +104,13 @@ impl Scenario {
             .unwrap();
         Self {
             prefix: prefix.to_string(),
+            controller,
+            replica_args: Vec::new(),
+            singles: Vec::new(),
             b,
             pg,
+            target: None,
+            store: None,
             logs: tempfile::tempdir().unwrap(),
             replicas: Vec::new(),
             databases: Vec::new(),
@@ -99,9 +125,14 @@ impl Scenario {
         Api::namespaced(self.b.client.clone(), self.ns())
     }
 
+    /// The Lease the replicas compete for.
+    fn lease_name(&self) -> String {
+        format!("dbops-{}", self.controller)
+    }
+
     /// The Lease's holder and acquire time, if it is held.
     async fn holder(&self) -> anyhow::Result<Option<(String, Option<Timestamp>)>> {
-        let lease = self.leases().get_opt(LEASE).await?;
+        let lease = self.leases().get_opt(&self.lease_name()).await?;
         Ok(lease
             .and_then(|l| l.spec)
             .and_then(|s| s.holder_identity.map(|h| (h, s.acquire_time.map(|t| t.0)))))
@@ -126,19 +157,15 @@ impl Scenario {
             kubeconfig = kubeconfig.with_file_name("kubeconfig-via-proxy");
             std::fs::write(&kubeconfig, text.replace(self.b.cp.server(), server)).unwrap();
         }
-        let args = [
-            "--leader-elect".to_string(),
-            format!("--watch-namespace={}", self.ns()),
-            "--resync-interval=5s".to_string(),
-            "--backoff-base=1s".to_string(),
-            "--backoff-max=5s".to_string(),
-        ];
+        let mut args = vec!["--leader-elect".to_string()];
+        args.extend(self.common_args());
+        args.extend(self.replica_args.iter().cloned());
         let env = [
             ("POD_NAMESPACE", self.ns()),
             ("POD_NAME", identity.as_str()),
         ];
         let process = start_controller(
-            "database-controller",
+            self.controller,
             &identity,
             &kubeconfig,
             self.logs.path(),
@@ -268,15 +295,16 @@ impl Scenario {
     fn logs_text(&self) -> String {
         self.replicas
             .iter()
-            .map(|r| {
-                let path = self.logs.path().join(format!("{}.log", r.identity));
-                let text = dbops_e2e::process::log_tail(&path, 3000);
-                let text = text.replace(self.pg.superuser_password(), "<superuser-password>");
-                format!(
-                    "---- {} log ----\n{}\n",
-                    r.identity,
-                    redact_passwords(&text)
-                )
+            .map(|r| r.identity.as_str())
+            .chain(self.singles.iter().map(|(identity, _)| identity.as_str()))
+            .map(|identity| {
+                let path = self.logs.path().join(format!("{identity}.log"));
+                let mut text = dbops_e2e::process::log_tail(&path, 3000)
+                    .replace(self.pg.superuser_password(), "<superuser-password>");
+                if let Some(target) = &self.target {
+                    text = text.replace(target.superuser_password(), "<target-password>");
+                }
+                format!("---- {identity} log ----\n{}\n", redact_passwords(&text))
             })
             .collect()
     }
@@ -392,35 +420,7 @@ async fn a_killed_leader_is_replaced_and_only_the_holder_writes() {
 
     // Only the holder wrote: each replica's writes (other than to the Lease) fall between
     // its acquisition of the Lease and its end; a replica that never led wrote nothing.
-    let mut writers = 0;
-    for r in &s.replicas {
-        let writes: Vec<_> =
-            s.b.cp
-                .audit_writes(&r.identity, Some(s.ns()))
-                .unwrap()
-                .into_iter()
-                .filter(|w| w.resource != "leases")
-                .collect();
-        let Some(acquired) = r.acquired else {
-            assert!(
-                writes.is_empty(),
-                "{} never led but wrote: {writes:#?}",
-                r.identity
-            );
-            continue;
-        };
-        writers += usize::from(!writes.is_empty());
-        let ended = r.ended.expect("every replica was stopped");
-        let outside: Vec<_> = writes
-            .iter()
-            .filter(|w| w.timestamp < acquired || w.timestamp > ended)
-            .collect();
-        assert!(
-            outside.is_empty(),
-            "{} (leader from {acquired} to {ended}) wrote outside its leadership: {outside:#?}",
-            r.identity
-        );
-    }
+    let writers = s.assert_only_leaders_wrote();
     assert!(
         writers >= 3,
         "three leaders in turn, each provisioning: {writers} wrote"
@@ -697,4 +697,605 @@ async fn a_leader_cut_off_from_the_apiserver_steps_down_before_its_lease_expires
     s.stop(1, "TERM");
     drop(proxy);
     s.assert_each_database_ready_once().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Two replicas of the backup-controller and of the migration-controller (issue 6).
+
+/// A dump of pgbench data, or a saga, on a busy 2-core machine, with a takeover in it.
+const WORK: Duration = Duration::from_secs(180);
+const TARGET_ADMIN: &str = "pg-target-admin";
+
+impl Scenario {
+    /// The flags every controller of a scenario gets: this namespace, quick resync and
+    /// backoff.
+    fn common_args(&self) -> Vec<String> {
+        vec![
+            format!("--watch-namespace={}", self.ns()),
+            "--resync-interval=5s".to_string(),
+            "--backoff-base=1s".to_string(),
+            "--backoff-max=5s".to_string(),
+        ]
+    }
+
+    /// Starts one process of `dbops-<controller>` without leader election, identity
+    /// `<prefix>-<controller>` (its client certificate's user and its log's name).
+    async fn start_single(&mut self, controller: &str, extra: &[String]) {
+        let identity = format!("{}-{controller}", self.prefix);
+        let kubeconfig = self
+            .b
+            .cp
+            .kubeconfig_for(&identity, &["system:masters"])
+            .unwrap();
+        let mut args = self.common_args();
+        args.extend(extra.iter().cloned());
+        let process = start_controller(
+            controller,
+            &identity,
+            &kubeconfig,
+            self.logs.path(),
+            &args,
+            &[],
+        )
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "starting {identity}: {}",
+                redact_passwords(&format!("{e:#}"))
+            )
+        });
+        self.singles.push((identity, process));
+    }
+
+    /// A `file://` backup store in a temporary directory; returns its URL.
+    fn create_store(&mut self) -> String {
+        let store = tempfile::Builder::new()
+            .prefix(&format!("dbops-{}-store-", self.prefix))
+            .tempdir()
+            .unwrap();
+        let url = format!("file://{}", store.path().display());
+        self.store = Some(store);
+        url
+    }
+
+    /// SIGTERMs every process still running (replicas and singles), so that nothing writes
+    /// while the audit log and the store are read.
+    fn stop_all(&mut self) {
+        for i in 0..self.replicas.len() {
+            if self.replicas[i].process.is_some() {
+                self.stop(i, "TERM");
+            }
+        }
+        for (_, mut process) in self.singles.drain(..) {
+            process.process.signal("TERM").unwrap();
+            process.process.wait_exit(Duration::from_secs(20)).unwrap();
+        }
+    }
+
+    /// Only the holder wrote: each replica's writes (other than to the Lease) fall between
+    /// its acquisition of the Lease and its end; a replica that never led wrote nothing.
+    /// Returns how many replicas wrote. Call once every replica has stopped.
+    fn assert_only_leaders_wrote(&self) -> usize {
+        let mut writers = 0;
+        for r in &self.replicas {
+            let writes: Vec<_> = self
+                .b
+                .cp
+                .audit_writes(&r.identity, Some(self.ns()))
+                .unwrap()
+                .into_iter()
+                .filter(|w| w.resource != "leases")
+                .collect();
+            let Some(acquired) = r.acquired else {
+                assert!(
+                    writes.is_empty(),
+                    "{} never led but wrote: {writes:#?}",
+                    r.identity
+                );
+                continue;
+            };
+            writers += usize::from(!writes.is_empty());
+            let ended = r.ended.expect("every replica was stopped");
+            let outside: Vec<_> = writes
+                .iter()
+                .filter(|w| w.timestamp < acquired || w.timestamp > ended)
+                .collect();
+            assert!(
+                outside.is_empty(),
+                "{} (leader from {acquired} to {ended}) wrote outside its leadership: \
+                 {outside:#?}",
+                r.identity
+            );
+            println!(
+                "leader election: {} led from {acquired} to {ended} and wrote {} times",
+                r.identity,
+                writes.len()
+            );
+        }
+        writers
+    }
+
+    /// `pgbench -i -s <scale>` into Database `db`, as its own role (the connection Secret).
+    async fn pgbench(&self, db: &str, scale: u32) {
+        let secret = Api::<Secret>::namespaced(self.b.client.clone(), self.ns())
+            .get(&format!("{db}-connection"))
+            .await
+            .unwrap();
+        let data = secret.data.unwrap_or_default();
+        let value = |k: &str| String::from_utf8(data.get(k).unwrap().0.clone()).unwrap();
+        let out = std::process::Command::new(pg_bin("pgbench"))
+            .args(["-i", "-q", "-s", &scale.to_string()])
+            .env("PGHOST", value("PGHOST"))
+            .env("PGPORT", value("PGPORT"))
+            .env("PGUSER", value("PGUSER"))
+            .env("PGPASSWORD", value("PGPASSWORD"))
+            .env("PGDATABASE", value("PGDATABASE"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pgbench -i failed: {}",
+            redact_passwords(&String::from_utf8_lossy(&out.stderr))
+        );
+    }
+
+    fn backups(&self) -> Api<Backup> {
+        Api::namespaced(self.b.client.clone(), self.ns())
+    }
+
+    fn migrations(&self) -> Api<Migration> {
+        Api::namespaced(self.b.client.clone(), self.ns())
+    }
+
+    /// Backup `name` of Database `db`, not waited for.
+    async fn create_backup(&self, name: &str, db: &str) {
+        let backup: Backup = serde_json::from_value(json!({
+            "apiVersion": "dbops.dev/v1alpha1",
+            "kind": "Backup",
+            "metadata": {"name": name},
+            "spec": {"databaseRef": {"name": db}},
+        }))
+        .unwrap();
+        self.backups()
+            .create(&PostParams::default(), &backup)
+            .await
+            .unwrap();
+    }
+
+    /// Waits until Backup `name` satisfies `done`; on timeout the panic shows the logs.
+    async fn wait_backup(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&Backup) -> bool,
+    ) -> Backup {
+        let backups = self.backups();
+        let found = dbops_e2e::wait::wait_for(
+            &format!("Backup {name}: {what}"),
+            timeout,
+            || async {
+                Ok(backups
+                    .get_opt(name)
+                    .await?
+                    .map(|b| StatusView(b.metadata.name.clone(), b.status.clone(), b)))
+            },
+            |b| b.as_ref().is_some_and(|b| done(&b.2)),
+        )
+        .await;
+        match found {
+            Ok(Some(b)) => b.2,
+            Ok(None) => unreachable!(),
+            Err(e) => panic!("{e:#}\n{}", self.logs_text()),
+        }
+    }
+
+    /// Migration `name` of Database `db` to the target server, not waited for.
+    async fn create_migration(&self, name: &str, db: &str) {
+        let target = self.target.as_ref().expect("a target server");
+        let m: Migration = serde_json::from_value(json!({
+            "apiVersion": "dbops.dev/v1alpha1",
+            "kind": "Migration",
+            "metadata": {"name": name},
+            "spec": {
+                "databaseRef": {"name": db},
+                "target": {"server": {
+                    "host": target.host(),
+                    "port": target.port(),
+                    "adminSecretRef": {"name": TARGET_ADMIN},
+                    "sslMode": "disable",
+                }},
+            },
+        }))
+        .unwrap();
+        self.migrations()
+            .create(&PostParams::default(), &m)
+            .await
+            .unwrap();
+    }
+
+    /// Waits until Migration `name` satisfies `done`; on timeout the panic shows the logs.
+    async fn wait_migration(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&Migration) -> bool,
+    ) -> Migration {
+        let migrations = self.migrations();
+        let found = dbops_e2e::wait::wait_for(
+            &format!("Migration {name}: {what}"),
+            timeout,
+            || async {
+                Ok(migrations
+                    .get_opt(name)
+                    .await?
+                    .map(|m| StatusView(m.metadata.name.clone(), m.status.clone(), m)))
+            },
+            |m| m.as_ref().is_some_and(|m| done(&m.2)),
+        )
+        .await;
+        match found {
+            Ok(Some(m)) => m.2,
+            Ok(None) => unreachable!(),
+            Err(e) => panic!("{e:#}\n{}", self.logs_text()),
+        }
+    }
+}
+
+/// An object shown by its name and status only, for failure messages.
+struct StatusView<S, K>(Option<String>, Option<S>, K);
+
+impl<S: serde::Serialize, K> std::fmt::Debug for StatusView<S, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?} status {}",
+            self.0,
+            serde_json::to_string(&self.1).unwrap_or_default()
+        )
+    }
+}
+
+fn pg_bin(name: &str) -> PathBuf {
+    dbops_e2e::paths::postgres_bin_dir().unwrap().join(name)
+}
+
+fn backup_phase(b: &Backup) -> Option<BackupPhase> {
+    b.status.as_ref().and_then(|s| s.phase)
+}
+
+fn migration_phase(m: &Migration) -> Option<MigrationPhase> {
+    m.status.as_ref().and_then(|s| s.phase)
+}
+
+fn current_step(m: &Migration) -> Option<MigrationStep> {
+    m.status.as_ref().and_then(|s| s.current_step)
+}
+
+/// `sha256sum` of a file, hex.
+fn sha256_of(path: &std::path::Path) -> String {
+    let out = std::process::Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "sha256sum {}", path.display());
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// A SIGKILLed leader, the standby expected to replace it, and when.
+struct Kill {
+    leader: usize,
+    standby: usize,
+    at: Instant,
+}
+
+/// SIGKILLs the current leader.
+async fn kill_leader(s: &mut Scenario) -> Kill {
+    let leader = s.leader().await;
+    let standby = s.standby(leader);
+    let at = Instant::now();
+    s.stop(leader, "KILL");
+    Kill {
+        leader,
+        standby,
+        at,
+    }
+}
+
+/// Waits until the standby holds the Lease after `kill`, prints the takeover time, and
+/// starts a fresh standby. Returns the takeover time.
+async fn await_takeover(s: &mut Scenario, round: usize, kill: Kill) -> Duration {
+    s.wait_holder(
+        kill.standby,
+        LEASE_DURATION + TAKEOVER_SLACK + Duration::from_secs(5),
+    )
+    .await;
+    let takeover = kill.at.elapsed();
+    println!(
+        "leader election ({}): SIGKILL {round} of {}: {} took over after {:.1} s",
+        s.controller,
+        s.replicas[kill.leader].identity,
+        s.replicas[kill.standby].identity,
+        takeover.as_secs_f64()
+    );
+    s.start_replica().await;
+    takeover
+}
+
+fn assert_takeovers_in_time(takeovers: &[Duration]) {
+    for takeover in takeovers {
+        assert!(
+            *takeover <= LEASE_DURATION + TAKEOVER_SLACK,
+            "takeover after SIGKILL took {takeover:?}: more than the Lease ({LEASE_DURATION:?}) \
+             plus {TAKEOVER_SLACK:?}"
+        );
+    }
+}
+
+/// Two backup-controller replicas while Backups of pgbench data are created over time and
+/// the leader is SIGKILLed twice (once mid-dump when the dump is slow enough to be seen):
+/// every Backup ends Completed with exactly one artifact and manifest whose checksum
+/// matches, nothing partial is left, and each replica wrote only while it led.
+#[tokio::test]
+async fn two_backup_controllers_survive_two_killed_leaders() {
+    let mut s = Scenario::for_controller("leader-backup", "backup-controller").await;
+    let store_url = s.create_store();
+    s.replica_args = vec![
+        format!("--backup-store={store_url}"),
+        format!("--pg-dump={}", pg_bin("pg_dump").display()),
+    ];
+    s.start_single("database-controller", &[]).await;
+    let db = s.create_database().await;
+    s.wait_ready(&db).await;
+    s.pgbench(&db, 5).await;
+
+    s.start_replica().await;
+    s.start_replica().await;
+    let completed = |b: &Backup| backup_phase(b) == Some(BackupPhase::Completed);
+    let mut backups: Vec<String> = Vec::new();
+    let first = "snap-0".to_string();
+    s.create_backup(&first, &db).await;
+    s.wait_backup(&first, "Completed", WORK, completed).await;
+    backups.push(first);
+
+    let mut takeovers = Vec::new();
+    for round in 1..=2 {
+        // A Backup being dumped by the leader when it is killed...
+        let busy = format!("snap-{}", backups.len());
+        s.create_backup(&busy, &db).await;
+        let seen = s
+            .wait_backup(&busy, "Running or Completed", WORK, |b| {
+                matches!(
+                    backup_phase(b),
+                    Some(BackupPhase::Running | BackupPhase::Completed)
+                )
+            })
+            .await;
+        println!(
+            "leader election (backup-controller): SIGKILL {round} with {busy} {:?}",
+            backup_phase(&seen)
+        );
+        backups.push(busy);
+        // ...and one created while no replica leads.
+        let kill = kill_leader(&mut s).await;
+        let orphan = format!("snap-{}", backups.len());
+        s.create_backup(&orphan, &db).await;
+        backups.push(orphan);
+        takeovers.push(await_takeover(&mut s, round, kill).await);
+    }
+    let last = format!("snap-{}", backups.len());
+    s.create_backup(&last, &db).await;
+    backups.push(last);
+    assert_eq!(backups.len(), 6);
+
+    let mut done = Vec::new();
+    for name in &backups {
+        done.push(s.wait_backup(name, "Completed", WORK, completed).await);
+    }
+    s.stop_all();
+    assert_takeovers_in_time(&takeovers);
+
+    // The store: exactly an artifact and a manifest per Backup, nothing else (no
+    // `.partial`), and checksums that match the files.
+    let dir = s.store.as_ref().unwrap().path().join(s.ns());
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    files.sort();
+    let mut expected = Vec::new();
+    for b in &done {
+        let stem = format!(
+            "{}-{}",
+            b.metadata.name.as_deref().unwrap(),
+            b.metadata.uid.as_deref().unwrap()
+        );
+        let artifact = dir.join(format!("{stem}.dump"));
+        let manifest = dir.join(format!("{stem}.manifest.json"));
+        let sum = sha256_of(&artifact);
+        let status = b.status.as_ref().unwrap();
+        assert_eq!(status.checksum.as_deref(), Some(sum.as_str()), "{stem}");
+        assert_eq!(
+            status.size_bytes,
+            Some(i64::try_from(std::fs::metadata(&artifact).unwrap().len()).unwrap())
+        );
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+        assert_eq!(m["checksum"], json!(sum), "{stem}");
+        assert_eq!(m["backup"]["uid"], json!(b.metadata.uid), "{stem}");
+        expected.push(format!("{stem}.dump"));
+        expected.push(format!("{stem}.manifest.json"));
+    }
+    expected.sort();
+    assert_eq!(
+        files, expected,
+        "exactly one artifact and manifest per Backup"
+    );
+
+    let writers = s.assert_only_leaders_wrote();
+    assert!(
+        writers >= 3,
+        "three leaders in turn, each backing up: {writers} wrote"
+    );
+}
+
+/// Two migration-controller replicas while two Migrations of pgbench data run, started
+/// a few seconds apart, and the leader is SIGKILLed twice mid-saga: both Migrations
+/// succeed, every DDL statement on the target ran once, the source was frozen once per
+/// Database, and each replica wrote only while it led.
+#[tokio::test]
+async fn two_migration_controllers_survive_two_killed_leaders() {
+    let mut s = Scenario::for_controller("leader-mig", "migration-controller").await;
+    let target = PgServer::start("leader-mig-dst").await.unwrap();
+    dbops_e2e::fixtures::create_admin_secret(&s.b.client, s.ns(), TARGET_ADMIN, &target)
+        .await
+        .unwrap();
+    s.target = Some(target);
+    let store_url = s.create_store();
+    s.replica_args = vec![
+        format!("--pg-dump={}", pg_bin("pg_dump").display()),
+        format!("--pg-restore={}", pg_bin("pg_restore").display()),
+    ];
+    s.start_single("database-controller", &[]).await;
+    s.start_single(
+        "backup-controller",
+        &[
+            format!("--backup-store={store_url}"),
+            format!("--pg-dump={}", pg_bin("pg_dump").display()),
+            "--max-concurrent-backups=2".to_string(),
+        ],
+    )
+    .await;
+    // Enough data that CopyData (pg_restore) lasts long enough to be seen and killed.
+    let mut dbs = Vec::new();
+    for _ in 0..2 {
+        let db = s.create_database().await;
+        s.wait_ready(&db).await;
+        s.pgbench(&db, MIGRATION_PGBENCH_SCALE).await;
+        dbs.push(db);
+    }
+
+    s.start_replica().await;
+    s.start_replica().await;
+    s.leader().await;
+
+    let terminal = |m: &Migration| {
+        matches!(
+            migration_phase(m),
+            Some(MigrationPhase::Succeeded | MigrationPhase::Failed | MigrationPhase::RolledBack)
+        )
+    };
+    let copying = |m: &Migration| {
+        current_step(m).is_some_and(|step| step >= MigrationStep::CopyData) || terminal(m)
+    };
+    let moves: Vec<String> = dbs.iter().map(|db| format!("{db}-move")).collect();
+    let mut takeovers = Vec::new();
+    // Round 1: the first Migration is copying data when its leader dies; the second is
+    // created a moment later, while no replica leads.
+    s.create_migration(&moves[0], &dbs[0]).await;
+    for (round, name) in moves.iter().enumerate() {
+        let round = round + 1;
+        let m = s
+            .wait_migration(name, "at CopyData or later", WORK, copying)
+            .await;
+        assert!(
+            !terminal(&m),
+            "{name} ended ({:?}) before the leader could be killed during it: use more \
+             pgbench data",
+            migration_phase(&m)
+        );
+        println!(
+            "leader election (migration-controller): SIGKILL {round} with {name} at {:?}",
+            current_step(&m)
+        );
+        let kill = kill_leader(&mut s).await;
+        if round == 1 {
+            s.create_migration(&moves[1], &dbs[1]).await;
+        }
+        takeovers.push(await_takeover(&mut s, round, kill).await);
+    }
+    for name in &moves {
+        let m = s.wait_migration(name, "Succeeded", WORK, terminal).await;
+        assert_eq!(
+            migration_phase(&m),
+            Some(MigrationPhase::Succeeded),
+            "{name}: {:?}\n{}",
+            m.status,
+            s.logs_text()
+        );
+    }
+    s.stop_all();
+    assert_takeovers_in_time(&takeovers);
+
+    // Every DDL statement on the target ran once (keyed by user@database and text); the
+    // role and the database of each Database were created there once.
+    let target = s.target.as_ref().unwrap();
+    let target_ddl = target.ddl_statements().unwrap();
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for line in &target_ddl {
+        *counts.entry(ddl_key(line)).or_default() += 1;
+    }
+    let repeated: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "DDL run more than once on the target: {repeated:#?}"
+    );
+    let source_ddl = s.pg.ddl_statements().unwrap();
+    for db in &dbs {
+        let pg_name = db.replace('-', "_");
+        let count = |ddl: &[String], needle: &str| {
+            ddl.iter()
+                .filter(|l| l.contains(needle) && l.contains(&format!("\"{pg_name}\"")))
+                .count()
+        };
+        assert_eq!(count(&target_ddl, "CREATE ROLE"), 1, "{target_ddl:#?}");
+        assert_eq!(count(&target_ddl, "CREATE DATABASE"), 1, "{target_ddl:#?}");
+        assert_eq!(
+            target_ddl
+                .iter()
+                .filter(|l| l.contains(&format!("@{pg_name} "))
+                    && l.contains("CREATE TABLE public.pgbench_accounts"))
+                .count(),
+            1,
+            "{target_ddl:#?}"
+        );
+        assert_eq!(
+            count(&source_ddl, "CONNECTION LIMIT 0"),
+            1,
+            "{source_ddl:#?}"
+        );
+    }
+
+    let writers = s.assert_only_leaders_wrote();
+    assert!(
+        writers >= 2,
+        "the leaders in turn moved the Databases: {writers} wrote"
+    );
+}
+
+/// pgbench scale of each migrated Database.
+const MIGRATION_PGBENCH_SCALE: u32 = 8;
+
+/// A DDL log line as `user@database: statement`: the same statement run again by any
+/// session has the same key.
+fn ddl_key(line: &str) -> String {
+    let who = line
+        .split_once("] ")
+        .and_then(|(_, rest)| rest.split(' ').next())
+        .unwrap_or("");
+    let statement = line
+        .split_once("statement: ")
+        .map(|(_, s)| s)
+        .or_else(|| {
+            line.split_once("LOG:  execute ")
+                .and_then(|(_, rest)| rest.split_once(": "))
+                .map(|(_, s)| s)
+        })
+        .unwrap_or(line);
+    format!("{who}: {statement}")
 }
