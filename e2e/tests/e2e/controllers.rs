@@ -48,8 +48,9 @@ async fn each_controller_serves_health_and_metrics_and_stops_on_sigterm() {
     let logs = tempfile::tempdir().unwrap();
     // Only this test's namespace: the other tests' objects belong to their own controllers.
     let scope = [format!("--watch-namespace={}", b.ns.name())];
+    let identities = crate::controller_identities(cp).await;
     for name in CONTROLLERS {
-        let mut c = ControllerProcess::start(name, cp.kubeconfig(), logs.path(), &scope).unwrap();
+        let mut c = ControllerProcess::start(name, &identities[name], logs.path(), &scope).unwrap();
 
         assert_eq!(c.get("/healthz").unwrap().0, 200);
         assert!(

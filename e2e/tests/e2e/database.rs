@@ -3,8 +3,9 @@
 //! deletion policies, crashes, outages, drift, conflicts and bad admin input.
 //!
 //! Each test has its own namespace, PostgreSQL server and controller process (watching
-//! only that namespace, resync 3 s, backoff 1 s..5 s), whose client certificate names it
-//! `dbops-database-controller` in the apiserver's audit log. No test prints a password:
+//! only that namespace, resync 3 s, backoff 1 s..5 s), run with a token of its own
+//! ServiceAccount `dbops-system/dbops-database-controller` (the RBAC of `deploy/`), which
+//! names it in the apiserver's audit log. No test prints a password:
 //! Secrets are compared, never shown, and printed logs are redacted.
 
 use std::collections::BTreeMap;
@@ -26,7 +27,7 @@ use serde_json::json;
 
 use crate::{Bed, bed};
 
-/// The user name in the controller's client certificate, as the audit log shows it.
+/// The controller's Event reporter (`reportingComponent`).
 const CONTROLLER_USER: &str = "dbops-database-controller";
 /// The admin Secret every test creates (username postgres, the server's password).
 const ADMIN_SECRET: &str = "pg-admin";
@@ -81,9 +82,7 @@ impl Setup {
     async fn with_args(prefix: &str, extra_args: &[&str]) -> Self {
         let b = bed(prefix).await;
         let pg = PgServer::start(prefix).await.unwrap();
-        let kubeconfig =
-            b.cp.kubeconfig_for(CONTROLLER_USER, &["system:masters"])
-                .unwrap();
+        let kubeconfig = crate::controller_kubeconfig(b.cp, "database-controller").await;
         let mut setup = Self {
             controller: None,
             pg,
@@ -1381,7 +1380,8 @@ async fn a_converged_database_makes_no_writes_and_no_ddl() {
         "the controller's writes to settle",
         READY,
         || async {
-            let writes = cp.audit_writes(CONTROLLER_USER, Some(&ns))?;
+            let writes =
+                cp.audit_writes(&crate::controller_user("database-controller"), Some(&ns))?;
             let since_last = writes.last().map(|w| {
                 k8s_openapi::jiff::Timestamp::now()
                     .duration_since(w.timestamp)
@@ -1400,7 +1400,10 @@ async fn a_converged_database_makes_no_writes_and_no_ddl() {
     )
     .await;
 
-    let writes_before = cp.audit_writes(CONTROLLER_USER, Some(&ns)).unwrap().len();
+    let writes_before = cp
+        .audit_writes(&crate::controller_user("database-controller"), Some(&ns))
+        .unwrap()
+        .len();
     let ddl_before = s.pg.ddl_statements().unwrap().len();
     let reconciles_before = reconciles(s.controller()).unwrap();
     let window = RESYNC * 2 + Duration::from_secs(1);
@@ -1408,7 +1411,8 @@ async fn a_converged_database_makes_no_writes_and_no_ddl() {
         "no API write and no DDL by the controller",
         window,
         || async {
-            let writes = cp.audit_writes(CONTROLLER_USER, Some(&ns))?;
+            let writes =
+                cp.audit_writes(&crate::controller_user("database-controller"), Some(&ns))?;
             let ddl = s.pg.ddl_statements()?;
             Ok((
                 writes[writes_before.min(writes.len())..]

@@ -65,3 +65,50 @@ pub async fn bed(prefix: &str) -> Bed {
         ns,
     }
 }
+
+/// Kubeconfigs holding a token of each controller's own ServiceAccount
+/// (`dbops-system/dbops-<controller>`, with `deploy/`'s RBAC applied once), minted by the
+/// TokenRequest API, by controller name: the suite runs every controller with exactly the
+/// permissions it ships with, so a verb missing from its Role fails a test.
+pub async fn controller_identities(
+    cp: &ControlPlane,
+) -> &'static std::collections::BTreeMap<String, std::path::PathBuf> {
+    static KUBECONFIGS: OnceCell<std::collections::BTreeMap<String, std::path::PathBuf>> =
+        OnceCell::const_new();
+    KUBECONFIGS
+        .get_or_init(|| async {
+            deploy::deployed(cp).await;
+            let mut all = std::collections::BTreeMap::new();
+            for c in [
+                "database-controller",
+                "backup-controller",
+                "migration-controller",
+            ] {
+                let path = cp
+                    .kubeconfig_for_service_account(
+                        "dbops-system",
+                        &format!("dbops-{c}"),
+                        std::time::Duration::from_secs(6 * 3600),
+                    )
+                    .await
+                    .expect("a ServiceAccount token");
+                all.insert(c.to_string(), path);
+            }
+            all
+        })
+        .await
+}
+
+/// The kubeconfig of [`controller_identities`] for one controller.
+pub async fn controller_kubeconfig(cp: &ControlPlane, controller: &str) -> std::path::PathBuf {
+    controller_identities(cp)
+        .await
+        .get(controller)
+        .unwrap_or_else(|| panic!("no ServiceAccount for {controller}"))
+        .clone()
+}
+
+/// The user a controller run with [`controller_kubeconfig`] is in the audit log.
+pub fn controller_user(controller: &str) -> String {
+    dbops_e2e::controlplane::service_account_user("dbops-system", &format!("dbops-{controller}"))
+}
