@@ -1,10 +1,10 @@
 //! Running `pg_dump --format=custom` and streaming its output into the backup store,
 //! computing the SHA-256 and the size on the way.
 //!
-//! The password reaches pg_dump through `PGPASSWORD` in its environment only: never on
-//! its command line (visible in `ps`), never in a log line. pg_dump is killed when the
-//! attempt is dropped (a shutdown); when this process dies, it loses its stdout reader
-//! and stops on the broken pipe.
+//! The process plumbing is `dbops_shared::pg_tools`: the password reaches pg_dump through
+//! `PGPASSWORD` in its environment only, never on its command line nor in a log line.
+//! pg_dump is killed when the attempt is dropped (a shutdown); when this process dies, it
+//! loses its stdout reader and stops on the broken pipe.
 
 use std::future::Future;
 use std::path::Path;
@@ -12,6 +12,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use dbops_api::ServerSpec;
+use dbops_shared::pg_tools::{self, Connection, is_auth_failure, is_connection_failure};
 use dbops_shared::postgres::Credentials;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
@@ -20,8 +21,6 @@ use tokio::process::Command;
 use dbops_shared::backup_store::{ArtifactWriter, StoreError};
 use dbops_shared::checksum::hex;
 
-/// How much of pg_dump's stderr is kept for the error message.
-const STDERR_KEPT: usize = 4096;
 /// Read size from pg_dump's stdout.
 const CHUNK: usize = 256 * 1024;
 
@@ -59,27 +58,6 @@ impl DumpError {
     pub fn is_permanent(&self) -> bool {
         matches!(self, DumpError::Failed { stderr, .. } if is_auth_failure(stderr))
     }
-}
-
-fn is_auth_failure(stderr: &str) -> bool {
-    stderr.contains("password authentication failed")
-        || stderr.contains("no password supplied")
-        || stderr.contains("role") && stderr.contains("does not exist") && stderr.contains("FATAL")
-}
-
-fn is_connection_failure(stderr: &str) -> bool {
-    [
-        "could not connect",
-        "Connection refused",
-        "could not translate host name",
-        "server closed the connection",
-        "timeout expired",
-        "the database system is shutting down",
-        "the database system is starting up",
-        "terminating connection",
-    ]
-    .iter()
-    .any(|s| stderr.contains(s))
 }
 
 /// Whom pg_dump connects to, as whom, and which database it dumps.
@@ -131,56 +109,27 @@ where
     F: FnMut(u64) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let mut child = Command::new(pg_dump)
+    let to = Connection::of(
+        source.server,
+        source.credentials,
+        source.database,
+        "dbops-backup",
+    );
+    let mut child = pg_tools::command(pg_dump, &to)
         .args(["--format=custom", "--no-password"])
-        .env("PGHOST", &source.server.host)
-        .env("PGPORT", source.server.port.to_string())
-        .env("PGUSER", &source.credentials.username)
-        .env("PGPASSWORD", &source.credentials.password)
-        .env("PGDATABASE", source.database)
-        .env("PGSSLMODE", source.server.ssl_mode.as_str())
-        .env("PGCONNECT_TIMEOUT", "10")
-        .env("PGAPPNAME", "dbops-backup")
-        // Nothing from this process's environment may redirect the connection.
-        .env_remove("PGSERVICE")
-        .env_remove("PGSERVICEFILE")
-        .env_remove("PGPASSFILE")
-        .env_remove("PGOPTIONS")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .map_err(|source| DumpError::Spawn {
             program: pg_dump.display().to_string(),
             source,
         })?;
-    let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
+    let errors = pg_tools::keep_stderr(child.stderr.take());
+    let Some(mut stdout) = child.stdout.take() else {
         return Err(DumpError::Read(std::io::Error::other(
             "pg_dump's output is not piped",
         )));
     };
-    let errors = tokio::spawn(async move {
-        let mut kept = Vec::new();
-        let mut buf = [0u8; 4096];
-        loop {
-            match stderr.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    kept.extend_from_slice(&buf[..n]);
-                    if kept.len() > 2 * STDERR_KEPT {
-                        kept.drain(..kept.len() - STDERR_KEPT);
-                    }
-                }
-            }
-        }
-        let text = String::from_utf8_lossy(&kept).into_owned();
-        let start = text.len().saturating_sub(STDERR_KEPT);
-        let start = (start..text.len())
-            .find(|i| text.is_char_boundary(*i))
-            .unwrap_or(text.len());
-        text[start..].trim().to_string()
-    });
 
     let mut hasher = Sha256::new();
     let mut size: u64 = 0;

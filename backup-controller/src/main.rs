@@ -30,7 +30,7 @@ use clap::Parser;
 use dbops_api::{Backup, Database};
 use dbops_shared::{
     backoff::Backoff,
-    cli::CommonArgs,
+    cli::{BackupStoreArgs, CommonArgs},
     controller::{self, Configure, Context},
     postgres::Servers,
     telemetry,
@@ -41,7 +41,6 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 
 use crate::reconcile::{Attempts, DatabaseIndex, Slots, State};
-use dbops_shared::backup_store::BackupStore;
 
 /// The controller name: metrics label, Lease `dbops-backup-controller`, Event reporter.
 const CONTROLLER: &str = "backup-controller";
@@ -56,13 +55,8 @@ struct Args {
     #[command(flatten)]
     common: CommonArgs,
 
-    /// Where backup artifacts go: file:///absolute/path or s3://bucket/prefix.
-    #[arg(
-        long,
-        env = "DBOPS_BACKUP_STORE",
-        default_value = "file:///var/lib/dbops/backups"
-    )]
-    backup_store: BackupStore,
+    #[command(flatten)]
+    store: BackupStoreArgs,
 
     /// How many pg_dump runs may be in flight at once (at least 1).
     #[arg(long, env = "DBOPS_MAX_CONCURRENT_BACKUPS", default_value_t = 2,
@@ -85,7 +79,7 @@ async fn main() -> ExitCode {
         }
     };
     tracing::info!(
-        backup_store = %args.backup_store,
+        backup_store = %args.store.backup_store,
         max_concurrent_backups = args.max_concurrent_backups,
         pg_dump = %args.pg_dump.display(),
         "backup settings"
@@ -94,7 +88,7 @@ async fn main() -> ExitCode {
         base: args.common.backoff_base,
         max: args.common.backoff_max,
     };
-    let store = args.backup_store.clone();
+    let store = args.store.backup_store.clone();
     let pg_dump = args.pg_dump.clone();
     let max_concurrent = usize::from(args.max_concurrent_backups);
     let state = move |client: kube::Client, reporter| State {
@@ -168,13 +162,15 @@ fn watches(
 
 #[cfg(test)]
 mod tests {
+    use dbops_shared::backup_store::BackupStore;
+
     use super::*;
 
     #[test]
     fn the_flags_have_their_documented_defaults() {
         let args = Args::try_parse_from(["dbops-backup-controller"]).unwrap();
         assert_eq!(
-            args.backup_store,
+            args.store.backup_store,
             BackupStore::File {
                 root: "/var/lib/dbops/backups".into()
             }

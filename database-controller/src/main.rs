@@ -19,14 +19,11 @@ mod status;
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Parser;
 use dbops_api::{Backup, Database, Migration};
-use dbops_shared::backup_store::BackupStore;
-use dbops_shared::cli::{CommonArgs, parse_duration};
+use dbops_shared::cli::{BackupStoreArgs, CommonArgs, PostgresArgs};
 use dbops_shared::controller::{self, Configure, Context};
-use dbops_shared::postgres::Servers;
 use dbops_shared::telemetry;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
@@ -51,26 +48,11 @@ struct Args {
     #[command(flatten)]
     common: CommonArgs,
 
-    /// Concurrent SQL sessions per PostgreSQL server, across all reconciles.
-    #[arg(long, env = "DBOPS_MAX_SESSIONS_PER_SERVER", default_value_t = 4)]
-    max_sessions_per_server: usize,
+    #[command(flatten)]
+    postgres: PostgresArgs,
 
-    /// Consecutive connection failures after which a server is left alone for a while.
-    #[arg(long, env = "DBOPS_BREAKER_THRESHOLD", default_value_t = 5)]
-    breaker_threshold: u32,
-
-    /// How long a failing server is left alone (its Databases show ServerUnreachable).
-    #[arg(long, env = "DBOPS_BREAKER_OPEN_FOR", default_value = "30s", value_parser = parse_duration)]
-    breaker_open_for: Duration,
-
-    /// Where Backups' artifacts are read from for `spec.restoreFrom`: the same URL as the
-    /// backup-controller's --backup-store (file:///absolute/path or s3://bucket/prefix).
-    #[arg(
-        long,
-        env = "DBOPS_BACKUP_STORE",
-        default_value = "file:///var/lib/dbops/backups"
-    )]
-    backup_store: BackupStore,
+    #[command(flatten)]
+    store: BackupStoreArgs,
 
     /// The pg_restore program (a path, or a name looked up in PATH); its major version
     /// must be at least the one of the pg_dump that made the artifact.
@@ -88,11 +70,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let servers = Servers::new(
-        args.max_sessions_per_server,
-        args.breaker_threshold,
-        args.breaker_open_for,
-    );
+    let servers = args.postgres.servers();
     let namespace = args.common.watch_namespace.clone();
     let configure: Configure<Database, State> =
         Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref()));
@@ -107,7 +85,7 @@ async fn main() -> ExitCode {
         secrets: std::sync::OnceLock::new(),
         last_prune: std::sync::Mutex::new(None),
         restorer: restore::Restorer {
-            store: args.backup_store.clone(),
+            store: args.store.backup_store.clone(),
             pg_restore: args.pg_restore.clone(),
         },
     };

@@ -23,17 +23,15 @@ use std::process::Stdio;
 use dbops_api::{Backup, BackupPhase, Database};
 use dbops_shared::backup_store::{BackupStore, ObjectKey, StoreError, traced};
 use dbops_shared::checksum::{Digest, Sha256, hex};
+use dbops_shared::pg_tools::{self, Connection};
 use dbops_shared::postgres::Session;
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
 
 use crate::error::{Error, Result};
 use crate::sql;
 
-/// How much of pg_restore's stderr is kept for the error message.
-const STDERR_KEPT: usize = 4096;
 /// Read size from the store.
 const CHUNK: usize = 256 * 1024;
 
@@ -205,49 +203,36 @@ async fn run_pg_restore(
 ) -> Result<()> {
     let server = &db.spec.server;
     let program = restorer.pg_restore.display().to_string();
-    let mut child = Command::new(&restorer.pg_restore)
-        .args([
-            "--single-transaction",
-            "--exit-on-error",
-            "--no-owner",
-            "--no-privileges",
-            "--no-password",
-        ])
-        .arg(format!("--dbname={}", db.database_name()))
-        .env("PGHOST", &server.host)
-        .env("PGPORT", server.port.to_string())
-        .env("PGUSER", owner)
-        // The password goes through the environment only: never on a command line.
-        .env("PGPASSWORD", password)
-        .env("PGSSLMODE", server.ssl_mode.as_str())
-        .env("PGCONNECT_TIMEOUT", "10")
-        .env("PGAPPNAME", "dbops-database-controller-restore")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| Error::Retry {
-            reason: "RestoreFailed",
-            message: format!("could not run {program}: {e}"),
-        })?;
-    let (Some(mut stdin), Some(mut stderr)) = (child.stdin.take(), child.stderr.take()) else {
+    // The password goes through the environment only: never on a command line.
+    let mut child = pg_tools::command(
+        &restorer.pg_restore,
+        &Connection {
+            server,
+            username: owner,
+            password,
+            database: &db.database_name(),
+            application: "dbops-database-controller-restore",
+        },
+    )
+    .args([
+        "--single-transaction",
+        "--exit-on-error",
+        "--no-owner",
+        "--no-privileges",
+        "--no-password",
+    ])
+    .arg(format!("--dbname={}", db.database_name()))
+    .stdin(Stdio::piped())
+    .stdout(Stdio::null())
+    .spawn()
+    .map_err(|e| Error::Retry {
+        reason: "RestoreFailed",
+        message: format!("could not run {program}: {e}"),
+    })?;
+    let errors = pg_tools::keep_stderr(child.stderr.take());
+    let Some(mut stdin) = child.stdin.take() else {
         return Err(Error::Internal("pg_restore without pipes".into()));
     };
-    let errors = tokio::spawn(async move {
-        let mut kept = Vec::new();
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = stderr.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            kept.extend_from_slice(&buf[..n]);
-            if kept.len() > STDERR_KEPT {
-                kept.drain(..kept.len() - STDERR_KEPT);
-            }
-        }
-        String::from_utf8_lossy(&kept).trim().to_string()
-    });
 
     let mut reader = traced(
         "open_artifact",

@@ -5,6 +5,7 @@
 
 pub mod controllers;
 pub mod controlplane;
+pub mod fixtures;
 pub mod jaeger;
 pub mod kubectl;
 pub mod namespace;

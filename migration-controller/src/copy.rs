@@ -13,18 +13,16 @@
 //!   pg_dump writes nothing but ACLs, so no `CREATE/COMMENT ON EXTENSION` runs as the
 //!   owner (who may not own them).
 //!
-//! Passwords reach the programs through `PGPASSWORD` in their environment only.
+//! Passwords reach the programs through `PGPASSWORD` in their environment only (the
+//! process plumbing is `dbops_shared::pg_tools`).
 
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 
 use dbops_api::ServerSpec;
+use dbops_shared::pg_tools::{self, Connection, is_connection_failure};
 use dbops_shared::postgres::Credentials;
-use tokio::io::AsyncReadExt;
-use tokio::process::{Child, ChildStderr, Command};
-
-/// How much of each program's stderr is kept for the error message.
-const STDERR_KEPT: usize = 2048;
+use tokio::process::{Child, Command};
 
 /// Why the copy failed.
 #[derive(Debug, thiserror::Error)]
@@ -65,20 +63,6 @@ impl CopyError {
     }
 }
 
-fn is_connection_failure(stderr: &str) -> bool {
-    [
-        "could not connect",
-        "Connection refused",
-        "server closed the connection",
-        "timeout expired",
-        "the database system is shutting down",
-        "the database system is starting up",
-        "terminating connection",
-    ]
-    .iter()
-    .any(|s| stderr.contains(s))
-}
-
 /// One end of the copy: a server, the admin credentials, the database.
 pub struct Endpoint<'a> {
     pub server: &'a ServerSpec,
@@ -92,24 +76,9 @@ pub struct Programs<'a> {
     pub pg_restore: &'a Path,
 }
 
-fn command(program: &Path, end: &Endpoint<'_>, app: &str) -> Command {
-    let mut c = Command::new(program);
-    c.env("PGHOST", &end.server.host)
-        .env("PGPORT", end.server.port.to_string())
-        .env("PGUSER", &end.credentials.username)
-        .env("PGPASSWORD", &end.credentials.password)
-        .env("PGDATABASE", end.database)
-        .env("PGSSLMODE", end.server.ssl_mode.as_str())
-        .env("PGCONNECT_TIMEOUT", "10")
-        .env("PGAPPNAME", app)
-        // Nothing from this process's environment may redirect the connection.
-        .env_remove("PGSERVICE")
-        .env_remove("PGSERVICEFILE")
-        .env_remove("PGPASSFILE")
-        .env_remove("PGOPTIONS")
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    c
+fn command(program: &Path, end: &Endpoint<'_>) -> Command {
+    let to = Connection::of(end.server, end.credentials, end.database, "dbops-migration");
+    pg_tools::command(program, &to)
 }
 
 /// Streams the source database into the (empty) target database, owned by `owner`.
@@ -119,7 +88,7 @@ pub async fn copy(
     target: &Endpoint<'_>,
     owner: &str,
 ) -> Result<(), CopyError> {
-    let mut dump = command(programs.pg_dump, source, "dbops-migration")
+    let mut dump = command(programs.pg_dump, source)
         .args([
             "--format=custom",
             "--no-password",
@@ -133,7 +102,7 @@ pub async fn copy(
             program: programs.pg_dump.display().to_string(),
             source,
         })?;
-    let dump_errors = keep_stderr(dump.stderr.take());
+    let dump_errors = pg_tools::keep_stderr(dump.stderr.take());
     let pipe: Stdio = match dump.stdout.take().map(TryInto::try_into) {
         Some(Ok(pipe)) => pipe,
         Some(Err(source)) => {
@@ -149,7 +118,7 @@ pub async fn copy(
             });
         }
     };
-    let mut restore = command(programs.pg_restore, target, "dbops-migration")
+    let mut restore = command(programs.pg_restore, target)
         .args([
             "--no-password",
             "--no-owner",
@@ -166,7 +135,7 @@ pub async fn copy(
             program: programs.pg_restore.display().to_string(),
             source,
         })?;
-    let restore_errors = keep_stderr(restore.stderr.take());
+    let restore_errors = pg_tools::keep_stderr(restore.stderr.take());
 
     let restored = wait(&mut restore, "pg_restore").await?;
     // pg_restore stopped reading: pg_dump ends on the broken pipe if it has not already.
@@ -194,34 +163,6 @@ async fn wait(child: &mut Child, program: &'static str) -> Result<ExitStatus, Co
         .wait()
         .await
         .map_err(|source| CopyError::Wait { program, source })
-}
-
-/// Reads a program's stderr to the end, keeping its last [`STDERR_KEPT`] bytes.
-fn keep_stderr(stderr: Option<ChildStderr>) -> tokio::task::JoinHandle<String> {
-    tokio::spawn(async move {
-        let Some(mut stderr) = stderr else {
-            return String::new();
-        };
-        let mut kept = Vec::new();
-        let mut buf = [0u8; 4096];
-        loop {
-            match stderr.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    kept.extend_from_slice(&buf[..n]);
-                    if kept.len() > 2 * STDERR_KEPT {
-                        kept.drain(..kept.len() - STDERR_KEPT);
-                    }
-                }
-            }
-        }
-        let text = String::from_utf8_lossy(&kept).into_owned();
-        let start = text.len().saturating_sub(STDERR_KEPT);
-        let start = (start..text.len())
-            .find(|i| text.is_char_boundary(*i))
-            .unwrap_or(text.len());
-        text[start..].trim().to_string()
-    })
 }
 
 #[cfg(test)]

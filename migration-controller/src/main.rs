@@ -24,13 +24,11 @@ mod steps;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Parser;
 use dbops_api::{Backup, Database, Migration, MigrationStep};
-use dbops_shared::cli::{CommonArgs, parse_duration};
+use dbops_shared::cli::{CommonArgs, PostgresArgs};
 use dbops_shared::controller::{self, Configure, Context};
-use dbops_shared::postgres::Servers;
 use dbops_shared::telemetry;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::ObjectRef;
@@ -66,17 +64,8 @@ struct Args {
           value_parser = clap::value_parser!(i32).range(1..))]
     step_max_attempts: i32,
 
-    /// Concurrent SQL sessions per PostgreSQL server, across all reconciles.
-    #[arg(long, env = "DBOPS_MAX_SESSIONS_PER_SERVER", default_value_t = 4)]
-    max_sessions_per_server: usize,
-
-    /// Consecutive connection failures after which a server is left alone for a while.
-    #[arg(long, env = "DBOPS_BREAKER_THRESHOLD", default_value_t = 5)]
-    breaker_threshold: u32,
-
-    /// How long a failing server is left alone.
-    #[arg(long, env = "DBOPS_BREAKER_OPEN_FOR", default_value = "30s", value_parser = parse_duration)]
-    breaker_open_for: Duration,
+    #[command(flatten)]
+    postgres: PostgresArgs,
 
     /// Testing only: exit with code 86 at `<Step>:started` (the step's Running record is
     /// written, nothing done yet) or `<Step>:done` (its effects are done, its Succeeded
@@ -114,11 +103,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let servers = Servers::new(
-        args.max_sessions_per_server,
-        args.breaker_threshold,
-        args.breaker_open_for,
-    );
+    let servers = args.postgres.servers();
     let namespace = args.common.watch_namespace.clone();
     let configure: Configure<Migration, State> =
         Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref()));

@@ -1,6 +1,8 @@
-//! The SQL the migration-controller runs, on the source and the target server. Every
-//! identifier and literal goes through `quote_ident`/`quote_literal` or a bind parameter;
-//! the target role's password only as a SCRAM verifier.
+//! The SQL the migration-controller runs, on the source and the target server; what it
+//! shares with the database-controller (observing, creating, marking and dropping the role
+//! and the database) is `dbops_shared::postgres::ddl`, re-exported here. Every identifier
+//! and literal goes through `quote_ident`/`quote_literal` or a bind parameter; the target
+//! role's password only as a SCRAM verifier.
 //!
 //! Marks: the database-controller comments its role and database `dbops.dev/uid=<Database
 //! uid>`; what this controller creates on the target is commented
@@ -9,12 +11,16 @@
 //! drops only what this Migration created (second word).
 
 use dbops_api::migration::FreezeRecord;
-use dbops_shared::postgres::{PgError, Session, password_verifier, quote_ident, quote_literal};
+use dbops_shared::postgres::ddl;
+use dbops_shared::postgres::{PgError, Session, quote_ident, quote_literal};
 
+/// Whether the comment marks an object of the Database `database_uid` (first word).
+pub use ddl::is_marked as is_databases;
 /// The database-controller's mark: the first word of the comment.
-pub fn database_mark(database_uid: &str) -> String {
-    format!("dbops.dev/uid={database_uid}")
-}
+pub use ddl::mark as database_mark;
+pub use ddl::{
+    create_database, create_extension, create_role, drop_database, drop_role, mark_database,
+};
 
 /// The mark of objects this Migration created on the target.
 pub fn migration_mark(database_uid: &str, migration_uid: &str) -> String {
@@ -24,19 +30,11 @@ pub fn migration_mark(database_uid: &str, migration_uid: &str) -> String {
     )
 }
 
-/// Whether the comment marks an object of the Database `database_uid` (first word).
-pub fn is_databases(comment: Option<&str>, database_uid: &str) -> bool {
-    comment
-        .and_then(|c| c.split_whitespace().next())
-        .is_some_and(|first| first == database_mark(database_uid))
-}
-
 /// Whether the comment marks an object created by the Migration `migration_uid` for the
 /// Database `database_uid`.
 pub fn is_migrations(comment: Option<&str>, database_uid: &str, migration_uid: &str) -> bool {
-    let by = format!("dbops.dev/migration={migration_uid}");
     is_databases(comment, database_uid)
-        && comment.is_some_and(|c| c.split_whitespace().skip(1).any(|w| w == by))
+        && ddl::has_note(comment, &format!("dbops.dev/migration={migration_uid}"))
 }
 
 /// The server's version: `server_version_num` (for example 150014) and the text.
@@ -65,27 +63,15 @@ pub async fn observe(
     role: &str,
     database: &str,
 ) -> Result<(Option<Found>, Option<Found>), PgError> {
-    let row = s
-        .query_one(
-            "SELECT (SELECT true FROM pg_roles WHERE rolname = $1), \
-               (SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = $1), \
-               d.oid IS NOT NULL, pg_get_userbyid(d.datdba)::text, \
-               shobj_description(d.oid, 'pg_database') \
-             FROM (SELECT 1) AS one LEFT JOIN pg_database d ON d.datname = $2",
-            &[&role, &database],
-        )
-        .await
-        .map_err(PgError::sql("reading pg_roles and pg_database"))?;
-    let role_exists: Option<bool> = row.get(0);
-    let database_exists: bool = row.get(2);
+    let observed = ddl::observe(s, role, database).await?;
     Ok((
-        role_exists.map(|_| Found {
-            comment: row.get(1),
+        observed.role.map(|r| Found {
+            comment: r.comment,
             owner: String::new(),
         }),
-        database_exists.then(|| Found {
-            comment: row.get(4),
-            owner: row.get::<_, Option<String>>(3).unwrap_or_default(),
+        observed.database.map(|d| Found {
+            comment: d.comment,
+            owner: d.owner,
         }),
     ))
 }
@@ -191,90 +177,6 @@ pub async fn unfreeze(s: &Session, database: &str, was: &FreezeRecord) -> Result
     ))
     .await
     .map_err(PgError::sql(format!("unfreezing database {database}")))
-}
-
-/// Creates the login role with the password's verifier and marks it, atomically.
-pub async fn create_role(
-    s: &mut Session,
-    role: &str,
-    password: &str,
-    mark: &str,
-) -> Result<(), PgError> {
-    let tx = s.transaction().await.map_err(PgError::sql("BEGIN"))?;
-    tx.batch_execute(&format!(
-        "CREATE ROLE {r} LOGIN PASSWORD {}; COMMENT ON ROLE {r} IS {}",
-        quote_literal(&password_verifier(password)),
-        quote_literal(mark),
-        r = quote_ident(role),
-    ))
-    .await
-    .map_err(PgError::sql(format!("creating role {role}")))?;
-    tx.commit().await.map_err(PgError::sql("COMMIT"))
-}
-
-/// Creates the database owned by `owner`; marking it is [`mark_database`].
-pub async fn create_database(
-    s: &Session,
-    database: &str,
-    owner: &str,
-    connection_limit: i32,
-) -> Result<(), PgError> {
-    s.batch_execute(&format!(
-        "CREATE DATABASE {} OWNER {} CONNECTION LIMIT {connection_limit}",
-        quote_ident(database),
-        quote_ident(owner),
-    ))
-    .await
-    .map_err(PgError::sql(format!("creating database {database}")))
-}
-
-/// Marks the database and closes it to PUBLIC (as the database-controller does).
-pub async fn mark_database(s: &Session, database: &str, mark: &str) -> Result<(), PgError> {
-    s.batch_execute(&format!(
-        "COMMENT ON DATABASE {db} IS {}; REVOKE ALL ON DATABASE {db} FROM PUBLIC",
-        quote_literal(mark),
-        db = quote_ident(database),
-    ))
-    .await
-    .map_err(PgError::sql(format!("marking database {database}")))
-}
-
-pub async fn create_extension(s: &Session, extension: &str) -> Result<(), PgError> {
-    s.batch_execute(&format!(
-        "CREATE EXTENSION IF NOT EXISTS {}",
-        quote_ident(extension)
-    ))
-    .await
-    .map_err(PgError::sql(format!("creating extension {extension}")))
-}
-
-/// Ends every session on the database and drops it; a missing database is success.
-pub async fn drop_database(s: &Session, database: &str) -> Result<(), PgError> {
-    s.batch_execute(&format!(
-        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-        quote_ident(database)
-    ))
-    .await
-    .map_err(PgError::sql(format!("dropping database {database}")))
-}
-
-/// Hands what the role still owns in this database to the admin, drops its privileges,
-/// then the role; a missing role is success.
-pub async fn drop_role(s: &Session, role: &str) -> Result<(), PgError> {
-    let exists = s
-        .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
-        .await
-        .map_err(PgError::sql("reading pg_roles"))?
-        .is_some();
-    if !exists {
-        return Ok(());
-    }
-    s.batch_execute(&format!(
-        "REASSIGN OWNED BY {r} TO CURRENT_USER; DROP OWNED BY {r}; DROP ROLE {r}",
-        r = quote_ident(role)
-    ))
-    .await
-    .map_err(PgError::sql(format!("dropping role {role}")))
 }
 
 /// How many schemas, relations and functions outside the system schemas the connected

@@ -7,6 +7,9 @@ use std::{net::SocketAddr, num::NonZeroU32, time::Duration};
 
 use clap::{ArgAction, Args, ValueEnum};
 
+use crate::backup_store::BackupStore;
+use crate::postgres::Servers;
+
 /// Flags shared by the three controllers.
 #[derive(Args, Clone, Debug)]
 pub struct CommonArgs {
@@ -73,6 +76,51 @@ impl CommonArgs {
         }
         Ok(())
     }
+}
+
+/// Flags of the controllers that hold PostgreSQL sessions of their own (the
+/// database-controller and the migration-controller): the per-server session limit and
+/// circuit breaker of [`Servers`].
+#[derive(Args, Clone, Debug)]
+pub struct PostgresArgs {
+    /// Concurrent SQL sessions per PostgreSQL server, across all reconciles.
+    #[arg(long, env = "DBOPS_MAX_SESSIONS_PER_SERVER", default_value_t = 4)]
+    pub max_sessions_per_server: usize,
+
+    /// Consecutive connection failures after which a server is left alone for a while.
+    #[arg(long, env = "DBOPS_BREAKER_THRESHOLD", default_value_t = 5)]
+    pub breaker_threshold: u32,
+
+    /// How long a failing server is left alone (what depends on it shows
+    /// ServerUnreachable).
+    #[arg(long, env = "DBOPS_BREAKER_OPEN_FOR", default_value = "30s", value_parser = parse_duration)]
+    pub breaker_open_for: Duration,
+}
+
+impl PostgresArgs {
+    /// The sessions to PostgreSQL servers these flags describe.
+    pub fn servers(&self) -> Servers {
+        Servers::new(
+            self.max_sessions_per_server,
+            self.breaker_threshold,
+            self.breaker_open_for,
+        )
+    }
+}
+
+/// The backup store's flag, taken by the backup-controller (which writes the artifacts)
+/// and the database-controller (which reads them for `spec.restoreFrom`).
+#[derive(Args, Clone, Debug)]
+pub struct BackupStoreArgs {
+    /// Where Backups' artifacts are kept: file:///absolute/path or s3://bucket/prefix. The
+    /// backup-controller writes them and the database-controller reads them for
+    /// `spec.restoreFrom`, so both take the same URL.
+    #[arg(
+        long,
+        env = "DBOPS_BACKUP_STORE",
+        default_value = "file:///var/lib/dbops/backups"
+    )]
+    pub backup_store: BackupStore,
 }
 
 /// How log lines are written to stderr.
@@ -214,6 +262,23 @@ mod tests {
         assert!(parse(&["test", "--leader-elect"]));
         assert!(parse(&["test", "--leader-elect=true"]));
         assert!(!parse(&["test", "--leader-elect=false"]));
+    }
+
+    #[test]
+    fn postgres_flags_default_to_four_sessions_and_a_30s_breaker() {
+        #[derive(Parser, Debug)]
+        struct PgCli {
+            #[command(flatten)]
+            postgres: PostgresArgs,
+        }
+        let args = PgCli::try_parse_from(["test"]).unwrap().postgres;
+        assert_eq!(args.max_sessions_per_server, 4);
+        assert_eq!(args.breaker_threshold, 5);
+        assert_eq!(args.breaker_open_for, Duration::from_secs(30));
+        let args = PgCli::try_parse_from(["test", "--breaker-open-for=2m"])
+            .unwrap()
+            .postgres;
+        assert_eq!(args.breaker_open_for, Duration::from_secs(120));
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Events about the objects a controller reconciles.
 
 use kube::Resource;
-use tracing::Instrument;
 use kube::runtime::events::{Event, EventType, Recorder};
+use tracing::Instrument;
 
 /// Publishes a Normal (or Warning) Event about `obj` in the background: the reconcile does
 /// not wait for the API server (one request less on its path), and a failure is logged,

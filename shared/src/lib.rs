@@ -13,6 +13,7 @@ pub mod finalizer;
 pub mod health;
 pub mod leader;
 pub mod metrics;
+pub mod pg_tools;
 pub mod postgres;
 pub mod rate_limit;
 pub mod shutdown;

@@ -30,6 +30,8 @@ use tracing::{Instrument, field};
 
 use crate::metrics::{Target, record_external_request};
 
+pub mod ddl;
+
 /// Which server: host and port.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServerKey {

@@ -171,7 +171,10 @@ fn start_controllers(
     let pg_restore = format!("--pg-restore={}", bin.join("pg_restore").display());
     [
         // The database-controller restores `spec.restoreFrom` from the same store.
-        ("database-controller", vec![store.clone(), pg_restore.clone()]),
+        (
+            "database-controller",
+            vec![store.clone(), pg_restore.clone()],
+        ),
         ("backup-controller", vec![store, pg_dump.clone()]),
         ("migration-controller", vec![pg_dump, pg_restore]),
     ]

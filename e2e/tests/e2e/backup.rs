@@ -14,6 +14,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use dbops_api::{Backup, BackupPhase, Database};
+use dbops_e2e::fixtures::create_admin_secret;
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::s3::S3Server;
 use dbops_e2e::wait::Want;
@@ -51,6 +52,8 @@ struct Setup {
     store: tempfile::TempDir,
     /// The `--backup-store` URL; `file://<store>` unless a test says otherwise.
     store_url: String,
+    /// Each controller's ServiceAccount kubeconfig.
+    identities: &'static BTreeMap<String, PathBuf>,
     logs: tempfile::TempDir,
 }
 
@@ -118,6 +121,7 @@ impl Setup {
                     .unwrap(),
             ),
         };
+        let identities = crate::controller_identities(b.cp).await;
         let mut s = Self {
             backup_controller: None,
             database_controller: None,
@@ -127,6 +131,7 @@ impl Setup {
             b,
             store,
             store_url,
+            identities,
             logs,
         };
         s.create_admin_secret(ADMIN_SECRET).await;
@@ -141,17 +146,7 @@ impl Setup {
 
     /// An admin Secret: user postgres with the server's superuser password.
     async fn create_admin_secret(&self, name: &str) {
-        let mut secret = Secret::default();
-        secret.metadata.name = Some(name.to_string());
-        secret.string_data = Some(BTreeMap::from([
-            ("username".to_string(), "postgres".to_string()),
-            (
-                "password".to_string(),
-                self.pg.superuser_password().to_string(),
-            ),
-        ]));
-        Api::<Secret>::namespaced(self.b.client.clone(), self.ns())
-            .create(&PostParams::default(), &secret)
+        create_admin_secret(&self.b.client, self.ns(), name, &self.pg)
             .await
             .unwrap();
     }
@@ -175,11 +170,7 @@ impl Setup {
         extra: Vec<String>,
         env: &[(String, String)],
     ) -> ControllerProcess {
-        let kubeconfig = self
-            .b
-            .cp
-            .kubeconfig_for(&format!("dbops-{name}"), &["system:masters"])
-            .unwrap();
+        let kubeconfig = self.identities[name].clone();
         let mut args = self.common_args();
         args.extend(extra);
         ControllerProcess::start_with_env(name, &kubeconfig, self.logs.path(), &args, env)

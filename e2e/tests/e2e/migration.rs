@@ -10,7 +10,7 @@
 //! (watching only that namespace, resync 5 s, backoff 1 s..5 s). No test prints a
 //! password: logs are redacted before they are shown.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -19,6 +19,7 @@ use std::time::Duration;
 use dbops_api::{
     Backup, BackupPhase, Database, Migration, MigrationPhase, MigrationStep, StepState,
 };
+use dbops_e2e::fixtures::create_admin_secret;
 use dbops_e2e::jaeger::Jaeger;
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::wait::{Want, wait_for};
@@ -53,6 +54,8 @@ struct Setup {
     store_url: String,
     /// Where the controllers export spans, when the test reads traces.
     jaeger: Option<Jaeger>,
+    /// Each controller's ServiceAccount kubeconfig.
+    identities: &'static std::collections::BTreeMap<String, std::path::PathBuf>,
     logs: tempfile::TempDir,
 }
 
@@ -91,6 +94,7 @@ impl Setup {
             .tempdir()
             .unwrap();
         let jaeger = traced.then(|| Jaeger::start(logs.path()).unwrap());
+        let identities = crate::controller_identities(b.cp).await;
         let mut s = Self {
             migration_controller: None,
             backup_controller: None,
@@ -101,6 +105,7 @@ impl Setup {
             _store: store,
             store_url,
             jaeger,
+            identities,
             logs,
         };
         s.create_admin_secret(SOURCE_ADMIN, true).await;
@@ -123,24 +128,13 @@ impl Setup {
 
     async fn create_admin_secret(&self, name: &str, source: bool) {
         let pg = if source { &self.source } else { &self.target };
-        let mut secret = Secret::default();
-        secret.metadata.name = Some(name.to_string());
-        secret.string_data = Some(BTreeMap::from([
-            ("username".to_string(), "postgres".to_string()),
-            ("password".to_string(), pg.superuser_password().to_string()),
-        ]));
-        Api::<Secret>::namespaced(self.b.client.clone(), self.ns())
-            .create(&PostParams::default(), &secret)
+        create_admin_secret(&self.b.client, self.ns(), name, pg)
             .await
             .unwrap();
     }
 
     fn start(&self, name: &str, extra: Vec<String>) -> ControllerProcess {
-        let kubeconfig = self
-            .b
-            .cp
-            .kubeconfig_for(&format!("dbops-{name}"), &["system:masters"])
-            .unwrap();
+        let kubeconfig = self.identities[name].clone();
         let mut args = vec![
             format!("--watch-namespace={}", self.ns()),
             "--resync-interval=5s".to_string(),

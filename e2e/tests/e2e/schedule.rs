@@ -14,10 +14,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use dbops_api::{Backup, BackupPhase, Database};
+use dbops_e2e::fixtures::create_admin_secret;
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::wait::{Want, eventually, holds_for};
 use dbops_e2e::{ControllerProcess, PgServer};
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
@@ -65,17 +65,7 @@ impl World {
             store: temp("store"),
             logs: temp("logs"),
         };
-        let mut secret = Secret::default();
-        secret.metadata.name = Some(ADMIN_SECRET.to_string());
-        secret.string_data = Some(BTreeMap::from([
-            ("username".to_string(), "postgres".to_string()),
-            (
-                "password".to_string(),
-                w.pg.superuser_password().to_string(),
-            ),
-        ]));
-        Api::<Secret>::namespaced(w.b.client.clone(), w.ns())
-            .create(&PostParams::default(), &secret)
+        create_admin_secret(&w.b.client, w.ns(), ADMIN_SECRET, &w.pg)
             .await
             .unwrap();
         w.database_controller =

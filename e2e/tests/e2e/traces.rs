@@ -5,10 +5,10 @@
 //! observability tests (`metrics.rs`): one namespace, PostgreSQL, a `file://` store, and
 //! both controllers, optionally exporting to Jaeger.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use dbops_api::{Backup, BackupPhase, Database};
+use dbops_e2e::fixtures::create_admin_secret;
 use dbops_e2e::jaeger::{Jaeger, Trace};
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::wait::{Want, eventually};
@@ -52,7 +52,9 @@ impl World {
             .tempdir()
             .unwrap();
         let jaeger = traced.then(|| Jaeger::start(logs.path()).unwrap());
-        create_admin_secret(&b, &pg).await;
+        create_admin_secret(&b.client, b.ns.name(), ADMIN_SECRET, &pg)
+            .await
+            .unwrap();
 
         let mut common = vec![
             format!("--watch-namespace={}", b.ns.name()),
@@ -65,10 +67,9 @@ impl World {
             common.push(format!("--otlp-endpoint={}", jaeger.otlp_endpoint()));
         }
         let bin = dbops_e2e::paths::postgres_bin_dir().unwrap();
+        let identities = crate::controller_identities(b.cp).await;
         let start = |name: &str, extra: String| {
-            let kubeconfig =
-                b.cp.kubeconfig_for(&format!("dbops-{name}"), &["system:masters"])
-                    .unwrap();
+            let kubeconfig = identities[name].clone();
             let mut args = common.clone();
             args.push(extra);
             ControllerProcess::start(name, &kubeconfig, logs.path(), &args).unwrap_or_else(|e| {
@@ -189,19 +190,6 @@ impl World {
             ),
         }
     }
-}
-
-async fn create_admin_secret(b: &Bed, pg: &PgServer) {
-    let mut secret = Secret::default();
-    secret.metadata.name = Some(ADMIN_SECRET.to_string());
-    secret.string_data = Some(BTreeMap::from([
-        ("username".to_string(), "postgres".to_string()),
-        ("password".to_string(), pg.superuser_password().to_string()),
-    ]));
-    Api::<Secret>::namespaced(b.client.clone(), b.ns.name())
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
 }
 
 /// The trace in which the backup-controller reconciled Backup `backup`, once it also holds
