@@ -27,3 +27,38 @@ pub async fn create_admin_secret(
         .await
         .with_context(|| format!("creating admin Secret {ns}/{name}"))
 }
+
+/// Creates Database `ns/name` on `pg` with admin Secret `admin` (sslMode disable) and the
+/// further spec fields in `extra_spec` (a JSON object: deletionPolicy, extensions,
+/// restoreFrom, …). Not waited for.
+pub async fn create_database(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    pg: &PgServer,
+    admin: &str,
+    extra_spec: serde_json::Value,
+) -> Result<dbops_api::Database> {
+    let mut spec = serde_json::json!({
+        "server": {
+            "host": pg.host(),
+            "port": pg.port(),
+            "adminSecretRef": {"name": admin},
+            "sslMode": "disable",
+        },
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+        spec.extend(extra.clone());
+    }
+    let db: dbops_api::Database = serde_json::from_value(serde_json::json!({
+        "apiVersion": "dbops.dev/v1alpha1",
+        "kind": "Database",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .context("building a Database")?;
+    Api::<dbops_api::Database>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &db)
+        .await
+        .with_context(|| format!("creating Database {ns}/{name}"))
+}

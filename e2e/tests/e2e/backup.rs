@@ -249,74 +249,38 @@ impl Setup {
 
     /// A Database using admin Secret `admin`, not waited for.
     async fn create_database_with(&self, name: &str, policy: &str, admin: &str) {
-        let db: Database = serde_json::from_value(json!({
-            "apiVersion": "dbops.dev/v1alpha1",
-            "kind": "Database",
-            "metadata": {"name": name},
-            "spec": {
-                "server": {
-                    "host": self.pg.host(),
-                    "port": self.pg.port(),
-                    "adminSecretRef": {"name": admin},
-                    "sslMode": "disable",
-                },
-                "deletionPolicy": policy,
-            },
-        }))
+        self.create_database_spec(name, admin, json!({"deletionPolicy": policy}))
+            .await;
+    }
+
+    /// A Database on this test's server with these further spec fields, not waited for.
+    async fn create_database_spec(&self, name: &str, admin: &str, extra: serde_json::Value) {
+        dbops_e2e::fixtures::create_database(
+            &self.b.client,
+            self.ns(),
+            name,
+            &self.pg,
+            admin,
+            extra,
+        )
+        .await
         .unwrap();
-        self.databases()
-            .create(&PostParams::default(), &db)
-            .await
-            .unwrap();
     }
 
     /// A Database with extension pgcrypto (created by the controller as the admin), Ready.
     async fn create_database_with_pgcrypto(&self, name: &str) {
-        let db: Database = serde_json::from_value(json!({
-            "apiVersion": "dbops.dev/v1alpha1",
-            "kind": "Database",
-            "metadata": {"name": name},
-            "spec": {
-                "server": {
-                    "host": self.pg.host(),
-                    "port": self.pg.port(),
-                    "adminSecretRef": {"name": ADMIN_SECRET},
-                    "sslMode": "disable",
-                },
-                "deletionPolicy": "Delete",
-                "extensions": ["pgcrypto"],
-            },
-        }))
-        .unwrap();
-        self.databases()
-            .create(&PostParams::default(), &db)
-            .await
-            .unwrap();
+        let extra = json!({"deletionPolicy": "Delete", "extensions": ["pgcrypto"]});
+        self.create_database_spec(name, ADMIN_SECRET, extra).await;
         self.wait_database_ready(name).await;
     }
 
     /// A Database to be restored from Backup `backup` (`spec.restoreFrom`), not waited for.
     async fn create_restored_database(&self, name: &str, backup: &str) {
-        let db: Database = serde_json::from_value(json!({
-            "apiVersion": "dbops.dev/v1alpha1",
-            "kind": "Database",
-            "metadata": {"name": name},
-            "spec": {
-                "server": {
-                    "host": self.pg.host(),
-                    "port": self.pg.port(),
-                    "adminSecretRef": {"name": ADMIN_SECRET},
-                    "sslMode": "disable",
-                },
-                "deletionPolicy": "Delete",
-                "restoreFrom": {"backupRef": {"name": backup}},
-            },
-        }))
-        .unwrap();
-        self.databases()
-            .create(&PostParams::default(), &db)
-            .await
-            .unwrap();
+        let extra = json!({
+            "deletionPolicy": "Delete",
+            "restoreFrom": {"backupRef": {"name": backup}},
+        });
+        self.create_database_spec(name, ADMIN_SECRET, extra).await;
     }
 
     /// Waits for a condition of Database `name`; on timeout the panic shows the

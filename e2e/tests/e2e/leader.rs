@@ -870,21 +870,42 @@ impl Scenario {
         timeout: Duration,
         done: impl Fn(&Backup) -> bool,
     ) -> Backup {
-        let backups = self.backups();
+        let status = |b: &Backup| b.status.clone();
+        self.wait_object(self.backups(), "Backup", name, what, timeout, status, done)
+            .await
+    }
+
+    /// Waits until object `name` satisfies `done`, showing its status while it does not;
+    /// on timeout the panic shows the logs.
+    #[allow(clippy::too_many_arguments)]
+    async fn wait_object<K, S>(
+        &self,
+        api: Api<K>,
+        kind: &str,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        status: impl Fn(&K) -> Option<S>,
+        done: impl Fn(&K) -> bool,
+    ) -> K
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        S: serde::Serialize,
+    {
         let found = dbops_e2e::wait::wait_for(
-            &format!("Backup {name}: {what}"),
+            &format!("{kind} {name}: {what}"),
             timeout,
             || async {
-                Ok(backups
+                Ok(api
                     .get_opt(name)
                     .await?
-                    .map(|b| StatusView(b.metadata.name.clone(), b.status.clone(), b)))
+                    .map(|o| StatusView(o.meta().name.clone(), status(&o), o)))
             },
-            |b| b.as_ref().is_some_and(|b| done(&b.2)),
+            |o| o.as_ref().is_some_and(|o| done(&o.2)),
         )
         .await;
         match found {
-            Ok(Some(b)) => b.2,
+            Ok(Some(o)) => o.2,
             Ok(None) => unreachable!(),
             Err(e) => panic!("{e:#}\n{}", self.logs_text()),
         }
@@ -922,28 +943,20 @@ impl Scenario {
         timeout: Duration,
         done: impl Fn(&Migration) -> bool,
     ) -> Migration {
-        let migrations = self.migrations();
-        let found = dbops_e2e::wait::wait_for(
-            &format!("Migration {name}: {what}"),
+        let status = |m: &Migration| m.status.clone();
+        self.wait_object(
+            self.migrations(),
+            "Migration",
+            name,
+            what,
             timeout,
-            || async {
-                Ok(migrations
-                    .get_opt(name)
-                    .await?
-                    .map(|m| StatusView(m.metadata.name.clone(), m.status.clone(), m)))
-            },
-            |m| m.as_ref().is_some_and(|m| done(&m.2)),
+            status,
+            done,
         )
-        .await;
-        match found {
-            Ok(Some(m)) => m.2,
-            Ok(None) => unreachable!(),
-            Err(e) => panic!("{e:#}\n{}", self.logs_text()),
-        }
+        .await
     }
 }
 
-/// An object shown by its name and status only, for failure messages.
 struct StatusView<S, K>(Option<String>, Option<S>, K);
 
 impl<S: serde::Serialize, K> std::fmt::Debug for StatusView<S, K> {

@@ -199,25 +199,16 @@ impl Setup {
 
     /// A Database on the source server with these extensions, Ready.
     async fn create_database_with(&self, name: &str, extensions: &[&str]) -> Database {
-        let db: Database = serde_json::from_value(json!({
-            "apiVersion": "dbops.dev/v1alpha1",
-            "kind": "Database",
-            "metadata": {"name": name},
-            "spec": {
-                "server": {
-                    "host": self.source.host(),
-                    "port": self.source.port(),
-                    "adminSecretRef": {"name": SOURCE_ADMIN},
-                    "sslMode": "disable",
-                },
-                "extensions": extensions,
-            },
-        }))
+        dbops_e2e::fixtures::create_database(
+            &self.b.client,
+            self.ns(),
+            name,
+            &self.source,
+            SOURCE_ADMIN,
+            json!({"extensions": extensions}),
+        )
+        .await
         .unwrap();
-        self.databases()
-            .create(&PostParams::default(), &db)
-            .await
-            .unwrap();
         match dbops_e2e::wait::database_condition(
             &self.b.client,
             self.ns(),

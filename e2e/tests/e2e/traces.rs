@@ -14,7 +14,7 @@ use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::wait::{Want, eventually};
 use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 
 use crate::{Bed, bed};
@@ -121,25 +121,16 @@ impl World {
 
     /// A Database on this world's server with `deletionPolicy`, waited for until Ready.
     pub async fn create_ready_database(&self, name: &str, policy: &str) -> Database {
-        let db: Database = serde_json::from_value(json!({
-            "apiVersion": "dbops.dev/v1alpha1",
-            "kind": "Database",
-            "metadata": {"name": name},
-            "spec": {
-                "server": {
-                    "host": self.pg.host(),
-                    "port": self.pg.port(),
-                    "adminSecretRef": {"name": ADMIN_SECRET},
-                    "sslMode": "disable",
-                },
-                "deletionPolicy": policy,
-            },
-        }))
+        dbops_e2e::fixtures::create_database(
+            &self.b.client,
+            self.ns(),
+            name,
+            &self.pg,
+            ADMIN_SECRET,
+            json!({"deletionPolicy": policy}),
+        )
+        .await
         .unwrap();
-        self.databases()
-            .create(&PostParams::default(), &db)
-            .await
-            .unwrap();
         match dbops_e2e::wait::database_condition(
             &self.b.client,
             self.ns(),
