@@ -153,7 +153,7 @@ fn watches(
             index
                 .state
                 .databases
-                .backups_of(&ns, &name)
+                .referrers_of(&ns, &name)
                 .into_iter()
                 .map(move |backup| ObjectRef::new(&backup).within(&ns))
         },

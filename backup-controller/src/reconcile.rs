@@ -15,7 +15,7 @@
 //! A Backup found Running that this process is not running was interrupted (a crash, a
 //! restart): it is attempted again, as the next attempt, into the same object key.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -97,40 +97,10 @@ impl Slots {
     }
 }
 
-/// Which Backups refer to which Database: `(namespace, database) → Backup names`, kept
-/// for Backups that are not finished, so a Database event maps to the Backups waiting
-/// for it without a scan.
-#[derive(Default)]
-pub struct DatabaseIndex {
-    inner: Mutex<HashMap<(String, String), HashSet<String>>>,
-}
-
-impl DatabaseIndex {
-    pub fn record(&self, namespace: &str, database: &str, backup: &str) {
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.entry((namespace.to_string(), database.to_string()))
-            .or_default()
-            .insert(backup.to_string());
-    }
-
-    pub fn forget(&self, namespace: &str, database: &str, backup: &str) {
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (namespace.to_string(), database.to_string());
-        if let Some(set) = map.get_mut(&key) {
-            set.remove(backup);
-            if set.is_empty() {
-                map.remove(&key);
-            }
-        }
-    }
-
-    pub fn backups_of(&self, namespace: &str, database: &str) -> Vec<String> {
-        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(&(namespace.to_string(), database.to_string()))
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
-    }
-}
+/// Which Backups refer to which Database: Backup → `spec.databaseRef`, kept for Backups
+/// that are not finished, so a Database event maps to the Backups waiting for it without
+/// a scan.
+pub type DatabaseIndex = dbops_shared::ref_index::RefIndex;
 
 /// What this process wrote about each Backup's attempts: tells a status from the watch
 /// cache that lags behind our own write (ignored) from an attempt left Running by another
@@ -209,13 +179,13 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context<State>>) -> Result<
         current.phase,
         Some(BackupPhase::Completed | BackupPhase::Failed)
     ) {
-        ctx.state.databases.forget(&namespace, &database, &name);
+        ctx.state.databases.forget(&namespace, &name);
         ctx.state.attempts.forget(&uid);
         // A spec change (deletionPolicy, maxRetries) after the end is observed, no more.
         status::observe_generation(&backup, &api).await?;
         return Ok(Action::await_change());
     }
-    ctx.state.databases.record(&namespace, &database, &name);
+    ctx.state.databases.record(&namespace, &name, &database);
     if ctx.state.attempts.is_stale(&uid, &current) {
         // Our own last write has not reached the watch cache yet.
         return Ok(Action::requeue(Duration::from_secs(1)));
@@ -562,11 +532,7 @@ async fn sync_finalizer(backup: &Backup, api: &Api<Backup>) -> Result<()> {
 /// fine), then the finalizer.
 async fn cleanup(backup: &Backup, ctx: &Context<State>, api: &Api<Backup>) -> Result<Action> {
     let namespace = backup.namespace().unwrap_or_default();
-    ctx.state.databases.forget(
-        &namespace,
-        &backup.spec.database_ref.name,
-        &backup.name_any(),
-    );
+    ctx.state.databases.forget(&namespace, &backup.name_any());
     ctx.state.attempts.forget(&backup.uid().unwrap_or_default());
     if !has_finalizer(backup) {
         return Ok(Action::await_change());
@@ -667,14 +633,14 @@ mod tests {
     #[test]
     fn the_index_maps_a_database_to_its_unfinished_backups() {
         let index = DatabaseIndex::default();
-        index.record("ns", "orders", "b1");
-        index.record("ns", "orders", "b2");
-        index.record("other", "orders", "b3");
-        let mut of = index.backups_of("ns", "orders");
+        index.record("ns", "b1", "orders");
+        index.record("ns", "b2", "orders");
+        index.record("other", "b3", "orders");
+        let mut of = index.referrers_of("ns", "orders");
         of.sort();
         assert_eq!(of, ["b1", "b2"]);
-        index.forget("ns", "orders", "b1");
-        index.forget("ns", "orders", "b2");
-        assert!(index.backups_of("ns", "orders").is_empty());
+        index.forget("ns", "b1");
+        index.forget("ns", "b2");
+        assert!(index.referrers_of("ns", "orders").is_empty());
     }
 }

@@ -172,7 +172,7 @@ fn watches(
             index
                 .state
                 .admin_secrets
-                .databases_using(&ns, &name)
+                .referrers_of(&ns, &name)
                 .into_iter()
                 .map(move |db| ObjectRef::new(&db).within(&ns))
         })

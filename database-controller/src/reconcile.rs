@@ -159,76 +159,9 @@ impl Verified {
     }
 }
 
-/// Which Databases use which admin Secret: `(namespace, secret) → Database names`,
+/// Which Databases use which admin Secret: Database → `spec.server.adminSecretRef`,
 /// updated on every reconcile, so a Secret event maps to its Databases without a scan.
-#[derive(Default)]
-pub struct AdminSecretIndex {
-    inner: Mutex<IndexMaps>,
-}
-
-#[derive(Default)]
-struct IndexMaps {
-    by_secret: HashMap<(String, String), HashSet<String>>,
-    by_database: HashMap<(String, String), String>,
-}
-
-impl AdminSecretIndex {
-    pub fn record(&self, namespace: &str, database: &str, secret: &str) {
-        let mut maps = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (namespace.to_string(), database.to_string());
-        if let Some(old) = maps.by_database.insert(key, secret.to_string()) {
-            if old == secret {
-                return;
-            }
-            if let Some(set) = maps.by_secret.get_mut(&(namespace.to_string(), old)) {
-                set.remove(database);
-            }
-        }
-        maps.by_secret
-            .entry((namespace.to_string(), secret.to_string()))
-            .or_default()
-            .insert(database.to_string());
-    }
-
-    pub fn forget(&self, namespace: &str, database: &str) {
-        let mut maps = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(secret) = maps
-            .by_database
-            .remove(&(namespace.to_string(), database.to_string()))
-        {
-            let key = (namespace.to_string(), secret);
-            if let Some(set) = maps.by_secret.get_mut(&key) {
-                set.remove(database);
-                if set.is_empty() {
-                    maps.by_secret.remove(&key);
-                }
-            }
-        }
-    }
-
-    /// Keeps only the Databases for which `keep(namespace, name)` holds.
-    pub fn retain(&self, keep: impl Fn(&str, &str) -> bool) {
-        let gone: Vec<(String, String)> = {
-            let maps = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            maps.by_database
-                .keys()
-                .filter(|(ns, db)| !keep(ns, db))
-                .cloned()
-                .collect()
-        };
-        for (ns, db) in gone {
-            self.forget(&ns, &db);
-        }
-    }
-
-    pub fn databases_using(&self, namespace: &str, secret: &str) -> Vec<String> {
-        let maps = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        maps.by_secret
-            .get(&(namespace.to_string(), secret.to_string()))
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
-    }
-}
+pub type AdminSecretIndex = dbops_shared::ref_index::RefIndex;
 
 /// What a successful provisioning produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -748,21 +681,21 @@ mod tests {
         index.record("shop", "orders", "pg-admin");
         index.record("shop", "users", "pg-admin");
         index.record("other", "orders", "pg-admin");
-        let mut using = index.databases_using("shop", "pg-admin");
+        let mut using = index.referrers_of("shop", "pg-admin");
         using.sort();
         assert_eq!(using, ["orders", "users"]);
 
         // orders moves to another Secret: only the new one maps to it.
         index.record("shop", "orders", "pg-new");
-        assert_eq!(index.databases_using("shop", "pg-admin"), ["users"]);
-        assert_eq!(index.databases_using("shop", "pg-new"), ["orders"]);
+        assert_eq!(index.referrers_of("shop", "pg-admin"), ["users"]);
+        assert_eq!(index.referrers_of("shop", "pg-new"), ["orders"]);
 
         index.forget("shop", "users");
-        assert!(index.databases_using("shop", "pg-admin").is_empty());
+        assert!(index.referrers_of("shop", "pg-admin").is_empty());
 
         index.retain(|ns, _| ns == "shop");
-        assert!(index.databases_using("other", "pg-admin").is_empty());
-        assert_eq!(index.databases_using("shop", "pg-new"), ["orders"]);
+        assert!(index.referrers_of("other", "pg-admin").is_empty());
+        assert_eq!(index.referrers_of("shop", "pg-new"), ["orders"]);
     }
 
     #[test]

@@ -154,7 +154,7 @@ fn watches(
             index
                 .state
                 .index
-                .migrations_of(&ns, &name)
+                .referrers_of(&ns, &name)
                 .into_iter()
                 .map(move |m| ObjectRef::new(&m).within(&ns))
         },

@@ -17,9 +17,8 @@
 //!    it completes, ending `RolledBack`. From SwitchTraffic on there is no way back:
 //!    failures are retried with backoff.
 
-use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use dbops_api::{Cutover, Database, Migration, MigrationPhase, MigrationStatus, MigrationStep};
 use dbops_shared::controller::{Context, ReconcileError};
@@ -57,59 +56,9 @@ pub struct State {
     pub crash_at: Option<CrashPoint>,
 }
 
-/// Which Migrations name which Database: `(namespace, database) → Migration names`,
-/// kept up to date by every reconcile, so a Database event maps to its Migrations.
-#[derive(Default)]
-pub struct DatabaseIndex {
-    inner: Mutex<IndexMaps>,
-}
-
-#[derive(Default)]
-struct IndexMaps {
-    by_database: HashMap<(String, String), HashSet<String>>,
-    by_migration: HashMap<(String, String), String>,
-}
-
-impl DatabaseIndex {
-    pub fn record(&self, namespace: &str, migration: &str, database: &str) {
-        let mut maps = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (namespace.to_string(), migration.to_string());
-        if let Some(old) = maps.by_migration.insert(key, database.to_string())
-            && old != database
-            && let Some(set) = maps.by_database.get_mut(&(namespace.to_string(), old))
-        {
-            set.remove(migration);
-        }
-        maps.by_database
-            .entry((namespace.to_string(), database.to_string()))
-            .or_default()
-            .insert(migration.to_string());
-    }
-
-    pub fn forget(&self, namespace: &str, migration: &str) {
-        let mut maps = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(db) = maps
-            .by_migration
-            .remove(&(namespace.to_string(), migration.to_string()))
-        {
-            let key = (namespace.to_string(), db);
-            if let Some(set) = maps.by_database.get_mut(&key) {
-                set.remove(migration);
-                if set.is_empty() {
-                    maps.by_database.remove(&key);
-                }
-            }
-        }
-    }
-
-    pub fn migrations_of(&self, namespace: &str, database: &str) -> Vec<String> {
-        let maps = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        maps.by_database
-            .get(&(namespace.to_string(), database.to_string()))
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
-    }
-}
+/// Which Migrations name which Database: Migration → `spec.databaseRef`, kept up to date
+/// by every reconcile, so a Database event maps to its Migrations.
+pub type DatabaseIndex = dbops_shared::ref_index::RefIndex;
 
 /// The entry point: see the module documentation.
 pub async fn reconcile(obj: Arc<Migration>, ctx: Arc<Context<State>>) -> Result<Action> {
@@ -522,13 +471,13 @@ mod tests {
         index.record("shop", "m1", "orders");
         index.record("shop", "m2", "orders");
         index.record("other", "m1", "orders");
-        let mut of = index.migrations_of("shop", "orders");
+        let mut of = index.referrers_of("shop", "orders");
         of.sort();
         assert_eq!(of, ["m1", "m2"]);
         index.forget("shop", "m1");
-        assert_eq!(index.migrations_of("shop", "orders"), ["m2"]);
+        assert_eq!(index.referrers_of("shop", "orders"), ["m2"]);
         index.forget("shop", "m2");
-        assert!(index.migrations_of("shop", "orders").is_empty());
-        assert_eq!(index.migrations_of("other", "orders"), ["m1"]);
+        assert!(index.referrers_of("shop", "orders").is_empty());
+        assert_eq!(index.referrers_of("other", "orders"), ["m1"]);
     }
 }

@@ -16,5 +16,6 @@ pub mod metrics;
 pub mod pg_tools;
 pub mod postgres;
 pub mod rate_limit;
+pub mod ref_index;
 pub mod shutdown;
 pub mod telemetry;
