@@ -118,6 +118,15 @@ pub struct BackupStatus {
     /// `server_version` of the PostgreSQL server the dump was taken from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_version: Option<String>,
+
+    /// The metadata.uid of the Database that was dumped: which object of that name the
+    /// artifact belongs to (a Database deleted and created again gets a new UID).
+    #[serde(
+        default,
+        rename = "databaseUID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub database_uid: Option<String>,
 }
 
 /// Lifecycle phase of a Backup.

@@ -17,6 +17,17 @@ pub mod condition {
     pub const MIGRATION_IN_PROGRESS: &str = "MigrationInProgress";
 }
 
+/// Labels and annotations the controllers put on the objects they create for each other.
+pub mod marks {
+    /// Annotation on a Backup: the metadata.uid of the Database it must dump. A Backup
+    /// carrying it fails (`DatabaseReplaced`) rather than dump another Database of the
+    /// same name, and its `status.databaseUID` says which one it dumped.
+    pub const DATABASE_UID: &str = "dbops.dev/database-uid";
+    /// Label on a final snapshot Backup (`deletionPolicy: Snapshot`): the metadata.uid of
+    /// the Database being deleted.
+    pub const FINAL_SNAPSHOT_OF: &str = "dbops.dev/final-snapshot-of";
+}
+
 /// How a controller reaches a PostgreSQL server and as whom.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]

@@ -93,9 +93,25 @@ pub struct BackupSchedule {
     #[x_kube(validation = Rule::new("self.matches('^(@(hourly|daily|midnight|weekly|monthly|yearly|annually)|[0-9*/,A-Za-z?-]+( +[0-9*/,A-Za-z?-]+){4})$')").message("schedule must be a five-field cron expression such as \"0 3 * * *\" or a macro such as @daily"))]
     pub schedule: String,
 
-    /// How many scheduled Backups to keep.
+    /// How many scheduled Backups to keep (pruned only while the Database exists).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,
+
+    /// What deleting the Database does to its scheduled Backups: Retain (default) keeps
+    /// them and their artifacts, the copies needed to recover from a mistaken delete;
+    /// Delete deletes them (and their artifacts) with the Database.
+    #[serde(default)]
+    pub on_database_deletion: ScheduledBackupsOnDeletion,
+}
+
+/// What happens to a Database's scheduled Backups when the Database is deleted.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ScheduledBackupsOnDeletion {
+    /// Keep the scheduled Backups and their artifacts; retention stops with the Database.
+    #[default]
+    Retain,
+    /// Delete the scheduled Backups and their artifacts with the Database.
+    Delete,
 }
 
 /// Retention of scheduled Backups.

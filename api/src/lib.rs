@@ -14,10 +14,11 @@ pub mod migration;
 pub use backup::{Backup, BackupPhase, BackupSpec, BackupStatus};
 pub use common::{
     BackupDeletionPolicy, DatabaseDeletionPolicy, LocalObjectReference, SecretReference,
-    ServerSpec, SslMode, condition,
+    ServerSpec, SslMode, condition, marks,
 };
 pub use database::{
-    BackupSchedule, Database, DatabasePhase, DatabaseSpec, DatabaseStatus, RestoreSource, Retention,
+    BackupSchedule, Database, DatabasePhase, DatabaseSpec, DatabaseStatus, RestoreSource,
+    Retention, ScheduledBackupsOnDeletion,
 };
 pub use migration::{
     Cutover, Migration, MigrationPhase, MigrationSpec, MigrationStatus, MigrationStep,

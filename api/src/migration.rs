@@ -144,6 +144,15 @@ pub struct MigrationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub database_uid: Option<String>,
 
+    /// The database and owner role names in PostgreSQL (recorded by Preflight): the
+    /// compensations find them even when the Database object is already gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database_name: Option<String>,
+
+    /// See `databaseName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_role: Option<String>,
+
     /// What FreezeSource found before it changed anything, written before the change, so
     /// the compensation restores exactly that.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use dbops_api::{
     Backup, BackupDeletionPolicy, BackupPhase, BackupStatus, Database, DatabaseDeletionPolicy,
-    condition,
+    condition, marks,
 };
 use dbops_shared::backoff::Backoff;
 use dbops_shared::controller::Context;
@@ -371,6 +371,17 @@ async fn dereference(backup: &Backup, ctx: &Context<State>) -> Result<Dereferenc
             format!("Database {namespace}/{name} does not exist"),
         )));
     };
+    if let Some(wanted) = backup.annotations().get(marks::DATABASE_UID)
+        && db.uid().as_ref() != Some(wanted)
+    {
+        return Ok(Dereferenced::Missing(Failure::permanent(
+            "DatabaseReplaced",
+            format!(
+                "Backup is for the Database {namespace}/{name} with UID {wanted}, but the Database of that name now has UID {}: it was deleted and created again, and is not dumped in its place",
+                db.uid().unwrap_or_default()
+            ),
+        )));
+    }
     Ok(if can_be_dumped(&db) {
         Dereferenced::Ready(Box::new(db))
     } else {
@@ -451,6 +462,7 @@ async fn run_attempt(
         },
         "database": {
             "name": db.name_any(),
+            "uid": db.uid(),
             "databaseName": dbname,
             "server": ServerKey::of(&db.spec.server).to_string(),
         },
@@ -483,6 +495,7 @@ async fn run_attempt(
         checksum: dumped.sha256,
         server_version,
         completed_at,
+        database_uid: db.uid().unwrap_or_default(),
     })
 }
 

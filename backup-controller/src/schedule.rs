@@ -6,12 +6,13 @@
 //! 2. `parse_schedule` (pure): a schedule that is not a cron expression is an invalid
 //!    spec: one Warning Event per generation, then wait for a change;
 //! 3. `scheduled_backups`: this Database's scheduled Backups, read from a reflector store
-//!    (label `dbops.dev/schedule-of=<database>` and an owner reference to this Database's
-//!    UID), never from the API;
+//!    (label `dbops.dev/schedule-of=<database>` and this Database's UID in the annotation
+//!    `dbops.dev/database-uid`), never from the API;
 //! 4. `plan` (pure): the slot to take, the slots skipped, the Backups retention prunes,
 //!    the next slot;
-//! 5. apply: create the slot's Backup (AlreadyExists is success), delete the pruned ones;
-//!    an Event for each;
+//! 5. apply: create the slot's Backup (AlreadyExists is success), delete the pruned ones,
+//!    and give the existing ones an owner reference to the Database exactly when
+//!    `onDatabaseDeletion` is Delete; an Event for each create and delete;
 //! 6. requeue at the next slot.
 //!
 //! The slot is the latest scheduled time (UTC) at or before now that is not before the
@@ -30,6 +31,12 @@
 //! Deleting a Backup runs its own finalizer: scheduled Backups are created with
 //! `deletionPolicy: Delete`, so their artifacts leave the store with them.
 //!
+//! Scheduled Backups outlive their Database: they are not owned by it unless
+//! `spec.backup.onDatabaseDeletion` is Delete (then garbage collection deletes them, and
+//! their artifacts, with the Database). Retention prunes only while the Database exists
+//! and is not being deleted; a Database created again under the same name has a new UID
+//! and never prunes the Backups of the earlier one.
+//!
 //! A converged Database costs no API request: a reconcile reads only the stores.
 
 use std::collections::HashMap;
@@ -40,12 +47,13 @@ use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
 use dbops_api::{
     Backup, BackupDeletionPolicy, BackupPhase, BackupSpec, Database, LocalObjectReference,
+    ScheduledBackupsOnDeletion, marks,
 };
 use dbops_shared::controller::{self, Context, ErrorKind, ReconcileError};
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, Store};
@@ -232,10 +240,12 @@ pub struct Scheduled {
     pub phase: Option<BackupPhase>,
     /// Its deletion has started.
     pub deleting: bool,
+    /// It has an owner reference to the Database (garbage collected with it).
+    pub owned_by_database: bool,
 }
 
 impl Scheduled {
-    fn of(backup: &Backup) -> Self {
+    fn of(backup: &Backup, database_uid: Option<&str>) -> Self {
         let slot = backup
             .annotations()
             .get(SCHEDULED_AT)
@@ -248,6 +258,8 @@ impl Scheduled {
             slot,
             phase: backup.status.as_ref().and_then(|s| s.phase),
             deleting: backup.metadata.deletion_timestamp.is_some(),
+            owned_by_database: database_uid
+                .is_some_and(|uid| backup.owner_references().iter().any(|o| o.uid == uid)),
         }
     }
 
@@ -368,12 +380,18 @@ pub fn retention(existing: &[Scheduled], keep: usize) -> Vec<Prune> {
     prune
 }
 
-/// The scheduled Backup of `db` for the slot `take`: owned by the Database (garbage
-/// collected with it), labelled for retention, its artifact deleted with it.
+/// The scheduled Backup of `db` for the slot `take`: labelled for retention, pinned to
+/// the Database's UID, its artifact deleted with it; owned by the Database (garbage
+/// collected with it) only when `onDatabaseDeletion` is Delete.
 pub fn desired_backup(db: &Database, take: &Take) -> Backup {
     let database = db.name_any();
-    let mut annotations =
-        std::collections::BTreeMap::from([(SCHEDULED_AT.to_string(), take.slot.to_string())]);
+    let mut annotations = std::collections::BTreeMap::from([
+        (SCHEDULED_AT.to_string(), take.slot.to_string()),
+        (
+            marks::DATABASE_UID.to_string(),
+            db.uid().unwrap_or_default(),
+        ),
+    ]);
     annotations.extend(creator_trace_context());
     let mut backup = Backup::new(
         &take.name,
@@ -393,16 +411,30 @@ pub fn desired_backup(db: &Database, take: &Take) -> Backup {
             (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
         ])),
         annotations: Some(annotations),
-        // Like a CronJob's Jobs: a foreground deletion of the Database waits for them.
-        owner_references: db.controller_owner_ref(&()).map(|o| {
-            vec![OwnerReference {
-                block_owner_deletion: Some(true),
-                ..o
-            }]
-        }),
+        owner_references: deleted_with(db)
+            .then(|| database_owner(db))
+            .flatten()
+            .map(|o| vec![o]),
         ..ObjectMeta::default()
     };
     backup
+}
+
+/// Whether the Database's scheduled Backups go with it (`onDatabaseDeletion: Delete`).
+fn deleted_with(db: &Database) -> bool {
+    db.spec
+        .backup
+        .as_ref()
+        .is_some_and(|b| b.on_database_deletion == ScheduledBackupsOnDeletion::Delete)
+}
+
+/// The owner reference that makes garbage collection delete a scheduled Backup with its
+/// Database; like a CronJob's Jobs, a foreground deletion of the Database waits for them.
+fn database_owner(db: &Database) -> Option<OwnerReference> {
+    db.controller_owner_ref(&()).map(|o| OwnerReference {
+        block_owner_deletion: Some(true),
+        ..o
+    })
 }
 
 /// The annotation that carries the creating reconcile's W3C trace context
@@ -412,9 +444,9 @@ fn creator_trace_context() -> Option<(String, String)> {
     dbops_shared::telemetry::trace_annotation()
 }
 
-/// The scheduled Backups of `db` in the store: the label names it and an owner
-/// reference carries its UID (a Backup of an earlier Database of the same name is not
-/// this one's).
+/// The scheduled Backups of `db` in the store: the label names it and the annotation
+/// `dbops.dev/database-uid` (or an owner reference) carries its UID; a Backup of an
+/// earlier Database of the same name is not this one's.
 fn scheduled_backups(store: &Store<Backup>, db: &Database) -> Vec<Scheduled> {
     let namespace = db.namespace();
     let name = db.name_any();
@@ -425,11 +457,12 @@ fn scheduled_backups(store: &Store<Backup>, db: &Database) -> Vec<Scheduled> {
         .filter(|b| b.namespace() == namespace)
         .filter(|b| b.labels().get(SCHEDULE_OF) == Some(&name))
         .filter(|b| {
-            b.owner_references()
-                .iter()
-                .any(|o| Some(&o.uid) == uid.as_ref())
+            b.annotations().get(marks::DATABASE_UID) == uid.as_ref()
+                || b.owner_references()
+                    .iter()
+                    .any(|o| Some(&o.uid) == uid.as_ref())
         })
-        .map(|b| Scheduled::of(b))
+        .map(|b| Scheduled::of(b, uid.as_deref()))
         .collect()
 }
 
@@ -439,7 +472,8 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Ac
     };
     let uid = db.uid().unwrap_or_default();
     if db.metadata.deletion_timestamp.is_some() {
-        // Its scheduled Backups go with it (owner references); nothing new starts.
+        // Nothing new starts and nothing is pruned: the scheduled Backups stay (or go
+        // with it by their owner references, with `onDatabaseDeletion: Delete`).
         ctx.state.valid_again(&uid);
         return Ok(Action::await_change());
     }
@@ -482,6 +516,15 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Ac
     }
     for prune in &plan.prune {
         delete(&ctx, &db, &api, prune, keep_last.unwrap_or_default()).await?;
+    }
+    let pruned: Vec<&str> = plan.prune.iter().map(|p| p.uid.as_str()).collect();
+    let want_owned = deleted_with(&db);
+    for b in existing
+        .iter()
+        .filter(|b| !b.deleting && b.owned_by_database != want_owned)
+        .filter(|b| !pruned.contains(&b.uid.as_str()))
+    {
+        set_owner(&ctx, &db, &api, b, want_owned).await?;
     }
     Ok(match plan.next {
         Some(next) => Action::requeue(until(now, next)),
@@ -583,12 +626,57 @@ async fn delete(
     Ok(())
 }
 
+/// Gives a scheduled Backup an owner reference to its Database, or takes it away, after
+/// `onDatabaseDeletion` changed. The Backup's other owner references stay.
+async fn set_owner(
+    ctx: &Context<State>,
+    db: &Database,
+    api: &Api<Backup>,
+    backup: &Scheduled,
+    owned: bool,
+) -> Result<(), Error> {
+    let Some(current) = ctx
+        .state
+        .backups
+        .state()
+        .into_iter()
+        .find(|b| b.uid().as_deref() == Some(backup.uid.as_str()))
+    else {
+        return Ok(());
+    };
+    let uid = db.uid().unwrap_or_default();
+    let mut owners: Vec<OwnerReference> = current
+        .owner_references()
+        .iter()
+        .filter(|o| o.uid != uid)
+        .cloned()
+        .collect();
+    if owned {
+        owners.extend(database_owner(db));
+    }
+    // The resourceVersion makes a stale view fail (409) instead of dropping an owner.
+    let patch = serde_json::json!({"metadata": {
+        "resourceVersion": current.resource_version(),
+        "ownerReferences": owners,
+    }});
+    match api
+        .patch(&backup.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    tracing::info!(backup = %backup.name, owned, "owner reference to the Database changed");
+    Ok(())
+}
+
 async fn publish(ctx: &Context<State>, db: &Database, normal: bool, reason: &str, note: &str) {
     dbops_shared::events::publish(&ctx.state.recorder, db, normal, "Schedule", reason, note).await;
 }
 
 /// The scheduled Backups (by label, into `store`'s reflector), each mapped to the
-/// Database that owns it: a Backup that finishes or goes brings retention and the next
+/// Database its label names: a Backup that finishes or goes brings retention and the next
 /// slot back to its Database.
 pub fn watches(
     c: Controller<Database>,
@@ -602,7 +690,11 @@ pub fn watches(
         // The store keeps what the plan reads; managedFields is most of an object.
         .modify(|b| b.managed_fields_mut().clear());
     let stream = reflector::reflector(writer, watch).touched_objects();
-    c.owns_stream(stream)
+    c.watches_stream(stream, |b: Backup| {
+        let ns = b.namespace()?;
+        let db = b.labels().get(SCHEDULE_OF)?;
+        Some(reflector::ObjectRef::new(db).within(&ns))
+    })
 }
 
 #[cfg(test)]
@@ -624,6 +716,7 @@ mod tests {
             slot: at(slot),
             phase,
             deleting: false,
+            owned_by_database: false,
         }
     }
 
@@ -890,20 +983,32 @@ mod tests {
         assert!(p.prune.is_empty());
     }
 
-    #[test]
-    fn the_scheduled_backup_is_owned_labelled_and_deletes_its_artifact() {
-        let db: Database = serde_json::from_value(serde_json::json!({
+    fn scheduled_database(on_deletion: Option<&str>) -> Database {
+        let mut backup = serde_json::json!({"schedule": "* * * * *"});
+        if let Some(policy) = on_deletion {
+            backup["onDatabaseDeletion"] = policy.into();
+        }
+        serde_json::from_value(serde_json::json!({
             "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
             "metadata": {"name": "orders", "namespace": "ns", "uid": "db-uid"},
             "spec": {"server": {"host": "h", "adminSecretRef": {"name": "a"}},
-                     "backup": {"schedule": "* * * * *"}}
+                     "backup": backup}
         }))
-        .unwrap();
-        let take = Take {
+        .unwrap()
+    }
+
+    fn take() -> Take {
+        Take {
             slot: at("2026-11-22T16:03:00Z"),
             name: "orders-202611221603".into(),
             skipped: 0,
-        };
+        }
+    }
+
+    #[test]
+    fn the_scheduled_backup_is_labelled_pinned_and_outlives_its_database() {
+        let db = scheduled_database(None);
+        let take = take();
         let b = desired_backup(&db, &take);
         assert_eq!(b.metadata.name.as_deref(), Some("orders-202611221603"));
         assert_eq!(b.metadata.namespace.as_deref(), Some("ns"));
@@ -923,6 +1028,28 @@ mod tests {
             b.annotations().get(SCHEDULED_AT).map(String::as_str),
             Some("2026-11-22T16:03:00Z")
         );
+        assert_eq!(
+            b.annotations().get(marks::DATABASE_UID).map(String::as_str),
+            Some("db-uid")
+        );
+        assert!(
+            b.owner_references().is_empty(),
+            "by default a scheduled Backup is not garbage collected with its Database"
+        );
+        // The plan reads the slot back from the annotation.
+        let mut stored = b.clone();
+        stored.metadata.uid = Some("b-uid".into());
+        let seen = Scheduled::of(&stored, Some("db-uid"));
+        assert_eq!(
+            (seen.slot, seen.phase, seen.deleting, seen.owned_by_database),
+            (take.slot, None, false, false)
+        );
+    }
+
+    #[test]
+    fn with_on_database_deletion_delete_the_scheduled_backup_is_owned() {
+        let db = scheduled_database(Some("Delete"));
+        let b = desired_backup(&db, &take());
         let owner = &b.owner_references()[0];
         assert_eq!(
             (owner.kind.as_str(), owner.uid.as_str()),
@@ -932,14 +1059,10 @@ mod tests {
             (owner.controller, owner.block_owner_deletion),
             (Some(true), Some(true))
         );
-        // The plan reads the slot back from the annotation.
         let mut stored = b.clone();
         stored.metadata.uid = Some("b-uid".into());
-        let seen = Scheduled::of(&stored);
-        assert_eq!(
-            (seen.slot, seen.phase, seen.deleting),
-            (take.slot, None, false)
-        );
+        assert!(Scheduled::of(&stored, Some("db-uid")).owned_by_database);
+        assert!(!Scheduled::of(&stored, Some("other-uid")).owned_by_database);
     }
 
     #[test]

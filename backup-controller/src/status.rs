@@ -22,6 +22,8 @@ pub struct Completed {
     pub checksum: String,
     pub server_version: String,
     pub completed_at: Time,
+    /// The UID of the Database dumped.
+    pub database_uid: String,
 }
 
 /// Where a Backup stands.
@@ -180,6 +182,7 @@ pub fn desired(backup: &Backup, outcome: &Outcome<'_>, t: Time) -> BackupStatus 
             new.checksum = Some(done.checksum.clone());
             new.location = Some(done.location.clone());
             new.server_version = Some(done.server_version.clone());
+            new.database_uid = Some(done.database_uid.clone());
         }
         _ => {}
     }
@@ -309,10 +312,12 @@ mod tests {
             checksum: "ab".into(),
             server_version: "15.14".into(),
             completed_at: at(10),
+            database_uid: "db-uid".into(),
         };
         let status = desired(&b, &Outcome::Completed(&done), at(10));
         assert_eq!(status.phase, Some(BackupPhase::Completed));
         assert_eq!(status.size_bytes, Some(42));
+        assert_eq!(status.database_uid.as_deref(), Some("db-uid"));
         let ready = get(&status.conditions, condition::READY).unwrap();
         assert_eq!(
             (ready.status.as_str(), ready.reason.as_str()),

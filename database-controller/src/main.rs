@@ -7,7 +7,7 @@
 //! Watches: Databases; the connection Secrets it owns; admin Secrets (mapped to their
 //! Databases through an index on `spec.server.adminSecretRef`); Migrations (their
 //! Database gets `MigrationInProgress` and its freeze is not "repaired"); and final
-//! snapshot Backups (label `dbops.dev/final-snapshot-of`) and Backups that a Database
+//! snapshot Backups (label `dbops.dev/final-snapshot-of=<Database uid>`) and Backups that a Database
 //! waits to be restored from (`spec.restoreFrom`).
 
 mod error;
@@ -33,7 +33,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 
-use crate::reconcile::{AdminSecretIndex, FINAL_SNAPSHOT_LABEL, State, Verified, Written};
+use crate::reconcile::{AdminSecretIndex, State, Verified, Written};
 
 /// The controller name: metrics label, Lease `dbops-database-controller`, Event reporter.
 const CONTROLLER: &str = "database-controller";
@@ -192,11 +192,9 @@ fn watches(
                 let name = b.metadata.name.clone().unwrap_or_default();
                 // The Database this final snapshot is for ...
                 let final_of = b
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(FINAL_SNAPSHOT_LABEL))
-                    .map(|db| ObjectRef::new(db).within(&ns));
+                    .labels()
+                    .contains_key(dbops_api::marks::FINAL_SNAPSHOT_OF)
+                    .then(|| ObjectRef::new(&b.spec.database_ref.name).within(&ns));
                 // ... and the Databases waiting to be restored from it.
                 let restoring: Vec<ObjectRef<Database>> = databases
                     .state()

@@ -31,8 +31,6 @@ use crate::{restore, secret, sql, status};
 
 pub const FINALIZER: &str = "dbops.dev/database-cleanup";
 pub const FIELD_MANAGER: &str = "dbops-database-controller";
-/// Label on a Database's final snapshot Backup.
-pub const FINAL_SNAPSHOT_LABEL: &str = "dbops.dev/final-snapshot-of";
 
 /// The database-controller's own state.
 pub struct State {
@@ -298,6 +296,13 @@ async fn admin_session(ctx: &Context<State>, db: &Database, dbname: &str) -> Res
         .await?)
 }
 
+fn secret_conflict(message: String) -> Error {
+    Error::Blocked {
+        reason: "SecretConflict",
+        message,
+    }
+}
+
 fn conflict(what: &str, name: &str, server: &ServerKey) -> Error {
     Error::Blocked {
         reason: "NameConflict",
@@ -353,6 +358,14 @@ async fn provision_in_postgres(
     let (database, role) = (db.database_name(), db.owner_role());
     let namespace = db.namespace().unwrap_or_default();
 
+    // A Secret of that name that this Database did not create is never written, and
+    // nothing happens on the server either.
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let existing = cached_secret(ctx, &namespace, &db.connection_secret_name()).await?;
+    if let Some(found) = &existing {
+        secret::check_ours(found, db).map_err(secret_conflict)?;
+    }
+
     let mut session = admin_session(ctx, db, "postgres").await?;
     let observed = sql::observe(&session, &role, &database).await?;
 
@@ -381,8 +394,6 @@ async fn provision_in_postgres(
     }
 
     // The password: kept while the Secret still holds the one written; otherwise new.
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let existing = cached_secret(ctx, &namespace, &db.connection_secret_name()).await?;
     let kept = existing.as_deref().and_then(secret::kept_password);
     let password = kept
         .clone()
@@ -426,6 +437,8 @@ async fn provision_in_postgres(
         }
         Some(found) => {
             if found.comment.is_none() {
+                // Created, then a crash before its mark: marked and closed to PUBLIC now,
+                // exactly as a database created in one go.
                 sql::mark_database(&session, &database, &new_mark).await?;
             }
             if found.owner != role {
@@ -457,7 +470,10 @@ async fn provision_in_postgres(
         // A new Secret: a plain create costs the apiserver less than an apply.
         None => match secrets.create(&PostParams::default(), &desired).await {
             Ok(_) => {}
+            // Not in the cache, yet there: written only if it is this Database's own.
             Err(kube::Error::Api(e)) if e.code == 409 => {
+                let found = secrets.get(&db.connection_secret_name()).await?;
+                secret::check_ours(&found, db).map_err(secret_conflict)?;
                 apply_secret(&secrets, db, &desired).await?
             }
             Err(e) => return Err(e.into()),
@@ -536,7 +552,9 @@ async fn cleanup(
     if let Some(migration) = migration {
         let outcome = Err(Error::Blocked {
             reason: "MigrationInProgress",
-            message: format!("deletion waits for Migration {migration} to end"),
+            message: format!(
+                "deletion waits for Migration {migration} to end: it rolls back if it has not switched the server yet, and finishes if it has"
+            ),
         });
         status::publish_deleting(db, ctx, api, &outcome).await?;
         return Ok(Action::requeue(ctx.resync_interval));
@@ -608,11 +626,90 @@ async fn drop_owned(db: &Database, ctx: &Context<State>) -> Result<()> {
     Ok(())
 }
 
-/// Ensures the final Backup exists; Ok once it is Ready.
+/// The name of a Database's final snapshot: `<name>-final-<first 8 characters of its
+/// UID>`, so a Database created again under the same name never finds the Backup of an
+/// earlier one in its place.
+pub fn final_snapshot_name(db: &Database) -> String {
+    let uid = db.uid().unwrap_or_default();
+    let suffix: String = uid.chars().filter(|c| *c != '-').take(8).collect();
+    let name = db.name_any();
+    // An object name has at most 253 characters; the suffix takes 15.
+    let mut head: String = name.chars().take(253 - 15).collect();
+    while head.ends_with(['-', '.']) {
+        head.pop();
+    }
+    format!("{head}-final-{suffix}")
+}
+
+/// What the Backup found under a Database's final snapshot name is to its deletion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinalSnapshot {
+    /// Made for this deletion and Ready: the dump of this very Database.
+    Ready,
+    /// Made for this deletion, not finished yet.
+    Pending,
+    /// Made for this deletion and Failed (the reason is given).
+    Failed(String),
+    /// Not provably a final snapshot of this Database (why is given): never trusted.
+    Foreign(String),
+}
+
+/// Judges `backup` as the final snapshot of `db` (pure). It is one only if it names this
+/// Database's UID (annotation and label), was created after the deletion began, refers to
+/// this Database, and, once Ready, says it dumped this UID (`status.databaseUID`).
+pub fn judge_final_snapshot(db: &Database, backup: &Backup) -> FinalSnapshot {
+    use dbops_api::marks;
+    let uid = db.uid().unwrap_or_default();
+    let name = backup.name_any();
+    if backup.annotations().get(marks::DATABASE_UID) != Some(&uid)
+        || backup.labels().get(marks::FINAL_SNAPSHOT_OF) != Some(&uid)
+    {
+        return FinalSnapshot::Foreign(format!(
+            "Backup {name} was not made as the final snapshot of this Database (UID {uid})"
+        ));
+    }
+    if backup.spec.database_ref.name != db.name_any() {
+        return FinalSnapshot::Foreign(format!(
+            "Backup {name} refers to Database {}",
+            backup.spec.database_ref.name
+        ));
+    }
+    let created = backup.creation_timestamp().map(|t| t.0);
+    let deleting = db.metadata.deletion_timestamp.as_ref().map(|t| t.0);
+    if let (Some(created), Some(deleting)) = (created, deleting)
+        && created < deleting
+    {
+        return FinalSnapshot::Foreign(format!(
+            "Backup {name} was created at {created}, before this Database's deletion began at {deleting}"
+        ));
+    }
+    let status = backup.status.clone().unwrap_or_default();
+    if dbops_shared::conditions::is_true(&status.conditions, dbops_api::condition::READY) {
+        return match status.database_uid.as_deref() {
+            Some(dumped) if dumped == uid => FinalSnapshot::Ready,
+            other => FinalSnapshot::Foreign(format!(
+                "Backup {name} is Ready but says it dumped the Database with UID {}, not {uid}",
+                other.unwrap_or("<none>")
+            )),
+        };
+    }
+    match dbops_shared::conditions::get(&status.conditions, dbops_api::condition::FAILED) {
+        Some(c) if c.status == "True" => {
+            FinalSnapshot::Failed(format!("{}: {}", c.reason, c.message))
+        }
+        _ => FinalSnapshot::Pending,
+    }
+}
+
+/// Ensures the final Backup of this deletion exists; Ok once it is Ready. A Backup of
+/// that name that is not provably this Database's final snapshot is never trusted: the
+/// database is kept and the Database says why.
 async fn final_snapshot(db: &Database, ctx: &Context<State>) -> Result<()> {
+    use dbops_api::marks;
     let namespace = db.namespace().unwrap_or_default();
     let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), &namespace);
-    let name = format!("{}-final", db.name_any());
+    let name = final_snapshot_name(db);
+    let uid = db.uid().unwrap_or_default();
     let backup = match backups.get_opt(&name).await? {
         Some(b) => b,
         None => {
@@ -622,7 +719,8 @@ async fn final_snapshot(db: &Database, ctx: &Context<State>) -> Result<()> {
                 "metadata": {
                     "name": name,
                     "namespace": namespace,
-                    "labels": {FINAL_SNAPSHOT_LABEL: db.name_any()},
+                    "labels": {marks::FINAL_SNAPSHOT_OF: uid},
+                    "annotations": {marks::DATABASE_UID: uid},
                 },
                 "spec": {"databaseRef": {"name": db.name_any()}, "deletionPolicy": "Retain"},
             }))
@@ -631,28 +729,35 @@ async fn final_snapshot(db: &Database, ctx: &Context<State>) -> Result<()> {
             if let Some((key, value)) = dbops_shared::telemetry::trace_annotation() {
                 b.annotations_mut().insert(key, value);
             }
-            backups.create(&PostParams::default(), &b).await?
+            match backups.create(&PostParams::default(), &b).await {
+                Ok(created) => created,
+                // Made by an earlier reconcile whose write the cache had not seen.
+                Err(kube::Error::Api(e)) if e.code == 409 => backups.get(&name).await?,
+                Err(e) => return Err(e.into()),
+            }
         }
     };
-    let ready = backup.status.as_ref().is_some_and(|s| {
-        dbops_shared::conditions::is_true(&s.conditions, dbops_api::condition::READY)
-    });
-    if ready {
-        return Ok(());
+    match judge_final_snapshot(db, &backup) {
+        FinalSnapshot::Ready => Ok(()),
+        FinalSnapshot::Pending => Err(Error::Blocked {
+            reason: "WaitingForFinalBackup",
+            message: format!(
+                "waiting for the final Backup {name} to be Ready before dropping the database"
+            ),
+        }),
+        FinalSnapshot::Failed(why) => Err(Error::Blocked {
+            reason: "WaitingForFinalBackup",
+            message: format!(
+                "final Backup {name} failed ({why}); the database is kept until a final Backup is Ready (delete Backup {name} to try again)"
+            ),
+        }),
+        FinalSnapshot::Foreign(why) => Err(Error::Blocked {
+            reason: "FinalSnapshotConflict",
+            message: format!(
+                "{why}; it is not trusted as this Database's final snapshot and the database is kept: delete or rename Backup {name} so that a final snapshot of this Database can be taken"
+            ),
+        }),
     }
-    let failed = backup.status.as_ref().is_some_and(|s| {
-        dbops_shared::conditions::is_true(&s.conditions, dbops_api::condition::FAILED)
-    });
-    Err(Error::Blocked {
-        reason: "WaitingForFinalBackup",
-        message: if failed {
-            format!(
-                "final Backup {name} failed; the database is kept until a final Backup is Ready (delete Backup {name} to try again)"
-            )
-        } else {
-            format!("waiting for the final Backup {name} to be Ready before dropping the database")
-        },
-    })
 }
 
 impl Error {
@@ -696,6 +801,102 @@ mod tests {
         index.retain(|ns, _| ns == "shop");
         assert!(index.referrers_of("other", "pg-admin").is_empty());
         assert_eq!(index.referrers_of("shop", "pg-new"), ["orders"]);
+    }
+
+    fn deleting_database(uid: &str) -> Database {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
+            "metadata": {"name": "orders", "namespace": "shop", "uid": uid,
+                         "deletionTimestamp": "2026-11-23T10:00:00Z"},
+            "spec": {"server": {"host": "h", "adminSecretRef": {"name": "a"}},
+                     "deletionPolicy": "Snapshot"}
+        }))
+        .unwrap()
+    }
+
+    fn final_backup(db_uid: &str, created: &str, status: serde_json::Value) -> Backup {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbops.dev/v1alpha1", "kind": "Backup",
+            "metadata": {"name": "orders-final-11112222", "namespace": "shop",
+                         "creationTimestamp": created,
+                         "labels": {"dbops.dev/final-snapshot-of": db_uid},
+                         "annotations": {"dbops.dev/database-uid": db_uid}},
+            "spec": {"databaseRef": {"name": "orders"}},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn ready(uid: Option<&str>) -> serde_json::Value {
+        serde_json::json!({"databaseUID": uid, "conditions": [{"type": "Ready", "status": "True",
+            "reason": "Completed", "message": "", "lastTransitionTime": "2026-11-23T10:00:05Z"}]})
+    }
+
+    #[test]
+    fn the_final_snapshot_name_carries_the_uid_and_stays_an_object_name() {
+        let db = deleting_database("1111-2222-3333");
+        assert_eq!(final_snapshot_name(&db), "orders-final-11112222");
+        let mut long = db.clone();
+        long.metadata.name = Some(format!("{}.x", "a".repeat(236)));
+        let name = final_snapshot_name(&long);
+        assert!(name.len() <= 253, "{}", name.len());
+        assert!(name.ends_with("-final-11112222"));
+        assert!(!name.contains(".-"), "{name}");
+    }
+
+    #[test]
+    fn only_a_snapshot_made_for_this_deletion_of_this_database_is_trusted() {
+        let db = deleting_database("uid-now");
+        let after = "2026-11-23T10:00:01Z";
+        assert_eq!(
+            judge_final_snapshot(&db, &final_backup("uid-now", after, ready(Some("uid-now")))),
+            FinalSnapshot::Ready
+        );
+        assert_eq!(
+            judge_final_snapshot(&db, &final_backup("uid-now", after, serde_json::json!({}))),
+            FinalSnapshot::Pending
+        );
+        // Left by an earlier Database of the same name.
+        assert!(matches!(
+            judge_final_snapshot(
+                &db,
+                &final_backup("uid-before", after, ready(Some("uid-before")))
+            ),
+            FinalSnapshot::Foreign(_)
+        ));
+        // Made before this deletion began.
+        assert!(matches!(
+            judge_final_snapshot(
+                &db,
+                &final_backup("uid-now", "2026-11-23T09:59:59Z", ready(Some("uid-now")))
+            ),
+            FinalSnapshot::Foreign(_)
+        ));
+        // Ready, but of another Database (or saying nothing about it).
+        assert!(matches!(
+            judge_final_snapshot(
+                &db,
+                &final_backup("uid-now", after, ready(Some("uid-other")))
+            ),
+            FinalSnapshot::Foreign(_)
+        ));
+        assert!(matches!(
+            judge_final_snapshot(&db, &final_backup("uid-now", after, ready(None))),
+            FinalSnapshot::Foreign(_)
+        ));
+        // Made by hand under that name, without the marks.
+        let mut by_hand = final_backup("uid-now", after, ready(Some("uid-now")));
+        by_hand.metadata.annotations = None;
+        assert!(matches!(
+            judge_final_snapshot(&db, &by_hand),
+            FinalSnapshot::Foreign(_)
+        ));
+        let failed = serde_json::json!({"conditions": [{"type": "Failed", "status": "True",
+            "reason": "DumpFailed", "message": "boom", "lastTransitionTime": after}]});
+        assert!(matches!(
+            judge_final_snapshot(&db, &final_backup("uid-now", after, failed)),
+            FinalSnapshot::Failed(why) if why.contains("DumpFailed")
+        ));
     }
 
     #[test]

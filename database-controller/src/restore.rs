@@ -184,7 +184,7 @@ pub async fn restore(
         .await?;
     }
     run_pg_restore(db, restorer, artifact, owner, password).await?;
-    sql::mark_database(session, &database, &sql::mark(&uid)).await?;
+    sql::comment_database(session, &database, &sql::mark(&uid)).await?;
     tracing::info!(
         database,
         backup = artifact.backup,

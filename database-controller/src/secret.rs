@@ -29,6 +29,40 @@ pub fn kept_password(secret: &Secret) -> Option<String> {
     (recorded == &sha256_hex(&password) && !password.is_empty()).then_some(password)
 }
 
+/// Whether `secret` is the connection Secret this very Database created: its controller
+/// owner reference carries the Database's UID. Anything else (a Secret someone made, or
+/// one of an earlier Database of the same name that garbage collection has not removed
+/// yet) is never written; the error says whose it is.
+pub fn check_ours(secret: &Secret, db: &Database) -> Result<(), String> {
+    let name = secret.metadata.name.as_deref().unwrap_or_default();
+    let uid = db.metadata.uid.as_deref().unwrap_or_default();
+    let controller = secret
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true));
+    match controller {
+        Some(r) if r.uid == uid => Ok(()),
+        Some(r)
+            if r.kind == "Database"
+                && r.name == db.metadata.name.as_deref().unwrap_or_default() =>
+        {
+            Err(format!(
+                "Secret {name} belongs to an earlier Database of this name (UID {}) and waits for garbage collection; this Database writes its own once it is gone",
+                r.uid
+            ))
+        }
+        Some(r) => Err(format!(
+            "Secret {name} exists and is controlled by {} {}; it is left untouched and nothing is provisioned: delete or rename it, or rename this Database",
+            r.kind, r.name
+        )),
+        None => Err(format!(
+            "Secret {name} exists and was not created by dbops for this Database; it is left untouched and nothing is provisioned: delete or rename it, or rename this Database"
+        )),
+    }
+}
+
 /// Percent-encodes everything but RFC 3986 unreserved characters.
 fn encode(s: &str) -> String {
     s.bytes()
@@ -178,6 +212,29 @@ mod tests {
         );
         assert_eq!(s.metadata.name.as_deref(), Some("orders-connection"));
         assert_eq!(s.metadata.owner_references.as_ref().unwrap()[0].uid, "u-1");
+    }
+
+    #[test]
+    fn only_a_secret_this_database_controls_is_ours() {
+        let db = db();
+        assert!(check_ours(&desired(&db, "pw"), &db).is_ok());
+        let mut foreign = desired(&db, "pw");
+        foreign.metadata.owner_references = None;
+        let why = check_ours(&foreign, &db).unwrap_err();
+        assert!(why.contains("not created by dbops"), "{why}");
+        let mut earlier = desired(&db, "pw");
+        if let Some(refs) = earlier.metadata.owner_references.as_mut() {
+            refs[0].uid = "u-0".into();
+        }
+        let why = check_ours(&earlier, &db).unwrap_err();
+        assert!(why.contains("earlier Database"), "{why}");
+        let mut other = desired(&db, "pw");
+        if let Some(refs) = other.metadata.owner_references.as_mut() {
+            refs[0].kind = "Deployment".into();
+            refs[0].uid = "u-9".into();
+        }
+        let why = check_ours(&other, &db).unwrap_err();
+        assert!(why.contains("Deployment"), "{why}");
     }
 
     #[test]

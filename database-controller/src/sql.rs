@@ -11,10 +11,9 @@
 use dbops_shared::postgres::ddl;
 use dbops_shared::postgres::{PgError, Session, password_verifier, quote_ident, quote_literal};
 
-/// Replaces the database's mark (without touching its privileges).
-pub use ddl::comment_database as mark_database;
 pub use ddl::{
-    create_extension, create_role, drop_database, drop_role, is_marked as is_ours, mark, observe,
+    comment_database, create_extension, create_role, drop_database, drop_role,
+    is_marked as is_ours, mark, mark_database, observe,
 };
 
 /// The second word of a database's mark while `spec.restoreFrom` has not been restored

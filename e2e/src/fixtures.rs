@@ -62,3 +62,32 @@ pub async fn create_database(
         .await
         .with_context(|| format!("creating Database {ns}/{name}"))
 }
+
+/// The name of the final snapshot Backup made for the Database with `db_uid`
+/// (`deletionPolicy: Snapshot`), found by its label once the database-controller made it.
+pub async fn wait_final_snapshot(
+    client: &kube::Client,
+    ns: &str,
+    db_uid: &str,
+    timeout: std::time::Duration,
+) -> Result<String> {
+    let api = Api::<dbops_api::Backup>::namespaced(client.clone(), ns);
+    let selector = format!("{}={db_uid}", dbops_api::marks::FINAL_SNAPSHOT_OF);
+    let found = crate::wait::wait_for(
+        &format!("the final snapshot Backup of the Database with UID {db_uid}"),
+        timeout,
+        || async {
+            let list = api
+                .list(&kube::api::ListParams::default().labels(&selector))
+                .await?;
+            Ok(list
+                .items
+                .into_iter()
+                .filter_map(|b| b.metadata.name)
+                .collect::<Vec<_>>())
+        },
+        |names| !names.is_empty(),
+    )
+    .await?;
+    found.into_iter().next().context("no final snapshot Backup")
+}

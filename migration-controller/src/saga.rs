@@ -238,6 +238,35 @@ impl Saga<'_> {
                 return self.finish().await;
             };
             let before_switch = step < MigrationStep::SwitchTraffic;
+            let db = self.database().await?;
+            let db_going = db
+                .as_ref()
+                .is_none_or(|d| d.metadata.deletion_timestamp.is_some());
+            let switched = self.switched(&status, db.as_ref());
+            // A Database deleted (or gone) before its server was switched: nothing is
+            // gained by going on, and its deletion waits for this Migration. Roll back at
+            // once, so the source is writable and the target clean again and the
+            // Database's deletion policy then applies to the source.
+            if db_going && progress::any_started(&status) && !switched {
+                let mut status = status;
+                let what = if db.is_some() {
+                    "is being deleted"
+                } else {
+                    "is gone"
+                };
+                progress::begin_rollback(
+                    &mut status,
+                    step,
+                    "DatabaseDeleted",
+                    &format!(
+                        "Database {} {what} and its server was not switched yet; the Migration is rolled back so that its deletion can proceed on the source",
+                        self.m.spec.database_ref.name
+                    ),
+                    self.generation(),
+                );
+                self.start_rollback(status, step).await?;
+                continue;
+            }
             if self.deleting() && !progress::started(&status, MigrationStep::SwitchTraffic) {
                 let mut status = status;
                 progress::begin_rollback(
@@ -257,8 +286,14 @@ impl Saga<'_> {
             {
                 return self.await_approval(status).await;
             }
-            let db = match self.database().await? {
+            let db = match db {
                 Some(db) => db,
+                // Switched, then deleted and gone: the data is on the target; what is
+                // left (the switch's wait, Cleanup) needs only the names in status.
+                None if switched => {
+                    self.finish_without_database(step).await?;
+                    continue;
+                }
                 None if step == MigrationStep::Preflight => {
                     let mut status = status;
                     progress::pending(
@@ -276,10 +311,7 @@ impl Saga<'_> {
                 None => {
                     return Err(Error::transient(
                         "DatabaseNotFound",
-                        format!(
-                            "Database {} is gone in the middle of the Migration",
-                            self.m.spec.database_ref.name
-                        ),
+                        format!("Database {} does not exist", self.m.spec.database_ref.name),
                     ));
                 }
             };
@@ -346,6 +378,36 @@ impl Saga<'_> {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Whether SwitchTraffic has changed the Database's server: recorded in status, or
+    /// seen on the Database (patched, then a crash before the record).
+    fn switched(&self, status: &MigrationStatus, db: Option<&Database>) -> bool {
+        status.switched_generation.is_some()
+            || (progress::started(status, MigrationStep::SwitchTraffic)
+                && db.is_some_and(|d| d.spec.server == self.m.spec.target.server))
+    }
+
+    /// The steps left after the switch when the Database object is gone (it was deleted
+    /// after SwitchTraffic): SwitchTraffic has nothing left to wait for; Cleanup works from
+    /// the names Preflight recorded.
+    async fn finish_without_database(&mut self, step: MigrationStep) -> Result<()> {
+        let mut status = self.status();
+        progress::start(&mut status, step, self.generation());
+        self.save(status).await?;
+        let message = match step {
+            MigrationStep::Cleanup => steps::cleanup(self, None).await?,
+            _ => format!(
+                "Database {} was deleted after its server was switched to the target; nothing left to wait for",
+                self.m.spec.database_ref.name
+            ),
+        };
+        let mut status = self.status();
+        progress::succeed(&mut status, step, message.clone());
+        self.save(status).await?;
+        self.event(true, &format!("{}Succeeded", step.as_str()), &message)
+            .await;
+        Ok(())
     }
 
     fn crash_point(&self, step: MigrationStep, after_side_effects: bool) {

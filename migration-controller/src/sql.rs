@@ -179,21 +179,32 @@ pub async fn unfreeze(s: &Session, database: &str, was: &FreezeRecord) -> Result
     .map_err(PgError::sql(format!("unfreezing database {database}")))
 }
 
-/// How many schemas, relations and functions outside the system schemas the connected
-/// database holds: the restore runs in one transaction, so more than none means it
-/// committed.
+/// How many schemas, relations (tables, views, foreign tables and sequences of their own;
+/// indexes, TOAST tables and column sequences come with a table) and functions outside
+/// the system schemas the connected database holds, not counting what belongs to an
+/// extension (ProvisionTarget creates the extensions, and some bring schemas, tables or
+/// functions of their own): the restore runs in one transaction, so more than none means
+/// it committed.
 pub async fn user_objects(s: &Session) -> Result<i64, PgError> {
     let row = s
         .query_one(
             "SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                       WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') \
                         AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp%' \
+                        AND (c.relkind IN ('r', 'p', 'v', 'm', 'f') \
+                             OR (c.relkind = 'S' AND NOT EXISTS (SELECT 1 FROM pg_depend o \
+                                   WHERE o.classid = 'pg_class'::regclass AND o.objid = c.oid \
+                                     AND o.refclassid = 'pg_class'::regclass \
+                                     AND o.deptype IN ('a', 'i')))) \
                         AND NOT EXISTS (SELECT 1 FROM pg_depend d \
                                          WHERE d.classid = 'pg_class'::regclass \
                                            AND d.objid = c.oid AND d.deptype = 'e')) \
-                  + (SELECT count(*) FROM pg_namespace \
-                      WHERE nspname NOT IN ('pg_catalog', 'information_schema', 'public') \
-                        AND nspname NOT LIKE 'pg\\_%') \
+                  + (SELECT count(*) FROM pg_namespace n \
+                      WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'public') \
+                        AND n.nspname NOT LIKE 'pg\\_%' \
+                        AND NOT EXISTS (SELECT 1 FROM pg_depend d \
+                                         WHERE d.classid = 'pg_namespace'::regclass \
+                                           AND d.objid = n.oid AND d.deptype = 'e')) \
                   + (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
                       WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') \
                         AND NOT EXISTS (SELECT 1 FROM pg_depend d \

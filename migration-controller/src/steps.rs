@@ -50,7 +50,7 @@ pub async fn run(saga: &mut Saga<'_>, step: MigrationStep, db: &Database) -> Res
         MigrationStep::CopyData => copy_data(saga, db).await,
         MigrationStep::Verify => verify(saga, db).await,
         MigrationStep::SwitchTraffic => switch_traffic(saga, db).await,
-        MigrationStep::Cleanup => cleanup(saga, db).await,
+        MigrationStep::Cleanup => cleanup(saga, Some(db)).await.map(Outcome::Done),
     }
 }
 
@@ -125,6 +125,20 @@ fn database_uid(saga: &Saga<'_>) -> Result<String> {
     })
 }
 
+/// The database and owner role names in PostgreSQL: as Preflight recorded them, or from
+/// the Database (a Migration that recorded none yet).
+fn names(saga: &Saga<'_>, db: Option<&Database>) -> Result<(String, String)> {
+    let status = saga.status();
+    match (status.database_name, status.owner_role, db) {
+        (Some(database), Some(role), _) => Ok((database, role)),
+        (_, _, Some(db)) => Ok((db.database_name(), db.owner_role())),
+        _ => Err(Error::transient(
+            "DatabaseNotFound",
+            "the Database is gone and Preflight recorded no names",
+        )),
+    }
+}
+
 fn migration_uid(saga: &Saga<'_>) -> String {
     saga.m.uid().unwrap_or_default()
 }
@@ -174,9 +188,15 @@ async fn preflight(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
         )));
     }
     let mut status = saga.status();
-    if status.source_server.is_none() || status.database_uid.is_none() {
+    if status.source_server.is_none()
+        || status.database_uid.is_none()
+        || status.database_name.is_none()
+        || status.owner_role.is_none()
+    {
         status.source_server = Some(db.spec.server.clone());
         status.database_uid = db.uid();
+        status.database_name = Some(db.database_name());
+        status.owner_role = Some(db.owner_role());
         saga.save(status).await?;
     }
     preflight_checks(saga, db).await.map_err(preflight_error)
@@ -276,6 +296,16 @@ fn trace_annotations() -> serde_json::Map<String, serde_json::Value> {
 
 // ---- Snapshot ------------------------------------------------------------------------
 
+/// The snapshot Backup dumps this very Database (its UID), and continues the trace.
+fn snapshot_annotations(db: &Database) -> serde_json::Map<String, serde_json::Value> {
+    let mut annotations = trace_annotations();
+    annotations.insert(
+        dbops_api::marks::DATABASE_UID.to_string(),
+        serde_json::Value::String(db.uid().unwrap_or_default()),
+    );
+    annotations
+}
+
 async fn snapshot(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
     let name = format!("{}-snapshot", saga.m.name_any());
     let backups: Api<Backup> = Api::namespaced(saga.ctx.client.clone(), &saga.namespace);
@@ -290,7 +320,7 @@ async fn snapshot(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
                     "name": name,
                     "namespace": saga.namespace,
                     "labels": {SNAPSHOT_LABEL: saga.m.name_any()},
-                    "annotations": trace_annotations(),
+                    "annotations": snapshot_annotations(db),
                     "ownerReferences": owner,
                 },
                 "spec": {"databaseRef": {"name": db.name_any()}, "deletionPolicy": "Retain"},
@@ -382,9 +412,8 @@ async fn unfreeze_source(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<S
     let Some(record) = saga.status().freeze else {
         return Ok("nothing was frozen".into());
     };
-    let db = db.ok_or_else(|| Error::transient("DatabaseNotFound", "the Database is gone"))?;
+    let (database, _) = names(saga, db)?;
     let source = source_server(saga)?;
-    let database = db.database_name();
     let s = session(saga, &source, "postgres").await?;
     if sql::freeze_state(&s, &database).await?.is_none() {
         return Ok(format!(
@@ -495,11 +524,10 @@ async fn clean_target(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<Stri
     if !saga.status().target_touched {
         return Ok("nothing was created on the target".into());
     }
-    let db = db.ok_or_else(|| Error::transient("DatabaseNotFound", "the Database is gone"))?;
     let target = saga.m.spec.target.server.clone();
     let uid = database_uid(saga)?;
     let muid = migration_uid(saga);
-    let (database, role) = (db.database_name(), db.owner_role());
+    let (database, role) = names(saga, db)?;
     let t = session(saga, &target, "postgres").await?;
     let (role_found, db_found) = sql::observe(&t, &role, &database).await?;
     let role_ours = role_found
@@ -662,6 +690,15 @@ async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
         saga.save(status.clone()).await?;
     }
     let generation = status.switched_generation.unwrap_or_default();
+    if db.metadata.deletion_timestamp.is_some() {
+        // Deleted after the switch: it will never be Ready there, and need not be; its
+        // deletion policy applies on the target once this Migration ends.
+        return Ok(Outcome::Done(format!(
+            "Database {} now refers to {} (generation {generation}) and is being deleted; its deletionPolicy applies there once this Migration ends",
+            db.name_any(),
+            at(&target)
+        )));
+    }
     let ready = db.status.as_ref().is_some_and(|s| {
         s.observed_generation.unwrap_or_default() >= generation
             && dbops_shared::conditions::get(&s.conditions, condition::READY).is_some_and(|c| {
@@ -686,14 +723,15 @@ async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
 
 // ---- Cleanup -------------------------------------------------------------------------
 
-async fn cleanup(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
+/// Keep or Drop the source; `db` is `None` when the Database was deleted after the switch.
+pub async fn cleanup(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<String> {
     let source = source_server(saga)?;
-    let (database, role) = (db.database_name(), db.owner_role());
+    let (database, role) = names(saga, db)?;
     if saga.m.spec.source_retention == SourceRetention::Keep {
-        return Ok(Outcome::Done(format!(
+        return Ok(format!(
             "sourceRetention Keep: database {database} stays on {}, frozen (read-only, connection limit 0)",
             at(&source)
-        )));
+        ));
     }
     let uid = database_uid(saga)?;
     let s = session(saga, &source, "postgres").await?;
@@ -719,9 +757,9 @@ async fn cleanup(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
     if done.is_empty() {
         done.push("already gone".into());
     }
-    Ok(Outcome::Done(format!(
+    Ok(format!(
         "sourceRetention Drop on {}: {}",
         at(&source),
         done.join(", ")
-    )))
+    ))
 }

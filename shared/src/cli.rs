@@ -35,6 +35,12 @@ pub struct CommonArgs {
     #[arg(long, env = "DBOPS_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
 
+    /// The controllers' own namespace: where their Leases and the backup store's
+    /// registration live (and the DatabaseServers' admin and CA Secrets). In a Pod, set
+    /// from the downward API as POD_NAMESPACE.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "dbops-system")]
+    pub controller_namespace: String,
+
     /// Address of the health (/healthz, /readyz) and Prometheus (/metrics) endpoints.
     #[arg(long, env = "DBOPS_METRICS_ADDR", default_value = "127.0.0.1:8080")]
     pub metrics_addr: SocketAddr,

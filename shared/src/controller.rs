@@ -384,7 +384,7 @@ where
     };
     let work = async {
         let result = if args.leader_elect {
-            let lease = LeaseSettings::from_env(controller);
+            let lease = LeaseSettings::new(controller, &args.controller_namespace);
             leader::run_as_leader(
                 client.clone(),
                 lease,

@@ -1,5 +1,5 @@
 //! Leader election (`--leader-elect`): only the replica holding the coordination.k8s.io/v1
-//! Lease `dbops-<controller>` in `$POD_NAMESPACE` (default `default`) runs its controller.
+//! Lease `dbops-<controller>` in the controllers' namespace (`--controller-namespace`, `$POD_NAMESPACE`) runs its controller.
 //!
 //! The Lease is managed by the `kube-lease-manager` crate: 15 s lease, renewed 5 s before it
 //! expires, holder identity `$POD_NAME` (`<hostname>-<random>` when unset). A replica that
@@ -71,11 +71,12 @@ pub struct LeaseSettings {
 }
 
 impl LeaseSettings {
-    /// `dbops-<controller>` in `$POD_NAMESPACE` (default `default`).
-    pub fn from_env(controller: &str) -> Self {
+    /// `dbops-<controller>` in the controllers' namespace (`--controller-namespace`,
+    /// `$POD_NAMESPACE`), held as `$POD_NAME`.
+    pub fn new(controller: &str, namespace: &str) -> Self {
         Self {
             name: format!("dbops-{controller}"),
-            namespace: std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".to_owned()),
+            namespace: namespace.to_owned(),
             identity: std::env::var("POD_NAME").ok(),
         }
     }

@@ -445,6 +445,39 @@ impl Setup {
         );
     }
 
+    /// Runs `sql` in `database` as the superuser.
+    async fn exec_as_superuser(&self, database: &str, sql: &str) {
+        let client = self
+            .pg
+            .connect(
+                dbops_e2e::postgres::SUPERUSER,
+                self.pg.superuser_password(),
+                database,
+            )
+            .await
+            .unwrap();
+        client.batch_execute(sql).await.unwrap();
+    }
+
+    /// The reasons of the Warning Events about Database `name`.
+    async fn warning_reasons(&self, name: &str) -> Vec<String> {
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(self.b.client.clone(), self.ns());
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.involved_object.kind.as_deref() == Some("Database")
+                    && e.involved_object.name.as_deref() == Some(name)
+                    && e.type_.as_deref() == Some("Warning")
+            })
+            .filter_map(|e| e.reason)
+            .collect()
+    }
+
     /// Every file in the store directory of this namespace (hidden ones too), sorted.
     fn store_files(&self) -> Vec<String> {
         let dir = self.store.path().join(self.ns());
@@ -834,7 +867,7 @@ async fn a_missing_database_fails_the_backup_at_once() {
 }
 
 /// The database-controller's `deletionPolicy: Snapshot`, end to end: deleting the
-/// Database creates `<name>-final`, the backup-controller completes it, and only then is
+/// Database creates `<name>-final-<uid>`, the backup-controller completes it, and only then is
 /// the database dropped and the Database gone; the artifact stays.
 #[tokio::test]
 async fn a_snapshot_policy_database_is_backed_up_before_it_is_dropped() {
@@ -846,7 +879,24 @@ async fn a_snapshot_policy_database_is_backed_up_before_it_is_dropped() {
         .await
         .unwrap();
 
-    let backup = s.wait_completed("snap-final", READY).await;
+    let final_name = dbops_e2e::fixtures::wait_final_snapshot(
+        &s.b.client,
+        s.ns(),
+        db.metadata.uid.as_deref().unwrap(),
+        READY,
+    )
+    .await
+    .unwrap();
+    assert!(final_name.starts_with("snap-final-"), "{final_name}");
+    let backup = s.wait_completed(&final_name, READY).await;
+    assert_eq!(
+        backup
+            .status
+            .as_ref()
+            .and_then(|st| st.database_uid.as_deref()),
+        db.metadata.uid.as_deref(),
+        "the final Backup says which Database it dumped"
+    );
     let toc = verify_artifact(&s, &backup);
     assert!(toc.contains("TABLE DATA public pgbench_accounts"), "{toc}");
     s.wait_gone(
@@ -866,18 +916,130 @@ async fn a_snapshot_policy_database_is_backed_up_before_it_is_dropped() {
     );
 
     // The final Backup outlives its Database and stays Completed.
-    let after = s.backups().get("snap-final").await.unwrap();
+    let after = s.backups().get(&final_name).await.unwrap();
     assert_eq!(phase(&after), Some(BackupPhase::Completed));
     let (artifact, manifest) = s.artifact_paths(&after);
     assert!(artifact.is_file() && manifest.is_file());
     dbops_e2e::wait::holds_for(
         "the final Backup stays Completed after its Database is gone",
         Duration::from_secs(6),
-        || async { Ok(phase(&s.backups().get("snap-final").await?)) },
+        || async { Ok(phase(&s.backups().get(&final_name).await?)) },
         |p| *p == Some(BackupPhase::Completed),
     )
     .await
     .unwrap();
+}
+
+/// Issue 10, item 1: a final snapshot is provably of the Database being deleted. Database
+/// `orders` (deletionPolicy Snapshot) lives three times under one name and databaseName:
+/// the first life is snapshotted and dropped; the second, with a table of its own, gets a
+/// final snapshot of its own (the first life's Completed one is not trusted) that holds
+/// the second life's table before its database is dropped; the third finds a Backup made
+/// by hand under its final snapshot's name, which is not trusted either
+/// (FinalSnapshotConflict, a Warning Event, the database kept) until it is removed.
+#[tokio::test]
+async fn a_final_snapshot_is_of_the_database_being_deleted_never_an_earlier_one() {
+    let s = Setup::new("bk-lives").await;
+    let mut finals: Vec<String> = Vec::new();
+    for (life, table) in [(1, "first_life"), (2, "second_life")] {
+        let db = s.create_database("orders", "Snapshot").await;
+        let uid = db.metadata.uid.clone().unwrap();
+        s.exec_as_superuser(
+            "orders",
+            &format!(
+                "CREATE TABLE {table} (x int); INSERT INTO {table} SELECT generate_series(1, 100)"
+            ),
+        )
+        .await;
+        s.databases()
+            .delete("orders", &DeleteParams::default())
+            .await
+            .unwrap();
+        let name = dbops_e2e::fixtures::wait_final_snapshot(&s.b.client, s.ns(), &uid, READY)
+            .await
+            .unwrap();
+        assert!(
+            !finals.contains(&name),
+            "life {life} took {name}, the name of an earlier life's final snapshot"
+        );
+        let backup = s.wait_completed(&name, READY).await;
+        assert_eq!(
+            backup
+                .status
+                .as_ref()
+                .and_then(|st| st.database_uid.as_deref()),
+            Some(uid.as_str())
+        );
+        let toc = verify_artifact(&s, &backup);
+        assert!(
+            toc.contains(&format!("TABLE DATA public {table}")),
+            "life {life}'s final snapshot lacks its table {table}:\n{toc}"
+        );
+        s.wait_gone(s.databases(), "orders", &uid, READY).await;
+        assert!(!s.pg.database_exists("orders").await.unwrap());
+        finals.push(name);
+    }
+
+    // Life 3: someone made a Backup of it, by hand, under its final snapshot's name.
+    let db = s.create_database("orders", "Snapshot").await;
+    let uid = db.metadata.uid.clone().unwrap();
+    let name = format!("orders-final-{}", &uid.replace('-', "")[..8]);
+    s.create_backup(&name, "orders", json!({})).await;
+    s.wait_completed(&name, READY).await;
+    s.databases()
+        .delete("orders", &DeleteParams::default())
+        .await
+        .unwrap();
+    let conflict = s
+        .wait_database(
+            "orders",
+            Want::new("Progressing", "True", Some("FinalSnapshotConflict")).any_generation(),
+            READY,
+        )
+        .await;
+    let message = dbops_e2e::wait::describe_database(&s.databases(), "orders").await;
+    assert!(message.contains(&name), "{message}");
+    assert!(conflict.metadata.deletion_timestamp.is_some());
+    dbops_e2e::wait::holds_for(
+        "database orders is kept while only a foreign Backup has the final snapshot's name",
+        Duration::from_secs(8),
+        || async { s.pg.database_exists("orders").await },
+        |exists| *exists,
+    )
+    .await
+    .unwrap();
+    let events = s.warning_reasons("orders").await;
+    assert!(
+        events.contains(&"FinalSnapshotConflict".to_string()),
+        "{events:?}"
+    );
+
+    // The impostor removed, the controller takes its own final snapshot, then drops.
+    let impostor = s.backups().get(&name).await.unwrap();
+    s.backups()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    s.wait_gone(
+        s.backups(),
+        &name,
+        impostor.metadata.uid.as_deref().unwrap(),
+        READY,
+    )
+    .await;
+    let own = s
+        .wait_backup(&name, "made again as the final snapshot", READY, |b| {
+            b.metadata.uid != impostor.metadata.uid && phase(b) == Some(BackupPhase::Completed)
+        })
+        .await;
+    assert_eq!(
+        own.status
+            .as_ref()
+            .and_then(|st| st.database_uid.as_deref()),
+        Some(uid.as_str())
+    );
+    s.wait_gone(s.databases(), "orders", &uid, READY).await;
+    assert!(!s.pg.database_exists("orders").await.unwrap());
 }
 
 /// A Backup of a Database that is not Ready yet waits (Pending, WaitingForDatabase, no

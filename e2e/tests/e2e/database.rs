@@ -806,27 +806,18 @@ async fn snapshot_policy_waits_for_the_final_backup_then_drops() {
 
     s.delete("snap").await;
     let backups = s.backups();
-    let backup = eventually(
-        "Backup snap-final",
-        READY,
-        || async {
-            Ok(backups
-                .get_opt("snap-final")
-                .await?
-                .map(|b| (b.metadata.clone(), b.spec.clone())))
-        },
-        |b| b.is_some(),
-    )
-    .await
-    .unwrap();
-    let (meta, spec) = backup;
+    let final_name = dbops_e2e::fixtures::wait_final_snapshot(&s.b.client, s.ns(), &uid, READY)
+        .await
+        .unwrap();
+    let backup = backups.get(&final_name).await.unwrap();
+    let (meta, spec) = (backup.metadata.clone(), backup.spec.clone());
     assert_eq!(spec.database_ref.name, "snap");
     assert_eq!(
-        meta.labels
+        meta.annotations
             .unwrap_or_default()
-            .get("dbops.dev/final-snapshot-of")
-            .map(String::as_str),
-        Some("snap")
+            .get("dbops.dev/database-uid"),
+        Some(&uid),
+        "the final Backup is pinned to this Database's UID"
     );
     assert!(
         !meta.owner_references.iter().flatten().any(|o| o.uid == uid),
@@ -865,10 +856,11 @@ async fn snapshot_policy_waits_for_the_final_backup_then_drops() {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     backups
         .patch_status(
-            "snap-final",
+            &final_name,
             &PatchParams::default(),
             &Patch::Merge(json!({"status": {
                 "phase": "Completed",
+                "databaseUID": uid,
                 "conditions": [{
                     "type": "Ready",
                     "status": "True",
@@ -890,7 +882,7 @@ async fn snapshot_policy_waits_for_the_final_backup_then_drops() {
         "role snap still exists"
     );
     assert!(
-        backups.get_opt("snap-final").await.unwrap().is_some(),
+        backups.get_opt(&final_name).await.unwrap().is_some(),
         "the final Backup stays"
     );
     assert_eq!(
@@ -1605,4 +1597,162 @@ async fn a_running_migration_holds_off_drift_repair_and_deletion() {
         .unwrap();
     s.wait_gone(&db, READY).await;
     assert!(s.pg.database_exists("moving").await.unwrap());
+}
+
+/// Issue 10, item 2: a Secret `<name>-connection` that dbops did not create is never taken
+/// over. The Database reports `Ready=False/SecretConflict`, the Secret keeps its data and
+/// gains no owner (so deleting the Database cannot garbage-collect it), and nothing is
+/// created on the server; once the Secret is gone, a new Database of that name provisions.
+#[tokio::test]
+async fn an_existing_secret_is_never_taken_over() {
+    let s = Setup::new("db-secret-conflict").await;
+    let mut theirs = Secret::default();
+    theirs.metadata.name = Some("billing-connection".into());
+    theirs.string_data = Some(BTreeMap::from([(
+        "password".to_string(),
+        "not-dbops".to_string(),
+    )]));
+    let theirs = s
+        .secrets()
+        .create(&PostParams::default(), &theirs)
+        .await
+        .unwrap();
+
+    let db = s
+        .create("billing", json!({"deletionPolicy": "Delete"}))
+        .await;
+    let refused = s.wait("billing", not_ready("SecretConflict"), READY).await;
+    let message = refused
+        .status
+        .as_ref()
+        .and_then(|st| {
+            st.conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| c.message.clone())
+        })
+        .unwrap_or_default();
+    assert!(message.contains("billing-connection"), "{message}");
+    let untouched = |found: &Secret| {
+        found.metadata.resource_version == theirs.metadata.resource_version
+            && found.metadata.owner_references.is_none()
+    };
+    holds_for(
+        "Secret billing-connection keeps its data and gains no owner",
+        RESYNC * 2 + Duration::from_secs(1),
+        || async {
+            Ok(s.secrets()
+                .get("billing-connection")
+                .await
+                .map(SecretView)?)
+        },
+        |found| untouched(&found.0),
+    )
+    .await
+    .unwrap();
+    assert!(!s.pg.role_exists("billing").await.unwrap(), "role created");
+    assert!(
+        !s.pg.database_exists("billing").await.unwrap(),
+        "database created"
+    );
+    assert!(
+        s.events_for("billing")
+            .await
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("SecretConflict")
+                && e.type_.as_deref() == Some("Warning")),
+        "no Warning Event SecretConflict"
+    );
+
+    // Deleting the Database leaves the Secret alone (no owner reference to collect it).
+    s.delete("billing").await;
+    s.wait_gone(&db, READY).await;
+    holds_for(
+        "Secret billing-connection survives the Database's deletion",
+        Duration::from_secs(5),
+        || async {
+            Ok(s.secrets()
+                .get_opt("billing-connection")
+                .await?
+                .map(SecretView))
+        },
+        |found| found.as_ref().is_some_and(|f| untouched(&f.0)),
+    )
+    .await
+    .unwrap();
+
+    // Without the foreign Secret, the same name provisions and the Secret is its own.
+    s.secrets()
+        .delete("billing-connection", &DeleteParams::default())
+        .await
+        .unwrap();
+    let db = s
+        .create("billing", json!({"deletionPolicy": "Delete"}))
+        .await;
+    s.wait_ready("billing").await;
+    let own = s.connection_secret("billing").await;
+    assert!(
+        own.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| Some(&o.uid) == db.metadata.uid.as_ref() && o.controller == Some(true))
+    );
+}
+
+/// Issue 10, "also found": after a crash between `CREATE DATABASE` and its mark, the
+/// recovery path marks the database and closes it to PUBLIC exactly like the normal path
+/// (before the fix it only commented it, and every role on the server kept CONNECT). The
+/// crash is reproduced by leaving what it leaves: the role marked with the Database's UID
+/// and the database owned by it without a mark, created while the admin Secret is missing.
+#[tokio::test]
+async fn a_database_recovered_after_a_crash_is_closed_to_public() {
+    let s = Setup::new("db-revoke").await;
+    s.create(
+        "recovered",
+        json!({"server": {"adminSecretRef": {"name": "late-admin"}}}),
+    )
+    .await;
+    let db = s
+        .wait("recovered", not_ready("AdminSecretNotFound"), READY)
+        .await;
+    let uid = db.metadata.uid.clone().unwrap();
+    let su = s.pg.connect_as_superuser().await.unwrap();
+    su.batch_execute(&format!(
+        "CREATE ROLE recovered LOGIN; COMMENT ON ROLE recovered IS 'dbops.dev/uid={uid}'; \
+         CREATE ROLE bystander LOGIN"
+    ))
+    .await
+    .unwrap();
+    su.batch_execute("CREATE DATABASE recovered OWNER recovered")
+        .await
+        .unwrap();
+    let connect_as_bystander = "SELECT has_database_privilege('bystander', 'recovered', 'CONNECT')";
+    let before: bool = su
+        .query_one(connect_as_bystander, &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        before,
+        "a new database is open to PUBLIC until dbops closes it"
+    );
+
+    let password = s.pg.superuser_password().to_string();
+    s.create_admin_secret("late-admin", Some("postgres"), Some(&password))
+        .await;
+    s.wait_ready("recovered").await;
+    assert_eq!(
+        s.pg.database_comment("recovered").await.unwrap().as_deref(),
+        Some(format!("dbops.dev/uid={uid}").as_str())
+    );
+    let after: bool = su
+        .query_one(connect_as_bystander, &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        !after,
+        "the recovered database is still open to PUBLIC: role bystander may CONNECT"
+    );
 }

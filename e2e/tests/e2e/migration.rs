@@ -171,6 +171,14 @@ impl Setup {
         }
     }
 
+    /// SIGTERM, and waits for the exit.
+    fn stop_migration_controller(&mut self) {
+        if let Some(mut c) = self.migration_controller.take() {
+            c.process.signal("TERM").unwrap();
+            c.process.wait_exit(Duration::from_secs(20)).unwrap();
+        }
+    }
+
     fn log(&self, controller: &str, max_bytes: u64) -> String {
         let path = self.logs.path().join(format!("{controller}.log"));
         self.redact(&dbops_e2e::process::log_tail(&path, max_bytes))
@@ -199,13 +207,19 @@ impl Setup {
 
     /// A Database on the source server with these extensions, Ready.
     async fn create_database_with(&self, name: &str, extensions: &[&str]) -> Database {
+        self.create_database_spec(name, json!({"extensions": extensions}))
+            .await
+    }
+
+    /// A Database on the source server with `spec` merged into its spec, Ready.
+    async fn create_database_spec(&self, name: &str, spec: serde_json::Value) -> Database {
         dbops_e2e::fixtures::create_database(
             &self.b.client,
             self.ns(),
             name,
             &self.source,
             SOURCE_ADMIN,
-            json!({"extensions": extensions}),
+            spec,
         )
         .await
         .unwrap();
@@ -1173,4 +1187,195 @@ async fn a_migration_is_one_trace_across_the_three_controllers() {
         assert!(!st.contains(s.source.superuser_password()));
         assert!(!st.contains(s.target.superuser_password()));
     }
+}
+
+/// Waits until the Database with `uid` is gone.
+async fn wait_database_gone(s: &Setup, name: &str, uid: &str) {
+    let gone = tokio::time::timeout(
+        SAGA,
+        kube::runtime::wait::await_condition(
+            s.databases(),
+            name,
+            kube::runtime::wait::conditions::is_deleted(uid),
+        ),
+    )
+    .await;
+    if !matches!(gone, Ok(Ok(_))) {
+        panic!(
+            "Database {name} is still there:\n{}\n---- database-controller log ----\n{}",
+            dbops_e2e::wait::describe_database(&s.databases(), name).await,
+            s.log("database-controller", 6000)
+        );
+    }
+}
+
+/// Issue 10, item 3: a Database deleted while its Migration waits for a Manual cutover,
+/// then the Migration approved. Before, the Database waited for the Migration and the
+/// Migration for the Database (Ready on the target) forever. Now a Migration that has not
+/// switched rolls back at once (`DatabaseDeleted`): the source is unfrozen and then
+/// dropped by the Database's `deletionPolicy: Delete`, the target is left clean, and
+/// neither object is stuck.
+#[tokio::test]
+async fn deleting_a_database_awaiting_cutover_rolls_its_migration_back() {
+    let mut s = Setup::new("mig-del-approve").await;
+    s.start_migration_controller(&[]);
+    let db = s
+        .create_database_spec("app", json!({"deletionPolicy": "Delete"}))
+        .await;
+    s.create_migration("app-move", "app", json!({"cutover": "Manual"}))
+        .await;
+    s.wait_phase("app-move", MigrationPhase::AwaitingApproval, SAGA)
+        .await;
+    s.databases()
+        .delete("app", &DeleteParams::default())
+        .await
+        .unwrap();
+    s.migrations()
+        .patch(
+            "app-move",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"approved": true}})),
+        )
+        .await
+        .unwrap();
+    let m = s
+        .wait_phase("app-move", MigrationPhase::RolledBack, SAGA)
+        .await;
+    let failed = condition(&m, "Failed").unwrap();
+    assert_eq!(failed.reason, "DatabaseDeleted", "{}", failed.message);
+    wait_database_gone(&s, "app", db.metadata.uid.as_deref().unwrap()).await;
+    assert!(
+        !s.source.database_exists("app").await.unwrap(),
+        "Delete: the source is dropped"
+    );
+    assert!(
+        !s.target.database_exists("app").await.unwrap(),
+        "the target is clean"
+    );
+    assert!(
+        !s.target.role_exists("app").await.unwrap(),
+        "the target is clean"
+    );
+}
+
+/// Issue 10, item 3, at every step: the migration-controller stops right after a step's
+/// Running record (`--debug-exit-at=<Step>:started`), the Database (deletionPolicy
+/// Delete) is deleted, and a new controller process takes over. Before SwitchTraffic has
+/// changed the Database's server the Migration rolls back (`DatabaseDeleted`) and the
+/// source database is dropped; at Cleanup (switched) it finishes, and the Database's
+/// policy drops the database on the target. Both objects end every time.
+#[tokio::test]
+async fn deleting_a_database_at_any_step_of_its_migration_ends_both() {
+    let mut s = Setup::new("mig-del-steps").await;
+    for (i, step) in MigrationStep::ALL.into_iter().enumerate() {
+        let name = format!("app{i}");
+        let db = s
+            .create_database_spec(&name, json!({"deletionPolicy": "Delete"}))
+            .await;
+        let migration = format!("{name}-move");
+        s.create_migration(&migration, &name, json!({})).await;
+        let point = format!("{}:started", step.as_str());
+        s.start_migration_controller(&[&format!("--debug-exit-at={point}")]);
+        let code = s.wait_migration_controller_exit(SAGA);
+        assert_eq!(code, Some(DEBUG_EXIT), "the process stopped at {point}");
+        s.databases()
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
+        s.start_migration_controller(&[]);
+        let m = s
+            .wait_migration(&migration, "an end", SAGA, |m| {
+                matches!(
+                    phase_of(m),
+                    Some(MigrationPhase::RolledBack | MigrationPhase::Succeeded)
+                )
+            })
+            .await;
+        wait_database_gone(&s, &name, db.metadata.uid.as_deref().unwrap()).await;
+        let switched = step > MigrationStep::SwitchTraffic;
+        if switched {
+            assert_eq!(
+                phase_of(&m),
+                Some(MigrationPhase::Succeeded),
+                "deleted at {point}"
+            );
+            assert!(
+                !s.target.database_exists(&name).await.unwrap(),
+                "deleted at {point}: the policy Delete drops the database where it now lives"
+            );
+        } else {
+            assert_eq!(
+                phase_of(&m),
+                Some(MigrationPhase::RolledBack),
+                "deleted at {point}"
+            );
+            assert_eq!(
+                condition(&m, "Failed").map(|c| c.reason.as_str()),
+                Some("DatabaseDeleted"),
+                "deleted at {point}"
+            );
+            assert!(
+                !s.source.database_exists(&name).await.unwrap(),
+                "deleted at {point}: the source is dropped after the rollback"
+            );
+            assert!(
+                !s.target.database_exists(&name).await.unwrap()
+                    && !s.target.role_exists(&name).await.unwrap(),
+                "deleted at {point}: the target is clean"
+            );
+        }
+        // Its finalizer is gone too: nothing holds the Migration any more.
+        s.wait_migration(&migration, "no finalizer", READY, |m| {
+            m.metadata.finalizers.iter().flatten().next().is_none()
+        })
+        .await;
+        s.stop_migration_controller();
+    }
+}
+
+/// Issue 10, "also found": CopyData decides that an earlier attempt committed by counting
+/// user objects in the target database; a schema that belongs to an extension (one
+/// ProvisionTarget created) made it skip the copy, and Verify then rolled the Migration
+/// back. The controller stops after ProvisionTarget; the target database then gets what
+/// such an extension brings, a schema of its own (`ALTER EXTENSION ... ADD SCHEMA`); the
+/// next process must still copy every row.
+#[tokio::test]
+async fn an_extension_schema_on_the_target_does_not_pass_for_copied_data() {
+    let mut s = Setup::new("mig-ext-schema").await;
+    s.create_database_with("app", &["pgcrypto"]).await;
+    s.pgbench("app", 1).await;
+    s.create_migration("app-move", "app", json!({})).await;
+    s.start_migration_controller(&["--debug-exit-at=ProvisionTarget:done"]);
+    assert_eq!(s.wait_migration_controller_exit(SAGA), Some(DEBUG_EXIT));
+    let t = s
+        .target
+        .connect(
+            dbops_e2e::postgres::SUPERUSER,
+            s.target.superuser_password(),
+            "app",
+        )
+        .await
+        .unwrap();
+    t.batch_execute("CREATE SCHEMA pgcrypto_own; ALTER EXTENSION pgcrypto ADD SCHEMA pgcrypto_own")
+        .await
+        .unwrap();
+    s.start_migration_controller(&[]);
+    let m = s
+        .wait_migration("app-move", "an end", SAGA, |m| {
+            matches!(
+                phase_of(m),
+                Some(MigrationPhase::RolledBack | MigrationPhase::Succeeded)
+            )
+        })
+        .await;
+    assert_eq!(
+        phase_of(&m),
+        Some(MigrationPhase::Succeeded),
+        "{:?}",
+        MigrationView(m.clone())
+    );
+    let accounts =
+        Setup::superuser_scalar_i64(&s.target, "app", "SELECT count(*) FROM pgbench_accounts")
+            .await;
+    assert_eq!(accounts, 100_000);
 }

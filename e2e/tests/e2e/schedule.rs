@@ -21,7 +21,7 @@ use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::json;
 
@@ -159,25 +159,25 @@ impl World {
 
     /// A Database with `schedule`, not waited for.
     async fn create_database_with(&self, name: &str, schedule: &str, keep_last: i32) {
-        let db: Database = serde_json::from_value(json!({
-            "apiVersion": "dbops.dev/v1alpha1",
-            "kind": "Database",
-            "metadata": {"name": name},
-            "spec": {
-                "server": {
-                    "host": self.pg.host(),
-                    "port": self.pg.port(),
-                    "adminSecretRef": {"name": ADMIN_SECRET},
-                    "sslMode": "disable",
-                },
-                "backup": {"schedule": schedule, "retention": {"keepLast": keep_last}},
-            },
-        }))
+        self.create_database_spec(
+            name,
+            json!({"backup": {"schedule": schedule, "retention": {"keepLast": keep_last}}}),
+        )
+        .await;
+    }
+
+    /// A Database on this test's server with `spec` merged into its spec, not waited for.
+    async fn create_database_spec(&self, name: &str, spec: serde_json::Value) {
+        dbops_e2e::fixtures::create_database(
+            &self.b.client,
+            self.ns(),
+            name,
+            &self.pg,
+            ADMIN_SECRET,
+            spec,
+        )
+        .await
         .unwrap();
-        self.databases()
-            .create(&PostParams::default(), &db)
-            .await
-            .unwrap();
     }
 
     /// The scheduled Backups of `db` (by label), oldest slot first.
@@ -407,14 +407,14 @@ async fn after_downtime_one_catch_up_backup_then_retention_prunes_the_older_one(
         "{first:?} is for a slot before the Database existed ({created})"
     );
     assert_eq!(first.name(), name_for("orders", first.slot()));
-    let owner = &first.0.owner_references()[0];
-    assert_eq!(
-        (owner.kind.as_str(), owner.uid.as_str()),
-        ("Database", db.uid().unwrap().as_str())
+    assert!(
+        first.0.owner_references().is_empty(),
+        "a scheduled Backup outlives its Database unless onDatabaseDeletion is Delete"
     );
     assert_eq!(
-        (owner.controller, owner.block_owner_deletion),
-        (Some(true), Some(true))
+        first.0.annotations().get("dbops.dev/database-uid"),
+        db.uid().as_ref(),
+        "a scheduled Backup is pinned to its Database's UID"
     );
     assert_eq!(
         first
@@ -660,4 +660,103 @@ async fn two_replicas_create_one_backup_per_slot() {
             "{user}: {reconciles} scheduler reconciles in ~2 minutes"
         );
     }
+}
+
+/// Issue 10, item 4: deleting a Database (any deletionPolicy; Delete here) leaves its
+/// scheduled Backups and their artifacts, the copies a user needs most right after a
+/// mistaken delete, and nothing prunes them once it is gone; `onDatabaseDeletion: Delete`
+/// opts in to deleting them with it.
+#[tokio::test]
+async fn deleting_a_database_keeps_its_scheduled_backups_unless_asked() {
+    let mut w = World::new("sch-outlive").await;
+    w.start_backup_controller("dbops-backup-controller");
+    for (name, on_deletion) in [("keep", None), ("drop", Some("Delete"))] {
+        let mut backup = json!({"schedule": "* * * * *", "retention": {"keepLast": 1}});
+        if let Some(policy) = on_deletion {
+            backup["onDatabaseDeletion"] = policy.into();
+        }
+        w.create_database_spec(name, json!({"deletionPolicy": "Delete", "backup": backup}))
+            .await;
+    }
+    let mut databases = Vec::new();
+    let mut completed = Vec::new();
+    for name in ["keep", "drop"] {
+        databases.push(
+            dbops_e2e::wait::expect_database_condition(
+                &w.b.client,
+                w.ns(),
+                name,
+                Want::new("Ready", "True", Some("Provisioned")),
+                READY,
+            )
+            .await,
+        );
+        let first = w
+            .wait_scheduled(name, "a first Backup", FIRST_SLOT, |all| !all.is_empty())
+            .await;
+        completed.push(w.wait_completed(&first[0].name()).await);
+    }
+    for db in &databases {
+        w.databases()
+            .delete(&db.name_any(), &Default::default())
+            .await
+            .unwrap();
+    }
+    for db in &databases {
+        let gone = tokio::time::timeout(
+            READY,
+            await_condition(
+                w.databases(),
+                &db.name_any(),
+                conditions::is_deleted(&db.uid().unwrap()),
+            ),
+        )
+        .await;
+        assert!(
+            matches!(gone, Ok(Ok(_))),
+            "Database {} still exists",
+            db.name_any()
+        );
+    }
+
+    // Retain (the default): every scheduled Backup of "keep" stays Completed with its
+    // artifact, over several resyncs and past the next slot, without a Database.
+    let kept = &completed[0];
+    let kept_count = w.scheduled("keep").await.unwrap().len();
+    holds_for(
+        "the scheduled Backups of the deleted Database keep stay, Completed",
+        Duration::from_secs(15),
+        || async {
+            let all = w.scheduled("keep").await?;
+            Ok(all
+                .iter()
+                .map(|b| (b.name(), b.phase()))
+                .collect::<Vec<_>>())
+        },
+        |all| {
+            all.len() == kept_count
+                && all.iter().any(|(name, phase)| {
+                    *name == kept.name_any() && *phase == Some(BackupPhase::Completed)
+                })
+        },
+    )
+    .await
+    .unwrap();
+    for path in w.artifact_paths(kept) {
+        assert!(path.is_file(), "{} was removed", path.display());
+    }
+
+    // Delete: the scheduled Backups of "drop" went with it, and their artifacts too.
+    let dropped = &completed[1];
+    w.wait_gone(dropped).await;
+    let [artifact, manifest] = w.artifact_paths(dropped);
+    eventually(
+        "the artifact of drop's scheduled Backup removed",
+        READY,
+        || async { Ok((artifact.exists(), manifest.exists())) },
+        |exists| *exists == (false, false),
+    )
+    .await;
+    w.wait_scheduled("drop", "none left", READY, |all| all.is_empty())
+        .await;
 }

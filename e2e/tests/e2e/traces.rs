@@ -220,7 +220,15 @@ async fn a_final_snapshot_is_one_trace_across_both_controllers() {
         .delete("snap", &DeleteParams::default())
         .await
         .unwrap();
-    let backup = w.wait_completed("snap-final").await;
+    let final_name = dbops_e2e::fixtures::wait_final_snapshot(
+        &w.b.client,
+        w.ns(),
+        db.metadata.uid.as_deref().unwrap(),
+        SLOW,
+    )
+    .await
+    .unwrap();
+    let backup = w.wait_completed(&final_name).await;
 
     // The Backup carries the creating reconcile's trace context.
     let traceparent = backup
@@ -236,7 +244,7 @@ async fn a_final_snapshot_is_one_trace_across_both_controllers() {
     let found = eventually(
         "one trace with spans of both controllers",
         SLOW,
-        || async { trace_across_controllers(jaeger, "snap-final") },
+        || async { trace_across_controllers(jaeger, &final_name) },
         Option::is_some,
     )
     .await
@@ -296,7 +304,10 @@ async fn a_final_snapshot_is_one_trace_across_both_controllers() {
         assert_eq!(span.parent_id(), Some(db_reconcile.span_id.as_str()));
         assert_eq!(span.tag("controller").as_deref(), Some("backup-controller"));
         assert_eq!(span.tag("kind").as_deref(), Some("Backup"));
-        assert_eq!(span.tag("object.name").as_deref(), Some("snap-final"));
+        assert_eq!(
+            span.tag("object.name").as_deref(),
+            Some(final_name.as_str())
+        );
         assert_eq!(span.tag("object.namespace").as_deref(), Some(w.ns()));
         assert!(span.tag("object.generation").is_some());
         assert!(span.tag("outcome").is_some());

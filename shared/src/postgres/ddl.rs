@@ -143,7 +143,8 @@ pub async fn mark_database(s: &Session, database: &str, mark: &str) -> Result<()
     .await
 }
 
-/// Replaces a database's comment (its mark) and nothing else.
+/// Replaces a database's comment (its mark) and nothing else: for a database already
+/// marked and closed by [`mark_database`] (a restore that completed changes its mark).
 pub async fn comment_database(s: &Session, database: &str, mark: &str) -> Result<(), PgError> {
     execute(
         s,
