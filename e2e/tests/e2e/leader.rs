@@ -1062,7 +1062,12 @@ async fn two_backup_controllers_survive_two_killed_leaders() {
         format!("--backup-store={store_url}"),
         format!("--pg-dump={}", pg_bin("pg_dump").display()),
     ];
-    s.start_single("database-controller", &[]).await;
+    // The database-controller reads the store the backup-controller writes.
+    s.start_single(
+        "database-controller",
+        &[format!("--backup-store={store_url}")],
+    )
+    .await;
     let db = s.create_database().await;
     s.wait_ready(&db).await;
     s.pgbench(&db, 5).await;
@@ -1174,7 +1179,11 @@ async fn two_migration_controllers_survive_two_killed_leaders() {
         format!("--pg-dump={}", pg_bin("pg_dump").display()),
         format!("--pg-restore={}", pg_bin("pg_restore").display()),
     ];
-    s.start_single("database-controller", &[]).await;
+    s.start_single(
+        "database-controller",
+        &[format!("--backup-store={store_url}")],
+    )
+    .await;
     s.start_single(
         "backup-controller",
         &[

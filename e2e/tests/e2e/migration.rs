@@ -11,7 +11,6 @@
 //! password: logs are redacted before they are shown.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,7 +48,7 @@ struct Setup {
     source: PgServer,
     target: PgServer,
     b: Bed,
-    _store: tempfile::TempDir,
+    store: tempfile::TempDir,
     /// The backup-controller's `--backup-store`.
     store_url: String,
     /// Where the controllers export spans, when the test reads traces.
@@ -61,23 +60,15 @@ struct Setup {
 
 impl Setup {
     async fn new(prefix: &str) -> Self {
-        Self::with_store(prefix, None).await
-    }
-
-    async fn with_store(prefix: &str, store_url: Option<&dyn Fn(&Path) -> String>) -> Self {
-        Self::build(prefix, store_url, false).await
+        Self::build(prefix, false).await
     }
 
     /// [`Setup::new`] with a real Jaeger that every controller exports its spans to.
     async fn traced(prefix: &str) -> Self {
-        Self::build(prefix, None, true).await
+        Self::build(prefix, true).await
     }
 
-    async fn build(
-        prefix: &str,
-        store_url: Option<&dyn Fn(&Path) -> String>,
-        traced: bool,
-    ) -> Self {
+    async fn build(prefix: &str, traced: bool) -> Self {
         let b = bed(prefix).await;
         let source = PgServer::start(&format!("{prefix}-src")).await.unwrap();
         let target = PgServer::start(&format!("{prefix}-dst")).await.unwrap();
@@ -85,10 +76,7 @@ impl Setup {
             .prefix(&format!("dbops-{prefix}-store-"))
             .tempdir()
             .unwrap();
-        let store_url = match store_url {
-            Some(f) => f(store.path()),
-            None => format!("file://{}", store.path().display()),
-        };
+        let store_url = format!("file://{}", store.path().display());
         let logs = tempfile::Builder::new()
             .prefix(&format!("dbops-{prefix}-logs-"))
             .tempdir()
@@ -102,7 +90,7 @@ impl Setup {
             source,
             target,
             b,
-            _store: store,
+            store,
             store_url,
             jaeger,
             identities,
@@ -110,7 +98,9 @@ impl Setup {
         };
         s.create_admin_secret(SOURCE_ADMIN, true).await;
         s.create_admin_secret(TARGET_ADMIN, false).await;
-        s.database_controller = Some(s.start("database-controller", vec![]));
+        // The database-controller reads the store the backup-controller writes.
+        let store = format!("--backup-store={}", s.store_url);
+        s.database_controller = Some(s.start("database-controller", vec![store]));
         s.backup_controller = Some(s.start(
             "backup-controller",
             vec![
@@ -789,12 +779,10 @@ async fn a_name_conflict_on_the_target_fails_preflight_and_changes_nothing() {
 /// the source never frozen, the target untouched.
 #[tokio::test]
 async fn a_failed_snapshot_rolls_back() {
-    let blocked = |dir: &Path| {
-        let file = dir.join("a-regular-file");
-        std::fs::write(&file, b"not a directory").unwrap();
-        format!("file://{}/store", file.display())
-    };
-    let mut s = Setup::with_store("mig-snapfail", Some(&blocked)).await;
+    let mut s = Setup::new("mig-snapfail").await;
+    // The store breaks after the controllers started: this namespace's directory in it
+    // is a regular file, so the snapshot's dump cannot be written.
+    std::fs::write(s.store.path().join(s.ns()), b"not a directory").unwrap();
     s.start_migration_controller(&[]);
     s.create_database("app").await;
     s.create_migration("app-move", "app", json!({})).await;

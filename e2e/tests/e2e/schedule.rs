@@ -68,8 +68,13 @@ impl World {
         create_admin_secret(&w.b.client, w.ns(), ADMIN_SECRET, &w.pg)
             .await
             .unwrap();
-        w.database_controller =
-            Some(w.start("database-controller", "dbops-database-controller", vec![]));
+        // The database-controller reads the store the backup-controllers write.
+        let store = format!("--backup-store=file://{}", w.store.path().display());
+        w.database_controller = Some(w.start(
+            "database-controller",
+            "dbops-database-controller",
+            vec![store],
+        ));
         w
     }
 
