@@ -86,7 +86,7 @@ impl From<PgError> for Failure {
     fn from(e: PgError) -> Self {
         let permanent = matches!(
             e,
-            PgError::AuthenticationFailed { .. } | PgError::UnsupportedSslMode(_)
+            PgError::AuthenticationFailed { .. } | PgError::Tls { .. }
         );
         Self {
             reason: e.reason(),

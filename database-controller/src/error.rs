@@ -29,10 +29,8 @@ impl ReconcileError for Error {
     fn kind(&self) -> ErrorKind {
         match self {
             Error::Kube(_) | Error::Internal(_) | Error::Retry { .. } => ErrorKind::Transient,
-            Error::Postgres(e) => match e {
-                PgError::UnsupportedSslMode(_) => ErrorKind::InvalidSpec,
-                _ => ErrorKind::Transient,
-            },
+            // TLS failures too: a server's certificate can be fixed without a spec change.
+            Error::Postgres(_) => ErrorKind::Transient,
             Error::Blocked { .. } => ErrorKind::InvalidSpec,
         }
     }

@@ -21,7 +21,13 @@ pub fn provider_id(db: &Database) -> Option<&str> {
 fn degrades(reason: &str) -> bool {
     matches!(
         reason,
-        "ServerUnreachable" | "DatabaseMissing" | "SqlError" | "AuthenticationFailed"
+        "ServerUnreachable"
+            | "DatabaseMissing"
+            | "SqlError"
+            | "AuthenticationFailed"
+            | "CertificateNotTrusted"
+            | "HostnameMismatch"
+            | "ServerWithoutTLS"
     )
 }
 
@@ -29,7 +35,13 @@ fn degrades(reason: &str) -> bool {
 fn retrying(reason: &str) -> bool {
     matches!(
         reason,
-        "ServerUnreachable" | "SqlError" | "RestoreFailed" | "StoreUnavailable"
+        "ServerUnreachable"
+            | "SqlError"
+            | "RestoreFailed"
+            | "StoreUnavailable"
+            | "CertificateNotTrusted"
+            | "HostnameMismatch"
+            | "ServerWithoutTLS"
     )
 }
 

@@ -13,6 +13,7 @@ pub mod paths;
 pub mod postgres;
 pub mod process;
 pub mod s3;
+pub mod tls;
 pub mod wait;
 
 pub use controllers::ControllerProcess;

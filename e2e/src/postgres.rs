@@ -32,19 +32,46 @@ pub struct PgServer {
     password: String,
     bin: PathBuf,
     process: Option<Supervised>,
+    /// `ssl=on` with this certificate and key (files in the server's directory).
+    tls: bool,
 }
 
 impl PgServer {
     /// initdb and start a server in a new temporary directory.
     pub async fn start(name: &str) -> Result<Self> {
+        Self::start_with_tls(name, None).await
+    }
+
+    /// [`PgServer::start`], with TLS (`ssl=on`) on this certificate when given; plain TCP
+    /// stays allowed, as in a default `pg_hba.conf`.
+    pub async fn start_with_tls(name: &str, cert: Option<&crate::tls::ServerCert>) -> Result<Self> {
         let tmp = tempfile::Builder::new()
             .prefix(&format!("dbops-pg-{name}-"))
             .tempdir()?;
         let dir = tmp.path().to_path_buf();
         let mut server = Self::init_in(name, &dir, None)?;
         server._tmp = Some(tmp);
+        if let Some(cert) = cert {
+            server.install_tls(cert)?;
+        }
         server.start_again().await?;
         Ok(server)
+    }
+
+    /// Writes the certificate and key where the server reads them (the key readable by
+    /// the server's user only, as PostgreSQL demands).
+    fn install_tls(&mut self, cert: &crate::tls::ServerCert) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let (crt, key) = (self.dir.join("server.crt"), self.dir.join("server.key"));
+        std::fs::write(&crt, &cert.cert_pem)?;
+        std::fs::write(&key, &cert.key_pem)?;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
+        if is_root() {
+            chown_to_postgres(&crt)?;
+            chown_to_postgres(&key)?;
+        }
+        self.tls = true;
+        Ok(())
     }
 
     /// initdb (unless already done) into `dir` and start; for the dev environment, where
@@ -119,6 +146,7 @@ impl PgServer {
             password,
             bin,
             process: None,
+            tls: false,
         })
     }
 
@@ -127,7 +155,20 @@ impl PgServer {
         if self.process.is_some() {
             return Ok(());
         }
+        let tls = if self.tls {
+            vec![
+                "-c".to_string(),
+                "ssl=on".to_string(),
+                "-c".to_string(),
+                format!("ssl_cert_file={}", self.dir.join("server.crt").display()),
+                "-c".to_string(),
+                format!("ssl_key_file={}", self.dir.join("server.key").display()),
+            ]
+        } else {
+            vec![]
+        };
         let spec = Spec::new(format!("postgres-{}", self.name), self.bin.join("postgres"))
+            .args(tls)
             .args([
                 "-D".to_string(),
                 self.dir.join("data").display().to_string(),

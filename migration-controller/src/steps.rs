@@ -151,7 +151,7 @@ fn at(server: &ServerSpec) -> String {
 fn preflight_error(e: Error) -> Error {
     match e {
         Error::Postgres(PgError::AuthenticationFailed { .. })
-        | Error::Postgres(PgError::UnsupportedSslMode(_)) => {
+        | Error::Postgres(PgError::Tls { .. }) => {
             let reason = e.reason();
             Error::fatal(reason, e.to_string())
         }

@@ -31,6 +31,7 @@ use tracing::{Instrument, field};
 use crate::metrics::{Target, record_external_request};
 
 pub mod ddl;
+pub mod tls;
 
 /// Which server: host and port.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -114,8 +115,12 @@ pub enum PgError {
         server: ServerKey,
         retry_in: Duration,
     },
-    #[error("sslMode {0} needs TLS, which this build does not support yet")]
-    UnsupportedSslMode(&'static str),
+    #[error("TLS to {server} failed: {}: {message}", failure.explain())]
+    Tls {
+        server: ServerKey,
+        failure: tls::TlsFailure,
+        message: String,
+    },
     #[error("{context}: {source}")]
     Sql {
         context: String,
@@ -130,7 +135,7 @@ impl PgError {
         match self {
             PgError::Unreachable { .. } | PgError::CircuitOpen { .. } => "ServerUnreachable",
             PgError::AuthenticationFailed { .. } => "AuthenticationFailed",
-            PgError::UnsupportedSslMode(_) => "UnsupportedSslMode",
+            PgError::Tls { failure, .. } => failure.reason(),
             PgError::Sql { .. } => "SqlError",
         }
     }
@@ -235,17 +240,19 @@ struct ServerState {
     max_idle: usize,
 }
 
-/// Which role on which database a pooled session belongs to (the password as a hash:
-/// a changed admin password never reuses an old session).
+/// Which role on which database, over which kind of TLS, a pooled session belongs to (the
+/// password as a hash: a changed admin password never reuses an old session; a session
+/// set up with less verification never serves a stricter mode).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct PoolKey {
     user: String,
     password_hash: u64,
     dbname: String,
+    ssl_mode: SslMode,
 }
 
 impl PoolKey {
-    fn new(credentials: &Credentials, dbname: &str) -> Self {
+    fn new(credentials: &Credentials, dbname: &str, ssl_mode: SslMode) -> Self {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         credentials.password.hash(&mut h);
@@ -253,6 +260,7 @@ impl PoolKey {
             user: credentials.username.clone(),
             password_hash: h.finish(),
             dbname: dbname.to_string(),
+            ssl_mode,
         }
     }
 }
@@ -713,7 +721,7 @@ impl Servers {
                     server: key.clone(),
                     message: "session limiter closed".into(),
                 })?;
-        let pool_key = PoolKey::new(credentials, dbname);
+        let pool_key = PoolKey::new(credentials, dbname, server.ssl_mode);
         let reused = {
             let mut idle = state.idle.lock().unwrap_or_else(|e| e.into_inner());
             idle.retain(|i| i.since.elapsed() < IDLE_TIMEOUT && !i.client.is_closed());
@@ -782,12 +790,20 @@ impl Servers {
         credentials: &Credentials,
         dbname: &str,
     ) -> Result<Client, PgError> {
-        let ssl_mode = match server.ssl_mode {
-            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
-            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
-            other @ (SslMode::Require | SslMode::VerifyFull) => {
-                return Err(PgError::UnsupportedSslMode(other.as_str()));
-            }
+        let (ssl_mode, verify) = match server.ssl_mode {
+            SslMode::Disable => (tokio_postgres::config::SslMode::Disable, None),
+            SslMode::Prefer => (
+                tokio_postgres::config::SslMode::Prefer,
+                Some(tls::Verify::Nothing),
+            ),
+            SslMode::Require => (
+                tokio_postgres::config::SslMode::Require,
+                Some(tls::Verify::Nothing),
+            ),
+            SslMode::VerifyFull => (
+                tokio_postgres::config::SslMode::Require,
+                Some(tls::Verify::ChainAndHost),
+            ),
         };
         let mut config = tokio_postgres::Config::new();
         config
@@ -799,36 +815,64 @@ impl Servers {
             .ssl_mode(ssl_mode)
             .application_name("dbops")
             .connect_timeout(self.connect_timeout);
-        let connecting = config.connect(NoTls);
-        let (client, connection) = tokio::time::timeout(self.connect_timeout, connecting)
-            .await
-            .map_err(|_| PgError::Unreachable {
-                server: key.clone(),
-                message: format!("no answer within {:?}", self.connect_timeout),
-            })?
-            .map_err(|e| {
-                let e = classify(
-                    Some(key),
-                    Some(&credentials.username),
-                    format!("connecting to {key}"),
-                    e,
-                );
-                match e {
-                    // Any other failure before a session exists means no usable server.
-                    PgError::Sql { source, .. } => PgError::Unreachable {
-                        server: key.clone(),
-                        message: error_chain(&source),
-                    },
-                    e => e,
-                }
-            })?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "PostgreSQL connection ended");
+        let timed_out = || PgError::Unreachable {
+            server: key.clone(),
+            message: format!("no answer within {:?}", self.connect_timeout),
+        };
+        let connected = match verify {
+            None => tokio::time::timeout(self.connect_timeout, config.connect(NoTls))
+                .await
+                .map_err(|_| timed_out())?
+                .map(|(client, connection)| (client, spawn_connection(connection))),
+            Some(verify) => {
+                let tls = tls::connector(verify, None).map_err(|e| PgError::Tls {
+                    server: key.clone(),
+                    failure: tls::TlsFailure::CertificateNotTrusted,
+                    message: e.to_string(),
+                })?;
+                tokio::time::timeout(self.connect_timeout, config.connect(tls))
+                    .await
+                    .map_err(|_| timed_out())?
+                    .map(|(client, connection)| (client, spawn_connection(connection)))
             }
-        });
+        };
+        let (client, ()) = connected.map_err(|e| {
+            if let Some(failure) = tls::TlsFailure::of(&e) {
+                return PgError::Tls {
+                    server: key.clone(),
+                    failure,
+                    message: error_chain(&e),
+                };
+            }
+            let e = classify(
+                Some(key),
+                Some(&credentials.username),
+                format!("connecting to {key}"),
+                e,
+            );
+            match e {
+                // Any other failure before a session exists means no usable server.
+                PgError::Sql { source, .. } => PgError::Unreachable {
+                    server: key.clone(),
+                    message: error_chain(&source),
+                },
+                e => e,
+            }
+        })?;
         Ok(client)
     }
+}
+
+/// Drives a connection in the background until it ends.
+fn spawn_connection<F>(connection: F)
+where
+    F: Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "PostgreSQL connection ended");
+        }
+    });
 }
 
 #[cfg(test)]

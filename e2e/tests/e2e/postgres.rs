@@ -162,3 +162,109 @@ async fn the_shared_client_connects_with_ssl_mode_prefer_to_a_server_without_tls
         assert_eq!(one, 1, "sslMode {mode}");
     }
 }
+
+/// TLS for the controllers' own sessions against real PostgreSQL servers speaking TLS
+/// with certificates of a test CA: `require` and `prefer` encrypt (pg_stat_ssl says so);
+/// `require` to a server without TLS is `ServerWithoutTLS`; `verify-full` with the system's
+/// roots does not trust the test CA (`CertificateNotTrusted`); with the CA trusted, the
+/// host name decides (`HostnameMismatch` for a certificate made out to another name).
+#[tokio::test]
+async fn the_shared_client_speaks_tls_and_names_each_tls_failure() {
+    use dbops_shared::postgres::tls::{self, TlsFailure, Verify};
+    use dbops_shared::postgres::{Credentials, PgError, Servers};
+    use std::net::{IpAddr, Ipv4Addr};
+    let ca = dbops_e2e::tls::TestCa::new("dbops-e2e-postgres-ca").unwrap();
+    let loopback = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
+    let cert = ca.server_cert(&["localhost"], &loopback).unwrap();
+    let secure = PgServer::start_with_tls("tls", Some(&cert)).await.unwrap();
+    let plain = PgServer::start("no-tls").await.unwrap();
+    let servers = Servers::new(2, 5, std::time::Duration::from_secs(30));
+    let spec = |pg: &PgServer, mode: &str| -> dbops_api::ServerSpec {
+        serde_json::from_value(serde_json::json!({
+            "host": "127.0.0.1", "port": pg.port(), "adminSecretRef": {"name": "x"}, "sslMode": mode
+        }))
+        .unwrap()
+    };
+    let creds = |pg: &PgServer| Credentials {
+        username: "postgres".into(),
+        password: pg.superuser_password().into(),
+    };
+    for mode in ["require", "prefer"] {
+        let session = servers
+            .connect(&spec(&secure, mode), &creds(&secure), "postgres")
+            .await
+            .unwrap_or_else(|e| panic!("sslMode {mode}: {e}"));
+        let ssl: bool = session
+            .query_one(
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(ssl, "sslMode {mode} did not use TLS");
+    }
+    let reason = |e: PgError| e.reason();
+    let e = servers
+        .connect(&spec(&plain, "require"), &creds(&plain), "postgres")
+        .await
+        .unwrap_err();
+    assert_eq!(reason(e), "ServerWithoutTLS");
+    let e = servers
+        .connect(&spec(&secure, "verify-full"), &creds(&secure), "postgres")
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("does not chain to a trusted root"),
+        "{e}"
+    );
+    assert_eq!(reason(e), "CertificateNotTrusted");
+
+    // The CA trusted: verify-full passes for the name on the certificate and fails for
+    // another one (an address the certificate does not list).
+    let roots = tls::roots_from_pem(ca.pem().as_bytes()).unwrap();
+    let connect = |host: &'static str| {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(host)
+            .port(secure.port())
+            .user("postgres")
+            .password(secure.superuser_password())
+            .dbname("postgres")
+            .ssl_mode(tokio_postgres::config::SslMode::Require);
+        let connector = tls::connector(Verify::ChainAndHost, Some(roots.clone())).unwrap();
+        async move {
+            config.connect(connector).await.map(|(client, conn)| {
+                tokio::spawn(conn);
+                client
+            })
+        }
+    };
+    let client = connect("localhost")
+        .await
+        .expect("verify-full for localhost");
+    let one: i32 = client.query_one("SELECT 1", &[]).await.unwrap().get(0);
+    assert_eq!(one, 1);
+    let other = ca.server_cert(&["pg.example"], &[]).unwrap();
+    let renamed = PgServer::start_with_tls("tls-other-name", Some(&other))
+        .await
+        .unwrap();
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("localhost")
+        .port(renamed.port())
+        .user("postgres")
+        .password(renamed.superuser_password())
+        .dbname("postgres")
+        .ssl_mode(tokio_postgres::config::SslMode::Require);
+    let e = config
+        .connect(tls::connector(Verify::ChainAndHost, Some(roots.clone())).unwrap())
+        .await
+        .err()
+        .expect("a certificate for pg.example is not one for localhost");
+    assert_eq!(
+        TlsFailure::of(&e),
+        Some(TlsFailure::HostnameMismatch),
+        "{e}"
+    );
+}
