@@ -13,7 +13,9 @@
 //!
 //! Startup: telemetry, a Kubernetes client (KUBECONFIG or in-cluster), a check that the
 //! CRD backups.dbops.dev is served (exit 1 with "CRD backups.dbops.dev is not installed"
-//! otherwise), the health and metrics server, then the controller until SIGTERM/SIGINT.
+//! otherwise), the health and metrics server, a check of the backup store (writable, and
+//! the one registered in the ConfigMap `dbops-backup-store` of `--controller-namespace`;
+//! not ready until it passes), then the controller until SIGTERM/SIGINT.
 //! A dump still running after the shutdown grace period is abandoned (pg_dump is
 //! killed); the next process finds its Backup Running and starts it over.
 
@@ -112,7 +114,11 @@ async fn main() -> ExitCode {
             controller::Trigger::AnyChange,
             configure,
             reconcile::reconcile,
-            vec![scheduler(args.common.watch_namespace.clone())],
+            controller::Options {
+                companions: vec![scheduler(args.common.watch_namespace.clone())],
+                // Writable, and the store the database-controller reads restores from.
+                backup_store: Some(args.store.backup_store.clone()),
+            },
         )
         .await,
     )

@@ -71,6 +71,12 @@ async fn main() -> ExitCode {
         }
     };
     let servers = args.postgres.servers();
+    // Checked before the controller starts: the store restores read is writable and the
+    // one the backup-controller writes (registered in the ConfigMap dbops-backup-store).
+    let options = controller::Options {
+        backup_store: Some(args.store.backup_store.clone()),
+        ..controller::Options::default()
+    };
     let namespace = args.common.watch_namespace.clone();
     let configure: Configure<Database, State> =
         Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref()));
@@ -90,7 +96,7 @@ async fn main() -> ExitCode {
         },
     };
     controller::exit_code(
-        controller::run::<Database, _, _, _, _>(
+        controller::run_with::<Database, _, _, _, _>(
             CONTROLLER,
             &args.common,
             state,
@@ -99,6 +105,7 @@ async fn main() -> ExitCode {
             controller::Trigger::GenerationChange,
             configure,
             reconcile::reconcile,
+            options,
         )
         .await,
     )

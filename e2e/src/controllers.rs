@@ -59,9 +59,11 @@ impl ControllerProcess {
         env: &[(String, String)],
     ) -> Result<Self> {
         let binary = paths::workspace_bin(&format!("dbops-{name}"))?;
+        let scoped = controller_namespace_arg(extra_args, env.iter().map(|(k, _)| k.as_str()));
         let mut spec = Spec::new(name, binary)
             .args([format!("--metrics-addr=127.0.0.1:{metrics_port}")])
             .args(extra_args.iter().cloned())
+            .args(scoped)
             .env("KUBECONFIG", kubeconfig.display().to_string())
             .env(
                 "RUST_LOG",
@@ -96,6 +98,28 @@ impl ControllerProcess {
     pub fn get(&self, path: &str) -> Result<(u16, String)> {
         http_get(self.metrics_port, path)
     }
+}
+
+/// `--controller-namespace=<ns>` for a controller started with `--watch-namespace=<ns>`
+/// and no controller namespace of its own (neither the flag nor `POD_NAMESPACE` among
+/// `env_names`): a test's namespace stands in for `dbops-system`, where the Deployments'
+/// pods run, so one test's backup store registration (the ConfigMap `dbops-backup-store`)
+/// and Leases never meet another test's. `TestNamespace::create` grants the controllers'
+/// ServiceAccounts there what `deploy/` grants them in `dbops-system`.
+pub fn controller_namespace_arg<'a>(
+    args: &[String],
+    mut env_names: impl Iterator<Item = &'a str>,
+) -> Option<String> {
+    let named = args
+        .iter()
+        .any(|a| a == "--controller-namespace" || a.starts_with("--controller-namespace="))
+        || env_names.any(|name| name == "POD_NAMESPACE");
+    if named {
+        return None;
+    }
+    args.iter()
+        .find_map(|a| a.strip_prefix("--watch-namespace="))
+        .map(|ns| format!("--controller-namespace={ns}"))
 }
 
 /// A minimal HTTP/1.0 GET on loopback (the test bed talks plain HTTP to controllers).

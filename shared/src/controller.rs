@@ -5,13 +5,17 @@
 //! 1. install the SIGTERM/SIGINT handlers;
 //! 2. build the rate-limited client and check that the CRD of `K` is served;
 //! 3. serve /healthz, /readyz and /metrics on `--metrics-addr`;
-//! 4. run the `Controller` (only while leader with `--leader-elect`) until a signal;
-//! 5. let in-flight reconciles finish, release the Lease, stop the health server.
+//! 4. with a backup store ([`Options::backup_store`]), wait until it passes its startup
+//!    check (see [`wait_for_backup_store`]), not ready meanwhile;
+//! 5. run the `Controller` (only while leader with `--leader-elect`) until a signal;
+//! 6. let in-flight reconciles finish, release the Lease, stop the health server.
 //!
-//! [`run_with`] does the same for a process that runs more controllers than one (the
-//! backup-controller's scheduler beside its Backup controller): each [`Companion`] shares
-//! the signals, client, health server, `/metrics` (under its own `controller` label),
-//! Lease and shutdown, and the process is ready once every watch store has synced.
+//! [`run_with`] does the same with [`Options`]: a backup store to check first (the
+//! backup-controller and the database-controller), and companions for a process that
+//! runs more controllers than one (the backup-controller's scheduler beside its Backup
+//! controller): each [`Companion`] shares the signals, client, health server, `/metrics`
+//! (under its own `controller` label), Lease and shutdown, and the process is ready once
+//! every watch store has synced.
 
 use std::{
     convert::Infallible,
@@ -45,6 +49,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::{
     backoff::{Backoff, BackoffKey, BackoffTracker},
+    backup_store::{BackupStore, registry},
     cli::{CliError, CommonArgs},
     client::{ClientError, rate_limited_client},
     health::{self, HealthError, HealthState},
@@ -56,6 +61,8 @@ use crate::{
 
 /// How long running reconciles may take to finish after SIGTERM/SIGINT.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How long a process whose backup store failed its check waits before checking again.
+const STORE_CHECK_RETRY: Duration = Duration::from_secs(10);
 
 /// What the error policy does with a reconcile error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -222,9 +229,20 @@ where
         trigger,
         configure,
         reconcile,
-        Vec::new(),
+        Options::default(),
     )
     .await
+}
+
+/// What [`run_with`] checks and runs besides the controller of `K`.
+#[derive(Default)]
+pub struct Options {
+    /// Further controllers of the same process, started and stopped with the main one.
+    pub companions: Vec<Companion>,
+    /// The process's `--backup-store` (the backup-controller writes it, the
+    /// database-controller reads it): checked before leader election and the
+    /// controllers start, see [`wait_for_backup_store`].
+    pub backup_store: Option<BackupStore>,
 }
 
 /// A further controller of the same process, run by [`run_with`] beside its main one.
@@ -313,8 +331,9 @@ impl Readiness {
     }
 }
 
-/// [`run`], with `companions` run beside the controller of `K` in the same process,
-/// started and stopped with it (and only while leader with `--leader-elect`).
+/// [`run`], with `options`: the companions run beside the controller of `K` in the same
+/// process, started and stopped with it (and only while leader with `--leader-elect`);
+/// the backup store checked before any of them starts.
 pub async fn run_with<K, S, F, Fut, E>(
     controller: &'static str,
     args: &CommonArgs,
@@ -322,7 +341,7 @@ pub async fn run_with<K, S, F, Fut, E>(
     trigger: Trigger,
     configure: Configure<K, S>,
     reconcile: F,
-    companions: Vec<Companion>,
+    options: Options,
 ) -> Result<(), ControllerError>
 where
     K: Watched,
@@ -331,6 +350,10 @@ where
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
     E: ReconcileError,
 {
+    let Options {
+        companions,
+        backup_store,
+    } = options;
     args.validate()?;
     let shutdown = shutdown::on_signals()?;
     let listener = health::bind(args.metrics_addr).await?;
@@ -383,6 +406,14 @@ where
         served
     };
     let work = async {
+        if let Some(store) = &backup_store {
+            let namespace = &args.controller_namespace;
+            if !wait_for_backup_store(&client, namespace, store, &health, &shutdown).await {
+                tracing::info!("stopped while waiting for the backup store");
+                shutdown.cancel();
+                return Ok(());
+            }
+        }
         let result = if args.leader_elect {
             let lease = LeaseSettings::new(controller, &args.controller_namespace);
             leader::run_as_leader(
@@ -405,6 +436,57 @@ where
     worked?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Checks the backup store ([`registry::check`]: writable, and the store registered in
+/// the ConfigMap `dbops-backup-store` of the controllers' namespace) until it passes,
+/// then returns `true`; `false` when `stop` is cancelled first (SIGTERM ends a wait at
+/// once, even inside a check). While it fails: the reason is logged at warn, `/readyz`
+/// answers 503 with it (`/healthz` stays 200), and it is checked again every
+/// [`STORE_CHECK_RETRY`]; each store operation and API call of a check is bounded.
+pub async fn wait_for_backup_store(
+    client: &Client,
+    namespace: &str,
+    store: &BackupStore,
+    health: &HealthState,
+    stop: &CancellationToken,
+) -> bool {
+    health.set_blocked(Some(format!(
+        "checking the backup store {store} (the first check has not finished)"
+    )));
+    loop {
+        let checked = tokio::select! {
+            checked = registry::check(client, namespace, store) => checked,
+            () = stop.cancelled() => return false,
+        };
+        match checked {
+            Ok(registered) => {
+                health.set_blocked(None);
+                tracing::info!(
+                    backup_store = %store,
+                    identity = %registered.identity,
+                    registration = %format_args!("{namespace}/{}", registry::CONFIG_MAP),
+                    registered_now = registered.created,
+                    "backup store checked: writable and the registered one"
+                );
+                return true;
+            }
+            Err(error) => {
+                let reason = error.reason();
+                tracing::warn!(
+                    reason,
+                    backup_store = %store,
+                    retry_in = ?STORE_CHECK_RETRY,
+                    "not starting the controllers: {error}"
+                );
+                health.set_blocked(Some(format!("{reason}: {error}")));
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(STORE_CHECK_RETRY) => {}
+            () = stop.cancelled() => return false,
+        }
+    }
 }
 
 /// The process exit code for what [`run`] returned; the error is logged.

@@ -4,14 +4,16 @@
 //! - `GET /readyz`: 200 once this replica is ready, 503 with the reason otherwise. Without
 //!   leader election that is "the watch stores have synced"; with leader election a standby
 //!   replica is ready once it takes part in the election, and the leader once its stores have
-//!   synced. The body names the role (`leader`, `standby`);
+//!   synced. The body names the role (`leader`, `standby`). While a startup check blocks
+//!   the process ([`HealthState::set_blocked`], for example a backup store it cannot
+//!   write), it is not ready whatever else holds, and the body is `not ready: <reason>`;
 //! - `GET /metrics`: Prometheus metrics in the OpenMetrics text format.
 
 use std::{
     future::Future,
     net::SocketAddr,
     sync::{
-        Arc,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
 };
@@ -52,6 +54,8 @@ struct Flags {
     leader_election: bool,
     ready: AtomicBool,
     leader: AtomicBool,
+    /// Why a startup check keeps the process from starting its controllers.
+    blocked: Mutex<Option<String>>,
 }
 
 impl HealthState {
@@ -62,6 +66,7 @@ impl HealthState {
                 leader_election,
                 ready: AtomicBool::new(false),
                 leader: AtomicBool::new(false),
+                blocked: Mutex::new(None),
             }),
         }
     }
@@ -82,8 +87,30 @@ impl HealthState {
         self.inner.leader.load(Ordering::Acquire)
     }
 
+    /// Not ready because of `reason` (a startup check that fails, for example
+    /// `BackupStoreNotWritable: ...`) until called again with `None`.
+    pub fn set_blocked(&self, reason: Option<String>) {
+        *self
+            .inner
+            .blocked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = reason;
+    }
+
+    /// Why a startup check blocks the process, if one does.
+    pub fn blocked(&self) -> Option<String> {
+        self.inner
+            .blocked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// The `/readyz` answer: `Ok(body)` when ready, `Err(reason)` otherwise.
     pub fn readiness(&self) -> Result<String, String> {
+        if let Some(reason) = self.blocked() {
+            return Err(format!("not ready: {reason}"));
+        }
         let ready = self.is_ready();
         if !self.inner.leader_election {
             return match ready {
@@ -193,6 +220,21 @@ mod tests {
         assert!(health.readiness().unwrap_err().contains("leader"));
         health.set_ready(true);
         assert_eq!(health.readiness(), Ok("ready (leader)".to_owned()));
+    }
+
+    #[test]
+    fn a_blocked_process_is_not_ready_and_says_why() {
+        for leader_election in [false, true] {
+            let health = HealthState::new(leader_election);
+            health.set_ready(true);
+            health.set_blocked(Some("BackupStoreNotWritable: /x: Not a directory".into()));
+            assert_eq!(
+                health.readiness(),
+                Err("not ready: BackupStoreNotWritable: /x: Not a directory".to_owned())
+            );
+            health.set_blocked(None);
+            assert!(health.readiness().is_ok());
+        }
     }
 
     #[tokio::test]

@@ -182,6 +182,9 @@ fn start_controllers(
     .zip(base_port..)
     .map(|((name, mut args), port)| {
         args.push(otlp.clone());
+        // The controllers' own namespace (Leases, the backup store's registration
+        // ConfigMap), here `default`, where the admin Secrets are too.
+        args.push("--controller-namespace=default".to_string());
         ControllerProcess::start_on(name, kubeconfig, logs, port, &args)
     })
     .collect()

@@ -1400,9 +1400,14 @@ async fn an_s3_backup_is_one_verified_object_that_deletion_removes() {
     let backup = s.wait_completed("bench-1", READY).await;
     assert_eq!(attempts(&backup), 1);
     let (artifact_key, manifest_key) = s3_keys_of(&s, "dbops/e2e", &backup);
+    // Beside the store's identity (`<prefix>/.dbops-store-id`, written at startup).
     assert_eq!(
         server.keys(S3_BUCKET, "").unwrap(),
-        [artifact_key.clone(), manifest_key.clone()],
+        [
+            "dbops/e2e/.dbops-store-id".to_string(),
+            artifact_key.clone(),
+            manifest_key.clone()
+        ],
         "exactly the artifact and its manifest"
     );
     assert_eq!(
@@ -1449,8 +1454,8 @@ async fn an_s3_backup_is_one_verified_object_that_deletion_removes() {
     .await;
     assert_eq!(
         server.keys(S3_BUCKET, "").unwrap(),
-        Vec::<String>::new(),
-        "deletionPolicy Delete removes the artifact and the manifest"
+        ["dbops/e2e/.dbops-store-id"],
+        "deletionPolicy Delete removes the artifact and the manifest (not the store's identity)"
     );
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use dbops_api::{Backup, BackupPhase, Database};
-use dbops_e2e::controllers::http_get;
+use dbops_e2e::controllers::{controller_namespace_arg, http_get};
 use dbops_e2e::controlplane::{client_from_kubeconfig, service_account_user};
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::process::{Spec, Supervised, free_port};
@@ -37,10 +37,12 @@ const CONTROLLERS: [&str; 3] = [
     "backup-controller",
     "migration-controller",
 ];
-/// Objects `kubectl apply -k deploy/` sends: the Namespace, 3 CRDs, and per controller a
-/// ServiceAccount, ClusterRole, ClusterRoleBinding, Role, RoleBinding, Deployment,
-/// PodDisruptionBudget and Service.
-const DEPLOY_OBJECTS: usize = 1 + 3 + 3 * 8;
+/// Objects `kubectl apply -k deploy/` sends: the Namespace, 3 CRDs, the backup store's
+/// PersistentVolumeClaim, per controller a ServiceAccount, ClusterRole,
+/// ClusterRoleBinding, Role, RoleBinding (its Lease), Deployment, PodDisruptionBudget and
+/// Service, and for the backup- and database-controller a Role and RoleBinding (the
+/// backup store's registration ConfigMap).
+const DEPLOY_OBJECTS: usize = 1 + 3 + 1 + 3 * 8 + 2 * 2;
 
 fn deploy_dir() -> PathBuf {
     paths::repo_root().join("deploy")
@@ -81,9 +83,11 @@ pub async fn start_controller(
     env: &[(&str, &str)],
 ) -> Result<ControllerProcess> {
     let port = free_port()?;
+    let scoped = controller_namespace_arg(args, env.iter().map(|(k, _)| *k));
     let mut spec = Spec::new(name, paths::workspace_bin(&format!("dbops-{controller}"))?)
         .args([format!("--metrics-addr=127.0.0.1:{port}")])
         .args(args.iter().cloned())
+        .args(scoped)
         .env("KUBECONFIG", kubeconfig.display().to_string())
         .env(
             "RUST_LOG",

@@ -6,6 +6,7 @@
 
 mod api_validation;
 mod backup;
+mod backup_store;
 mod control_plane;
 mod controllers;
 mod database;
