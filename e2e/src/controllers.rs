@@ -35,7 +35,15 @@ impl ControllerProcess {
         metrics_port: u16,
         extra_args: &[String],
     ) -> Result<Self> {
-        Self::launch(name, kubeconfig, log_dir, metrics_port, extra_args, &[])
+        Self::launch(
+            name,
+            kubeconfig,
+            log_dir,
+            metrics_port,
+            extra_args,
+            &[],
+            false,
+        )
     }
 
     /// Like [`ControllerProcess::start`] with `env` added to the controller's environment
@@ -47,7 +55,35 @@ impl ControllerProcess {
         extra_args: &[String],
         env: &[(String, String)],
     ) -> Result<Self> {
-        Self::launch(name, kubeconfig, log_dir, free_port()?, extra_args, env)
+        Self::launch(
+            name,
+            kubeconfig,
+            log_dir,
+            free_port()?,
+            extra_args,
+            env,
+            false,
+        )
+    }
+
+    /// Like [`ControllerProcess::start`] for a process told to exit by itself (a test's
+    /// `--debug-exit-at`): one that exits before `/healthz` answered is returned, not an
+    /// error, and its exit status is there for `process.wait_exit`.
+    pub fn start_expecting_exit(
+        name: &str,
+        kubeconfig: &Path,
+        log_dir: &Path,
+        extra_args: &[String],
+    ) -> Result<Self> {
+        Self::launch(
+            name,
+            kubeconfig,
+            log_dir,
+            free_port()?,
+            extra_args,
+            &[],
+            true,
+        )
     }
 
     fn launch(
@@ -57,6 +93,7 @@ impl ControllerProcess {
         metrics_port: u16,
         extra_args: &[String],
         env: &[(String, String)],
+        exit_expected: bool,
     ) -> Result<Self> {
         let binary = paths::workspace_bin(&format!("dbops-{name}"))?;
         let scoped = controller_namespace_arg(extra_args, env.iter().map(|(k, _)| k.as_str()));
@@ -76,6 +113,12 @@ impl ControllerProcess {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = process.try_exit()? {
+                if exit_expected {
+                    return Ok(Self {
+                        process,
+                        metrics_port,
+                    });
+                }
                 bail!("{name} exited ({status}):\n{}", process.log_tail(4000));
             }
             if http_get(metrics_port, "/healthz").is_ok_and(|(code, _)| code == 200) {

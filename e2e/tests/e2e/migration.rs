@@ -123,8 +123,8 @@ impl Setup {
             .unwrap();
     }
 
-    fn start(&self, name: &str, extra: Vec<String>) -> ControllerProcess {
-        let kubeconfig = self.identities[name].clone();
+    /// The flags every controller of a test gets.
+    fn common_args(&self) -> Vec<String> {
         let mut args = vec![
             format!("--watch-namespace={}", self.ns()),
             "--resync-interval=5s".to_string(),
@@ -134,6 +134,12 @@ impl Setup {
         if let Some(jaeger) = &self.jaeger {
             args.push(format!("--otlp-endpoint={}", jaeger.otlp_endpoint()));
         }
+        args
+    }
+
+    fn start(&self, name: &str, extra: Vec<String>) -> ControllerProcess {
+        let kubeconfig = self.identities[name].clone();
+        let mut args = self.common_args();
         args.extend(extra);
         ControllerProcess::start(name, &kubeconfig, self.logs.path(), &args)
             .unwrap_or_else(|e| panic!("starting the {name}: {}", self.redact(&format!("{e:#}"))))
@@ -146,6 +152,26 @@ impl Setup {
             format!("--pg-restore={}", bin("pg_restore")),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
+        if extra.iter().any(|a| a.starts_with("--debug-exit-at")) {
+            // It may reach its exit point before /healthz is first asked.
+            let kubeconfig = self.identities["migration-controller"].clone();
+            let mut all = self.common_args();
+            all.extend(args);
+            let c = ControllerProcess::start_expecting_exit(
+                "migration-controller",
+                &kubeconfig,
+                self.logs.path(),
+                &all,
+            )
+            .unwrap_or_else(|e| {
+                panic!(
+                    "starting the migration-controller: {}",
+                    self.redact(&format!("{e:#}"))
+                )
+            });
+            self.migration_controller = Some(c);
+            return;
+        }
         self.migration_controller = Some(self.start("migration-controller", args));
     }
 
