@@ -91,3 +91,24 @@ pub async fn wait_final_snapshot(
     .await?;
     found.into_iter().next().context("no final snapshot Backup")
 }
+
+/// The core/v1 Events of namespace `ns` about the object `kind`/`name`.
+pub async fn events_about(
+    client: &kube::Client,
+    ns: &str,
+    kind: &str,
+    name: &str,
+) -> Result<Vec<k8s_openapi::api::core::v1::Event>> {
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default())
+        .await
+        .with_context(|| format!("listing the Events of {ns}"))?;
+    Ok(events
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.kind.as_deref() == Some(kind)
+                && e.involved_object.name.as_deref() == Some(name)
+        })
+        .collect())
+}

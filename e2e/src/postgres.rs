@@ -255,7 +255,12 @@ impl PgServer {
 
     /// A connection as the superuser to the `postgres` database.
     pub async fn connect_as_superuser(&self) -> Result<Client> {
-        self.connect(SUPERUSER, &self.password, "postgres").await
+        self.connect_as_superuser_to("postgres").await
+    }
+
+    /// A superuser connection to database `dbname`.
+    pub async fn connect_as_superuser_to(&self, dbname: &str) -> Result<Client> {
+        self.connect(SUPERUSER, &self.password, dbname).await
     }
 
     /// A connection as any role; the connection task runs on the current runtime.

@@ -64,6 +64,24 @@ where
     }
 }
 
+/// Waits (a watch, bounded by `timeout`) until the object `name` with `uid` is gone; an
+/// object of that name with another UID counts as gone.
+pub async fn deleted<K>(api: Api<K>, name: &str, uid: &str, timeout: Duration) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + Debug + Send + 'static,
+{
+    match tokio::time::timeout(
+        timeout,
+        await_condition(api, name, kube::runtime::wait::conditions::is_deleted(uid)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(anyhow!("watching {name} until it is gone: {e}")),
+        Err(_) => Err(anyhow!("{name} still exists after {timeout:?}")),
+    }
+}
+
 /// Polls `probe` every [`POLL_INTERVAL`] for `window` and fails at the first value for
 /// which `ok` does not hold (or the first error), naming `what` and that value; returns
 /// the last value when it held throughout. For "this must not happen" checks, where

@@ -325,14 +325,7 @@ impl Saga<'_> {
             match outcome {
                 Ok(Outcome::Done(message)) => {
                     self.crash_point(step, true);
-                    let mut status = self.status();
-                    let seconds = progress::succeed(&mut status, step, message.clone());
-                    self.save(status).await?;
-                    if let Some(metrics) = self.ctx.metrics.migration() {
-                        metrics.observe_step(step.as_str(), seconds);
-                    }
-                    self.event(true, &format!("{}Succeeded", step.as_str()), &message)
-                        .await;
+                    self.succeeded(step, message).await?;
                 }
                 Ok(Outcome::Wait(message)) => {
                     let mut status = self.status();
@@ -402,9 +395,17 @@ impl Saga<'_> {
                 self.m.spec.database_ref.name
             ),
         };
+        self.succeeded(step, message).await
+    }
+
+    /// Records the step Succeeded with `message`, its duration and an Event.
+    async fn succeeded(&mut self, step: MigrationStep, message: String) -> Result<()> {
         let mut status = self.status();
-        progress::succeed(&mut status, step, message.clone());
+        let seconds = progress::succeed(&mut status, step, message.clone());
         self.save(status).await?;
+        if let Some(metrics) = self.ctx.metrics.migration() {
+            metrics.observe_step(step.as_str(), seconds);
+        }
         self.event(true, &format!("{}Succeeded", step.as_str()), &message)
             .await;
         Ok(())

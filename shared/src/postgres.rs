@@ -820,23 +820,17 @@ impl Servers {
             message: format!("no answer within {:?}", self.connect_timeout),
         };
         let connected = match verify {
-            None => tokio::time::timeout(self.connect_timeout, config.connect(NoTls))
-                .await
-                .map_err(|_| timed_out())?
-                .map(|(client, connection)| (client, spawn_connection(connection))),
+            None => connect_within(&config, NoTls, self.connect_timeout).await,
             Some(verify) => {
                 let tls = tls::connector(verify, None).map_err(|e| PgError::Tls {
                     server: key.clone(),
                     failure: tls::TlsFailure::CertificateNotTrusted,
                     message: e.to_string(),
                 })?;
-                tokio::time::timeout(self.connect_timeout, config.connect(tls))
-                    .await
-                    .map_err(|_| timed_out())?
-                    .map(|(client, connection)| (client, spawn_connection(connection)))
+                connect_within(&config, tls, self.connect_timeout).await
             }
         };
-        let (client, ()) = connected.map_err(|e| {
+        let client = connected.ok_or_else(timed_out)?.map_err(|e| {
             if let Some(failure) = tls::TlsFailure::of(&e) {
                 return PgError::Tls {
                     server: key.clone(),
@@ -863,16 +857,28 @@ impl Servers {
     }
 }
 
-/// Drives a connection in the background until it ends.
-fn spawn_connection<F>(connection: F)
+/// Connects with `tls` within `within` (`None` when it took longer) and drives the
+/// connection in the background until it ends.
+async fn connect_within<T>(
+    config: &tokio_postgres::Config,
+    tls: T,
+    within: Duration,
+) -> Option<Result<Client, tokio_postgres::Error>>
 where
-    F: Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+    T::Stream: Send + 'static,
 {
+    let (client, connection) = match tokio::time::timeout(within, config.connect(tls)).await {
+        Err(_) => return None,
+        Ok(Err(e)) => return Some(Err(e)),
+        Ok(Ok(connected)) => connected,
+    };
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "PostgreSQL connection ended");
         }
     });
+    Some(Ok(client))
 }
 
 #[cfg(test)]

@@ -21,7 +21,6 @@ use dbops_e2e::wait::Want;
 use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
 use serde_json::json;
 
 use crate::{Bed, bed};
@@ -424,13 +423,9 @@ impl Setup {
     where
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
     {
-        let waited = tokio::time::timeout(
-            timeout,
-            await_condition(api, name, conditions::is_deleted(uid)),
-        )
-        .await;
+        let waited = dbops_e2e::wait::deleted(api, name, uid, timeout).await;
         assert!(
-            matches!(waited, Ok(Ok(_))),
+            waited.is_ok(),
             "{name} still exists after {timeout:?}\n---- backup-controller log ----\n{}\n---- database-controller log ----\n{}",
             self.log("backup-controller", 6000),
             self.log("database-controller", 4000)
@@ -439,33 +434,17 @@ impl Setup {
 
     /// Runs `sql` in `database` as the superuser.
     async fn exec_as_superuser(&self, database: &str, sql: &str) {
-        let client = self
-            .pg
-            .connect(
-                dbops_e2e::postgres::SUPERUSER,
-                self.pg.superuser_password(),
-                database,
-            )
-            .await
-            .unwrap();
+        let client = self.pg.connect_as_superuser_to(database).await.unwrap();
         client.batch_execute(sql).await.unwrap();
     }
 
     /// The reasons of the Warning Events about Database `name`.
     async fn warning_reasons(&self, name: &str) -> Vec<String> {
-        let events: Api<k8s_openapi::api::core::v1::Event> =
-            Api::namespaced(self.b.client.clone(), self.ns());
-        events
-            .list(&Default::default())
+        dbops_e2e::fixtures::events_about(&self.b.client, self.ns(), "Database", name)
             .await
             .unwrap()
-            .items
             .into_iter()
-            .filter(|e| {
-                e.involved_object.kind.as_deref() == Some("Database")
-                    && e.involved_object.name.as_deref() == Some(name)
-                    && e.type_.as_deref() == Some("Warning")
-            })
+            .filter(|e| e.type_.as_deref() == Some("Warning"))
             .filter_map(|e| e.reason)
             .collect()
     }

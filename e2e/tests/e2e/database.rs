@@ -20,7 +20,6 @@ use dbops_e2e::wait::{Want, describe_database, eventually, holds_for};
 use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
 use rand::RngExt;
 use rand::distr::{Alphanumeric, SampleString};
 use serde_json::json;
@@ -251,12 +250,8 @@ impl Setup {
     async fn wait_gone(&self, db: &Database, timeout: Duration) {
         let name = db.metadata.name.clone().unwrap();
         let uid = db.metadata.uid.clone().unwrap();
-        let waited = tokio::time::timeout(
-            timeout,
-            await_condition(self.databases(), &name, conditions::is_deleted(&uid)),
-        )
-        .await;
-        if !matches!(waited, Ok(Ok(_))) {
+        let waited = dbops_e2e::wait::deleted(self.databases(), &name, &uid, timeout).await;
+        if waited.is_err() {
             panic!(
                 "Database {}/{name} still exists after {timeout:?} ({waited:?}):\n{}\n---- controller log tail ----\n{}",
                 self.ns(),
@@ -283,18 +278,9 @@ impl Setup {
 
     /// Core/v1 Events about a Database.
     async fn events_for(&self, name: &str) -> Vec<Event> {
-        let events: Api<Event> = Api::namespaced(self.b.client.clone(), self.ns());
-        events
-            .list(&ListParams::default())
+        dbops_e2e::fixtures::events_about(&self.b.client, self.ns(), "Database", name)
             .await
             .unwrap()
-            .items
-            .into_iter()
-            .filter(|e| {
-                e.involved_object.kind.as_deref() == Some("Database")
-                    && e.involved_object.name.as_deref() == Some(name)
-            })
-            .collect()
     }
 
     /// Waits until `user` with `password` can log in to `dbname` (a role's password is

@@ -353,18 +353,9 @@ impl Setup {
     }
 
     async fn events_about(&self, kind: &str, name: &str) -> Vec<Event> {
-        let events: Api<Event> = Api::namespaced(self.b.client.clone(), self.ns());
-        events
-            .list(&ListParams::default())
+        dbops_e2e::fixtures::events_about(&self.b.client, self.ns(), kind, name)
             .await
             .unwrap()
-            .items
-            .into_iter()
-            .filter(|e| {
-                e.involved_object.kind.as_deref() == Some(kind)
-                    && e.involved_object.name.as_deref() == Some(name)
-            })
-            .collect()
     }
 
     /// Whether the owner role can write to the Database on the source (what an
@@ -382,10 +373,7 @@ impl Setup {
     }
 
     async fn superuser_scalar_i64(pg: &PgServer, db: &str, sql: &str) -> i64 {
-        let client = pg
-            .connect(dbops_e2e::postgres::SUPERUSER, pg.superuser_password(), db)
-            .await
-            .unwrap();
+        let client = pg.connect_as_superuser_to(db).await.unwrap();
         client.query_one(sql, &[]).await.unwrap().get(0)
     }
 }
@@ -609,15 +597,7 @@ async fn a_database_moves_with_every_committed_write() {
     assert!(committed.len() >= 50);
 
     // Every committed row is on the target, and nothing the writer did not attempt.
-    let target_db = s
-        .target
-        .connect(
-            dbops_e2e::postgres::SUPERUSER,
-            s.target.superuser_password(),
-            "app",
-        )
-        .await
-        .unwrap();
+    let target_db = s.target.connect_as_superuser_to("app").await.unwrap();
     let rows: BTreeSet<i64> = target_db
         .query("SELECT n FROM writes", &[])
         .await
@@ -1205,18 +1185,9 @@ async fn a_migration_is_one_trace_across_the_three_controllers() {
 
 /// Waits until the Database with `uid` is gone.
 async fn wait_database_gone(s: &Setup, name: &str, uid: &str) {
-    let gone = tokio::time::timeout(
-        SAGA,
-        kube::runtime::wait::await_condition(
-            s.databases(),
-            name,
-            kube::runtime::wait::conditions::is_deleted(uid),
-        ),
-    )
-    .await;
-    if !matches!(gone, Ok(Ok(_))) {
+    if let Err(e) = dbops_e2e::wait::deleted(s.databases(), name, uid, SAGA).await {
         panic!(
-            "Database {name} is still there:\n{}\n---- database-controller log ----\n{}",
+            "{e:#}:\n{}\n---- database-controller log ----\n{}",
             dbops_e2e::wait::describe_database(&s.databases(), name).await,
             s.log("database-controller", 6000)
         );
@@ -1361,15 +1332,7 @@ async fn an_extension_schema_on_the_target_does_not_pass_for_copied_data() {
     s.create_migration("app-move", "app", json!({})).await;
     s.start_migration_controller(&["--debug-exit-at=ProvisionTarget:done"]);
     assert_eq!(s.wait_migration_controller_exit(SAGA), Some(DEBUG_EXIT));
-    let t = s
-        .target
-        .connect(
-            dbops_e2e::postgres::SUPERUSER,
-            s.target.superuser_password(),
-            "app",
-        )
-        .await
-        .unwrap();
+    let t = s.target.connect_as_superuser_to("app").await.unwrap();
     t.batch_execute("CREATE SCHEMA pgcrypto_own; ALTER EXTENSION pgcrypto ADD SCHEMA pgcrypto_own")
         .await
         .unwrap();

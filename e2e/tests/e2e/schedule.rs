@@ -22,7 +22,6 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::wait::{await_condition, conditions};
 use serde_json::json;
 
 use crate::{Bed, bed};
@@ -232,15 +231,8 @@ impl World {
     async fn wait_gone(&self, backup: &Backup) {
         let name = backup.name_any();
         let uid = backup.uid().unwrap();
-        let waited = tokio::time::timeout(
-            READY,
-            await_condition(self.backups(), &name, conditions::is_deleted(&uid)),
-        )
-        .await;
-        assert!(
-            matches!(waited, Ok(Ok(_))),
-            "Backup {name} still exists after {READY:?}"
-        );
+        let waited = dbops_e2e::wait::deleted(self.backups(), &name, &uid, READY).await;
+        assert!(waited.is_ok(), "Backup {name} still exists after {READY:?}");
     }
 
     /// The artifact and manifest of a Backup in the store directory.
@@ -708,20 +700,10 @@ async fn deleting_a_database_keeps_its_scheduled_backups_unless_asked() {
             .unwrap();
     }
     for db in &databases {
-        let gone = tokio::time::timeout(
-            READY,
-            await_condition(
-                w.databases(),
-                &db.name_any(),
-                conditions::is_deleted(&db.uid().unwrap()),
-            ),
-        )
-        .await;
-        assert!(
-            matches!(gone, Ok(Ok(_))),
-            "Database {} still exists",
-            db.name_any()
-        );
+        let gone =
+            dbops_e2e::wait::deleted(w.databases(), &db.name_any(), &db.uid().unwrap(), READY)
+                .await;
+        assert!(gone.is_ok(), "Database {} still exists", db.name_any());
     }
 
     // Retain (the default): every scheduled Backup of "keep" stays Completed with its
