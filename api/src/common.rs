@@ -28,38 +28,19 @@ pub mod marks {
     pub const FINAL_SNAPSHOT_OF: &str = "dbops.dev/final-snapshot-of";
 }
 
-/// How a controller reaches a PostgreSQL server and as whom.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ServerSpec {
-    /// Host name or IP address of the PostgreSQL server, for example
-    /// `pg-main.databases.svc`.
+/// A reference to a cluster-scoped `DatabaseServer` by name.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, KubeSchema)]
+pub struct ServerReference {
+    /// Name of the DatabaseServer (cluster-scoped, written by the platform team).
     #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z0-9]([-A-Za-z0-9.:]*[A-Za-z0-9])?$')").message("host must be a DNS name or an IP address"))]
-    pub host: String,
-
-    /// TCP port of the PostgreSQL server.
-    #[serde(default = "default_port")]
-    #[schemars(range(min = 1, max = 65535))]
-    pub port: i32,
-
-    /// A Secret in the same namespace holding the keys `username` and `password` of a
-    /// role that may create roles and databases on this server.
-    pub admin_secret_ref: SecretReference,
-
-    /// libpq `sslmode` used for the controller's and the applications' connections.
-    #[serde(default)]
-    pub ssl_mode: SslMode,
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("name must be a valid DatabaseServer name (lower case DNS subdomain)"))]
+    pub name: String,
 }
 
-fn default_port() -> i32 {
-    5432
-}
-
-/// The name of a Secret in the referring object's namespace.
+/// The name of a Secret in a namespace the referring field names.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, KubeSchema)]
 pub struct SecretReference {
-    /// Name of the Secret, in the same namespace as the referring object.
+    /// Name of the Secret.
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("name must be a valid Secret name (lower case DNS subdomain)"))]
     pub name: String,
@@ -74,30 +55,35 @@ pub struct LocalObjectReference {
     pub name: String,
 }
 
-/// libpq `sslmode`.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+/// TLS to a PostgreSQL server, with libpq's `sslmode` meanings.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
-pub enum SslMode {
-    /// Plain TCP only.
+pub enum TlsMode {
+    /// Plain TCP only: passwords and data cross the network readable.
     Disable,
-    /// TLS when the server offers it, plain TCP otherwise.
-    #[default]
-    Prefer,
     /// TLS always, without verifying the server's certificate.
     Require,
-    /// TLS always, verifying the certificate chain and the host name.
+    /// TLS always; the certificate must chain to a trusted root (any host name).
+    VerifyCa,
+    /// TLS always; the certificate must chain to a trusted root and name the host.
+    #[default]
     VerifyFull,
 }
 
-impl SslMode {
-    /// The value libpq and connection URIs use.
+impl TlsMode {
+    /// The value libpq and connection URIs use (`sslmode`).
     pub fn as_str(self) -> &'static str {
         match self {
-            SslMode::Disable => "disable",
-            SslMode::Prefer => "prefer",
-            SslMode::Require => "require",
-            SslMode::VerifyFull => "verify-full",
+            TlsMode::Disable => "disable",
+            TlsMode::Require => "require",
+            TlsMode::VerifyCa => "verify-ca",
+            TlsMode::VerifyFull => "verify-full",
         }
+    }
+
+    /// Whether the server's certificate is checked against trusted roots.
+    pub fn verifies(self) -> bool {
+        matches!(self, TlsMode::VerifyCa | TlsMode::VerifyFull)
     }
 }
 

@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{DatabaseDeletionPolicy, LocalObjectReference, ServerSpec};
+use crate::common::{DatabaseDeletionPolicy, LocalObjectReference, ServerReference};
 
 /// Desired state of a Database.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
@@ -21,7 +21,7 @@ use crate::common::{DatabaseDeletionPolicy, LocalObjectReference, ServerSpec};
     doc = "A PostgreSQL database and its owner role on a server, with a connection Secret `<name>-connection` for applications.",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Lifecycle phase"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "Ready condition"),
-    printcolumn(name = "Server", type_ = "string", json_path = ".spec.server.host", description = "PostgreSQL server host"),
+    printcolumn(name = "Server", type_ = "string", json_path = ".spec.serverRef.name", description = "DatabaseServer"),
     printcolumn(name = "Database", type_ = "string", json_path = ".status.databaseName", description = "Database name in PostgreSQL"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("has(self.spec.databaseName) || self.metadata.name.matches('^[a-z_][a-z0-9_-]{0,62}$')").message("spec.databaseName is required when metadata.name (with '-' read as '_') is not a PostgreSQL identifier of at most 63 characters").field_path(".spec.databaseName"),
@@ -33,8 +33,9 @@ use crate::common::{DatabaseDeletionPolicy, LocalObjectReference, ServerSpec};
     validation = Rule::new("!has(self.restoreFrom) || (has(oldSelf.restoreFrom) && self.restoreFrom == oldSelf.restoreFrom)").message("restoreFrom can only be set when the Database is created").field_path(".restoreFrom"),
 )]
 pub struct DatabaseSpec {
-    /// The PostgreSQL server that holds the database.
-    pub server: ServerSpec,
+    /// The DatabaseServer that holds the database. It must allow this namespace. A
+    /// Migration changes it at cutover.
+    pub server_ref: ServerReference,
 
     /// Name of the database in PostgreSQL. Defaults to metadata.name with `-` replaced by
     /// `_`. Immutable.
@@ -146,6 +147,12 @@ pub struct DatabaseStatus {
     /// Ready, Progressing, Degraded and MigrationInProgress.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+
+    /// The DatabaseServer the database was provisioned on: a Database already on its
+    /// server keeps being served when its namespace stops matching the server's
+    /// `allowedNamespaces` (new ones are refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
 
     /// Identity of the database in PostgreSQL: `<host>:<port>/<database OID>`.
     #[serde(

@@ -1,5 +1,6 @@
 #![allow(clippy::duplicated_attributes)] // kube-derive's printcolumn(...) repeats `type_ = ...` by design
-//! The dbops.dev/v1alpha1 API: `Database`, `Backup` and `Migration`.
+//! The dbops.dev/v1alpha1 API: `DatabaseServer` (cluster-scoped), `Database`, `Backup` and
+//! `Migration`.
 //!
 //! Types, schema, CEL validation and printer columns only: no client code lives here.
 //! Every rule that the API server can decide on its own (identifier formats, immutable
@@ -10,11 +11,12 @@ pub mod backup;
 pub mod common;
 pub mod database;
 pub mod migration;
+pub mod server;
 
 pub use backup::{Backup, BackupPhase, BackupSpec, BackupStatus};
 pub use common::{
     BackupDeletionPolicy, DatabaseDeletionPolicy, LocalObjectReference, SecretReference,
-    ServerSpec, SslMode, condition, marks,
+    ServerReference, TlsMode, condition, marks,
 };
 pub use database::{
     BackupSchedule, Database, DatabasePhase, DatabaseSpec, DatabaseStatus, RestoreSource,
@@ -23,6 +25,10 @@ pub use database::{
 pub use migration::{
     Cutover, Migration, MigrationPhase, MigrationSpec, MigrationStatus, MigrationStep,
     MigrationTarget, SourceRetention, StepState, StepStatus,
+};
+pub use server::{
+    DatabaseServer, DatabaseServerSpec, DatabaseServerStatus, ServerLimits, ServerTls,
+    ServerTlsStatus,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -35,7 +41,12 @@ pub const VERSION: &str = "v1alpha1";
 
 /// Every CustomResourceDefinition of the API, in the order they are installed.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![Database::crd(), Backup::crd(), Migration::crd()]
+    vec![
+        DatabaseServer::crd(),
+        Database::crd(),
+        Backup::crd(),
+        Migration::crd(),
+    ]
 }
 
 /// A CRD as the YAML document that `crdgen` writes to `deploy/crds/`.

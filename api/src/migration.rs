@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{LocalObjectReference, ServerSpec};
+use crate::common::{LocalObjectReference, ServerReference};
 
 /// Desired state of a Migration.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
@@ -28,8 +28,8 @@ use crate::common::{LocalObjectReference, ServerSpec};
     printcolumn(
         name = "Target",
         type_ = "string",
-        json_path = ".spec.target.server.host",
-        description = "Target server host"
+        json_path = ".spec.target.serverRef.name",
+        description = "Target DatabaseServer"
     ),
     printcolumn(
         name = "Phase",
@@ -77,8 +77,8 @@ pub struct MigrationSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MigrationTarget {
-    /// The server the Database moves to.
-    pub server: ServerSpec,
+    /// The DatabaseServer the Database moves to; it must allow the Migration's namespace.
+    pub server_ref: ServerReference,
 }
 
 /// When traffic is switched.
@@ -137,7 +137,7 @@ pub struct MigrationStatus {
     /// FreezeSource, its compensation and Cleanup act on it, whatever the Database says
     /// later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source_server: Option<ServerSpec>,
+    pub source_server: Option<ServerReference>,
 
     /// The UID of the Database moved (recorded by Preflight): the ownership mark looked
     /// for on the source and written on the target.
@@ -163,7 +163,7 @@ pub struct MigrationStatus {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub target_touched: bool,
 
-    /// The Database's metadata.generation after SwitchTraffic patched spec.server: the
+    /// The Database's metadata.generation after SwitchTraffic patched spec.serverRef: the
     /// switch is complete when the Database is Ready at this generation or a later one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub switched_generation: Option<i64>,

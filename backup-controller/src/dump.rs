@@ -11,9 +11,8 @@ use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use dbops_api::ServerSpec;
 use dbops_shared::pg_tools::{self, Connection, is_auth_failure, is_connection_failure};
-use dbops_shared::postgres::Credentials;
+use dbops_shared::postgres::{Credentials, Endpoint};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
@@ -62,7 +61,7 @@ impl DumpError {
 
 /// Whom pg_dump connects to, as whom, and which database it dumps.
 pub struct Source<'a> {
-    pub server: &'a ServerSpec,
+    pub server: &'a Endpoint,
     pub credentials: &'a Credentials,
     pub database: &'a str,
 }
@@ -115,15 +114,18 @@ where
         source.database,
         "dbops-backup",
     );
-    let mut child = pg_tools::command(pg_dump, &to)
+    let spawn_error = |source| DumpError::Spawn {
+        program: pg_dump.display().to_string(),
+        source,
+    };
+    // `_root_cert` (the server's CA for PGSSLROOTCERT) lives until pg_dump has ended.
+    let (mut command, _root_cert) = pg_tools::command(pg_dump, &to).map_err(spawn_error)?;
+    let mut child = command
         .args(["--format=custom", "--no-password"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
-        .map_err(|source| DumpError::Spawn {
-            program: pg_dump.display().to_string(),
-            source,
-        })?;
+        .map_err(spawn_error)?;
     let errors = pg_tools::keep_stderr(child.stderr.take());
     let Some(mut stdout) = child.stdout.take() else {
         return Err(DumpError::Read(std::io::Error::other(

@@ -8,7 +8,9 @@
 //! the scheduled Backups of Databases with `spec.backup` and prunes them by retention.
 //!
 //! Watches: Backups; Databases, mapped to the Backups waiting for them through an index
-//! on `spec.databaseRef`. At most `--max-concurrent-backups` dumps run at once, and one
+//! on `spec.databaseRef`; DatabaseServers (`--server-selector`), mapped to the unfinished
+//! Backups of their Databases; admin and CA Secrets are read from a cache of the
+//! controllers' namespace only (`--controller-namespace`). At most `--max-concurrent-backups` dumps run at once, and one
 //! per PostgreSQL server.
 //!
 //! Startup: telemetry, a Kubernetes client (KUBECONFIG or in-cluster), a check that the
@@ -29,12 +31,13 @@ use std::path::PathBuf;
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
-use dbops_api::{Backup, Database};
+use dbops_api::{Backup, Database, DatabaseServer};
 use dbops_shared::{
     backoff::Backoff,
     cli::{BackupStoreArgs, CommonArgs},
     controller::{self, Configure, Context},
     postgres::Servers,
+    server::Directory,
     telemetry,
 };
 use kube::Api;
@@ -93,10 +96,13 @@ async fn main() -> ExitCode {
     let store = args.store.backup_store.clone();
     let pg_dump = args.pg_dump.clone();
     let max_concurrent = usize::from(args.max_concurrent_backups);
+    let controller_namespace = args.common.controller_namespace.clone();
+    let server_selector = args.common.server_selector.clone();
     let state = move |client: kube::Client, reporter| State {
         store,
         pg_dump,
         servers: Servers::new(2, 5, Duration::from_secs(30)),
+        directory: Directory::watch(&client, &controller_namespace, server_selector.as_deref()),
         slots: Slots::new(max_concurrent),
         backoff,
         recorder: Recorder::new(client, reporter),
@@ -135,6 +141,7 @@ fn scheduler(namespace: Option<String>) -> controller::Companion {
         Box::new(move |c, ctx| schedule::watches(c, ctx, namespace.as_deref(), writer));
     controller::Companion::new(
         schedule::CONTROLLER,
+        kube::runtime::watcher::Config::default(),
         state,
         controller::Trigger::GenerationChange,
         configure,
@@ -150,7 +157,29 @@ fn watches(
 ) -> kube::runtime::Controller<Backup> {
     let databases: Api<Database> = controller::scoped_api(ctx.client.clone(), namespace);
     let index = ctx.clone();
+    let backups = c.store();
     c.watches(
+        Api::<DatabaseServer>::all(ctx.client.clone()),
+        ctx.state.directory.server_config(),
+        move |_server: DatabaseServer| {
+            // The unfinished Backups (few: Pending or Running), whichever server their
+            // Database is on: a server's change is rare, a Database lookup per Backup is not
+            // needed to find them.
+            let waiting: Vec<ObjectRef<Backup>> = backups
+                .state()
+                .iter()
+                .filter(|b| {
+                    !matches!(
+                        b.status.as_ref().and_then(|s| s.phase),
+                        Some(dbops_api::BackupPhase::Completed | dbops_api::BackupPhase::Failed)
+                    )
+                })
+                .map(|b| ObjectRef::from_obj(b.as_ref()))
+                .collect();
+            waiting
+        },
+    )
+    .watches(
         databases,
         watcher::Config::default(),
         move |db: Database| {

@@ -26,8 +26,8 @@ use dbops_api::{
 };
 use dbops_shared::backoff::Backoff;
 use dbops_shared::controller::Context;
-use dbops_shared::postgres::{Credentials, PgError, ServerKey, Servers};
-use k8s_openapi::api::core::v1::Secret;
+use dbops_shared::postgres::{PgError, ServerKey, Servers};
+use dbops_shared::server::{Directory, Resolved};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -51,6 +51,8 @@ pub struct State {
     pub store: BackupStore,
     pub pg_dump: PathBuf,
     pub servers: Servers,
+    /// DatabaseServers and their admin and CA Secrets (the controllers' namespace only).
+    pub directory: Directory,
     pub slots: Slots,
     /// The shared backoff curve (`--backoff-base`, `--backoff-max`), applied to the
     /// attempt count in the status so that it survives restarts.
@@ -227,7 +229,14 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context<State>>) -> Result<
         }
     }
 
-    let server = ServerKey::of(&db.spec.server);
+    let server = match ctx.state.directory.get(&db.spec.server_ref.name) {
+        Some(found) => dbops_shared::server::key_of(&found),
+        // Not found: the attempt reports it (ServerNotFound), under this name's slot.
+        None => ServerKey {
+            host: db.spec.server_ref.name.clone(),
+            port: 0,
+        },
+    };
     let Some(slot) = ctx.state.slots.try_acquire(&server) else {
         let waiting = Outcome::Waiting {
             reason: "WaitingForSlot",
@@ -416,12 +425,16 @@ async fn run_attempt(
 ) -> std::result::Result<Completed, Failure> {
     let state = &ctx.state;
     let key = object_key(backup);
-    let credentials = admin_credentials(ctx, db).await?;
+    let Resolved {
+        endpoint,
+        credentials,
+        ..
+    } = server_of(ctx, db).await?;
     let dbname = db.database_name();
 
     let session = state
         .servers
-        .connect(&db.spec.server, &credentials, &dbname)
+        .connect(&endpoint, &credentials, &dbname)
         .await?;
     let server_version: String = session
         .query_one("SHOW server_version", &[])
@@ -436,7 +449,7 @@ async fn run_attempt(
     let create = state.store.create_artifact(&key);
     let mut artifact = traced("create_artifact", location.clone(), create).await?;
     let source = Source {
-        server: &db.spec.server,
+        server: &endpoint,
         credentials: &credentials,
         database: &dbname,
     };
@@ -464,7 +477,8 @@ async fn run_attempt(
             "name": db.name_any(),
             "uid": db.uid(),
             "databaseName": dbname,
-            "server": ServerKey::of(&db.spec.server).to_string(),
+            "server": endpoint.key.to_string(),
+            "databaseServer": db.spec.server_ref.name,
         },
         "serverVersion": server_version,
         "pgDumpVersion": pg_dump_version,
@@ -499,32 +513,18 @@ async fn run_attempt(
     })
 }
 
-/// Admin credentials of the Database's server, from its admin Secret.
-async fn admin_credentials(
-    ctx: &Context<State>,
-    db: &Database,
-) -> std::result::Result<Credentials, Failure> {
-    let namespace = db.namespace().unwrap_or_default();
-    let name = &db.spec.server.admin_secret_ref.name;
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let secret = secrets
-        .get_opt(name)
+/// The Database's DatabaseServer: its endpoint and admin credentials, from the caches.
+/// Every failure is transient: the platform team fixes the server or its Secrets, and
+/// the retries (bounded by `maxRetries`) find it fixed.
+async fn server_of(ctx: &Context<State>, db: &Database) -> std::result::Result<Resolved, Failure> {
+    let directory = &ctx.state.directory;
+    let resolved = async {
+        directory.synced().await?;
+        directory.resolve(&db.spec.server_ref.name)
+    };
+    resolved
         .await
-        .map_err(|e| {
-            Failure::transient("KubernetesApiError", format!("reading admin Secret: {e}"))
-        })?
-        .ok_or_else(|| {
-            Failure::transient(
-                "AdminSecretNotFound",
-                format!("admin Secret {namespace}/{name} not found"),
-            )
-        })?;
-    Credentials::from_secret(&secret).map_err(|e| {
-        Failure::transient(
-            "AdminSecretInvalid",
-            format!("admin Secret {namespace}/{name}: {e}"),
-        )
-    })
+        .map_err(|e| Failure::transient(e.reason(), e.to_string()))
 }
 
 fn wants_finalizer(backup: &Backup) -> bool {
@@ -620,7 +620,7 @@ mod tests {
         let mut db: Database = serde_json::from_value(json!({
             "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
             "metadata": {"name": "orders", "namespace": "ns"},
-            "spec": {"server": {"host": "h", "adminSecretRef": {"name": "a"}}, "deletionPolicy": policy},
+            "spec": {"serverRef": {"name": "pg"}, "deletionPolicy": policy},
             "status": {"conditions": [{"type": "Ready", "status": ready, "reason": "X",
                 "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
         }))

@@ -991,7 +991,7 @@ mod tests {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
             "metadata": {"name": "orders", "namespace": "ns", "uid": "db-uid"},
-            "spec": {"server": {"host": "h", "adminSecretRef": {"name": "a"}},
+            "spec": {"serverRef": {"name": "pg"},
                      "backup": backup}
         }))
         .unwrap()

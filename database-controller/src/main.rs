@@ -1,19 +1,26 @@
 //! dbops database-controller: turns each `Database` (dbops.dev/v1alpha1) into a role, a
-//! database, its extensions and settings on a PostgreSQL server, and a connection
-//! Secret `<name>-connection`; repairs drift every `--resync-interval`; reports a
-//! vanished database without re-creating it; and on deletion does what
-//! `spec.deletionPolicy` says (Retain, Delete, or Snapshot: a final Backup, then drop).
+//! database, its extensions and settings on the PostgreSQL server its `spec.serverRef`
+//! names, and a connection Secret `<name>-connection`; repairs drift every
+//! `--resync-interval`; reports a vanished database without re-creating it; and on
+//! deletion does what `spec.deletionPolicy` says (Retain, Delete, or Snapshot: a final
+//! Backup, then drop). A second controller in the process, `server` (`server-controller`),
+//! probes each DatabaseServer and keeps it while Databases are on it.
 //!
-//! Watches: Databases; the connection Secrets it owns; admin Secrets (mapped to their
-//! Databases through an index on `spec.server.adminSecretRef`); Migrations (their
-//! Database gets `MigrationInProgress` and its freeze is not "repaired"); and final
-//! snapshot Backups (label `dbops.dev/final-snapshot-of=<Database uid>`) and Backups that a Database
-//! waits to be restored from (`spec.restoreFrom`).
+//! Watches: Databases; the connection Secrets it owns (label
+//! `app.kubernetes.io/managed-by=dbops`: no other tenant Secret is cached); DatabaseServers
+//! (`--server-selector`; a change of generation or readiness maps to the server's
+//! Databases); namespaces' labels (a change maps to the namespace's Databases that are not
+//! Ready, for `allowedNamespaces`); Migrations (their Database gets `MigrationInProgress`
+//! and its freeze is not "repaired"); and final snapshot Backups (label
+//! `dbops.dev/final-snapshot-of=<Database uid>`) and Backups that a Database waits to be
+//! restored from (`spec.restoreFrom`). Admin and CA Secrets are read from a cache of the
+//! controllers' own namespace (`--controller-namespace`) only.
 
 mod error;
 mod reconcile;
 mod restore;
 mod secret;
+mod server;
 mod sql;
 mod status;
 
@@ -21,19 +28,23 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use dbops_api::{Backup, Database, Migration};
+use dbops_api::{Backup, Database, DatabaseServer, Migration};
 use dbops_shared::cli::{BackupStoreArgs, CommonArgs, PostgresArgs};
 use dbops_shared::controller::{self, Configure, Context};
 use dbops_shared::telemetry;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use kube::ResourceExt;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
 
-use crate::reconcile::{AdminSecretIndex, State, Verified, Written};
+use dbops_shared::server::Directory;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::core::PartialObjectMeta;
+
+use crate::reconcile::{State, Verified, Written};
 
 /// The controller name: metrics label, Lease `dbops-database-controller`, Event reporter.
 const CONTROLLER: &str = "database-controller";
@@ -70,24 +81,54 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let servers = args.postgres.servers();
+    let servers = Arc::new(args.postgres.servers());
+    let databases: Arc<std::sync::OnceLock<reflector::Store<Database>>> = Arc::default();
+    let migrations: Arc<std::sync::OnceLock<reflector::Store<Migration>>> = Arc::default();
+    // One Directory for both controllers, made with the process's client by whichever
+    // state is built first.
+    let directory: Arc<std::sync::OnceLock<Directory>> = Arc::default();
+    let directory_for = {
+        let cell = directory.clone();
+        let controller_namespace = args.common.controller_namespace.clone();
+        let selector = args.common.server_selector.clone();
+        move |client: &kube::Client| -> Directory {
+            cell.get_or_init(|| {
+                Directory::watch(client, &controller_namespace, selector.as_deref())
+            })
+            .clone()
+        }
+    };
+    let companion = {
+        let directory_for = directory_for.clone();
+        let servers = servers.clone();
+        let databases = databases.clone();
+        let migrations = migrations.clone();
+        server::companion(
+            move |client| directory_for(client),
+            args.common.server_selector.clone(),
+            servers,
+            databases,
+            migrations,
+            args.common.watch_namespace.clone(),
+        )
+    };
     // Checked before the controller starts: the store restores read is writable and the
     // one the backup-controller writes (registered in the ConfigMap dbops-backup-store).
     let options = controller::Options {
         backup_store: Some(args.store.backup_store.clone()),
-        ..controller::Options::default()
+        companions: vec![companion],
     };
     let namespace = args.common.watch_namespace.clone();
     let configure: Configure<Database, State> =
         Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref()));
     let state = move |client: kube::Client, reporter| State {
         servers,
+        directory: directory_for(&client),
         recorder: Recorder::new(client, reporter),
-        admin_secrets: AdminSecretIndex::default(),
-        migrations: std::sync::OnceLock::new(),
+        migrations,
         verified: Verified::default(),
         written: Written::default(),
-        databases: std::sync::OnceLock::new(),
+        databases,
         secrets: std::sync::OnceLock::new(),
         last_prune: std::sync::Mutex::new(None),
         restorer: restore::Restorer {
@@ -111,14 +152,14 @@ async fn main() -> ExitCode {
     )
 }
 
-/// Owned connection Secrets, admin Secrets, Migrations and final snapshot Backups.
+/// Owned connection Secrets, DatabaseServers, namespaces, Migrations and final snapshot
+/// Backups.
 fn watches(
     c: kube::runtime::Controller<Database>,
     ctx: &Arc<Context<State>>,
     namespace: Option<&str>,
 ) -> kube::runtime::Controller<Database> {
     let client = ctx.client.clone();
-    let index = ctx.clone();
     let databases = c.store();
     let _ = ctx.state.databases.set(databases.clone());
 
@@ -143,19 +184,17 @@ fn watches(
             })
             .await;
     });
-    // One watch of Secrets feeds a cache (admin and connection Secrets are read from it,
-    // not fetched per reconcile) and two triggers: owned connection Secrets, and admin
-    // Secrets mapped to their Databases.
+    // The connection Secrets only (by their label): a cache the reconciles read, and the
+    // trigger of their owner Database.
     let (secret_store, secret_writer) = reflector::store_shared::<Secret>(1024);
     let _ = ctx.state.secrets.set(secret_store);
-    let (Some(owned_secrets), Some(admin_secrets)) =
-        (secret_writer.subscribe(), secret_writer.subscribe())
-    else {
+    let Some(owned_secrets) = secret_writer.subscribe() else {
         unreachable!("a shared store can be subscribed to");
     };
+    let (key, value) = secret::MANAGED_BY;
     let secrets = watcher(
         controller::scoped_api::<Secret>(client.clone(), namespace),
-        watcher::Config::default(),
+        watcher::Config::default().labels(&format!("{key}={value}")),
     )
     .default_backoff()
     .modify(|s| {
@@ -172,17 +211,98 @@ fn watches(
             })
             .await;
     });
+    let on_server = databases.clone();
+    let seen = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
+    let in_namespace = databases.clone();
+    let waiting = databases.clone();
+    let over_quota = databases.clone();
     c.owns_shared_stream(owned_secrets)
-        .watches_shared_stream(admin_secrets, move |secret: Arc<Secret>| {
-            let ns = secret.metadata.namespace.clone().unwrap_or_default();
-            let name = secret.metadata.name.clone().unwrap_or_default();
-            index
-                .state
-                .admin_secrets
-                .referrers_of(&ns, &name)
-                .into_iter()
-                .map(move |db| ObjectRef::new(&db).within(&ns))
-        })
+        .watches(
+            Api::<DatabaseServer>::all(client.clone()),
+            ctx.state.directory.server_config(),
+            move |server: DatabaseServer| {
+                // Only a new generation or readiness concerns the Databases: the count in
+                // the status changes with every Database and must not wake them all.
+                let name = server.metadata.name.clone().unwrap_or_default();
+                let ready = server.status.as_ref().and_then(|s| {
+                    dbops_shared::conditions::get(&s.conditions, dbops_api::condition::READY)
+                        .map(|c| (c.status.clone(), c.reason.clone()))
+                });
+                let now = (
+                    server.metadata.generation,
+                    ready,
+                    server.metadata.deletion_timestamp.is_some(),
+                );
+                let changed = {
+                    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                    seen.insert(name.clone(), now.clone()) != Some(now)
+                };
+                let hit: Vec<ObjectRef<Database>> = if changed {
+                    on_server
+                        .state()
+                        .iter()
+                        .filter(|db| db.spec.server_ref.name == name)
+                        .map(|db| ObjectRef::from_obj(db.as_ref()))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                hit
+            },
+        )
+        .watches_stream(
+            watcher(
+                Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff()
+            .touched_objects(),
+            move |ns: PartialObjectMeta<Namespace>| {
+                // A namespace's labels may now match a server's allowedNamespaces.
+                let name = ns.metadata.name.clone().unwrap_or_default();
+                let refused: Vec<ObjectRef<Database>> = in_namespace
+                    .state()
+                    .iter()
+                    .filter(|db| db.metadata.namespace.as_deref() == Some(name.as_str()))
+                    .filter(|db| {
+                        !db.status.as_ref().is_some_and(|s| {
+                            dbops_shared::conditions::is_true(
+                                &s.conditions,
+                                dbops_api::condition::READY,
+                            )
+                        })
+                    })
+                    .map(|db| ObjectRef::from_obj(db.as_ref()))
+                    .collect();
+                refused
+            },
+        )
+        .watches(
+            controller::scoped_api::<Database>(client.clone(), namespace),
+            watcher::Config::default(),
+            move |db: Database| {
+                // A Database that goes (or moves) may make room under a server's quota for
+                // the ones refused in its namespace.
+                let ns = db.metadata.namespace.clone().unwrap_or_default();
+                let waiting: Vec<ObjectRef<Database>> = over_quota
+                    .state()
+                    .iter()
+                    .filter(|other| {
+                        other.metadata.namespace.as_deref() == Some(ns.as_str())
+                            && other.uid() != db.uid()
+                            && other.status.as_ref().is_some_and(|s| {
+                                dbops_shared::conditions::get(
+                                    &s.conditions,
+                                    dbops_api::condition::READY,
+                                )
+                                .is_some_and(|c| c.reason == "QuotaExceeded")
+                            })
+                    })
+                    .map(|other| ObjectRef::from_obj(other.as_ref()))
+                    .collect();
+                waiting
+            },
+        )
         .watches(
             controller::scoped_api::<Migration>(client.clone(), namespace),
             watcher::Config::default(),
@@ -203,7 +323,7 @@ fn watches(
                     .contains_key(dbops_api::marks::FINAL_SNAPSHOT_OF)
                     .then(|| ObjectRef::new(&b.spec.database_ref.name).within(&ns));
                 // ... and the Databases waiting to be restored from it.
-                let restoring: Vec<ObjectRef<Database>> = databases
+                let restoring: Vec<ObjectRef<Database>> = waiting
                     .state()
                     .iter()
                     .filter(|db| restore::waits_for(db, &ns, &name))

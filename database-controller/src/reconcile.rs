@@ -3,10 +3,12 @@
 //! 1. `cleanup` when the Database is being deleted (behind the finalizer);
 //! 2. `sync_finalizer`: present exactly when deletion has work to do outside the cluster
 //!    (policy Delete or Snapshot, or a Migration in flight);
-//! 3. `provision`: admin credentials → session → observe → role → database → settings →
-//!    extensions → connection Secret; each step checks before it writes, so a converged
-//!    Database costs reads only;
-//! 4. `status::publish`: the status derived from the outcome, written only if it differs,
+//! 3. `admit`: the DatabaseServer exists, allows the namespace and has room under its
+//!    quota (a Database already provisioned there stays admitted);
+//! 4. `provision`: session → observe → role → database → settings → extensions →
+//!    connection Secret; each step checks before it writes, so a converged Database costs
+//!    reads only;
+//! 5. `status::publish`: the status derived from the outcome, written only if it differs,
 //!    and an Event for every condition transition.
 
 use std::collections::{HashMap, HashSet};
@@ -17,7 +19,8 @@ use dbops_api::{
     Backup, Database, DatabaseDeletionPolicy, DatabaseStatus, Migration, MigrationPhase,
 };
 use dbops_shared::controller::Context;
-use dbops_shared::postgres::{Credentials, PgError, ServerKey, Servers, Session};
+use dbops_shared::postgres::{PgError, ServerKey, Servers, Session};
+use dbops_shared::server::{Directory, Resolved, ServerError};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -31,22 +34,30 @@ use crate::{restore, secret, sql, status};
 
 pub const FINALIZER: &str = "dbops.dev/database-cleanup";
 pub const FIELD_MANAGER: &str = "dbops-database-controller";
+/// How long a reconcile waits for a cache's first list before it backs off.
+const STORE_SYNC_WAIT: Duration = Duration::from_secs(30);
 
 /// The database-controller's own state.
 pub struct State {
-    pub servers: Servers,
+    /// Sessions to PostgreSQL servers, shared with the DatabaseServer controller.
+    pub servers: Arc<Servers>,
     pub recorder: Recorder,
-    pub admin_secrets: AdminSecretIndex,
-    /// Every Migration, kept by a reflector (set up with the watches).
-    pub migrations: std::sync::OnceLock<Store<Migration>>,
+    /// DatabaseServers, their admin and CA Secrets (the controllers' namespace only) and
+    /// the namespaces' labels.
+    pub directory: Directory,
+    /// Every Migration, kept by a reflector (set up with the watches); shared with the
+    /// DatabaseServer controller.
+    pub migrations: Arc<std::sync::OnceLock<Store<Migration>>>,
     /// When each Database's PostgreSQL state was last verified, and at which generation.
     pub verified: Verified,
     /// The status last written for each Database.
     pub written: Written,
     /// The controller's own cache of Databases (set up with the watches), to forget
-    /// what is remembered about Databases that are gone.
-    pub databases: std::sync::OnceLock<Store<Database>>,
-    /// Every Secret in scope, kept by the Secret watch (set up with the watches).
+    /// what is remembered about Databases that are gone, count a server's Databases and
+    /// apply its quota. Shared with the DatabaseServer controller.
+    pub databases: Arc<std::sync::OnceLock<Store<Database>>>,
+    /// The connection Secrets (label `app.kubernetes.io/managed-by=dbops`), kept by their
+    /// watch (set up with the watches); no other Secret of a tenant is cached.
     pub secrets: std::sync::OnceLock<Store<Secret>>,
     pub last_prune: Mutex<Option<Instant>>,
     /// The backup store and pg_restore, for `spec.restoreFrom`.
@@ -72,11 +83,6 @@ impl State {
             .iter()
             .filter_map(|d| d.metadata.uid.clone())
             .collect();
-        let keys: HashSet<(String, String)> = store
-            .state()
-            .iter()
-            .map(|d| (d.namespace().unwrap_or_default(), d.name_any()))
-            .collect();
         self.verified
             .inner
             .lock()
@@ -87,8 +93,6 @@ impl State {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|uid, _| live.contains(uid));
-        self.admin_secrets
-            .retain(|ns, db| keys.contains(&(ns.to_string(), db.to_string())));
     }
 }
 
@@ -157,15 +161,14 @@ impl Verified {
     }
 }
 
-/// Which Databases use which admin Secret: Database → `spec.server.adminSecretRef`,
-/// updated on every reconcile, so a Secret event maps to its Databases without a scan.
-pub type AdminSecretIndex = dbops_shared::ref_index::RefIndex;
-
 /// What a successful provisioning produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Provisioned {
     pub provider_id: String,
     pub server_version: String,
+    /// The DatabaseServer it is on, and the `host:port` applications connect to.
+    pub server: String,
+    pub endpoint: String,
 }
 
 pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Action> {
@@ -173,9 +176,7 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Ac
     let name = db.name_any();
     let api: Api<Database> = Api::namespaced(ctx.client.clone(), &namespace);
     ctx.state.prune(ctx.resync_interval);
-    ctx.state
-        .admin_secrets
-        .record(&namespace, &name, &db.spec.server.admin_secret_ref.name);
+    let _ = name;
 
     let migration = active_migration(&ctx, &db).await?;
 
@@ -203,12 +204,16 @@ async fn active_migration(ctx: &Context<State>, db: &Database) -> Result<Option<
     let name = db.name_any();
     let migrations: Vec<Arc<Migration>> = match ctx.state.migrations.get() {
         Some(store) => {
-            // Before the first list, "no Migration" would be a guess.
-            store
-                .wait_until_ready()
-                .await
-                .map_err(|e| Error::Internal(format!("Migration store: {e}")))?;
-            store.state()
+            // Before the first list, "no Migration" would be a guess; the wait is bounded.
+            match tokio::time::timeout(STORE_SYNC_WAIT, store.wait_until_ready()).await {
+                Ok(Ok(())) => store.state(),
+                _ => {
+                    return Err(Error::Retry {
+                        reason: "CacheNotSynced",
+                        message: "the Migration cache has not synced yet".into(),
+                    });
+                }
+            }
         }
         None => {
             let api: Api<Migration> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -271,28 +276,109 @@ async fn cached_secret(
     Ok(secrets.get_opt(name).await?.map(Arc::new))
 }
 
-/// Admin credentials from the Secret named in the spec, in the Database's namespace.
-async fn admin_credentials(ctx: &Context<State>, db: &Database) -> Result<Credentials> {
-    let namespace = db.namespace().unwrap_or_default();
-    let name = &db.spec.server.admin_secret_ref.name;
-    let secret = cached_secret(ctx, &namespace, name)
-        .await?
-        .ok_or_else(|| Error::Blocked {
-            reason: "AdminSecretNotFound",
-            message: format!("admin Secret {namespace}/{name} not found"),
-        })?;
-    Credentials::from_secret(&secret).map_err(|e| Error::Blocked {
-        reason: "AdminSecretInvalid",
-        message: format!("admin Secret {namespace}/{name}: {e}"),
-    })
+/// A server problem as this Database reports it: waiting for the platform team (or the
+/// caches, which a retry cures).
+fn server_error(e: ServerError) -> Error {
+    if e.is_transient() {
+        Error::Retry {
+            reason: e.reason(),
+            message: e.to_string(),
+        }
+    } else {
+        Error::Blocked {
+            reason: e.reason(),
+            message: e.to_string(),
+        }
+    }
 }
 
-async fn admin_session(ctx: &Context<State>, db: &Database, dbname: &str) -> Result<Session> {
-    let credentials = admin_credentials(ctx, db).await?;
+/// The Database's DatabaseServer with its endpoint and admin credentials (from caches).
+async fn server_of(ctx: &Context<State>, db: &Database) -> Result<Resolved> {
+    let directory = &ctx.state.directory;
+    directory.synced().await.map_err(server_error)?;
+    directory
+        .resolve(&db.spec.server_ref.name)
+        .map_err(server_error)
+}
+
+/// Whether the Database may be (or stay) on its server: one already provisioned there
+/// stays admitted whatever the server's namespace selector and quota say now; a new one
+/// needs a server that is not being deleted, allows its namespace and has room under
+/// `limits.databasesPerNamespace` (the oldest Databases by creation time come first).
+fn admit(ctx: &Context<State>, db: &Database, server: &Resolved) -> Result<()> {
+    if already_on(db, &server.name) {
+        return Ok(());
+    }
+    if server.server.metadata.deletion_timestamp.is_some() {
+        return Err(server_error(ServerError::Deleting(server.name.clone())));
+    }
+    let namespace = db.namespace().unwrap_or_default();
+    ctx.state
+        .directory
+        .admits(&server.server, &namespace)
+        .map_err(server_error)?;
+    let limit = server
+        .server
+        .spec
+        .limits
+        .as_ref()
+        .and_then(|l| l.databases_per_namespace);
+    if let (Some(limit), Some(store)) = (limit, ctx.state.databases.get()) {
+        let peers: Vec<Arc<Database>> = store
+            .state()
+            .into_iter()
+            .filter(|d| {
+                d.metadata.namespace.as_deref() == Some(namespace.as_str())
+                    && d.spec.server_ref.name == server.name
+            })
+            .collect();
+        let (place, total) = quota_place(db, &peers, &server.name);
+        if place >= usize::try_from(limit).unwrap_or(0) {
+            return Err(Error::Blocked {
+                reason: "QuotaExceeded",
+                message: format!(
+                    "DatabaseServer {:?} allows {limit} Databases per namespace and namespace {namespace:?} asks for {total}; this one is not among the {limit} oldest: nothing was created on the server",
+                    server.name
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether the Database was provisioned on DatabaseServer `server` (its status says so).
+pub fn already_on(db: &Database, server: &str) -> bool {
+    db.status
+        .as_ref()
+        .is_some_and(|s| s.server.as_deref() == Some(server) && s.provider_id.is_some())
+}
+
+/// The Database's place in its namespace's queue for `server` (0 = first) and the queue's
+/// length: Databases already on the server first, then by creation time, then by name.
+pub fn quota_place(db: &Database, peers: &[Arc<Database>], server: &str) -> (usize, usize) {
+    let key = |d: &Database| {
+        (
+            !already_on(d, server),
+            d.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            d.name_any(),
+        )
+    };
+    let mine = key(db);
+    let mut keys: Vec<_> = peers.iter().map(|d| key(d)).collect();
+    if !peers.iter().any(|d| d.uid() == db.uid()) {
+        keys.push(mine.clone());
+    }
+    keys.sort();
+    let place = keys.iter().position(|k| *k == mine).unwrap_or(keys.len());
+    (place, keys.len())
+}
+
+/// A session as the server's admin role.
+async fn admin_session(ctx: &Context<State>, server: &Resolved, dbname: &str) -> Result<Session> {
     Ok(ctx
         .state
         .servers
-        .connect(&db.spec.server, &credentials, dbname)
+        .connect(&server.endpoint, &server.credentials, dbname)
         .await?)
 }
 
@@ -342,8 +428,12 @@ async fn secret_is_current(db: &Database, ctx: &Context<State>) -> Result<bool> 
     let Some(existing) = cached_secret(ctx, &namespace, &db.connection_secret_name()).await? else {
         return Ok(false);
     };
-    Ok(secret::kept_password(&existing)
-        .is_some_and(|password| secret::is_current(&existing, &secret::desired(db, &password))))
+    let Ok(target) = server_of(ctx, db).await else {
+        return Ok(false);
+    };
+    Ok(secret::kept_password(&existing).is_some_and(|password| {
+        secret::is_current(&existing, &secret::desired(db, &target, &password))
+    }))
 }
 
 /// The full check: reads PostgreSQL and repairs whatever differs from the spec.
@@ -352,7 +442,9 @@ async fn provision_in_postgres(
     ctx: &Context<State>,
     migration_active: bool,
 ) -> Result<Provisioned> {
-    let server = ServerKey::of(&db.spec.server);
+    let target = server_of(ctx, db).await?;
+    admit(ctx, db, &target)?;
+    let server = target.endpoint.key.clone();
     let uid = db.uid().unwrap_or_default();
     let mark = sql::mark(&uid);
     let (database, role) = (db.database_name(), db.owner_role());
@@ -366,7 +458,7 @@ async fn provision_in_postgres(
         secret::check_ours(found, db).map_err(secret_conflict)?;
     }
 
-    let mut session = admin_session(ctx, db, "postgres").await?;
+    let mut session = admin_session(ctx, &target, "postgres").await?;
     let observed = sql::observe(&session, &role, &database).await?;
 
     let role_is_ours = observed
@@ -399,9 +491,12 @@ async fn provision_in_postgres(
         .clone()
         .unwrap_or_else(dbops_shared::postgres::generate_password);
 
+    // Arriving on a server (a Migration's switch) the role exists with a password nobody
+    // knows: it gets the Secret's, once.
+    let arriving = !already_on(db, &target.name);
     if observed.role.is_none() {
         sql::create_role(&mut session, &role, &password, &mark).await?;
-    } else if kept.is_none() {
+    } else if kept.is_none() || arriving {
         sql::set_password(&session, &role, &password).await?;
     }
 
@@ -452,19 +547,27 @@ async fn provision_in_postgres(
         }
     };
     if restore_pending {
-        oid = restore(db, ctx, &session, observed.database.is_none(), &password).await?;
+        oid = restore(
+            db,
+            ctx,
+            &target,
+            &session,
+            observed.database.is_none(),
+            &password,
+        )
+        .await?;
     }
     drop(session);
 
     if !db.spec.extensions.is_empty() {
-        let session = admin_session(ctx, db, &database).await?;
+        let session = admin_session(ctx, &target, &database).await?;
         let installed = sql::installed_extensions(&session).await?;
         for ext in db.spec.extensions.iter().filter(|e| !installed.contains(e)) {
             sql::create_extension(&session, ext).await?;
         }
     }
 
-    let desired = secret::desired(db, &password);
+    let desired = secret::desired(db, &target, &password);
     match &existing {
         Some(s) if secret::is_current(s, &desired) => {}
         // A new Secret: a plain create costs the apiserver less than an apply.
@@ -484,6 +587,8 @@ async fn provision_in_postgres(
     Ok(Provisioned {
         provider_id: format!("{server}/{oid}"),
         server_version: observed.server_version,
+        server: target.name.clone(),
+        endpoint: server.to_string(),
     })
 }
 
@@ -492,6 +597,7 @@ async fn provision_in_postgres(
 async fn restore(
     db: &Database,
     ctx: &Context<State>,
+    server: &Resolved,
     session: &Session,
     fresh: bool,
     password: &str,
@@ -507,6 +613,7 @@ async fn restore(
     status::publish(db, ctx, &api, &restoring, None).await?;
     restore::restore(
         db,
+        &server.endpoint,
         session,
         &ctx.state.restorer,
         &artifact,
@@ -544,9 +651,6 @@ async fn cleanup(
 ) -> Result<Action> {
     ctx.state.verified.forget(&db.uid().unwrap_or_default());
     if !has_finalizer(db) {
-        ctx.state
-            .admin_secrets
-            .forget(&db.namespace().unwrap_or_default(), &db.name_any());
         return Ok(Action::await_change());
     }
     if let Some(migration) = migration {
@@ -559,11 +663,29 @@ async fn cleanup(
         status::publish_deleting(db, ctx, api, &outcome).await?;
         return Ok(Action::requeue(ctx.resync_interval));
     }
+    let namespace = db.namespace().unwrap_or_default();
+    ctx.state.directory.synced().await.map_err(server_error)?;
+    let mut note = deleted_note(db);
     let outcome = match db.spec.deletion_policy {
         DatabaseDeletionPolicy::Retain => Ok(()),
         DatabaseDeletionPolicy::Delete => drop_owned(db, ctx).await,
+        // No Backup can be created in a namespace being deleted: the database is kept,
+        // as Retain would, never dropped without its final snapshot, and the platform team
+        // hears of it on the DatabaseServer.
+        DatabaseDeletionPolicy::Snapshot
+            if ctx.state.directory.namespace_terminating(&namespace) =>
+        {
+            note = kept_unsnapshotted(db, ctx).await;
+            Ok(())
+        }
         DatabaseDeletionPolicy::Snapshot => match final_snapshot(db, ctx).await {
             Ok(()) => drop_owned(db, ctx).await,
+            Err(Error::Kube(kube::Error::Api(e)))
+                if e.code == 403 && e.message.contains("being terminated") =>
+            {
+                note = kept_unsnapshotted(db, ctx).await;
+                Ok(())
+            }
             Err(e) => Err(e),
         },
     };
@@ -571,10 +693,7 @@ async fn cleanup(
         Ok(()) => {
             remove_finalizer(db, api).await?;
             ctx.state.written.forget(&db.uid().unwrap_or_default());
-            ctx.state
-                .admin_secrets
-                .forget(&db.namespace().unwrap_or_default(), &db.name_any());
-            status::event(ctx, db, true, "Deleted", &deleted_note(db)).await;
+            status::event(ctx, db, true, "Deleted", &note).await;
             Ok(Action::await_change())
         }
         Err(e) => {
@@ -600,12 +719,50 @@ fn deleted_note(db: &Database) -> String {
     }
 }
 
-/// Drops the database and role if (and only if) this Database created them.
+/// A Snapshot-policy Database deleted with its namespace: its database is kept, and a
+/// Warning Event on its DatabaseServer says so (the namespace and its Events are going).
+async fn kept_unsnapshotted(db: &Database, ctx: &Context<State>) -> String {
+    let note = format!(
+        "Database {}/{} (deletionPolicy Snapshot) was deleted with its namespace, where no final Backup can be made: database {} and role {} are kept on the server (drop them by hand once they are not needed)",
+        db.namespace().unwrap_or_default(),
+        db.name_any(),
+        db.database_name(),
+        db.owner_role()
+    );
+    if let Some(server) = ctx.state.directory.get(&db.spec.server_ref.name) {
+        dbops_shared::events::publish(
+            &ctx.state.recorder,
+            server.as_ref(),
+            false,
+            "Delete",
+            "KeptWithoutFinalSnapshot",
+            &note,
+        )
+        .await;
+    }
+    tracing::warn!(database = db.database_name(), "{note}");
+    note
+}
+
+/// Drops the database and role if (and only if) this Database created them. A Database
+/// that never got onto its server (refused, or its server is gone) has nothing there.
 async fn drop_owned(db: &Database, ctx: &Context<State>) -> Result<()> {
-    let server = ServerKey::of(&db.spec.server);
+    let provisioned = db.status.as_ref().is_some_and(|s| s.provider_id.is_some());
+    let target = match server_of(ctx, db).await {
+        Err(Error::Blocked { reason, message }) if !provisioned => {
+            tracing::info!(
+                reason,
+                message,
+                "nothing to drop: the database was never provisioned"
+            );
+            return Ok(());
+        }
+        other => other?,
+    };
+    let server = target.endpoint.key.clone();
     let uid = db.uid().unwrap_or_default();
     let (database, role) = (db.database_name(), db.owner_role());
-    let session = admin_session(ctx, db, "postgres").await?;
+    let session = admin_session(ctx, &target, "postgres").await?;
     let observed = sql::observe(&session, &role, &database).await?;
     let role_is_ours = observed
         .role
@@ -780,27 +937,44 @@ impl Error {
 mod tests {
     use super::*;
 
+    fn on_server(name: &str, created: &str, provisioned_on: Option<&str>) -> Arc<Database> {
+        let mut db: Database = serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
+            "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}"),
+                         "creationTimestamp": created},
+            "spec": {"serverRef": {"name": "pg-main"}}
+        }))
+        .unwrap();
+        if let Some(server) = provisioned_on {
+            db.status = Some(DatabaseStatus {
+                server: Some(server.into()),
+                provider_id: Some("h:5432/1".into()),
+                ..DatabaseStatus::default()
+            });
+        }
+        Arc::new(db)
+    }
+
     #[test]
-    fn the_admin_secret_index_follows_each_database_to_its_current_secret() {
-        let index = AdminSecretIndex::default();
-        index.record("shop", "orders", "pg-admin");
-        index.record("shop", "users", "pg-admin");
-        index.record("other", "orders", "pg-admin");
-        let mut using = index.referrers_of("shop", "pg-admin");
-        using.sort();
-        assert_eq!(using, ["orders", "users"]);
-
-        // orders moves to another Secret: only the new one maps to it.
-        index.record("shop", "orders", "pg-new");
-        assert_eq!(index.referrers_of("shop", "pg-admin"), ["users"]);
-        assert_eq!(index.referrers_of("shop", "pg-new"), ["orders"]);
-
-        index.forget("shop", "users");
-        assert!(index.referrers_of("shop", "pg-admin").is_empty());
-
-        index.retain(|ns, _| ns == "shop");
-        assert!(index.referrers_of("other", "pg-admin").is_empty());
-        assert_eq!(index.referrers_of("shop", "pg-new"), ["orders"]);
+    fn the_quota_serves_databases_already_there_then_the_oldest() {
+        let old = on_server("old", "2026-11-23T10:00:00Z", None);
+        let new = on_server("new", "2026-11-23T11:00:00Z", None);
+        // Created last but already provisioned there (before a quota was set): first.
+        let there = on_server("there", "2026-11-23T12:00:00Z", Some("pg-main"));
+        let peers = vec![old.clone(), new.clone(), there.clone()];
+        assert_eq!(quota_place(&there, &peers, "pg-main"), (0, 3));
+        assert_eq!(quota_place(&old, &peers, "pg-main"), (1, 3));
+        assert_eq!(quota_place(&new, &peers, "pg-main"), (2, 3));
+        // Same creation time: by name, so every replica decides alike.
+        let twin = on_server("a-twin", "2026-11-23T10:00:00Z", None);
+        let peers = vec![old.clone(), twin.clone()];
+        assert_eq!(quota_place(&twin, &peers, "pg-main"), (0, 2));
+        // A Database the cache does not hold yet still gets its place.
+        assert_eq!(
+            quota_place(&new, std::slice::from_ref(&old), "pg-main"),
+            (1, 2)
+        );
+        assert!(already_on(&there, "pg-main") && !already_on(&there, "pg-other"));
     }
 
     fn deleting_database(uid: &str) -> Database {
@@ -808,7 +982,7 @@ mod tests {
             "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
             "metadata": {"name": "orders", "namespace": "shop", "uid": uid,
                          "deletionTimestamp": "2026-11-23T10:00:00Z"},
-            "spec": {"server": {"host": "h", "adminSecretRef": {"name": "a"}},
+            "spec": {"serverRef": {"name": "pg-main"},
                      "deletionPolicy": "Snapshot"}
         }))
         .unwrap()
@@ -905,6 +1079,8 @@ mod tests {
         let p = Provisioned {
             provider_id: "h:5432/1".into(),
             server_version: "15".into(),
+            server: "pg-main".into(),
+            endpoint: "h:5432".into(),
         };
         verified.record("uid-1", 1, &p);
         assert_eq!(

@@ -24,7 +24,7 @@ use dbops_api::{Backup, BackupPhase, Database};
 use dbops_shared::backup_store::{BackupStore, ObjectKey, StoreError, traced};
 use dbops_shared::checksum::{Digest, Sha256, hex};
 use dbops_shared::pg_tools::{self, Connection};
-use dbops_shared::postgres::Session;
+use dbops_shared::postgres::{Endpoint, Session};
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -162,6 +162,7 @@ async fn sha256_of(restorer: &Restorer, key: &ObjectKey) -> Result<String> {
 #[allow(clippy::too_many_arguments)]
 pub async fn restore(
     db: &Database,
+    server: &Endpoint,
     session: &Session,
     restorer: &Restorer,
     artifact: &Verified,
@@ -183,7 +184,7 @@ pub async fn restore(
         )
         .await?;
     }
-    run_pg_restore(db, restorer, artifact, owner, password).await?;
+    run_pg_restore(db, server, restorer, artifact, owner, password).await?;
     sql::comment_database(session, &database, &sql::mark(&uid)).await?;
     tracing::info!(
         database,
@@ -196,15 +197,20 @@ pub async fn restore(
 
 async fn run_pg_restore(
     db: &Database,
+    server: &Endpoint,
     restorer: &Restorer,
     artifact: &Verified,
     owner: &str,
     password: &str,
 ) -> Result<()> {
-    let server = &db.spec.server;
     let program = restorer.pg_restore.display().to_string();
-    // The password goes through the environment only: never on a command line.
-    let mut child = pg_tools::command(
+    let could_not_run = |e: std::io::Error| Error::Retry {
+        reason: "RestoreFailed",
+        message: format!("could not run {program}: {e}"),
+    };
+    // The password goes through the environment only: never on a command line. The
+    // server's CA file (`_root_cert`) lives until pg_restore has ended.
+    let (mut command, _root_cert) = pg_tools::command(
         &restorer.pg_restore,
         &Connection {
             server,
@@ -214,21 +220,20 @@ async fn run_pg_restore(
             application: "dbops-database-controller-restore",
         },
     )
-    .args([
-        "--single-transaction",
-        "--exit-on-error",
-        "--no-owner",
-        "--no-privileges",
-        "--no-password",
-    ])
-    .arg(format!("--dbname={}", db.database_name()))
-    .stdin(Stdio::piped())
-    .stdout(Stdio::null())
-    .spawn()
-    .map_err(|e| Error::Retry {
-        reason: "RestoreFailed",
-        message: format!("could not run {program}: {e}"),
-    })?;
+    .map_err(could_not_run)?;
+    let mut child = command
+        .args([
+            "--single-transaction",
+            "--exit-on-error",
+            "--no-owner",
+            "--no-privileges",
+            "--no-password",
+        ])
+        .arg(format!("--dbname={}", db.database_name()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(could_not_run)?;
     let errors = pg_tools::keep_stderr(child.stderr.take());
     let Some(mut stdin) = child.stdin.take() else {
         return Err(Error::Internal("pg_restore without pipes".into()));

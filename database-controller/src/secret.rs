@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use dbops_api::Database;
+use dbops_shared::server::Resolved;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Resource;
@@ -75,15 +76,25 @@ fn encode(s: &str) -> String {
         .collect()
 }
 
-/// The Secret as it should be.
-pub fn desired(db: &Database, password: &str) -> Secret {
-    let server = &db.spec.server;
-    let (host, port) = (server.host.as_str(), server.port.to_string());
+/// The Secret as it should be: everything an application needs to connect to `server`
+/// with its TLS mode, the server's CA (`ca.crt`) when it has its own.
+pub fn desired(db: &Database, server: &Resolved, password: &str) -> Secret {
+    let key = &server.endpoint.key;
+    let (host, port) = (key.host.as_str(), key.port.to_string());
     let dbname = db.database_name();
     let user = db.owner_role();
-    let ssl = server.ssl_mode.as_str();
+    let tls = &server.endpoint.tls;
+    let ssl = tls.mode.as_str();
+    // Verification against the system's roots must be asked for by name (libpq's default
+    // root file is ~/.postgresql/root.crt); with a CA of the server's own, the
+    // application points sslrootcert (PGSSLROOTCERT) at the mounted `ca.crt`.
+    let roots = if tls.mode.verifies() && tls.ca.is_none() {
+        "&sslrootcert=system"
+    } else {
+        ""
+    };
     let uri = format!(
-        "postgresql://{}:{}@{host}:{port}/{}?sslmode={ssl}",
+        "postgresql://{}:{}@{host}:{port}/{}?sslmode={ssl}{roots}",
         encode(&user),
         encode(password),
         encode(&dbname)
@@ -107,10 +118,16 @@ pub fn desired(db: &Database, password: &str) -> Secret {
         ("PGDATABASE", &dbname),
         ("PGUSER", &user),
         ("PGPASSWORD", password),
+        ("sslmode", ssl),
         ("PGSSLMODE", ssl),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+    .chain(
+        tls.ca
+            .as_ref()
+            .map(|ca| ("ca.crt".to_string(), ByteString(ca.pem().to_vec()))),
+    )
     .collect();
     Secret {
         metadata: ObjectMeta {
@@ -163,7 +180,10 @@ pub fn is_current(actual: &Secret, desired: &Secret) -> bool {
                 .flatten()
                 .any(|r| r.uid == want.uid)
         });
+    // A CA the server no longer has must not linger beside the new TLS settings.
+    let stale_ca = |s: &Secret| s.data.as_ref().is_some_and(|d| d.contains_key("ca.crt"));
     contains(&actual.data, &desired.data)
+        && (stale_ca(desired) || !stale_ca(actual))
         && contains(&actual.metadata.labels, &desired.metadata.labels)
         && contains(&actual.metadata.annotations, &desired.metadata.annotations)
         && owner_ok
@@ -177,15 +197,79 @@ mod tests {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
             "metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"},
-            "spec": {"server": {"host": "pg.example", "port": 5433, "adminSecretRef": {"name": "a"}},
-                     "owner": "orders_owner"}
+            "spec": {"serverRef": {"name": "pg-main"}, "owner": "orders_owner"}
         }))
         .unwrap()
     }
 
+    fn server(mode: dbops_api::TlsMode, ca: Option<&str>) -> Resolved {
+        use dbops_shared::postgres::{CaBundle, Credentials, Endpoint};
+        let mut endpoint = Endpoint::new("pg.example", 5433, mode);
+        endpoint.tls.ca = ca.map(|pem| CaBundle::from_pem(pem.as_bytes()).unwrap());
+        Resolved {
+            name: "pg-main".into(),
+            endpoint,
+            credentials: Credentials {
+                username: "admin".into(),
+                password: "admin-password".into(),
+            },
+            server: std::sync::Arc::new(
+                serde_json::from_value(serde_json::json!({
+                    "apiVersion": "dbops.dev/v1alpha1", "kind": "DatabaseServer",
+                    "metadata": {"name": "pg-main"},
+                    "spec": {"host": "pg.example", "port": 5433, "adminSecretRef": {"name": "a"}}
+                }))
+                .unwrap(),
+            ),
+        }
+    }
+
+    fn plain() -> Resolved {
+        server(dbops_api::TlsMode::Disable, None)
+    }
+
+    #[test]
+    fn the_tls_mode_and_the_servers_ca_reach_the_application() {
+        let get = |s: &Secret, k: &str| {
+            s.data
+                .as_ref()
+                .unwrap()
+                .get(k)
+                .map(|v| String::from_utf8(v.0.clone()).unwrap())
+        };
+        // verify-full with the system's roots: the URI asks libpq for them by name.
+        let system = desired(&db(), &server(dbops_api::TlsMode::VerifyFull, None), "pw");
+        assert_eq!(
+            get(&system, "uri").unwrap(),
+            "postgresql://orders_owner:pw@pg.example:5433/orders?sslmode=verify-full&sslrootcert=system"
+        );
+        assert_eq!(get(&system, "PGSSLMODE").unwrap(), "verify-full");
+        assert_eq!(get(&system, "ca.crt"), None);
+        // A CA of the server's own travels as ca.crt.
+        let ca = rcgen::generate_simple_self_signed(vec!["pg.example".to_string()])
+            .unwrap()
+            .cert
+            .pem();
+        let own = desired(
+            &db(),
+            &server(dbops_api::TlsMode::VerifyCa, Some(&ca)),
+            "pw",
+        );
+        assert_eq!(get(&own, "ca.crt").unwrap(), ca);
+        assert!(get(&own, "uri").unwrap().ends_with("?sslmode=verify-ca"));
+        assert!(
+            get(&own, "jdbc-url")
+                .unwrap()
+                .ends_with("&sslmode=verify-ca")
+        );
+        // The server losing its CA makes the Secret stale.
+        assert!(!is_current(&own, &system));
+        assert!(is_current(&own, &own));
+    }
+
     #[test]
     fn the_secret_has_every_key_and_a_working_uri() {
-        let s = desired(&db(), "p@ss/word");
+        let s = desired(&db(), &plain(), "p@ss/word");
         let data = s.data.as_ref().unwrap();
         let get = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
         for key in [
@@ -196,6 +280,7 @@ mod tests {
             "password",
             "uri",
             "jdbc-url",
+            "sslmode",
             "PGHOST",
             "PGPORT",
             "PGDATABASE",
@@ -208,7 +293,7 @@ mod tests {
         assert_eq!(get("username"), "orders_owner");
         assert_eq!(
             get("uri"),
-            "postgresql://orders_owner:p%40ss%2Fword@pg.example:5433/orders?sslmode=prefer"
+            "postgresql://orders_owner:p%40ss%2Fword@pg.example:5433/orders?sslmode=disable"
         );
         assert_eq!(s.metadata.name.as_deref(), Some("orders-connection"));
         assert_eq!(s.metadata.owner_references.as_ref().unwrap()[0].uid, "u-1");
@@ -217,18 +302,18 @@ mod tests {
     #[test]
     fn only_a_secret_this_database_controls_is_ours() {
         let db = db();
-        assert!(check_ours(&desired(&db, "pw"), &db).is_ok());
-        let mut foreign = desired(&db, "pw");
+        assert!(check_ours(&desired(&db, &plain(), "pw"), &db).is_ok());
+        let mut foreign = desired(&db, &plain(), "pw");
         foreign.metadata.owner_references = None;
         let why = check_ours(&foreign, &db).unwrap_err();
         assert!(why.contains("not created by dbops"), "{why}");
-        let mut earlier = desired(&db, "pw");
+        let mut earlier = desired(&db, &plain(), "pw");
         if let Some(refs) = earlier.metadata.owner_references.as_mut() {
             refs[0].uid = "u-0".into();
         }
         let why = check_ours(&earlier, &db).unwrap_err();
         assert!(why.contains("earlier Database"), "{why}");
-        let mut other = desired(&db, "pw");
+        let mut other = desired(&db, &plain(), "pw");
         if let Some(refs) = other.metadata.owner_references.as_mut() {
             refs[0].kind = "Deployment".into();
             refs[0].uid = "u-9".into();
@@ -239,7 +324,7 @@ mod tests {
 
     #[test]
     fn an_edited_password_is_not_kept() {
-        let mut s = desired(&db(), "original");
+        let mut s = desired(&db(), &plain(), "original");
         assert_eq!(kept_password(&s).as_deref(), Some("original"));
         s.data
             .as_mut()
@@ -250,7 +335,7 @@ mod tests {
 
     #[test]
     fn extra_keys_do_not_make_a_secret_stale_but_a_changed_one_does() {
-        let want = desired(&db(), "pw");
+        let want = desired(&db(), &plain(), "pw");
         let mut have = want.clone();
         have.data
             .as_mut()

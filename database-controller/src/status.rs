@@ -36,6 +36,7 @@ fn retrying(reason: &str) -> bool {
     matches!(
         reason,
         "ServerUnreachable"
+            | "CacheNotSynced"
             | "SqlError"
             | "RestoreFailed"
             | "StoreUnavailable"
@@ -78,19 +79,19 @@ pub async fn publish(
     };
     new.observed_generation = generation;
     new.database_name = Some(db.database_name());
-    let server = &db.spec.server;
     match outcome {
         Ok(p) => {
             new.phase = Some(DatabasePhase::Ready);
+            new.server = Some(p.server.clone());
             new.provider_id = Some(p.provider_id.clone());
-            new.endpoint = Some(format!("{}:{}", server.host, server.port));
+            new.endpoint = Some(p.endpoint.clone());
             new.connection_secret = Some(db.connection_secret_name());
             new.server_version = Some(p.server_version.clone());
             let msg = format!(
-                "database {} on {}:{} is ready; connect with Secret {}",
+                "database {} on DatabaseServer {} ({}) is ready; connect with Secret {}",
                 db.database_name(),
-                server.host,
-                server.port,
+                p.server,
+                p.endpoint,
                 db.connection_secret_name()
             );
             set_condition(

@@ -96,7 +96,10 @@ impl ControllerProcess {
         exit_expected: bool,
     ) -> Result<Self> {
         let binary = paths::workspace_bin(&format!("dbops-{name}"))?;
-        let scoped = controller_namespace_arg(extra_args, env.iter().map(|(k, _)| k.as_str()));
+        let env_names = || env.iter().map(|(k, _)| k.as_str());
+        let scoped = controller_namespace_arg(extra_args, env_names())
+            .into_iter()
+            .chain(server_selector_arg(extra_args, env_names()));
         let mut spec = Spec::new(name, binary)
             .args([format!("--metrics-addr=127.0.0.1:{metrics_port}")])
             .args(extra_args.iter().cloned())
@@ -146,8 +149,9 @@ impl ControllerProcess {
 /// `--controller-namespace=<ns>` for a controller started with `--watch-namespace=<ns>`
 /// and no controller namespace of its own (neither the flag nor `POD_NAMESPACE` among
 /// `env_names`): a test's namespace stands in for `dbops-system`, where the Deployments'
-/// pods run, so one test's backup store registration (the ConfigMap `dbops-backup-store`)
-/// and Leases never meet another test's. `TestNamespace::create` grants the controllers'
+/// pods run, so one test's backup store registration (the ConfigMap `dbops-backup-store`),
+/// Leases and DatabaseServers' admin and CA Secrets never meet another test's.
+/// `TestNamespace::create` grants the controllers'
 /// ServiceAccounts there what `deploy/` grants them in `dbops-system`.
 pub fn controller_namespace_arg<'a>(
     args: &[String],
@@ -163,6 +167,33 @@ pub fn controller_namespace_arg<'a>(
     args.iter()
         .find_map(|a| a.strip_prefix("--watch-namespace="))
         .map(|ns| format!("--controller-namespace={ns}"))
+}
+
+/// `--server-selector=dbops.dev/test-namespace=<ns>` for a controller started with
+/// `--watch-namespace=<ns>` and no server selector of its own (neither the flag nor
+/// `DBOPS_SERVER_SELECTOR` among `env_names`): DatabaseServers are cluster-scoped, so
+/// without it every test's controllers would serve every test's servers. The fixtures
+/// label each test's DatabaseServers with its namespace
+/// ([`crate::fixtures::create_server`]).
+pub fn server_selector_arg<'a>(
+    args: &[String],
+    mut env_names: impl Iterator<Item = &'a str>,
+) -> Option<String> {
+    let named = args
+        .iter()
+        .any(|a| a == "--server-selector" || a.starts_with("--server-selector="))
+        || env_names.any(|name| name == "DBOPS_SERVER_SELECTOR");
+    if named {
+        return None;
+    }
+    args.iter()
+        .find_map(|a| a.strip_prefix("--watch-namespace="))
+        .map(|ns| {
+            format!(
+                "--server-selector={}={ns}",
+                crate::fixtures::TEST_NAMESPACE_LABEL
+            )
+        })
 }
 
 /// A minimal HTTP/1.0 GET on loopback (the test bed talks plain HTTP to controllers).
@@ -182,4 +213,55 @@ pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
         .and_then(|c| c.parse().ok())
         .context("no status code")?;
     Ok((code, body.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|a| a.to_string()).collect()
+    }
+
+    #[test]
+    fn a_watched_namespace_is_the_controller_namespace_unless_one_is_named() {
+        let watched = args(&["--watch-namespace=t-1", "--resync-interval=3s"]);
+        assert_eq!(
+            controller_namespace_arg(&watched, std::iter::empty()).as_deref(),
+            Some("--controller-namespace=t-1")
+        );
+        assert_eq!(
+            controller_namespace_arg(&watched, ["POD_NAMESPACE"].into_iter()),
+            None
+        );
+        let named = args(&["--watch-namespace=t-1", "--controller-namespace=other"]);
+        assert_eq!(controller_namespace_arg(&named, std::iter::empty()), None);
+        let named = args(&["--watch-namespace=t-1", "--controller-namespace", "other"]);
+        assert_eq!(controller_namespace_arg(&named, std::iter::empty()), None);
+        assert_eq!(
+            controller_namespace_arg(&args(&["--resync-interval=3s"]), std::iter::empty()),
+            None
+        );
+    }
+
+    #[test]
+    fn a_watched_namespace_selects_its_servers_unless_a_selector_is_named() {
+        let watched = args(&["--watch-namespace=t-1", "--resync-interval=3s"]);
+        assert_eq!(
+            server_selector_arg(&watched, std::iter::empty()).as_deref(),
+            Some("--server-selector=dbops.dev/test-namespace=t-1")
+        );
+        assert_eq!(
+            server_selector_arg(&watched, ["DBOPS_SERVER_SELECTOR"].into_iter()),
+            None
+        );
+        let named = args(&["--watch-namespace=t-1", "--server-selector=tier=gold"]);
+        assert_eq!(server_selector_arg(&named, std::iter::empty()), None);
+        let named = args(&["--watch-namespace=t-1", "--server-selector", "tier=gold"]);
+        assert_eq!(server_selector_arg(&named, std::iter::empty()), None);
+        assert_eq!(
+            server_selector_arg(&args(&["--resync-interval=3s"]), std::iter::empty()),
+            None
+        );
+    }
 }

@@ -1,51 +1,233 @@
 //! Objects many tests create the same way.
+//!
+//! DatabaseServers are cluster-scoped, and every test's controllers would see every test's
+//! servers: each test's carry the label [`TEST_NAMESPACE_LABEL`] with the test's namespace,
+//! the only ones its controllers serve (`controllers::server_selector_arg`) and the ones its
+//! namespace's cleanup deletes (`TestNamespace`). Their admin and CA Secrets live in the
+//! test's namespace, which stands in for the controllers' own (`dbops-system`).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
+use dbops_api::DatabaseServer;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 
 use crate::PgServer;
+use crate::wait::Want;
 
-/// Creates the admin Secret `ns/name` for `pg`: username `postgres` with the server's
-/// superuser password.
+/// The label on a test's DatabaseServers: the test's namespace.
+pub const TEST_NAMESPACE_LABEL: &str = "dbops.dev/test-namespace";
+
+/// The name of the DatabaseServer of test namespace `ns` whose admin Secret is `admin`:
+/// `<ns>-<admin>`, unique in the cluster as long as the namespace is. Panics when that is
+/// not a DNS subdomain of at most 253 characters (a test's own constants at fault).
+pub fn server_name(ns: &str, admin: &str) -> String {
+    let name = format!("{ns}-{admin}");
+    assert!(
+        is_dns_subdomain(&name),
+        "DatabaseServer name {name:?} is not a lower case DNS subdomain of at most 253 characters"
+    );
+    name
+}
+
+/// RFC 1123 subdomain, as the apiserver checks object names.
+fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            let bytes = label.as_bytes();
+            !bytes.is_empty()
+                && bytes[0].is_ascii_alphanumeric()
+                && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+                && bytes
+                    .iter()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        })
+}
+
+/// The spec of a DatabaseServer for `pg` with admin Secret `admin`: plain TCP (the test
+/// servers speak TLS only when a test asks, see [`create_tls_server`]) and every namespace
+/// allowed. Tests merge their own fields into it.
+pub fn server_spec(pg: &PgServer, admin: &str) -> serde_json::Value {
+    serde_json::json!({
+        "host": pg.host(),
+        "port": pg.port(),
+        "adminSecretRef": {"name": admin},
+        "tls": {"mode": "disable"},
+        "allowedNamespaces": {},
+    })
+}
+
+/// Creates the DatabaseServer `name` with `spec`, labelled as test namespace `ns`'s.
+pub async fn create_server(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    spec: serde_json::Value,
+) -> Result<DatabaseServer> {
+    let server: DatabaseServer = serde_json::from_value(serde_json::json!({
+        "apiVersion": "dbops.dev/v1alpha1",
+        "kind": "DatabaseServer",
+        "metadata": {"name": name, "labels": {TEST_NAMESPACE_LABEL: ns}},
+        "spec": spec,
+    }))
+    .with_context(|| format!("building DatabaseServer {name}"))?;
+    Api::<DatabaseServer>::all(client.clone())
+        .create(&PostParams::default(), &server)
+        .await
+        .with_context(|| format!("creating DatabaseServer {name}"))
+}
+
+/// Creates Secret `ns/name` with these (string) keys and values.
+pub async fn create_secret(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    data: &[(&str, &str)],
+) -> Result<Secret> {
+    let mut secret = Secret::default();
+    secret.metadata.name = Some(name.to_string());
+    secret.string_data = Some(
+        data.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<BTreeMap<_, _>>(),
+    );
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .with_context(|| format!("creating Secret {ns}/{name}"))
+}
+
+/// Creates the admin Secret `ns/name` for `pg` (username `postgres` with the server's
+/// superuser password; `ns` is the controllers' namespace in tests) and the DatabaseServer
+/// [`server_name`]`(ns, name)` for `pg` with it: plain TCP, every namespace allowed
+/// ([`server_spec`]).
 pub async fn create_admin_secret(
     client: &kube::Client,
     ns: &str,
     name: &str,
     pg: &PgServer,
 ) -> Result<Secret> {
-    let mut secret = Secret::default();
-    secret.metadata.name = Some(name.to_string());
-    secret.string_data = Some(BTreeMap::from([
-        ("username".to_string(), "postgres".to_string()),
-        ("password".to_string(), pg.superuser_password().to_string()),
-    ]));
-    Api::<Secret>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .with_context(|| format!("creating admin Secret {ns}/{name}"))
+    let secret = create_superuser_secret(client, ns, name, pg).await?;
+    create_server(client, ns, &server_name(ns, name), server_spec(pg, name)).await?;
+    Ok(secret)
 }
 
-/// Creates Database `ns/name` on `pg` with admin Secret `admin` (sslMode disable) and the
-/// further spec fields in `extra_spec` (a JSON object: deletionPolicy, extensions,
-/// restoreFrom, …). Not waited for.
-pub async fn create_database(
+/// The admin Secret alone: username `postgres` with `pg`'s superuser password.
+async fn create_superuser_secret(
     client: &kube::Client,
     ns: &str,
     name: &str,
     pg: &PgServer,
+) -> Result<Secret> {
+    create_secret(
+        client,
+        ns,
+        name,
+        &[
+            ("username", crate::postgres::SUPERUSER),
+            ("password", pg.superuser_password()),
+        ],
+    )
+    .await
+    .context("creating an admin Secret")
+}
+
+/// Creates the CA Secret `ns/name` holding `ca_pem` as `ca.crt`.
+pub async fn create_ca_secret(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    ca_pem: &str,
+) -> Result<Secret> {
+    create_secret(client, ns, name, &[("ca.crt", ca_pem)])
+        .await
+        .context("creating a CA Secret")
+}
+
+/// Creates, for `pg` reached as `host`, the admin Secret `ns/name`, the CA Secret
+/// `ns/<name>-ca` with `ca_pem` when given, and the DatabaseServer
+/// [`server_name`]`(ns, name)` with `tls: {mode, caSecretRef}` (every namespace allowed).
+pub async fn create_tls_server(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    pg: &PgServer,
+    host: &str,
+    mode: &str,
+    ca_pem: Option<&str>,
+) -> Result<DatabaseServer> {
+    create_superuser_secret(client, ns, name, pg).await?;
+    let mut tls = serde_json::json!({"mode": mode});
+    if let Some(pem) = ca_pem {
+        let ca = format!("{name}-ca");
+        create_ca_secret(client, ns, &ca, pem).await?;
+        tls["caSecretRef"] = serde_json::json!({"name": ca});
+    }
+    let mut spec = server_spec(pg, name);
+    spec["host"] = host.into();
+    spec["tls"] = tls;
+    create_server(client, ns, &server_name(ns, name), spec).await
+}
+
+/// Whether the DatabaseServer has the condition (in a status that describes its current
+/// generation, unless `want` says any generation will do).
+pub fn server_has(server: &DatabaseServer, want: Want<'_>) -> bool {
+    let Some(status) = &server.status else {
+        return false;
+    };
+    let current = status.observed_generation.is_some()
+        && status.observed_generation == server.metadata.generation;
+    (current || !want.current_generation) && want.matches(&status.conditions)
+}
+
+/// Polls DatabaseServer `name` until it has the condition `want` (see [`server_has`]);
+/// returns it. On timeout the error shows its last status.
+pub async fn server_condition(
+    client: &kube::Client,
+    name: &str,
+    want: Want<'_>,
+    timeout: Duration,
+) -> Result<DatabaseServer> {
+    let api = Api::<DatabaseServer>::all(client.clone());
+    let found = crate::wait::wait_for(
+        &format!("DatabaseServer {name} to reach {want}"),
+        timeout,
+        || async { Ok(api.get_opt(name).await?.map(ServerView)) },
+        |s| s.as_ref().is_some_and(|s| server_has(&s.0, want)),
+    )
+    .await?;
+    found
+        .map(|s| s.0)
+        .with_context(|| format!("DatabaseServer {name} is gone"))
+}
+
+/// A DatabaseServer shown by its generation, finalizers and status, for failure messages.
+struct ServerView(DatabaseServer);
+
+impl std::fmt::Debug for ServerView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "generation {:?}, finalizers {:?}, status {:?}",
+            self.0.metadata.generation, self.0.metadata.finalizers, self.0.status
+        )
+    }
+}
+
+/// Creates Database `ns/name` on the DatabaseServer [`server_name`]`(ns, admin)` (as made
+/// by [`create_admin_secret`] or [`create_tls_server`]) with the further spec fields in
+/// `extra_spec` (a JSON object: deletionPolicy, extensions, restoreFrom, …). Not waited for.
+pub async fn create_database(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
     admin: &str,
     extra_spec: serde_json::Value,
 ) -> Result<dbops_api::Database> {
     let mut spec = serde_json::json!({
-        "server": {
-            "host": pg.host(),
-            "port": pg.port(),
-            "adminSecretRef": {"name": admin},
-            "sslMode": "disable",
-        },
+        "serverRef": {"name": server_name(ns, admin)},
     });
     if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
         spec.extend(extra.clone());
@@ -111,4 +293,27 @@ pub async fn events_about(
                 && e.involved_object.name.as_deref() == Some(name)
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_names_are_the_namespace_and_the_admin_secret() {
+        assert_eq!(
+            server_name("db-ready-x1y2z3", "pg-admin"),
+            "db-ready-x1y2z3-pg-admin"
+        );
+        assert!(is_dns_subdomain("a.b-c.d9"));
+        for bad in ["", "-a", "a-", "a..b", "A", "a_b", "a b", &"a".repeat(254)] {
+            assert!(!is_dns_subdomain(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "not a lower case DNS subdomain")]
+    fn a_server_name_that_is_no_dns_subdomain_is_refused() {
+        server_name("ns", "Admin_Secret");
+    }
 }

@@ -1,8 +1,9 @@
-//! A namespace of its own for each test, deleted afterwards; when the test panics, the
-//! namespace's dbops objects, Secrets (names and keys, never values) and Events are
-//! printed first.
+//! A namespace of its own for each test, deleted afterwards with the test's
+//! DatabaseServers (cluster-scoped, labelled with the namespace); when the test panics,
+//! the namespace's dbops objects, its DatabaseServers, Secrets (names and keys, never
+//! values) and Events are printed first.
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Client;
@@ -10,11 +11,27 @@ use kube::api::{Api, PostParams};
 use rand::distr::{Alphanumeric, SampleString};
 use serde::Deserialize;
 
+use crate::fixtures::TEST_NAMESPACE_LABEL;
 use crate::kubectl::Kubectl;
 use crate::paths;
 
-/// The controllers that register their backup store in their own namespace.
-const STORE_CONTROLLERS: [&str; 2] = ["backup-controller", "database-controller"];
+/// The Roles `dbops-<controller>-<role>` of `deploy/<controller>/rbac.yaml` in the
+/// controllers' own namespace, granted in each test namespace: (controller, role, whether
+/// the Role must be there).
+const CONTROLLER_NAMESPACE_ROLES: [(&str, &str, bool); 5] = [
+    // The backup store's registration ConfigMap.
+    ("backup-controller", "backup-store", true),
+    ("database-controller", "backup-store", true),
+    // The DatabaseServers' admin and CA Secrets (get, list, watch).
+    ("database-controller", "secrets", false),
+    ("backup-controller", "secrets", false),
+    ("migration-controller", "secrets", false),
+];
+
+/// The namespaced dbops kinds (`kubectl get dbops -n` would list every test's
+/// DatabaseServers too: they are cluster-scoped).
+const NAMESPACED_KINDS: &str = "databases.dbops.dev,backups.dbops.dev,migrations.dbops.dev";
+const SERVERS: &str = "databaseservers.dbops.dev";
 
 /// A go-template printing each Secret without its values.
 const SECRET_SUMMARY: &str = "go-template={{range .items}}Secret {{.metadata.name}}: keys [\
@@ -43,7 +60,7 @@ impl TestNamespace {
             name,
             kubectl: kubectl.clone(),
         };
-        grant_backup_store_roles(client, &created.name).await?;
+        grant_controller_namespace_roles(client, &created.name).await?;
         Ok(created)
     }
 
@@ -51,11 +68,18 @@ impl TestNamespace {
         &self.name
     }
 
+    /// The label selector of this test's DatabaseServers.
+    pub fn server_selector(&self) -> String {
+        format!("{TEST_NAMESPACE_LABEL}={}", self.name)
+    }
+
     /// What a failing test leaves behind, for its report.
     pub fn dump(&self) -> String {
         let mut out = String::new();
+        let servers = self.server_selector();
         for args in [
-            vec!["get", "dbops", "-n", &self.name, "-o", "yaml"],
+            vec!["get", NAMESPACED_KINDS, "-n", &self.name, "-o", "yaml"],
+            vec!["get", SERVERS, "-l", &servers, "-o", "yaml"],
             // Secrets by name, keys, labels and owners only: their values are passwords.
             vec!["get", "secrets", "-n", &self.name, "-o", SECRET_SUMMARY],
             vec![
@@ -72,19 +96,58 @@ impl TestNamespace {
         }
         out
     }
+
+    /// Deletes this test's DatabaseServers (they are cluster-scoped: deleting the namespace
+    /// leaves them) and removes their `dbops.dev/server-in-use` finalizer, which no stopped
+    /// controller would remove. Best effort, not waited for.
+    fn delete_servers(&self) {
+        let selector = self.server_selector();
+        // Deleting first: no finalizer can be added to an object being deleted, so a
+        // controller still running cannot put one back after the patch.
+        let _ = self.kubectl.run(
+            &[
+                "delete",
+                SERVERS,
+                "-l",
+                &selector,
+                "--wait=false",
+                "--ignore-not-found",
+            ],
+            None,
+        );
+        let Ok(listed) = self
+            .kubectl
+            .run(&["get", SERVERS, "-l", &selector, "-o", "name"], None)
+        else {
+            return;
+        };
+        for server in listed.stdout.lines().filter(|l| !l.trim().is_empty()) {
+            let _ = self.kubectl.run(
+                &[
+                    "patch",
+                    server.trim(),
+                    "--type=merge",
+                    "-p",
+                    r#"{"metadata":{"finalizers":null}}"#,
+                ],
+                None,
+            );
+        }
+    }
 }
 
 /// The namespace stands in for `dbops-system` as a controller's own namespace
-/// (`--controller-namespace`, see `controllers::controller_namespace_arg`): the Roles
-/// `dbops-<controller>-backup-store` of `deploy/<controller>/rbac.yaml` (the backup store's
-/// registration ConfigMap), copied here as they are and bound to the controllers'
-/// ServiceAccounts in `dbops-system`, so a controller run with its own token may do here
-/// exactly what it may do there.
-async fn grant_backup_store_roles(client: &Client, namespace: &str) -> Result<()> {
+/// (`--controller-namespace`, see `controllers::controller_namespace_arg`): the Roles of
+/// [`CONTROLLER_NAMESPACE_ROLES`] in `deploy/<controller>/rbac.yaml` (the backup store's
+/// registration ConfigMap, the DatabaseServers' admin and CA Secrets), copied here as they
+/// are and bound to the controllers' ServiceAccounts in `dbops-system`, so a controller run
+/// with its own token may do here exactly what it may do there. A Role that need not be
+/// there and is not is skipped.
+async fn grant_controller_namespace_roles(client: &Client, namespace: &str) -> Result<()> {
     let roles: Api<Role> = Api::namespaced(client.clone(), namespace);
     let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), namespace);
-    for controller in STORE_CONTROLLERS {
-        let name = format!("dbops-{controller}-backup-store");
+    for (controller, role_name, required) in CONTROLLER_NAMESPACE_ROLES {
+        let name = format!("dbops-{controller}-{role_name}");
         let path = paths::repo_root()
             .join("deploy")
             .join(controller)
@@ -99,9 +162,16 @@ async fn grant_backup_store_roles(client: &Client, namespace: &str) -> Result<()
                 role = Some(serde_json::from_value::<Role>(value)?);
             }
         }
-        let mut role = role.with_context(|| format!("no Role {name} in {}", path.display()))?;
+        let mut role = match role {
+            Some(role) => role,
+            None if required => bail!("no Role {name} in {}", path.display()),
+            None => continue,
+        };
         role.metadata.namespace = Some(namespace.to_string());
-        roles.create(&PostParams::default(), &role).await?;
+        roles
+            .create(&PostParams::default(), &role)
+            .await
+            .with_context(|| format!("creating Role {namespace}/{name}"))?;
         let binding: RoleBinding = serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "namespace": namespace},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
@@ -111,7 +181,10 @@ async fn grant_backup_store_roles(client: &Client, namespace: &str) -> Result<()
                 "namespace": "dbops-system",
             }],
         }))?;
-        bindings.create(&PostParams::default(), &binding).await?;
+        bindings
+            .create(&PostParams::default(), &binding)
+            .await
+            .with_context(|| format!("creating RoleBinding {namespace}/{name}"))?;
     }
     Ok(())
 }
@@ -125,6 +198,7 @@ impl Drop for TestNamespace {
                 self.dump()
             );
         }
+        self.delete_servers();
         let _ = self
             .kubectl
             .run(&["delete", "namespace", &self.name, "--wait=false"], None);

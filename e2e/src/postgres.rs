@@ -77,8 +77,22 @@ impl PgServer {
     /// initdb (unless already done) into `dir` and start; for the dev environment, where
     /// the directory and port outlive one process.
     pub async fn start_in(name: &str, dir: &Path, port: Option<u16>) -> Result<Self> {
+        Self::start_in_with_tls(name, dir, port, None).await
+    }
+
+    /// [`PgServer::start_in`], with TLS (`ssl=on`) on this certificate when given, as
+    /// [`PgServer::start_with_tls`] does.
+    pub async fn start_in_with_tls(
+        name: &str,
+        dir: &Path,
+        port: Option<u16>,
+        cert: Option<&crate::tls::ServerCert>,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         let mut server = Self::init_in(name, dir, port)?;
+        if let Some(cert) = cert {
+            server.install_tls(cert)?;
+        }
         server.start_again().await?;
         Ok(server)
     }

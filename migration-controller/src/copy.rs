@@ -14,14 +14,14 @@
 //!   owner (who may not own them).
 //!
 //! Passwords reach the programs through `PGPASSWORD` in their environment only (the
-//! process plumbing is `dbops_shared::pg_tools`).
+//! process plumbing is `dbops_shared::pg_tools`); a server's own CA through a 0600 file
+//! named by `PGSSLROOTCERT`, kept until both programs have exited, then removed.
 
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 
-use dbops_api::ServerSpec;
-use dbops_shared::pg_tools::{self, Connection, is_connection_failure};
-use dbops_shared::postgres::Credentials;
+use dbops_shared::pg_tools::{self, Connection, RootCertFile, is_connection_failure};
+use dbops_shared::postgres::{Credentials, Endpoint};
 use tokio::process::{Child, Command};
 
 /// Why the copy failed.
@@ -63,9 +63,9 @@ impl CopyError {
     }
 }
 
-/// One end of the copy: a server, the admin credentials, the database.
-pub struct Endpoint<'a> {
-    pub server: &'a ServerSpec,
+/// One end of the copy: a server (address and TLS), its admin credentials, the database.
+pub struct Side<'a> {
+    pub server: &'a Endpoint,
     pub credentials: &'a Credentials,
     pub database: &'a str,
 }
@@ -76,19 +76,32 @@ pub struct Programs<'a> {
     pub pg_restore: &'a Path,
 }
 
-fn command(program: &Path, end: &Endpoint<'_>) -> Command {
-    let to = Connection::of(end.server, end.credentials, end.database, "dbops-migration");
-    pg_tools::command(program, &to)
+/// `program` connected to `side`, and the server's CA file it reads (keep it until the
+/// program has exited).
+fn command(program: &Path, side: &Side<'_>) -> Result<(Command, Option<RootCertFile>), CopyError> {
+    let to = Connection::of(
+        side.server,
+        side.credentials,
+        side.database,
+        "dbops-migration",
+    );
+    pg_tools::command(program, &to).map_err(|source| CopyError::Spawn {
+        program: program.display().to_string(),
+        source,
+    })
 }
 
 /// Streams the source database into the (empty) target database, owned by `owner`.
 pub async fn copy(
     programs: &Programs<'_>,
-    source: &Endpoint<'_>,
-    target: &Endpoint<'_>,
+    source: &Side<'_>,
+    target: &Side<'_>,
     owner: &str,
 ) -> Result<(), CopyError> {
-    let mut dump = command(programs.pg_dump, source)
+    // The CA files live until both programs have exited (the end of this function, or an
+    // early return, which kills the programs first: they were spawned later).
+    let (mut dump_command, dump_ca) = command(programs.pg_dump, source)?;
+    let mut dump = dump_command
         .args([
             "--format=custom",
             "--no-password",
@@ -118,7 +131,8 @@ pub async fn copy(
             });
         }
     };
-    let mut restore = command(programs.pg_restore, target)
+    let (mut restore_command, restore_ca) = command(programs.pg_restore, target)?;
+    let mut restore = restore_command
         .args([
             "--no-password",
             "--no-owner",
@@ -140,6 +154,8 @@ pub async fn copy(
     let restored = wait(&mut restore, "pg_restore").await?;
     // pg_restore stopped reading: pg_dump ends on the broken pipe if it has not already.
     let dumped = wait(&mut dump, "pg_dump").await?;
+    // Both programs have exited: their CA files go.
+    drop((dump_ca, restore_ca));
     let (dump_stderr, restore_stderr) = (dump_errors.await, restore_errors.await);
     if !dumped.success() {
         return Err(CopyError::Failed {
@@ -176,6 +192,79 @@ mod tests {
             status: ExitStatus::from_raw(1 << 8),
             stderr: stderr.into(),
         }
+    }
+
+    /// A self-signed CA certificate (no key anywhere): what a server's CA Secret holds.
+    const CA: &str = "-----BEGIN CERTIFICATE-----
+MIIBhzCCAS2gAwIBAgIUM5mde2RM8sW39EY9Ba4hkg01GpowCgYIKoZIzj0EAwIw
+GDEWMBQGA1UEAwwNZGJvcHMtdGVzdC1jYTAgFw0yNjExMjMxNjAyMzRaGA8yMTI2
+MTAzMDE2MDIzNFowGDEWMBQGA1UEAwwNZGJvcHMtdGVzdC1jYTBZMBMGByqGSM49
+AgEGCCqGSM49AwEHA0IABKQOr5+5TXJln10AG2/VcZapFi/vjtL7p8W7Ypmh1Jk7
+bKaBWEt31H0MKhJOiG9Hc3GWgbrHIBMsfZrQIRO9WdGjUzBRMB0GA1UdDgQWBBSB
+dnxKuXBDHx7O5jx+q0txKoHHwTAfBgNVHSMEGDAWgBSBdnxKuXBDHx7O5jx+q0tx
+KoHHwTAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0gAMEUCIQDC0Cai1/GK
+Ol98fJ8FRuGWtAumYCddWS/63BBiUTWWpwIgQijv8hPxnqBJzcpqui7zAzXpb0xz
++CVlVXECg9mtgIQ=
+-----END CERTIFICATE-----
+";
+
+    /// An executable shell script `name` in `dir`.
+    fn script(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    #[tokio::test]
+    async fn each_program_reads_its_servers_ca_which_is_removed_after_both_exited() {
+        let dir = std::env::temp_dir().join(format!("dbops-copy-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = dir.display();
+        // pg_dump "dumps" its CA file; pg_restore keeps what it reads and its own CA file.
+        let pg_dump = script(
+            &dir,
+            "pg_dump",
+            &format!("echo \"$PGSSLROOTCERT\" > {d}/dump-ca-path\ncat \"$PGSSLROOTCERT\"\n"),
+        );
+        let pg_restore = script(
+            &dir,
+            "pg_restore",
+            &format!(
+                "cat > {d}/restored\ncp \"$PGSSLROOTCERT\" {d}/restore-ca\necho \"$PGSSLROOTCERT\" > {d}/restore-ca-path\n"
+            ),
+        );
+        let mut server = Endpoint::new("db.example", 5432, dbops_api::TlsMode::VerifyFull);
+        server.tls.ca = Some(dbops_shared::postgres::CaBundle::from_pem(CA.as_bytes()).unwrap());
+        let credentials = Credentials {
+            username: "admin".into(),
+            password: "secret".into(),
+        };
+        let side = Side {
+            server: &server,
+            credentials: &credentials,
+            database: "orders",
+        };
+        copy(
+            &Programs {
+                pg_dump: &pg_dump,
+                pg_restore: &pg_restore,
+            },
+            &side,
+            &side,
+            "orders_owner",
+        )
+        .await
+        .unwrap();
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+        assert_eq!(read("restored"), CA, "pg_dump read the CA");
+        assert_eq!(read("restore-ca"), CA, "pg_restore read the CA");
+        for path in [read("dump-ca-path"), read("restore-ca-path")] {
+            let path = std::path::PathBuf::from(path.trim());
+            assert!(!path.exists(), "{} is removed", path.display());
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

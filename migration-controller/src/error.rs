@@ -2,6 +2,7 @@
 
 use dbops_shared::controller::{ErrorKind, ReconcileError};
 use dbops_shared::postgres::PgError;
+use dbops_shared::server::ServerError;
 
 use crate::copy::CopyError;
 
@@ -14,6 +15,12 @@ pub enum Error {
     /// A PostgreSQL server failed; retried, and counted against the step's attempts.
     #[error(transparent)]
     Postgres(#[from] PgError),
+    /// A DatabaseServer of the Migration cannot be used (not found, namespace not allowed,
+    /// admin or CA Secret missing or invalid): counted against the step's attempts like a
+    /// server failure, and refused for good at Preflight (`steps::preflight_error`). The
+    /// caches not synced yet (`CacheNotSynced`) is only retried with backoff.
+    #[error(transparent)]
+    Server(#[from] ServerError),
     /// pg_dump or pg_restore failed; retried, and counted against the step's attempts.
     #[error(transparent)]
     Copy(#[from] CopyError),
@@ -48,9 +55,14 @@ impl Error {
     }
 
     /// Whether the failure counts against the step's attempts (the API's does not: a
-    /// conflict on our own status write is not the step failing).
+    /// conflict on our own status write is not the step failing; nor do caches that have
+    /// not synced yet).
     pub fn counts_as_attempt(&self) -> bool {
-        !matches!(self, Error::Kube(_))
+        match self {
+            Error::Kube(_) => false,
+            Error::Server(e) => !e.is_transient(),
+            _ => true,
+        }
     }
 }
 
@@ -66,6 +78,7 @@ impl ReconcileError for Error {
         match self {
             Error::Kube(_) => "KubernetesApiError",
             Error::Postgres(e) => e.reason(),
+            Error::Server(e) => e.reason(),
             Error::Copy(e) => e.reason(),
             Error::Fatal { reason, .. } | Error::Transient { reason, .. } => reason,
         }
@@ -73,3 +86,25 @@ impl ReconcileError for Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_errors_keep_their_reason_and_only_unsynced_caches_do_not_count() {
+        let missing = Error::from(ServerError::NotFound("pg-17".into()));
+        assert_eq!(missing.reason(), "ServerNotFound");
+        assert_eq!(missing.kind(), ErrorKind::Transient);
+        assert!(missing.counts_as_attempt());
+        let secret = Error::from(ServerError::AdminSecretNotFound {
+            server: "pg-17".into(),
+            secret: "dbops-system/pg-17-admin".into(),
+        });
+        assert_eq!(secret.reason(), "AdminSecretNotFound");
+        assert!(secret.counts_as_attempt());
+        let unsynced = Error::from(ServerError::NotSynced);
+        assert_eq!(unsynced.reason(), "CacheNotSynced");
+        assert!(!unsynced.counts_as_attempt());
+    }
+}

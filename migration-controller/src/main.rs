@@ -6,7 +6,13 @@
 //!
 //! Watches: Migrations (new generations: spec changes and deletion); the snapshot Backups
 //! they own; Databases, mapped to their Migrations through an index on
-//! `spec.databaseRef` (the switch completes when the Database is Ready on the target).
+//! `spec.databaseRef` (the switch completes when the Database is Ready on the target) and
+//! kept in a store (Preflight counts those on the target for its quota); DatabaseServers
+//! (matching `--server-selector`), mapped to the unfinished Migrations whose target
+//! (`spec.target.serverRef`) or recorded source (`status.sourceServer`) they are.
+//! DatabaseServers, their admin and CA Secrets (in the controllers' namespace only) and
+//! the namespaces' labels are also cached by `dbops_shared::server::Directory`, from
+//! which each step resolves its servers.
 //!
 //! Startup: telemetry, a Kubernetes client (KUBECONFIG or in-cluster), a check that the
 //! CRD migrations.dbops.dev is served (exit 1 with "CRD migrations.dbops.dev is not
@@ -26,13 +32,16 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use dbops_api::{Backup, Database, Migration, MigrationStep};
+use dbops_api::{Backup, Database, DatabaseServer, Migration, MigrationStep};
 use dbops_shared::cli::{CommonArgs, PostgresArgs};
 use dbops_shared::controller::{self, Configure, Context};
+use dbops_shared::server::Directory;
 use dbops_shared::telemetry;
+use kube::ResourceExt;
+use kube::api::Api;
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::saga::{CrashPoint, DatabaseIndex, State};
 
@@ -105,12 +114,17 @@ async fn main() -> ExitCode {
     };
     let servers = args.postgres.servers();
     let namespace = args.common.watch_namespace.clone();
+    let (databases, databases_writer) = reflector::store::<Database>();
     let configure: Configure<Migration, State> =
-        Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref()));
+        Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref(), databases_writer));
     let (pg_dump, pg_restore) = (args.pg_dump.clone(), args.pg_restore.clone());
     let (max_attempts, crash_at) = (args.step_max_attempts, args.debug_exit_at);
+    let controller_namespace = args.common.controller_namespace.clone();
+    let server_selector = args.common.server_selector.clone();
     let state = move |client: kube::Client, reporter| State {
         servers,
+        directory: Directory::watch(&client, &controller_namespace, server_selector.as_deref()),
+        databases,
         recorder: Recorder::new(client, reporter),
         index: DatabaseIndex::default(),
         pg_dump,
@@ -133,32 +147,62 @@ async fn main() -> ExitCode {
     )
 }
 
-/// The snapshot Backups the Migrations own, and the Databases they move.
+/// The snapshot Backups the Migrations own, the Databases they move (into the store of
+/// `databases`) and the DatabaseServers they move them between.
 fn watches(
     c: kube::runtime::Controller<Migration>,
     ctx: &Arc<Context<State>>,
     namespace: Option<&str>,
+    databases: reflector::store::Writer<Database>,
 ) -> kube::runtime::Controller<Migration> {
     let client = ctx.client.clone();
     let index = ctx.clone();
+    let migrations = c.store();
+    let database_watch = watcher(
+        controller::scoped_api::<Database>(client.clone(), namespace),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    // The store keeps what Preflight reads; managedFields is most of an object.
+    .modify(|d| d.managed_fields_mut().clear());
+    let database_events = reflector::reflector(databases, database_watch).touched_objects();
     c.owns(
         controller::scoped_api::<Backup>(client.clone(), namespace),
         watcher::Config::default().labels(steps::SNAPSHOT_LABEL),
     )
     .watches(
-        controller::scoped_api::<Database>(client, namespace),
-        watcher::Config::default(),
-        move |db: Database| {
-            let ns = db.metadata.namespace.clone().unwrap_or_default();
-            let name = db.metadata.name.clone().unwrap_or_default();
-            index
-                .state
-                .index
-                .referrers_of(&ns, &name)
-                .into_iter()
-                .map(move |m| ObjectRef::new(&m).within(&ns))
-        },
+        Api::<DatabaseServer>::all(client),
+        ctx.state.directory.server_config(),
+        move |server: DatabaseServer| migrations_using(&migrations, &server.name_any()),
     )
+    .watches_stream(database_events, move |db: Database| {
+        let ns = db.metadata.namespace.clone().unwrap_or_default();
+        let name = db.metadata.name.clone().unwrap_or_default();
+        index
+            .state
+            .index
+            .referrers_of(&ns, &name)
+            .into_iter()
+            .map(move |m| ObjectRef::new(&m).within(&ns))
+    })
+}
+
+/// The unfinished Migrations of `migrations` that move a Database to or from `server`.
+fn migrations_using(migrations: &Store<Migration>, server: &str) -> Vec<ObjectRef<Migration>> {
+    migrations
+        .state()
+        .iter()
+        .filter(|m| uses_server(m, server))
+        .map(|m| ObjectRef::from_obj(m.as_ref()))
+        .collect()
+}
+
+/// Whether `m` has not ended and `server` is its target or its recorded source.
+fn uses_server(m: &Migration, server: &str) -> bool {
+    let status = m.status.as_ref();
+    let source = status.and_then(|s| s.source_server.as_ref());
+    !status.is_some_and(progress::is_terminal)
+        && (m.spec.target.server_ref.name == server || source.is_some_and(|s| s.name == server))
 }
 
 #[cfg(test)]
@@ -184,6 +228,36 @@ mod tests {
         assert!(parse_crash_point("Copy:done").is_err());
         assert!(parse_crash_point("CopyData").is_err());
         assert!(parse_crash_point("CopyData:later").is_err());
+    }
+
+    fn migration(target: &str, source: Option<&str>, phase: Option<&str>) -> Migration {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbops.dev/v1alpha1",
+            "kind": "Migration",
+            "metadata": {"name": "m", "namespace": "shop"},
+            "spec": {"databaseRef": {"name": "orders"}, "target": {"serverRef": {"name": target}}},
+            "status": {
+                "phase": phase,
+                "sourceServer": source.map(|s| serde_json::json!({"name": s})),
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_server_maps_to_the_unfinished_migrations_to_or_from_it() {
+        let running = migration("pg-17", Some("pg-16"), Some("Running"));
+        assert!(uses_server(&running, "pg-17"), "its target");
+        assert!(uses_server(&running, "pg-16"), "its recorded source");
+        assert!(!uses_server(&running, "pg-15"));
+        let pending = migration("pg-17", None, None);
+        assert!(uses_server(&pending, "pg-17"));
+        assert!(!uses_server(&pending, "pg-16"));
+        for done in ["Succeeded", "Failed", "RolledBack"] {
+            let m = migration("pg-17", Some("pg-16"), Some(done));
+            assert!(!uses_server(&m, "pg-17"), "{done}");
+            assert!(!uses_server(&m, "pg-16"), "{done}");
+        }
     }
 
     #[test]

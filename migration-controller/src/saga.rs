@@ -23,10 +23,12 @@ use std::sync::Arc;
 use dbops_api::{Cutover, Database, Migration, MigrationPhase, MigrationStatus, MigrationStep};
 use dbops_shared::controller::{Context, ReconcileError};
 use dbops_shared::postgres::Servers;
+use dbops_shared::server::Directory;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store;
 use serde_json::json;
 
 use crate::error::{Error, Result};
@@ -48,6 +50,12 @@ pub struct CrashPoint {
 /// The migration-controller's own state.
 pub struct State {
     pub servers: Servers,
+    /// The DatabaseServers, their admin and CA Secrets (controllers' namespace) and the
+    /// namespaces' labels: a `serverRef` resolved without an API call.
+    pub directory: Directory,
+    /// Every Database (of `--watch-namespace`), kept by the Database watch: Preflight
+    /// counts those on the target for its `databasesPerNamespace` limit.
+    pub databases: Store<Database>,
     pub recorder: Recorder,
     pub index: DatabaseIndex,
     pub pg_dump: PathBuf,
@@ -378,7 +386,7 @@ impl Saga<'_> {
     fn switched(&self, status: &MigrationStatus, db: Option<&Database>) -> bool {
         status.switched_generation.is_some()
             || (progress::started(status, MigrationStep::SwitchTraffic)
-                && db.is_some_and(|d| d.spec.server == self.m.spec.target.server))
+                && db.is_some_and(|d| d.spec.server_ref == self.m.spec.target.server_ref))
     }
 
     /// The steps left after the switch when the Database object is gone (it was deleted
@@ -508,10 +516,9 @@ impl Saga<'_> {
 
     async fn finish(&mut self) -> Result<Action> {
         let mut status = self.status();
-        let target = &self.m.spec.target.server;
         let message = format!(
-            "Database {} now lives on {}:{}",
-            self.m.spec.database_ref.name, target.host, target.port
+            "Database {} now lives on DatabaseServer {}",
+            self.m.spec.database_ref.name, self.m.spec.target.server_ref.name
         );
         progress::succeeded(&mut status, self.generation(), message.clone());
         self.save(status).await?;

@@ -5,25 +5,33 @@
 //!
 //! | step | does | compensation |
 //! |---|---|---|
-//! | Preflight | reads both servers: reachable, target major ≥ source, extensions available, no foreign role/database of those names on the target | none (read only) |
+//! | Preflight | records the source (the Database's `spec.serverRef`); refuses a target DatabaseServer that does not exist, is being deleted, does not allow the namespace, is the source (by name or `host:port`) or would exceed its `databasesPerNamespace`; reads both servers: reachable, target major ≥ source, extensions available, no foreign role/database of those names on the target | none (read only) |
 //! | Snapshot | Backup `<migration>-snapshot`, owned by the Migration; waits for it | none: the Backup stays as the rollback point |
 //! | FreezeSource | records the connection limit and `default_transaction_read_only`, then sets them to 0 and on and ends every session | restores the recorded values |
-//! | ProvisionTarget | role (the connection Secret's password) and database on the target, marked with this Migration, and the source's extensions | drops the role and database if they carry this Migration's mark |
+//! | ProvisionTarget | role (a password nobody knows: the database-controller sets the connection Secret's when the Database arrives) and database on the target, marked with this Migration, and the source's extensions | drops the role and database if they carry this Migration's mark |
 //! | CopyData | `pg_dump` of the frozen source piped into `pg_restore` on the target, in one transaction | none of its own: the data is in the target database |
 //! | Verify | the same tables, with the same row counts, on both | none (read only) |
-//! | SwitchTraffic | patches the Database's `spec.server` (field manager `dbops-migration-controller`), waits until it is Ready at the new generation | none: the point of no return |
+//! | SwitchTraffic | patches the Database's `spec.serverRef` to the target (field manager `dbops-migration-controller`), waits until it is Ready at the new generation | none: the point of no return |
 //! | Cleanup | `sourceRetention: Drop` drops the source database and role (if marked by the Database) | none |
+//!
+//! Servers are DatabaseServers, resolved from the caches of `dbops_shared::server` at
+//! each step (address, TLS and the admin credentials of the controllers' namespace): the
+//! source as Preflight recorded it, the target from `spec.target.serverRef`.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use dbops_api::{
-    Backup, BackupPhase, Database, MigrationStep, ServerSpec, SourceRetention, condition,
+    Backup, BackupPhase, Database, DatabaseServer, MigrationStep, ServerReference, SourceRetention,
+    condition,
 };
-use dbops_shared::postgres::{Credentials, PgError, ServerKey, Session};
-use k8s_openapi::api::core::v1::Secret;
+use dbops_shared::postgres::{PgError, Session};
+use dbops_shared::server::{Resolved, ServerError};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use crate::copy::{self, Endpoint, Programs};
+use crate::copy::{self, Programs, Side};
 use crate::error::{Error, Result};
 use crate::saga::{FIELD_MANAGER, Saga};
 use crate::sql;
@@ -81,39 +89,42 @@ pub async fn compensate(
 
 // ---- helpers -------------------------------------------------------------------------
 
-/// Admin credentials of a server from its Secret in the Migration's namespace.
-async fn admin_credentials(saga: &Saga<'_>, server: &ServerSpec) -> Result<Credentials> {
-    let name = &server.admin_secret_ref.name;
-    let secrets: Api<Secret> = Api::namespaced(saga.ctx.client.clone(), &saga.namespace);
-    let secret = secrets.get_opt(name).await?.ok_or_else(|| {
-        Error::transient(
-            "AdminSecretNotFound",
-            format!("admin Secret {}/{name} not found", saga.namespace),
-        )
-    })?;
-    Credentials::from_secret(&secret).map_err(|e| {
-        Error::transient(
-            "AdminSecretInvalid",
-            format!("admin Secret {}/{name}: {e}", saga.namespace),
-        )
-    })
+/// How long Preflight waits for the cache of Databases to fill after the process starts.
+const DATABASES_SYNC_WAIT: Duration = Duration::from_secs(30);
+
+/// The DatabaseServer `server` from the caches (once they have synced): its address, TLS
+/// and admin credentials (a Secret of the controllers' namespace, never the Migration's).
+async fn resolve(saga: &Saga<'_>, server: &ServerReference) -> Result<Resolved> {
+    let directory = &saga.ctx.state.directory;
+    directory.synced().await?;
+    Ok(directory.resolve(&server.name)?)
 }
 
-async fn session(saga: &Saga<'_>, server: &ServerSpec, dbname: &str) -> Result<Session> {
-    let credentials = admin_credentials(saga, server).await?;
+/// An admin session on `server`, connected to the database `dbname`.
+async fn session(saga: &Saga<'_>, server: &Resolved, dbname: &str) -> Result<Session> {
     Ok(saga
         .ctx
         .state
         .servers
-        .connect(server, &credentials, dbname)
+        .connect(&server.endpoint, &server.credentials, dbname)
         .await?)
 }
 
-/// The source server recorded by Preflight.
-fn source_server(saga: &Saga<'_>) -> Result<ServerSpec> {
+/// The source DatabaseServer recorded by Preflight.
+fn source_ref(saga: &Saga<'_>) -> Result<ServerReference> {
     saga.status().source_server.ok_or_else(|| {
         Error::transient("SourceNotRecorded", "Preflight has not recorded the source")
     })
+}
+
+/// The source DatabaseServer recorded by Preflight, resolved.
+async fn source_server(saga: &Saga<'_>) -> Result<Resolved> {
+    resolve(saga, &source_ref(saga)?).await
+}
+
+/// The target DatabaseServer (`spec.target.serverRef`), resolved.
+async fn target_server(saga: &Saga<'_>) -> Result<Resolved> {
+    resolve(saga, &saga.m.spec.target.server_ref).await
 }
 
 fn database_uid(saga: &Saga<'_>) -> Result<String> {
@@ -143,11 +154,14 @@ fn migration_uid(saga: &Saga<'_>) -> String {
     saga.m.uid().unwrap_or_default()
 }
 
-fn at(server: &ServerSpec) -> String {
-    ServerKey::of(server).to_string()
+/// A server in messages: `<DatabaseServer> (<host>:<port>)`.
+fn at(server: &Resolved) -> String {
+    format!("{} ({})", server.name, server.endpoint.key)
 }
 
-/// Errors that retrying Preflight cannot cure end it at once.
+/// Errors that retrying Preflight cannot cure end it at once: refused credentials or
+/// TLS, and a DatabaseServer that cannot be used (not found, being deleted, namespace not
+/// allowed, admin or CA Secret missing or invalid). Caches not synced yet are retried.
 fn preflight_error(e: Error) -> Error {
     match e {
         Error::Postgres(PgError::AuthenticationFailed { .. })
@@ -155,11 +169,7 @@ fn preflight_error(e: Error) -> Error {
             let reason = e.reason();
             Error::fatal(reason, e.to_string())
         }
-        Error::Transient { reason, message }
-            if matches!(reason, "AdminSecretNotFound" | "AdminSecretInvalid") =>
-        {
-            Error::fatal(reason, message)
-        }
+        Error::Server(e) if !e.is_transient() => Error::fatal(e.reason(), e.to_string()),
         e => e,
     }
 }
@@ -193,7 +203,7 @@ async fn preflight(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
         || status.database_name.is_none()
         || status.owner_role.is_none()
     {
-        status.source_server = Some(db.spec.server.clone());
+        status.source_server = Some(db.spec.server_ref.clone());
         status.database_uid = db.uid();
         status.database_name = Some(db.database_name());
         status.owner_role = Some(db.owner_role());
@@ -203,19 +213,30 @@ async fn preflight(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
 }
 
 async fn preflight_checks(saga: &Saga<'_>, db: &Database) -> Result<Outcome> {
-    let source = source_server(saga)?;
-    let target = saga.m.spec.target.server.clone();
-    let uid = database_uid(saga)?;
-    let (database, role) = (db.database_name(), db.owner_role());
-    if ServerKey::of(&source) == ServerKey::of(&target) {
+    let source_ref = source_ref(saga)?;
+    if source_ref == saga.m.spec.target.server_ref {
         return Err(Error::fatal(
             "TargetIsSource",
             format!(
-                "the target {} is the server the Database is on",
-                at(&target)
+                "the target DatabaseServer {} is the one the Database is on",
+                source_ref.name
             ),
         ));
     }
+    let target = admitted_target(saga, db).await?;
+    let source = resolve(saga, &source_ref).await?;
+    if source.endpoint.key == target.endpoint.key {
+        return Err(Error::fatal(
+            "TargetIsSource",
+            format!(
+                "the target {} is the server the Database is on ({})",
+                at(&target),
+                at(&source)
+            ),
+        ));
+    }
+    let uid = database_uid(saga)?;
+    let (database, role) = (db.database_name(), db.owner_role());
 
     let s = session(saga, &source, "postgres").await?;
     let (source_num, source_version) = sql::server_version(&s).await?;
@@ -283,6 +304,77 @@ async fn preflight_checks(saga: &Saga<'_>, db: &Database) -> Result<Outcome> {
         at(&source),
         at(&target)
     )))
+}
+
+/// The target DatabaseServer, resolved, if the Database may move there: it exists (and
+/// this installation serves it), is not being deleted, allows the Migration's namespace
+/// and has room under its `databasesPerNamespace` limit. Checked before anything is
+/// touched; a refusal ends Preflight at once (`preflight_error`).
+async fn admitted_target(saga: &Saga<'_>, db: &Database) -> Result<Resolved> {
+    let directory = &saga.ctx.state.directory;
+    directory.synced().await?;
+    let name = &saga.m.spec.target.server_ref.name;
+    let server = directory
+        .get(name)
+        .ok_or_else(|| ServerError::NotFound(name.clone()))?;
+    if server.metadata.deletion_timestamp.is_some() {
+        return Err(ServerError::Deleting(name.clone()).into());
+    }
+    directory.admits(&server, &saga.namespace)?;
+    check_quota(saga, db, &server).await?;
+    Ok(directory.resolve_server(server)?)
+}
+
+/// Refuses (`QuotaExceeded`) a move that would put more Databases of the Migration's
+/// namespace on `server` than its `limits.databasesPerNamespace`.
+async fn check_quota(saga: &Saga<'_>, db: &Database, server: &DatabaseServer) -> Result<()> {
+    let Some(limit) = server
+        .spec
+        .limits
+        .as_ref()
+        .and_then(|l| l.databases_per_namespace)
+    else {
+        return Ok(());
+    };
+    let store = &saga.ctx.state.databases;
+    if !matches!(
+        tokio::time::timeout(DATABASES_SYNC_WAIT, store.wait_until_ready()).await,
+        Ok(Ok(()))
+    ) {
+        return Err(Error::transient(
+            "CacheNotSynced",
+            "the cache of Databases has not synced yet",
+        ));
+    }
+    let name = server.name_any();
+    let there = databases_on(&store.state(), &saga.namespace, &name, db);
+    if has_room(limit, there) {
+        return Ok(());
+    }
+    Err(Error::fatal(
+        "QuotaExceeded",
+        format!(
+            "DatabaseServer {name} allows {limit} Databases per namespace and namespace {} has {there} there already; nothing was changed",
+            saga.namespace
+        ),
+    ))
+}
+
+/// How many Databases of `namespace` other than `db` name `server` in `spec.serverRef`
+/// (being deleted or not: they hold their database there until they are gone).
+fn databases_on(all: &[Arc<Database>], namespace: &str, server: &str, db: &Database) -> usize {
+    all.iter()
+        .filter(|d| d.metadata.namespace.as_deref() == Some(namespace))
+        .filter(|d| d.spec.server_ref.name == server)
+        .filter(|d| {
+            (&d.metadata.namespace, &d.metadata.name) != (&db.metadata.namespace, &db.metadata.name)
+        })
+        .count()
+}
+
+/// Whether one more Database fits under `limit` beside the `there` already on the server.
+fn has_room(limit: i32, there: usize) -> bool {
+    i64::try_from(there).is_ok_and(|there| there < i64::from(limit))
 }
 
 /// The W3C trace context of this reconcile, for an object another controller acts on (it
@@ -374,7 +466,7 @@ async fn snapshot(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
 // ---- FreezeSource --------------------------------------------------------------------
 
 async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
-    let source = source_server(saga)?;
+    let source = source_server(saga).await?;
     let database = db.database_name();
     let s = session(saga, &source, "postgres").await?;
     let mut status = saga.status();
@@ -413,7 +505,7 @@ async fn unfreeze_source(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<S
         return Ok("nothing was frozen".into());
     };
     let (database, _) = names(saga, db)?;
-    let source = source_server(saga)?;
+    let source = source_server(saga).await?;
     let s = session(saga, &source, "postgres").await?;
     if sql::freeze_state(&s, &database).await?.is_none() {
         return Ok(format!(
@@ -432,28 +524,9 @@ async fn unfreeze_source(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<S
 
 // ---- ProvisionTarget -----------------------------------------------------------------
 
-/// The password in the Database's connection Secret (the target role gets the same, so
-/// the Secret keeps working after the switch).
-async fn connection_password(saga: &Saga<'_>, db: &Database) -> Result<String> {
-    let name = db.connection_secret_name();
-    let secrets: Api<Secret> = Api::namespaced(saga.ctx.client.clone(), &saga.namespace);
-    let secret = secrets.get_opt(&name).await?;
-    secret
-        .and_then(|s| s.data)
-        .and_then(|d| d.get("password").cloned())
-        .and_then(|p| String::from_utf8(p.0).ok())
-        .filter(|p| !p.is_empty())
-        .ok_or_else(|| {
-            Error::transient(
-                "ConnectionSecretMissing",
-                format!("connection Secret {name} has no password"),
-            )
-        })
-}
-
 async fn provision_target(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
-    let target = saga.m.spec.target.server.clone();
-    let source = source_server(saga)?;
+    let target = target_server(saga).await?;
+    let source = source_server(saga).await?;
     let uid = database_uid(saga)?;
     let muid = migration_uid(saga);
     let mark = sql::migration_mark(&uid, &muid);
@@ -484,7 +557,10 @@ async fn provision_target(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome>
             ),
         ));
     }
-    let password = connection_password(saga, db).await?;
+    // A password nobody knows: the role is not used before the switch, and the
+    // database-controller gives it the connection Secret's password when the Database
+    // arrives on this server (this controller never reads a tenant's Secret).
+    let password = dbops_shared::postgres::generate_password();
     let mut status = saga.status();
     if !status.target_touched {
         // Written before the first statement that changes the target.
@@ -524,7 +600,7 @@ async fn clean_target(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<Stri
     if !saga.status().target_touched {
         return Ok("nothing was created on the target".into());
     }
-    let target = saga.m.spec.target.server.clone();
+    let target = target_server(saga).await?;
     let uid = database_uid(saga)?;
     let muid = migration_uid(saga);
     let (database, role) = names(saga, db)?;
@@ -559,8 +635,8 @@ async fn clean_target(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<Stri
 // ---- CopyData ------------------------------------------------------------------------
 
 async fn copy_data(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
-    let source = source_server(saga)?;
-    let target = saga.m.spec.target.server.clone();
+    let source = source_server(saga).await?;
+    let target = target_server(saga).await?;
     let database = db.database_name();
     let t = session(saga, &target, &database).await?;
     let already = sql::user_objects(&t).await?;
@@ -570,22 +646,20 @@ async fn copy_data(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
             "already copied: {already} objects in the target database (the restore is one transaction)"
         )));
     }
-    let source_credentials = admin_credentials(saga, &source).await?;
-    let target_credentials = admin_credentials(saga, &target).await?;
     let started = std::time::Instant::now();
     copy::copy(
         &Programs {
             pg_dump: &saga.ctx.state.pg_dump,
             pg_restore: &saga.ctx.state.pg_restore,
         },
-        &Endpoint {
-            server: &source,
-            credentials: &source_credentials,
+        &Side {
+            server: &source.endpoint,
+            credentials: &source.credentials,
             database: &database,
         },
-        &Endpoint {
-            server: &target,
-            credentials: &target_credentials,
+        &Side {
+            server: &target.endpoint,
+            credentials: &target.credentials,
             database: &database,
         },
         &db.owner_role(),
@@ -603,8 +677,8 @@ async fn copy_data(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
 // ---- Verify --------------------------------------------------------------------------
 
 async fn verify(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
-    let source = source_server(saga)?;
-    let target = saga.m.spec.target.server.clone();
+    let source = source_server(saga).await?;
+    let target = target_server(saga).await?;
     let database = db.database_name();
     let s = session(saga, &source, &database).await?;
     let t = session(saga, &target, &database).await?;
@@ -653,17 +727,19 @@ async fn verify(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
 
 // ---- SwitchTraffic -------------------------------------------------------------------
 
+/// Needs no session: the target is named, not resolved, so the switch and its wait do not
+/// depend on the server caches.
 async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
-    let target = saga.m.spec.target.server.clone();
+    let target = saga.m.spec.target.server_ref.clone();
     let mut status = saga.status();
     let mut db = db.clone();
-    if db.spec.server != target {
+    if db.spec.server_ref != target {
         let databases: Api<Database> = Api::namespaced(saga.ctx.client.clone(), &saga.namespace);
         let patch = json!({
             "apiVersion": "dbops.dev/v1alpha1",
             "kind": "Database",
             "metadata": {"name": db.name_any(), "annotations": trace_annotations()},
-            "spec": {"server": target},
+            "spec": {"serverRef": {"name": target.name}},
         });
         db = databases
             .patch(
@@ -678,9 +754,9 @@ async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
             true,
             "TrafficSwitched",
             &format!(
-                "Database {} spec.server now {}; waiting for it to be Ready there",
+                "Database {} spec.serverRef now {}; waiting for it to be Ready there",
                 db.name_any(),
-                at(&target)
+                target.name
             ),
         )
         .await;
@@ -694,9 +770,9 @@ async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
         // Deleted after the switch: it will never be Ready there, and need not be; its
         // deletion policy applies on the target once this Migration ends.
         return Ok(Outcome::Done(format!(
-            "Database {} now refers to {} (generation {generation}) and is being deleted; its deletionPolicy applies there once this Migration ends",
+            "Database {} now refers to DatabaseServer {} (generation {generation}) and is being deleted; its deletionPolicy applies there once this Migration ends",
             db.name_any(),
-            at(&target)
+            target.name
         )));
     }
     let ready = db.status.as_ref().is_some_and(|s| {
@@ -707,16 +783,16 @@ async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
     });
     if ready {
         Ok(Outcome::Done(format!(
-            "Database {} is Ready on {} (generation {generation}); Secret {} points there",
+            "Database {} is Ready on DatabaseServer {} (generation {generation}); Secret {} points there",
             db.name_any(),
-            at(&target),
+            target.name,
             db.connection_secret_name()
         )))
     } else {
         Ok(Outcome::Wait(format!(
-            "waiting for Database {} to be Ready on {} at generation {generation}",
+            "waiting for Database {} to be Ready on DatabaseServer {} at generation {generation}",
             db.name_any(),
-            at(&target)
+            target.name
         )))
     }
 }
@@ -725,14 +801,15 @@ async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
 
 /// Keep or Drop the source; `db` is `None` when the Database was deleted after the switch.
 pub async fn cleanup(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<String> {
-    let source = source_server(saga)?;
+    let source_ref = source_ref(saga)?;
     let (database, role) = names(saga, db)?;
     if saga.m.spec.source_retention == SourceRetention::Keep {
         return Ok(format!(
-            "sourceRetention Keep: database {database} stays on {}, frozen (read-only, connection limit 0)",
-            at(&source)
+            "sourceRetention Keep: database {database} stays on DatabaseServer {}, frozen (read-only, connection limit 0)",
+            source_ref.name
         ));
     }
+    let source = resolve(saga, &source_ref).await?;
     let uid = database_uid(saga)?;
     let s = session(saga, &source, "postgres").await?;
     let (role_found, db_found) = sql::observe(&s, &role, &database).await?;
@@ -762,4 +839,87 @@ pub async fn cleanup(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<Strin
         at(&source),
         done.join(", ")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn database(namespace: &str, name: &str, server: &str) -> Database {
+        serde_json::from_value(json!({
+            "apiVersion": "dbops.dev/v1alpha1",
+            "kind": "Database",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"serverRef": {"name": server}},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_quota_counts_the_namespaces_other_databases_on_the_target() {
+        let moving = database("shop", "orders", "pg-16");
+        let all: Vec<Arc<Database>> = [
+            database("shop", "orders", "pg-16"),
+            database("shop", "carts", "pg-17"),
+            database("shop", "users", "pg-17"),
+            database("shop", "audit", "pg-16"),
+            database("other", "orders", "pg-17"),
+        ]
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+        assert_eq!(databases_on(&all, "shop", "pg-17", &moving), 2);
+        assert_eq!(databases_on(&all, "other", "pg-17", &moving), 1);
+        // A Database already there (a target that is its own source) is not counted twice.
+        let there = database("shop", "carts", "pg-17");
+        assert_eq!(databases_on(&all, "shop", "pg-17", &there), 1);
+        assert_eq!(databases_on(&all, "shop", "pg-15", &moving), 0);
+    }
+
+    #[test]
+    fn one_more_database_fits_only_below_the_limit() {
+        assert!(has_room(3, 2));
+        assert!(!has_room(3, 3));
+        assert!(!has_room(0, 0), "a limit of 0 admits none");
+        assert!(has_room(1, 0));
+    }
+
+    #[test]
+    fn preflight_refuses_an_unusable_server_for_good_and_waits_for_the_caches() {
+        let refused = |e: ServerError| match preflight_error(e.into()) {
+            Error::Fatal { reason, .. } => reason,
+            other => panic!("not fatal: {other:?}"),
+        };
+        assert_eq!(
+            refused(ServerError::NotFound("pg-17".into())),
+            "ServerNotFound"
+        );
+        assert_eq!(
+            refused(ServerError::NamespaceNotAllowed {
+                server: "pg-17".into(),
+                namespace: "shop".into(),
+                detail: "its labels do not match spec.allowedNamespaces".into(),
+            }),
+            "NamespaceNotAllowed"
+        );
+        assert_eq!(
+            refused(ServerError::Deleting("pg-17".into())),
+            "ServerDeleting"
+        );
+        assert_eq!(
+            refused(ServerError::AdminSecretNotFound {
+                server: "pg-17".into(),
+                secret: "dbops-system/pg-17-admin".into(),
+            }),
+            "AdminSecretNotFound"
+        );
+        assert!(matches!(
+            preflight_error(ServerError::NotSynced.into()),
+            Error::Server(ServerError::NotSynced)
+        ));
+        assert!(matches!(
+            preflight_error(Error::transient("SessionsRemain", "1 session")),
+            Error::Transient { .. }
+        ));
+    }
 }

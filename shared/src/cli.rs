@@ -41,6 +41,12 @@ pub struct CommonArgs {
     #[arg(long, env = "POD_NAMESPACE", default_value = "dbops-system")]
     pub controller_namespace: String,
 
+    /// Serve only the DatabaseServers with these labels (a label selector such as
+    /// `dbops.dev/installation=blue`); all of them when absent. Lets several installations
+    /// share a cluster, each with its own servers.
+    #[arg(long, env = "DBOPS_SERVER_SELECTOR")]
+    pub server_selector: Option<String>,
+
     /// Address of the health (/healthz, /readyz) and Prometheus (/metrics) endpoints.
     #[arg(long, env = "DBOPS_METRICS_ADDR", default_value = "127.0.0.1:8080")]
     pub metrics_addr: SocketAddr,

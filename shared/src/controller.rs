@@ -29,7 +29,7 @@ use std::{
 };
 
 use futures::{StreamExt, future::BoxFuture};
-use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::{ClusterResourceScope, NamespaceResourceScope};
 use kube::{
     Api, Client, Resource,
     api::ListParams,
@@ -158,9 +158,36 @@ pub enum ControllerError {
     Leader(#[from] LeaderError),
 }
 
-/// What the runner needs of a controller's kind: namespaced, typed, watchable.
+/// How the runner lists a kind: namespaced kinds in `--watch-namespace` (or all
+/// namespaces), cluster-scoped kinds everywhere.
+pub trait ApiScope {
+    fn api<K>(client: Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = Self>;
+}
+
+impl ApiScope for NamespaceResourceScope {
+    fn api<K>(client: Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = Self>,
+    {
+        scoped_api(client, namespace)
+    }
+}
+
+impl ApiScope for ClusterResourceScope {
+    fn api<K>(client: Client, _namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = Self>,
+    {
+        Api::all(client)
+    }
+}
+
+/// What the runner needs of a controller's kind: typed and watchable, namespaced or
+/// cluster-scoped.
 pub trait Watched:
-    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    Resource<DynamicType = (), Scope: ApiScope>
     + Clone
     + DeserializeOwned
     + Serialize
@@ -172,7 +199,7 @@ pub trait Watched:
 }
 
 impl<K> Watched for K where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    K: Resource<DynamicType = (), Scope: ApiScope>
         + Clone
         + DeserializeOwned
         + Serialize
@@ -181,6 +208,11 @@ impl<K> Watched for K where
         + Sync
         + 'static
 {
+}
+
+/// `K`'s API as the runner lists it.
+pub fn api_of<K: Watched>(client: Client, namespace: Option<&str>) -> Api<K> {
+    <K::Scope as ApiScope>::api::<K>(client, namespace)
 }
 
 /// Which changes of the controller's own kind start a reconcile.
@@ -263,9 +295,11 @@ struct Shared {
 }
 
 impl Companion {
-    /// A controller of kind `K`, configured like [`run`]'s.
+    /// A controller of kind `K`, configured like [`run`]'s; `config` selects which
+    /// objects of `K` it watches.
     pub fn new<K, S, F, Fut, E>(
         controller: &'static str,
+        config: watcher::Config,
         state: impl FnOnce(Client, Reporter) -> S + Send + 'static,
         trigger: Trigger,
         configure: Configure<K, S>,
@@ -293,6 +327,7 @@ impl Companion {
                 run_controller(
                     ctx,
                     &shared.args,
+                    config,
                     trigger,
                     configure,
                     reconcile,
@@ -387,7 +422,16 @@ where
             })
         });
         let others = futures::future::join_all(others);
-        let main = run_controller(ctx, args, trigger, configure, reconcile, readiness, stop);
+        let main = run_controller(
+            ctx,
+            args,
+            watcher::Config::default(),
+            trigger,
+            configure,
+            reconcile,
+            readiness,
+            stop,
+        );
         async move {
             tokio::join!(main, others);
         }
@@ -506,13 +550,10 @@ pub async fn ensure_crd_served<K>(
     namespace: Option<&str>,
 ) -> Result<(), ControllerError>
 where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + Debug,
+    K: Watched,
 {
     let crd = format!("{}.{}", K::plural(&()), K::group(&()));
-    let api: Api<K> = scoped_api(client.clone(), namespace);
+    let api: Api<K> = api_of(client.clone(), namespace);
     match api.list_metadata(&ListParams::default().limit(1)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => {
@@ -538,9 +579,11 @@ where
 ///
 /// `Controller::new` already applies kube's default backoff to its watch stream, so a
 /// failing watch is retried with backoff rather than in a hot loop.
+#[allow(clippy::too_many_arguments)]
 async fn run_controller<K, S, F, Fut, E>(
     ctx: Arc<Context<S>>,
     args: &CommonArgs,
+    config: watcher::Config,
     trigger: Trigger,
     configure: Configure<K, S>,
     mut reconcile: F,
@@ -553,12 +596,12 @@ async fn run_controller<K, S, F, Fut, E>(
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
     E: ReconcileError,
 {
-    let api: Api<K> = scoped_api(ctx.client.clone(), args.watch_namespace.as_deref());
+    let api: Api<K> = api_of(ctx.client.clone(), args.watch_namespace.as_deref());
     let controller = match trigger {
-        Trigger::AnyChange => Controller::new(api, watcher::Config::default()),
+        Trigger::AnyChange => Controller::new(api, config),
         Trigger::GenerationChange => {
             let (reader, writer) = reflector::store();
-            let changes = reflector(writer, watcher(api, watcher::Config::default()))
+            let changes = reflector(writer, watcher(api, config))
                 .default_backoff()
                 .applied_objects()
                 .predicate_filter(predicates::generation, Default::default());

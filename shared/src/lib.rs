@@ -17,5 +17,6 @@ pub mod pg_tools;
 pub mod postgres;
 pub mod rate_limit;
 pub mod ref_index;
+pub mod server;
 pub mod shutdown;
 pub mod telemetry;

@@ -11,9 +11,7 @@
 use std::path::Path;
 use std::process::Stdio;
 
-use dbops_api::ServerSpec;
-
-use crate::postgres::Credentials;
+use crate::postgres::{Credentials, Endpoint};
 use tokio::io::AsyncReadExt;
 use tokio::process::{ChildStderr, Command};
 use tokio::task::JoinHandle;
@@ -24,7 +22,7 @@ pub const STDERR_KEPT: usize = 4096;
 /// Where a client program connects, as whom, to which database, under which
 /// `application_name`.
 pub struct Connection<'a> {
-    pub server: &'a ServerSpec,
+    pub server: &'a Endpoint,
     pub username: &'a str,
     pub password: &'a str,
     pub database: &'a str,
@@ -34,7 +32,7 @@ pub struct Connection<'a> {
 impl<'a> Connection<'a> {
     /// A connection as the role of `credentials` (an admin Secret's).
     pub fn of(
-        server: &'a ServerSpec,
+        server: &'a Endpoint,
         credentials: &'a Credentials,
         database: &'a str,
         application: &'a str,
@@ -49,16 +47,52 @@ impl<'a> Connection<'a> {
     }
 }
 
+/// The server's CA in a file for libpq's `PGSSLROOTCERT`: mode 0600, in a directory of
+/// its own, removed when dropped (after the program ended).
+pub struct RootCertFile {
+    dir: tempfile::TempDir,
+}
+
+impl RootCertFile {
+    fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+}
+
 /// `program` with the connection in its environment, stderr piped and killed on drop;
-/// the caller adds the arguments, stdin and stdout.
-pub fn command(program: &Path, to: &Connection<'_>) -> Command {
+/// the caller adds the arguments, stdin and stdout. With a CA of the server's own, the
+/// returned file holds it: keep it until the program has ended.
+pub fn command(
+    program: &Path,
+    to: &Connection<'_>,
+) -> std::io::Result<(Command, Option<RootCertFile>)> {
     let mut c = Command::new(program);
-    c.env("PGHOST", &to.server.host)
-        .env("PGPORT", to.server.port.to_string())
+    let tls = &to.server.tls;
+    let root_cert = match &tls.ca {
+        Some(ca) if tls.mode != dbops_api::TlsMode::Disable => {
+            let dir = tempfile::Builder::new().prefix("dbops-ca-").tempdir()?;
+            let file = RootCertFile { dir };
+            write_private(&file.path(), ca.pem())?;
+            c.env("PGSSLROOTCERT", file.path());
+            Some(file)
+        }
+        // libpq's own default for verify-ca/verify-full is ~/.postgresql/root.crt: the
+        // system's roots are asked for by name.
+        _ if tls.mode.verifies() => {
+            c.env("PGSSLROOTCERT", "system");
+            None
+        }
+        _ => {
+            c.env_remove("PGSSLROOTCERT");
+            None
+        }
+    };
+    c.env("PGHOST", &to.server.key.host)
+        .env("PGPORT", to.server.key.port.to_string())
         .env("PGUSER", to.username)
         .env("PGPASSWORD", to.password)
         .env("PGDATABASE", to.database)
-        .env("PGSSLMODE", to.server.ssl_mode.as_str())
+        .env("PGSSLMODE", tls.mode.as_str())
         .env("PGCONNECT_TIMEOUT", "10")
         .env("PGAPPNAME", to.application)
         // Nothing from this process's environment may redirect the connection.
@@ -66,9 +100,26 @@ pub fn command(program: &Path, to: &Connection<'_>) -> Command {
         .env_remove("PGSERVICEFILE")
         .env_remove("PGPASSFILE")
         .env_remove("PGOPTIONS")
+        .env_remove("PGSSLCERT")
+        .env_remove("PGSSLKEY")
+        .env_remove("PGSSLCRL")
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    c
+    Ok((c, root_cert))
+}
+
+/// Writes `bytes` to a new file readable by this user only (0600).
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    let mut file = options.open(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
 }
 
 /// Reads a program's stderr to the end in a task, which returns its last [`STDERR_KEPT`]
@@ -156,12 +207,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_password_is_in_the_environment_never_on_the_command_line() {
-        let server: ServerSpec = serde_json::from_value(serde_json::json!({
-            "host": "127.0.0.1", "port": 5432,
-            "adminSecretRef": {"name": "admin"}, "sslMode": "disable"
-        }))
-        .unwrap();
-        let mut c = command(
+        let server = Endpoint::new("127.0.0.1", 5432, dbops_api::TlsMode::Disable);
+        let (mut c, _) = command(
             Path::new("sh"),
             &Connection {
                 server: &server,
@@ -170,7 +217,8 @@ mod tests {
                 database: "db",
                 application: "test",
             },
-        );
+        )
+        .unwrap();
         let out = c
             .args([
                 "-c",
@@ -186,5 +234,66 @@ mod tests {
             "s3cret u db 5432 disable"
         );
         assert!(!String::from_utf8_lossy(&out.stdout).contains("s3cret"));
+    }
+
+    #[tokio::test]
+    async fn a_servers_ca_reaches_the_program_in_a_private_file_removed_after() {
+        use std::os::unix::fs::PermissionsExt;
+        let ca = rcgen::generate_simple_self_signed(vec!["db.example".to_string()])
+            .unwrap()
+            .cert
+            .pem();
+        let mut server = Endpoint::new("db.example", 5432, dbops_api::TlsMode::VerifyFull);
+        server.tls.ca = Some(crate::postgres::CaBundle::from_pem(ca.as_bytes()).unwrap());
+        let (mut c, file) = command(
+            Path::new("sh"),
+            &Connection {
+                server: &server,
+                username: "u",
+                password: "p",
+                database: "db",
+                application: "test",
+            },
+        )
+        .unwrap();
+        let file = file.expect("a CA file");
+        let path = file.path();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let out = c
+            .args(["-c", "echo \"$PGSSLMODE\"; cat \"$PGSSLROOTCERT\""])
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.starts_with("verify-full\n-----BEGIN CERTIFICATE-----"),
+            "{stdout}"
+        );
+        drop(file);
+        assert!(!path.exists(), "the CA file is removed");
+
+        // Without a CA of its own, verify-full asks libpq for the system's roots.
+        server.tls.ca = None;
+        let (c, file) = command(
+            Path::new("sh"),
+            &Connection {
+                server: &server,
+                username: "u",
+                password: "p",
+                database: "db",
+                application: "test",
+            },
+        )
+        .unwrap();
+        assert!(file.is_none());
+        let root = c
+            .as_std()
+            .get_envs()
+            .find(|(k, _)| *k == "PGSSLROOTCERT")
+            .and_then(|(_, v)| v);
+        assert_eq!(root, Some(std::ffi::OsStr::new("system")));
     }
 }

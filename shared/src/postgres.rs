@@ -1,5 +1,5 @@
 //! PostgreSQL access shared by the controllers: admin credentials from a Secret,
-//! connections per `ServerSpec`, identifier and literal quoting, a per-server limit on
+//! connections to an [`Endpoint`] (host, port, TLS), identifier and literal quoting, a per-server limit on
 //! concurrent sessions and a per-server circuit breaker, and errors sorted into what
 //! the user must fix and what a retry may cure.
 //!
@@ -20,7 +20,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dbops_api::{ServerSpec, SslMode};
+use dbops_api::TlsMode;
 use k8s_openapi::api::core::v1::Secret;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::error::SqlState;
@@ -40,12 +40,77 @@ pub struct ServerKey {
     pub port: u16,
 }
 
-impl ServerKey {
-    pub fn of(server: &ServerSpec) -> Self {
+/// Where and how the controllers reach a server: its address and its TLS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub key: ServerKey,
+    pub tls: TlsSettings,
+}
+
+impl Endpoint {
+    /// `host:port` with `mode` and the system's roots (no CA of the server's own).
+    pub fn new(host: impl Into<String>, port: u16, mode: TlsMode) -> Self {
         Self {
-            host: server.host.clone(),
-            port: u16::try_from(server.port).unwrap_or(5432),
+            key: ServerKey {
+                host: host.into(),
+                port,
+            },
+            tls: TlsSettings { mode, ca: None },
         }
+    }
+}
+
+/// The TLS mode of a server and the CA its certificate must chain to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsSettings {
+    pub mode: TlsMode,
+    /// The server's own CA (`ca.crt` of its CA Secret); the system's roots when `None`.
+    pub ca: Option<CaBundle>,
+}
+
+/// A PEM CA bundle, checked to hold at least one usable certificate.
+#[derive(Clone)]
+pub struct CaBundle {
+    pem: Arc<[u8]>,
+    roots: Arc<rustls::RootCertStore>,
+}
+
+impl CaBundle {
+    /// Parses `pem`; refuses data without a usable certificate.
+    pub fn from_pem(pem: &[u8]) -> Result<Self, String> {
+        let roots = tls::roots_from_pem(pem)?;
+        Ok(Self {
+            pem: Arc::from(pem),
+            roots,
+        })
+    }
+
+    /// The PEM bytes (for `ca.crt` in a connection Secret and for pg_dump's root file).
+    pub fn pem(&self) -> &[u8] {
+        &self.pem
+    }
+
+    fn fingerprint(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.pem.hash(&mut h);
+        h.finish()
+    }
+}
+
+impl PartialEq for CaBundle {
+    fn eq(&self, other: &Self) -> bool {
+        self.pem == other.pem
+    }
+}
+
+impl Eq for CaBundle {}
+
+impl fmt::Debug for CaBundle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CaBundle")
+            .field("bytes", &self.pem.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -242,17 +307,18 @@ struct ServerState {
 
 /// Which role on which database, over which kind of TLS, a pooled session belongs to (the
 /// password as a hash: a changed admin password never reuses an old session; a session
-/// set up with less verification never serves a stricter mode).
+/// set up with less verification, or another CA, never serves a stricter mode).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct PoolKey {
     user: String,
     password_hash: u64,
     dbname: String,
-    ssl_mode: SslMode,
+    ssl_mode: TlsMode,
+    ca: Option<u64>,
 }
 
 impl PoolKey {
-    fn new(credentials: &Credentials, dbname: &str, ssl_mode: SslMode) -> Self {
+    fn new(credentials: &Credentials, dbname: &str, tls: &TlsSettings) -> Self {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         credentials.password.hash(&mut h);
@@ -260,7 +326,8 @@ impl PoolKey {
             user: credentials.username.clone(),
             password_hash: h.finish(),
             dbname: dbname.to_string(),
-            ssl_mode,
+            ssl_mode: tls.mode,
+            ca: tls.ca.as_ref().map(CaBundle::fingerprint),
         }
     }
 }
@@ -699,11 +766,11 @@ impl Servers {
     /// slot; refuses at once while the server's breaker is open.
     pub async fn connect(
         &self,
-        server: &ServerSpec,
+        server: &Endpoint,
         credentials: &Credentials,
         dbname: &str,
     ) -> Result<Session, PgError> {
-        let key = ServerKey::of(server);
+        let key = server.key.clone();
         if let Some(retry_in) = self.circuit_open(&key) {
             return Err(PgError::CircuitOpen {
                 server: key,
@@ -721,7 +788,7 @@ impl Servers {
                     server: key.clone(),
                     message: "session limiter closed".into(),
                 })?;
-        let pool_key = PoolKey::new(credentials, dbname, server.ssl_mode);
+        let pool_key = PoolKey::new(credentials, dbname, &server.tls);
         let reused = {
             let mut idle = state.idle.lock().unwrap_or_else(|e| e.into_inner());
             idle.retain(|i| i.since.elapsed() < IDLE_TIMEOUT && !i.client.is_closed());
@@ -786,24 +853,16 @@ impl Servers {
     async fn connect_now(
         &self,
         key: &ServerKey,
-        server: &ServerSpec,
+        server: &Endpoint,
         credentials: &Credentials,
         dbname: &str,
     ) -> Result<Client, PgError> {
-        let (ssl_mode, verify) = match server.ssl_mode {
-            SslMode::Disable => (tokio_postgres::config::SslMode::Disable, None),
-            SslMode::Prefer => (
-                tokio_postgres::config::SslMode::Prefer,
-                Some(tls::Verify::Nothing),
-            ),
-            SslMode::Require => (
-                tokio_postgres::config::SslMode::Require,
-                Some(tls::Verify::Nothing),
-            ),
-            SslMode::VerifyFull => (
-                tokio_postgres::config::SslMode::Require,
-                Some(tls::Verify::ChainAndHost),
-            ),
+        use tokio_postgres::config::SslMode;
+        let (ssl_mode, verify) = match server.tls.mode {
+            TlsMode::Disable => (SslMode::Disable, None),
+            TlsMode::Require => (SslMode::Require, Some(tls::Verify::Nothing)),
+            TlsMode::VerifyCa => (SslMode::Require, Some(tls::Verify::Chain)),
+            TlsMode::VerifyFull => (SslMode::Require, Some(tls::Verify::ChainAndHost)),
         };
         let mut config = tokio_postgres::Config::new();
         config
@@ -822,7 +881,8 @@ impl Servers {
         let connected = match verify {
             None => connect_within(&config, NoTls, self.connect_timeout).await,
             Some(verify) => {
-                let tls = tls::connector(verify, None).map_err(|e| PgError::Tls {
+                let roots = server.tls.ca.as_ref().map(|ca| ca.roots.clone());
+                let tls = tls::connector(verify, roots).map_err(|e| PgError::Tls {
                     server: key.clone(),
                     failure: tls::TlsFailure::CertificateNotTrusted,
                     message: e.to_string(),
@@ -975,10 +1035,7 @@ mod tests {
     async fn the_breaker_opens_after_repeated_connection_failures() {
         // Port 1 on loopback refuses at once: a real, immediate connection failure.
         let servers = Servers::new(2, 3, Duration::from_secs(60));
-        let server: ServerSpec = serde_json::from_value(serde_json::json!({
-            "host": "127.0.0.1", "port": 1, "adminSecretRef": {"name": "x"}, "sslMode": "disable"
-        }))
-        .unwrap();
+        let server = Endpoint::new("127.0.0.1", 1, TlsMode::Disable);
         let creds = Credentials {
             username: "u".into(),
             password: "p".into(),

@@ -1,18 +1,35 @@
-//! `dbops-dev`: the process behind `e2e/dev`. `dbops-dev up` starts the control plane,
-//! two PostgreSQL servers with admin Secrets, Jaeger, and the three controllers exporting
-//! their traces to it, all under
-//! `<state-dir>`, then stays in the foreground until SIGTERM or Ctrl-C stops everything.
+//! `dbops-dev`: the process behind `e2e/dev`. `dbops-dev up` starts the control plane;
+//! two PostgreSQL servers speaking TLS with certificates for `localhost` signed by a CA of
+//! its own; in `dbops-system`, the controllers' namespace, the servers' admin Secrets and
+//! the CA Secret; the DatabaseServers of `deploy/examples/databaseserver.yaml`; Jaeger;
+//! and the three controllers exporting their traces to it, all under `<state-dir>`, then
+//! stays in the foreground until SIGTERM or Ctrl-C stops everything.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use dbops_e2e::controlplane::Options;
 use dbops_e2e::jaeger::{self, Jaeger};
-use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
-use k8s_openapi::api::core::v1::Secret;
+use dbops_e2e::tls::TestCa;
+use dbops_e2e::{ControlPlane, ControllerProcess, Kubectl, PgServer};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, Patch, PatchParams};
+use serde::Deserialize;
+
+/// The controllers' own namespace, as in `deploy/`: their Leases, the backup store's
+/// registration, and the DatabaseServers' admin and CA Secrets.
+const CONTROLLER_NAMESPACE: &str = "dbops-system";
+
+/// The host name the servers' certificates are for, and the DatabaseServers' `spec.host`.
+const PG_HOST: &str = "localhost";
+
+/// The CA Secret (key `ca.crt`) both DatabaseServers name in `spec.tls.caSecretRef`.
+const CA_SECRET: &str = "pg-ca";
+
+/// The DatabaseServers the dev environment creates, from this file.
+const SERVERS_EXAMPLE: &str = "deploy/examples/databaseserver.yaml";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -38,10 +55,11 @@ struct UpArgs {
     /// kube-apiserver port on 127.0.0.1.
     #[arg(long, default_value_t = 56443)]
     apiserver_port: u16,
-    /// Port of the main PostgreSQL server (Secret pg-main-admin).
+    /// Port of the main PostgreSQL server (DatabaseServer pg-main; the example says 55432).
     #[arg(long, default_value_t = 55432)]
     pg_main_port: u16,
-    /// Port of the second PostgreSQL server, a migration target (Secret pg-target-admin).
+    /// Port of the second PostgreSQL server, a migration target (DatabaseServer
+    /// pg-target; the example says 55433).
     #[arg(long, default_value_t = 55433)]
     pg_target_port: u16,
     /// First of three ports for the controllers' health and metrics servers.
@@ -85,16 +103,48 @@ async fn up(args: UpArgs) -> Result<()> {
     let kubeconfig = state.join("kubeconfig");
     std::fs::copy(cp.kubeconfig(), &kubeconfig)?;
 
+    // One CA; one certificate for `localhost` and 127.0.0.1 serves both servers (they
+    // differ by port only). ca.crt is also left in the state directory for psql:
+    // `psql "host=localhost port=55432 sslmode=verify-full sslrootcert=.dev/ca.crt ..."`.
+    let ca = TestCa::new("dbops dev CA")?;
+    let cert = ca.server_cert(&[PG_HOST], &[std::net::Ipv4Addr::LOCALHOST.into()])?;
+    std::fs::write(state.join("ca.crt"), ca.pem())?;
     let (main_dir, target_dir) = (state.join("pg-main"), state.join("pg-target"));
     let (main, target) = tokio::join!(
-        PgServer::start_in("main", &main_dir, Some(args.pg_main_port)),
-        PgServer::start_in("target", &target_dir, Some(args.pg_target_port)),
+        PgServer::start_in_with_tls("main", &main_dir, Some(args.pg_main_port), Some(&cert)),
+        PgServer::start_in_with_tls(
+            "target",
+            &target_dir,
+            Some(args.pg_target_port),
+            Some(&cert)
+        ),
     );
     let (main, target) = (main?, target?);
     let client = cp.client().await?;
+    apply_namespace(&client, CONTROLLER_NAMESPACE).await?;
     for (name, server) in [("pg-main-admin", &main), ("pg-target-admin", &target)] {
-        apply_admin_secret(&client, "default", name, server).await?;
+        apply_secret(
+            &client,
+            CONTROLLER_NAMESPACE,
+            name,
+            serde_json::json!({
+                "username": dbops_e2e::postgres::SUPERUSER,
+                "password": server.superuser_password(),
+            }),
+        )
+        .await?;
     }
+    apply_secret(
+        &client,
+        CONTROLLER_NAMESPACE,
+        CA_SECRET,
+        serde_json::json!({"ca.crt": ca.pem()}),
+    )
+    .await?;
+    let port_warnings = apply_servers(
+        &Kubectl::new(&kubeconfig),
+        &[("pg-main", main.port()), ("pg-target", target.port())],
+    )?;
 
     let jaeger_dir = state.join("jaeger");
     std::fs::create_dir_all(&jaeger_dir)?;
@@ -118,20 +168,24 @@ async fn up(args: UpArgs) -> Result<()> {
         &jaeger.otlp_endpoint(),
     )?;
 
-    let summary = format!(
+    let mut summary = format!(
         "dbops dev environment is up ({:.0}s)\n\
          \n  export KUBECONFIG={kubeconfig}\n  kubectl apply -f deploy/examples/\n\n\
          kube-apiserver  {server}\n\
-         PostgreSQL      main 127.0.0.1:{main_port} (Secret default/pg-main-admin), \
-         target 127.0.0.1:{target_port} (Secret default/pg-target-admin)\n\
+         PostgreSQL      DatabaseServer pg-main {host}:{main_port}, pg-target {host}:{target_port} \
+         (TLS verify-full; Secrets {ns}/pg-main-admin, {ns}/pg-target-admin, {ns}/{ca_secret}; CA also in {ca_file})\n\
          controllers     {controllers}\n\
          Jaeger          {jaeger} (API: {jaeger}/api/services, {jaeger}/api/traces?service=dbops-database-controller)\n\
          logs            {logs}\n",
         started.elapsed().as_secs_f64(),
         kubeconfig = kubeconfig.display(),
         server = cp.server(),
+        host = PG_HOST,
         main_port = main.port(),
         target_port = target.port(),
+        ns = CONTROLLER_NAMESPACE,
+        ca_secret = CA_SECRET,
+        ca_file = state.join("ca.crt").display(),
         controllers = controllers
             .iter()
             .map(|c| format!(
@@ -144,6 +198,9 @@ async fn up(args: UpArgs) -> Result<()> {
         jaeger = jaeger.query_url(),
         logs = logs.display(),
     );
+    for warning in port_warnings {
+        summary.push_str(&format!("note            {warning}\n"));
+    }
     std::fs::write(state.join("ready"), &summary)?;
     println!("{summary}");
 
@@ -182,28 +239,42 @@ fn start_controllers(
     .zip(base_port..)
     .map(|((name, mut args), port)| {
         args.push(otlp.clone());
-        // The controllers' own namespace (Leases, the backup store's registration
-        // ConfigMap), here `default`, where the admin Secrets are too.
-        args.push("--controller-namespace=default".to_string());
+        // The controllers' own namespace, as in a cluster: Leases, the backup store's
+        // registration ConfigMap, and the DatabaseServers' admin and CA Secrets.
+        args.push(format!("--controller-namespace={CONTROLLER_NAMESPACE}"));
         ControllerProcess::start_on(name, kubeconfig, logs, port, &args)
     })
     .collect()
 }
 
-async fn apply_admin_secret(
+async fn apply_namespace(client: &kube::Client, name: &str) -> Result<()> {
+    let namespace: Namespace = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "dbops"}},
+    }))?;
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            name,
+            &PatchParams::apply("dbops-dev").force(),
+            &Patch::Apply(&namespace),
+        )
+        .await
+        .with_context(|| format!("creating Namespace {name}"))?;
+    Ok(())
+}
+
+async fn apply_secret(
     client: &kube::Client,
     namespace: &str,
     name: &str,
-    server: &PgServer,
+    string_data: serde_json::Value,
 ) -> Result<()> {
     let secret: Secret = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": name, "namespace": namespace},
-        "stringData": {
-            "username": dbops_e2e::postgres::SUPERUSER,
-            "password": server.superuser_password(),
-        },
+        "stringData": string_data,
     }))?;
     Api::<Secret>::namespaced(client.clone(), namespace)
         .patch(
@@ -214,6 +285,54 @@ async fn apply_admin_secret(
         .await
         .with_context(|| format!("creating Secret {namespace}/{name}"))?;
     Ok(())
+}
+
+/// `kubectl apply` of the DatabaseServers in `deploy/examples/databaseserver.yaml`, each
+/// with the port its server got (the example's, unless `--pg-*-port` says otherwise), so
+/// that `kubectl apply -f deploy/examples/` later finds them as it would have made them.
+/// Returns a warning for each port that differs from the example's (applying the example
+/// again would point the server at the example's port).
+fn apply_servers(kubectl: &Kubectl, ports: &[(&str, u16)]) -> Result<Vec<String>> {
+    let path = dbops_e2e::paths::repo_root().join(SERVERS_EXAMPLE);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let (mut docs, mut warnings) = (Vec::new(), Vec::new());
+    for doc in serde_norway::Deserializer::from_str(&text) {
+        let mut server = serde_json::Value::deserialize(doc)
+            .with_context(|| format!("parsing {}", path.display()))?;
+        let name = server["metadata"]["name"].as_str().unwrap_or_default();
+        let Some(&(_, port)) = ports.iter().find(|(n, _)| *n == name) else {
+            bail!("{}: unexpected DatabaseServer {name:?}", path.display());
+        };
+        if server["spec"]["host"] != PG_HOST {
+            bail!(
+                "{}: DatabaseServer {name} must have host {PG_HOST}, the name in the servers' certificate",
+                path.display()
+            );
+        }
+        if server["spec"]["port"].as_u64() != Some(port.into()) {
+            warnings.push(format!(
+                "DatabaseServer {name} is on port {port}, {SERVERS_EXAMPLE} says {}: \
+                 applying that file points it there",
+                server["spec"]["port"]
+            ));
+        }
+        server["spec"]["port"] = port.into();
+        docs.push(server);
+    }
+    if docs.len() != ports.len() {
+        bail!(
+            "{}: expected the DatabaseServers {:?}",
+            path.display(),
+            ports.iter().map(|(n, _)| n).collect::<Vec<_>>()
+        );
+    }
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs});
+    let out = kubectl.run(&["apply", "-f", "-"], Some(&list.to_string()))?;
+    if !out.success {
+        bail!("kubectl apply of {}: {}", path.display(), out.text());
+    }
+    Ok(warnings)
 }
 
 async fn wait_for_stop_signal() -> Result<()> {

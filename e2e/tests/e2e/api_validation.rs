@@ -10,12 +10,50 @@ kind: Database
 metadata:
   name: {name}
 spec:
-  server:
-    host: 127.0.0.1
-    adminSecretRef: {{name: pg-admin}}
+  serverRef: {{name: pg-main}}
 {extra_spec}
 "#
     )
+}
+
+/// A DatabaseServer of this test (named after its namespace and labelled with it, so the
+/// namespace's cleanup deletes it) with `spec` (YAML lines indented by two).
+fn server(b: &Bed, name: &str, spec: &str) -> String {
+    let ns = b.ns.name();
+    format!(
+        r#"
+apiVersion: dbops.dev/v1alpha1
+kind: DatabaseServer
+metadata:
+  name: {}
+  labels: {{{}: {ns}}}
+spec:
+{spec}
+"#,
+        dbops_e2e::fixtures::server_name(ns, name),
+        dbops_e2e::fixtures::TEST_NAMESPACE_LABEL,
+    )
+}
+
+/// Applies the cluster-scoped `yaml` (no namespace), expects a refusal, and returns
+/// kubectl's message.
+fn refused_cluster_wide(b: &Bed, yaml: &str) -> String {
+    let out = b.kubectl.run(&["apply", "-f", "-"], Some(yaml)).unwrap();
+    assert!(
+        !out.success,
+        "the API server accepted:\n{yaml}\n{}",
+        out.text()
+    );
+    out.text()
+}
+
+fn accepted_cluster_wide(b: &Bed, yaml: &str) {
+    let out = b.kubectl.run(&["apply", "-f", "-"], Some(yaml)).unwrap();
+    assert!(
+        out.success,
+        "the API server refused:\n{yaml}\n{}",
+        out.text()
+    );
 }
 
 /// Applies `yaml`, expects a refusal, and returns kubectl's message.
@@ -78,25 +116,8 @@ async fn database_name_must_be_an_identifier() {
 #[tokio::test]
 async fn enums_ports_and_cron_are_checked() {
     let b = bed("enums").await;
-    let msg = refused(
-        &b,
-        &database("orders", "  deletionPolicy: Sometimes")
-            .replace("adminSecretRef", "sslMode: maybe\n    adminSecretRef"),
-    );
-    assert_mentions(
-        &msg,
-        &[
-            "spec.server.sslMode",
-            "Unsupported value",
-            "spec.deletionPolicy",
-        ],
-    );
-
-    let msg = refused(
-        &b,
-        &database("orders", "").replace("host: 127.0.0.1", "host: 127.0.0.1\n    port: 70000"),
-    );
-    assert_mentions(&msg, &["spec.server.port"]);
+    let msg = refused(&b, &database("orders", "  deletionPolicy: Sometimes"));
+    assert_mentions(&msg, &["spec.deletionPolicy", "Unsupported value"]);
 
     let msg = refused(
         &b,
@@ -112,14 +133,141 @@ async fn enums_ports_and_cron_are_checked() {
     );
     accepted(&b, &database("daily", "  backup: {schedule: '@daily'}"));
 
+    // A server is named, never reached across namespaces or by address.
     let msg = refused(
         &b,
-        &database("orders2", "").replace("{name: pg-admin}", "{name: pg-admin, namespace: other}"),
+        &database("orders2", "").replace("{name: pg-main}", "{name: pg-main, namespace: other}"),
+    );
+    assert_mentions(&msg, &["unknown field", "spec.serverRef.namespace"]);
+    let msg = refused(
+        &b,
+        &database("orders2", "").replace("{name: pg-main}", "{name: 'pg main'}"),
+    );
+    assert_mentions(&msg, &["spec.serverRef.name"]);
+    let msg = refused(
+        &b,
+        &database("orders2", "  deletionPolicy: Retain")
+            .replace("  serverRef: {name: pg-main}\n", ""),
+    );
+    assert_mentions(&msg, &["spec.serverRef", "Required value"]);
+    let msg = refused(
+        &b,
+        &database("orders2", "").replace(
+            "serverRef: {name: pg-main}",
+            "server: {host: 127.0.0.1, adminSecretRef: {name: pg-admin}}\n  serverRef: {name: pg-main}",
+        ),
+    );
+    assert_mentions(&msg, &["unknown field \"spec.server\""]);
+}
+
+#[tokio::test]
+async fn database_servers_are_checked() {
+    let b = bed("dbserver").await;
+    let ok = "  host: pg-main.databases.svc\n  adminSecretRef: {name: pg-main-admin}";
+
+    let msg = refused_cluster_wide(&b, &server(&b, "port0", &format!("{ok}\n  port: 0")));
+    assert_mentions(&msg, &["spec.port"]);
+    let msg = refused_cluster_wide(&b, &server(&b, "port7", &format!("{ok}\n  port: 70000")));
+    assert_mentions(&msg, &["spec.port"]);
+
+    let msg = refused_cluster_wide(
+        &b,
+        &server(
+            &b,
+            "badhost",
+            "  host: 'bad host!'\n  adminSecretRef: {name: pg-main-admin}",
+        ),
+    );
+    assert_mentions(&msg, &["spec.host", "DNS name or an IP address"]);
+
+    let msg = refused_cluster_wide(
+        &b,
+        &server(
+            &b,
+            "plainca",
+            &format!("{ok}\n  tls: {{mode: disable, caSecretRef: {{name: pg-main-ca}}}}"),
+        ),
     );
     assert_mentions(
         &msg,
-        &["unknown field", "spec.server.adminSecretRef.namespace"],
+        &[
+            "spec.tls.caSecretRef",
+            "caSecretRef needs a TLS mode other than disable",
+        ],
     );
+
+    // libpq's `prefer` (TLS when offered, plain otherwise) is not a mode dbops offers.
+    let msg = refused_cluster_wide(
+        &b,
+        &server(&b, "prefer", &format!("{ok}\n  tls: {{mode: prefer}}")),
+    );
+    assert_mentions(&msg, &["spec.tls.mode", "Unsupported value"]);
+
+    let msg = refused_cluster_wide(&b, &server(&b, "noadmin", "  host: pg-main.databases.svc"));
+    assert_mentions(&msg, &["spec.adminSecretRef", "Required value"]);
+
+    // The admin Secret is in the controllers' namespace: no namespace to name.
+    let msg = refused_cluster_wide(
+        &b,
+        &server(
+            &b,
+            "elsewhere",
+            "  host: pg-main.databases.svc\n  adminSecretRef: {name: pg-main-admin, namespace: tenant}",
+        ),
+    );
+    assert_mentions(&msg, &["unknown field", "spec.adminSecretRef.namespace"]);
+
+    let msg = refused_cluster_wide(
+        &b,
+        &server(
+            &b,
+            "quota",
+            &format!("{ok}\n  limits: {{databasesPerNamespace: -1}}"),
+        ),
+    );
+    assert_mentions(&msg, &["spec.limits.databasesPerNamespace"]);
+
+    // What is left out is defaulted: port 5432, TLS verify-full against the system's roots.
+    accepted_cluster_wide(&b, &server(&b, "main", ok));
+    accepted_cluster_wide(
+        &b,
+        &server(
+            &b,
+            "tls",
+            &format!(
+                "{ok}\n  tls: {{mode: verify-ca, caSecretRef: {{name: pg-main-ca}}}}\n  allowedNamespaces: {{matchLabels: {{dbops.dev/tenant: 'true'}}}}\n  limits: {{databasesPerNamespace: 20}}"
+            ),
+        ),
+    );
+    let name = dbops_e2e::fixtures::server_name(b.ns.name(), "main");
+    let get = b
+        .kubectl
+        .run(
+            &[
+                "get",
+                "dbserver",
+                &name,
+                "-o",
+                "jsonpath={.spec.port} {.spec.tls.mode}",
+            ],
+            None,
+        )
+        .unwrap();
+    assert_eq!(get.stdout.trim(), "5432 verify-full", "{}", get.text());
+    let get = b.kubectl.run(&["get", "dbserver", &name], None).unwrap();
+    let header = get.stdout.lines().next().unwrap_or_default().to_string();
+    for column in [
+        "NAME",
+        "HOST",
+        "PORT",
+        "TLS",
+        "READY",
+        "VERSION",
+        "DATABASES",
+        "AGE",
+    ] {
+        assert!(header.contains(column), "column {column} missing: {header}");
+    }
 }
 
 #[tokio::test]
@@ -205,7 +353,7 @@ async fn backup_needs_a_database_ref_that_never_changes() {
 #[tokio::test]
 async fn migration_cutover_must_be_known() {
     let b = bed("cutover").await;
-    let migration = |cutover: &str, host: &str| {
+    let migration = |cutover: &str, target: &str| {
         format!(
             r#"
 apiVersion: dbops.dev/v1alpha1
@@ -213,19 +361,30 @@ kind: Migration
 metadata: {{name: m1}}
 spec:
   databaseRef: {{name: orders}}
-  target: {{server: {{host: {host}, adminSecretRef: {{name: target-admin}}}}}}
+  target: {target}
   cutover: {cutover}
 "#
         )
     };
-    let msg = refused(&b, &migration("Sometimes", "10.0.0.1"));
+    let msg = refused(&b, &migration("Sometimes", "{serverRef: {name: pg-new}}"));
     assert_mentions(
         &msg,
         &["spec.cutover", "Unsupported value", "Automatic", "Manual"],
     );
 
-    accepted(&b, &migration("Manual", "pg-new.databases.svc"));
-    let msg = refused(&b, &migration("Manual", "pg-other.databases.svc"));
+    let msg = refused(&b, &migration("Manual", "{}"));
+    assert_mentions(&msg, &["spec.target.serverRef", "Required value"]);
+    let msg = refused(
+        &b,
+        &migration(
+            "Manual",
+            "{server: {host: pg-new.databases.svc, adminSecretRef: {name: target-admin}}}",
+        ),
+    );
+    assert_mentions(&msg, &["spec.target"]);
+
+    accepted(&b, &migration("Manual", "{serverRef: {name: pg-new}}"));
+    let msg = refused(&b, &migration("Manual", "{serverRef: {name: pg-other}}"));
     assert_mentions(&msg, &["spec.target", "immutable"]);
 }
 
@@ -251,6 +410,34 @@ async fn examples_apply_and_print_their_columns() {
             "{created} missing from:\n{}",
             out.stdout
         );
+    }
+    // An example DatabaseServer is cluster-scoped: not this namespace's, and left by its
+    // deletion. Its columns are checked and it is deleted here.
+    let servers: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("databaseserver.dbops.dev/"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    for server in &servers {
+        let get = b.kubectl.run(&["get", "dbserver", server], None).unwrap();
+        let header = get.stdout.lines().next().unwrap_or_default().to_string();
+        for column in [
+            "NAME",
+            "HOST",
+            "PORT",
+            "TLS",
+            "READY",
+            "VERSION",
+            "DATABASES",
+        ] {
+            assert!(header.contains(column), "column {column} missing: {header}");
+        }
+        let deleted = b
+            .kubectl
+            .run(&["delete", "dbserver", server, "--wait=false"], None)
+            .unwrap();
+        assert!(deleted.success, "{}", deleted.text());
     }
     let get = b
         .kubectl

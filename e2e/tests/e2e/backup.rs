@@ -137,7 +137,8 @@ impl Setup {
         self.b.ns.name()
     }
 
-    /// An admin Secret: user postgres with the server's superuser password.
+    /// An admin Secret (user postgres with the server's superuser password) and its
+    /// DatabaseServer.
     async fn create_admin_secret(&self, name: &str) {
         create_admin_secret(&self.b.client, self.ns(), name, &self.pg)
             .await
@@ -246,16 +247,9 @@ impl Setup {
 
     /// A Database on this test's server with these further spec fields, not waited for.
     async fn create_database_spec(&self, name: &str, admin: &str, extra: serde_json::Value) {
-        dbops_e2e::fixtures::create_database(
-            &self.b.client,
-            self.ns(),
-            name,
-            &self.pg,
-            admin,
-            extra,
-        )
-        .await
-        .unwrap();
+        dbops_e2e::fixtures::create_database(&self.b.client, self.ns(), name, admin, extra)
+            .await
+            .unwrap();
     }
 
     /// A Database with extension pgcrypto (created by the controller as the admin), Ready.
@@ -1017,7 +1011,8 @@ async fn a_final_snapshot_is_of_the_database_being_deleted_never_an_earlier_one(
 #[tokio::test]
 async fn a_backup_waits_for_its_database_to_be_ready() {
     let s = Setup::new("bk-wait").await;
-    // The admin Secret does not exist yet: the Database cannot be provisioned.
+    // Neither the admin Secret nor its DatabaseServer exists yet: the Database cannot be
+    // provisioned.
     s.create_database_with("late", "Delete", "late-admin").await;
     s.create_backup("late-1", "late", json!({})).await;
     let waiting = s

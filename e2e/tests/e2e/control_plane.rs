@@ -98,6 +98,7 @@ async fn every_dbops_kind_is_served_with_short_names_and_the_category() {
         .unwrap();
     assert!(out.success, "{}", out.text());
     for (kind, short) in [
+        ("DatabaseServer", "dbserver"),
         ("Database", "pgdb"),
         ("Backup", "pgbackup"),
         ("Migration", "pgmig"),
@@ -115,6 +116,16 @@ async fn every_dbops_kind_is_served_with_short_names_and_the_category() {
             line.contains("dbops"),
             "{kind} lacks category dbops: {line}"
         );
+        // The NAMESPACED column: only DatabaseServer is cluster-scoped.
+        let namespaced = if kind == "DatabaseServer" {
+            "false"
+        } else {
+            "true"
+        };
+        assert!(
+            line.split_whitespace().any(|w| w == namespaced),
+            "{kind} is not namespaced={namespaced}: {line}"
+        );
     }
     let get = b
         .kubectl
@@ -124,10 +135,19 @@ async fn every_dbops_kind_is_served_with_short_names_and_the_category() {
 
     let explain = b
         .kubectl
-        .run(&["explain", "database.spec.server.adminSecretRef"], None)
+        .run(&["explain", "databaseserver.spec.adminSecretRef"], None)
         .unwrap();
     assert!(
         explain.stdout.contains("username") && explain.stdout.contains("password"),
+        "kubectl explain shows the field description: {}",
+        explain.text()
+    );
+    let explain = b
+        .kubectl
+        .run(&["explain", "database.spec.serverRef"], None)
+        .unwrap();
+    assert!(
+        explain.stdout.contains("DatabaseServer"),
         "kubectl explain shows the field description: {}",
         explain.text()
     );

@@ -14,7 +14,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use dbops_api::{Backup, Database};
+use dbops_api::{Backup, Database, DatabaseServer};
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::wait::{Want, describe_database, eventually, holds_for};
 use dbops_e2e::{ControllerProcess, PgServer};
@@ -28,7 +28,8 @@ use crate::{Bed, bed};
 
 /// The controller's Event reporter (`reportingComponent`).
 const CONTROLLER_USER: &str = "dbops-database-controller";
-/// The admin Secret every test creates (username postgres, the server's password).
+/// The admin Secret every test creates (username postgres, the server's password), and
+/// with it the DatabaseServer `server_name(ns, ADMIN_SECRET)` on this test's server.
 const ADMIN_SECRET: &str = "pg-admin";
 const FINALIZER: &str = "dbops.dev/database-cleanup";
 /// Long enough for provisioning on a busy 2-core machine, short enough to fail usefully.
@@ -59,7 +60,8 @@ fn not_ready(reason: &'static str) -> Want<'static> {
     Want::new("Ready", "False", Some(reason))
 }
 
-/// One test's world: namespace, PostgreSQL server, admin Secret and controller.
+/// One test's world: namespace, PostgreSQL server, admin Secret, DatabaseServer and
+/// controller.
 struct Setup {
     // Dropped in this order: the controller first, so it does not act on a stopping
     // server; then PostgreSQL; then the namespace.
@@ -72,7 +74,8 @@ struct Setup {
 }
 
 impl Setup {
-    /// A namespace, a PostgreSQL server, the admin Secret and a running controller.
+    /// A namespace, a PostgreSQL server, the admin Secret and its DatabaseServer, and a
+    /// running controller.
     async fn new(prefix: &str) -> Self {
         Self::with_args(prefix, &[]).await
     }
@@ -97,6 +100,7 @@ impl Setup {
         setup
             .create_admin_secret(ADMIN_SECRET, Some("postgres"), Some(&password))
             .await;
+        setup.create_server(ADMIN_SECRET, json!({})).await;
         setup.start_controller();
         setup
     }
@@ -191,16 +195,27 @@ impl Setup {
             .unwrap_or_else(|e| panic!("creating Secret {name}: {e}"));
     }
 
-    /// A Database on this test's server with the admin Secret; `spec` is merged into
-    /// the spec (e.g. `{"deletionPolicy": "Delete"}`).
+    /// The name of the DatabaseServer made by [`Setup::create_server`] for `admin`.
+    fn server(&self, admin: &str) -> String {
+        dbops_e2e::fixtures::server_name(self.ns(), admin)
+    }
+
+    /// The DatabaseServer [`Setup::server`]`(admin)` on this test's server with admin
+    /// Secret `admin` (plain TCP, every namespace allowed); `spec` is merged into its spec
+    /// (e.g. `{"port": 1}`).
+    async fn create_server(&self, admin: &str, spec: serde_json::Value) -> DatabaseServer {
+        let mut full = dbops_e2e::fixtures::server_spec(&self.pg, admin);
+        merge(&mut full, spec);
+        dbops_e2e::fixtures::create_server(&self.b.client, self.ns(), &self.server(admin), full)
+            .await
+            .unwrap()
+    }
+
+    /// A Database on the DatabaseServer of the admin Secret; `spec` is merged into the
+    /// spec (e.g. `{"deletionPolicy": "Delete"}`, or another `serverRef`).
     fn database(&self, name: &str, spec: serde_json::Value) -> Database {
         let mut full = json!({
-            "server": {
-                "host": self.pg.host(),
-                "port": self.pg.port(),
-                "adminSecretRef": {"name": ADMIN_SECRET},
-                "sslMode": "disable",
-            },
+            "serverRef": {"name": self.server(ADMIN_SECRET)},
         });
         merge(&mut full, spec);
         serde_json::from_value(json!({
@@ -236,6 +251,18 @@ impl Setup {
 
     async fn wait_ready(&self, name: &str) -> Database {
         self.wait(name, ready(), READY).await
+    }
+
+    /// Waits for a condition of DatabaseServer `name`; on timeout the panic shows its
+    /// status and the controller's log tail.
+    async fn wait_server(&self, name: &str, want: Want<'_>) -> DatabaseServer {
+        match dbops_e2e::fixtures::server_condition(&self.b.client, name, want, READY).await {
+            Ok(server) => server,
+            Err(e) => panic!(
+                "{e:#}\n---- controller log tail ----\n{}",
+                self.controller_log(6000)
+            ),
+        }
     }
 
     /// Deletes the Database (foreground is not needed: the controller's finalizer holds it).
@@ -425,8 +452,8 @@ async fn a_database_becomes_ready_and_its_secret_connects() {
     let s = Setup::new("db-ready").await;
     let ns = s.ns();
     let yaml = format!(
-        "apiVersion: dbops.dev/v1alpha1\nkind: Database\nmetadata:\n  name: orders\nspec:\n  server:\n    host: 127.0.0.1\n    port: {}\n    adminSecretRef: {{name: {ADMIN_SECRET}}}\n    sslMode: disable\n  extensions: [pgcrypto]\n",
-        s.pg.port()
+        "apiVersion: dbops.dev/v1alpha1\nkind: Database\nmetadata:\n  name: orders\nspec:\n  serverRef: {{name: {}}}\n  extensions: [pgcrypto]\n",
+        s.server(ADMIN_SECRET)
     );
     let out = s.b.kubectl.apply(ns, &yaml).unwrap();
     assert!(out.success, "kubectl apply: {}", out.text());
@@ -476,6 +503,10 @@ async fn a_database_becomes_ready_and_its_secret_connects() {
     assert_eq!(
         status.connection_secret.as_deref(),
         Some("orders-connection")
+    );
+    assert_eq!(
+        status.server.as_deref(),
+        Some(s.server(ADMIN_SECRET).as_str())
     );
     let su = s.pg.connect_as_superuser().await.unwrap();
     let server_version: String = su
@@ -1435,24 +1466,22 @@ async fn bad_admin_input_is_reported_without_leaking_the_password() {
     s.create_admin_secret("wrong-admin", Some("postgres"), Some(&wrong))
         .await;
     let closed_port = dbops_e2e::process::free_port().unwrap();
+    // A DatabaseServer per admin Secret (late-admin's does not exist yet), and one on a
+    // closed port with the good admin Secret.
+    for admin in ["late-admin", "nopw-admin", "wrong-admin"] {
+        s.create_server(admin, json!({})).await;
+    }
+    s.create_server(
+        "closed-port",
+        json!({"port": closed_port, "adminSecretRef": {"name": ADMIN_SECRET}}),
+    )
+    .await;
+    let on = |admin: &str| json!({"serverRef": {"name": s.server(admin)}});
 
-    s.create(
-        "nosecret",
-        json!({"server": {"adminSecretRef": {"name": "late-admin"}}}),
-    )
-    .await;
-    s.create(
-        "nopassword",
-        json!({"server": {"adminSecretRef": {"name": "nopw-admin"}}}),
-    )
-    .await;
-    s.create(
-        "wrongpassword",
-        json!({"server": {"adminSecretRef": {"name": "wrong-admin"}}}),
-    )
-    .await;
-    s.create("closedport", json!({"server": {"port": closed_port}}))
-        .await;
+    s.create("nosecret", on("late-admin")).await;
+    s.create("nopassword", on("nopw-admin")).await;
+    s.create("wrongpassword", on("wrong-admin")).await;
+    s.create("closedport", on("closed-port")).await;
 
     s.wait("nosecret", not_ready("AdminSecretNotFound"), READY)
         .await;
@@ -1463,6 +1492,15 @@ async fn bad_admin_input_is_reported_without_leaking_the_password() {
     s.wait("closedport", not_ready("ServerUnreachable"), READY)
         .await;
     assert!(!s.pg.database_exists("nosecret").await.unwrap());
+    // The DatabaseServers say the same about themselves.
+    for (admin, reason) in [
+        ("late-admin", "AdminSecretNotFound"),
+        ("nopw-admin", "AdminSecretInvalid"),
+        ("wrong-admin", "AuthenticationFailed"),
+        ("closed-port", "ServerUnreachable"),
+    ] {
+        s.wait_server(&s.server(admin), not_ready(reason)).await;
+    }
 
     // The missing Secret appears: the Database proceeds without any change to it.
     let started = std::time::Instant::now();
@@ -1472,11 +1510,24 @@ async fn bad_admin_input_is_reported_without_leaking_the_password() {
     s.wait_ready("nosecret").await;
     tracing::info!(elapsed = ?started.elapsed(), "nosecret Ready after its admin Secret appeared");
 
-    // Nothing shows either password: status, Events, the controller's log.
+    // Nothing shows either password: status (the Databases' and the DatabaseServers'),
+    // Events, the controller's log.
     let dbs =
         s.b.kubectl
             .run(&["get", "databases", "-n", s.ns(), "-o", "yaml"], None)
             .unwrap();
+    let selector = s.b.ns.server_selector();
+    let servers =
+        s.b.kubectl
+            .run(
+                &["get", "databaseservers", "-l", &selector, "-o", "yaml"],
+                None,
+            )
+            .unwrap();
+    assert!(
+        servers.success && servers.stdout.contains("AuthenticationFailed"),
+        "kubectl get databaseservers failed"
+    );
     assert!(
         dbs.success && dbs.stdout.contains("AuthenticationFailed"),
         "kubectl get databases failed"
@@ -1492,6 +1543,7 @@ async fn bad_admin_input_is_reported_without_leaking_the_password() {
     let log = s.controller_log_raw();
     for (what, text) in [
         ("kubectl get databases -o yaml", &dbs.stdout),
+        ("kubectl get databaseservers -o yaml", &servers.stdout),
         ("kubectl get events -o yaml", &events.stdout),
         ("the controller's log", &log),
     ] {
@@ -1519,13 +1571,18 @@ async fn a_running_migration_holds_off_drift_repair_and_deletion() {
     let db = s.wait_ready("moving").await;
     assert!(!has_finalizer(&db), "Retain needs no finalizer yet");
 
+    // No migration-controller runs: the Migration is only there (to an unreachable target).
+    s.create_server(
+        "nowhere",
+        json!({"port": 1, "adminSecretRef": {"name": ADMIN_SECRET}}),
+    )
+    .await;
     let migrations: Api<dbops_api::Migration> = Api::namespaced(s.b.client.clone(), s.ns());
     let migration: dbops_api::Migration = serde_json::from_value(json!({
         "apiVersion": "dbops.dev/v1alpha1", "kind": "Migration",
         "metadata": {"name": "move-it"},
         "spec": {"databaseRef": {"name": "moving"},
-                 "target": {"server": {"host": "127.0.0.1", "port": 1,
-                            "adminSecretRef": {"name": ADMIN_SECRET}}}}
+                 "target": {"serverRef": {"name": s.server("nowhere")}}}
     }))
     .unwrap();
     migrations
@@ -1694,9 +1751,10 @@ async fn an_existing_secret_is_never_taken_over() {
 #[tokio::test]
 async fn a_database_recovered_after_a_crash_is_closed_to_public() {
     let s = Setup::new("db-revoke").await;
+    s.create_server("late-admin", json!({})).await;
     s.create(
         "recovered",
-        json!({"server": {"adminSecretRef": {"name": "late-admin"}}}),
+        json!({"serverRef": {"name": s.server("late-admin")}}),
     )
     .await;
     let db = s
@@ -1741,4 +1799,160 @@ async fn a_database_recovered_after_a_crash_is_closed_to_public() {
         !after,
         "the recovered database is still open to PUBLIC: role bystander may CONNECT"
     );
+}
+
+/// DatabaseServers: a Database naming a server that does not exist yet waits
+/// (`ServerNotFound`) and provisions once it appears; a server serves only the namespaces
+/// its `allowedNamespaces` selects (absent: none, `NamespaceNotAllowed`; changing it lets
+/// the waiting Database in) and at most `limits.databasesPerNamespace` Databases per
+/// namespace (`QuotaExceeded`); a refused Database touches nothing on the server. A server
+/// in use keeps the finalizer `dbops.dev/server-in-use` until its last Database is gone.
+#[tokio::test]
+async fn a_server_serves_allowed_namespaces_within_its_quota_and_outlives_its_databases() {
+    let s = Setup::new("db-server").await;
+    let servers: Api<DatabaseServer> = Api::all(s.b.client.clone());
+    let admin = json!({"adminSecretRef": {"name": ADMIN_SECRET}});
+    let on = |server: &str| json!({"serverRef": {"name": s.server(server)}});
+    let untouched = |name: &'static str| {
+        let pg = &s.pg;
+        async move {
+            assert!(!pg.database_exists(name).await.unwrap(), "database {name}");
+            assert!(!pg.role_exists(name).await.unwrap(), "role {name}");
+        }
+    };
+
+    // The test's server: Ready, with what it runs and how it is reached.
+    let main = s
+        .wait_server(&s.server(ADMIN_SECRET), Want::new("Ready", "True", None))
+        .await;
+    let status = main.status.unwrap();
+    assert!(
+        status.server_version.is_some_and(|v| !v.is_empty()),
+        "no serverVersion"
+    );
+    assert_eq!(
+        status.tls.map(|t| t.mode),
+        Some(dbops_api::TlsMode::Disable)
+    );
+
+    // A server that does not exist yet.
+    s.create("early", on("later")).await;
+    s.wait("early", not_ready("ServerNotFound"), READY).await;
+    untouched("early").await;
+    s.create_server("later", admin.clone()).await;
+    let early = s.wait_ready("early").await;
+    assert_eq!(
+        early.status.and_then(|st| st.server).as_deref(),
+        Some(s.server("later").as_str())
+    );
+    let later = s.server("later");
+    eventually(
+        "DatabaseServer later to count its Database",
+        READY,
+        || async {
+            Ok(servers
+                .get(&later)
+                .await?
+                .status
+                .and_then(|st| st.databases))
+        },
+        |count| *count == Some(1),
+    )
+    .await;
+
+    // Namespaces: none allowed, then another tenant's only, then every namespace.
+    let mut closed = admin.clone();
+    merge(&mut closed, json!({"allowedNamespaces": null}));
+    s.create_server("closed", closed).await;
+    let mut elsewhere = admin.clone();
+    merge(
+        &mut elsewhere,
+        json!({"allowedNamespaces": {"matchLabels": {"dbops.dev/tenant": "elsewhere"}}}),
+    );
+    s.create_server("elsewhere", elsewhere).await;
+    s.create("shut", on("closed")).await;
+    s.create("foreign", on("elsewhere")).await;
+    s.wait("shut", not_ready("NamespaceNotAllowed"), READY)
+        .await;
+    s.wait("foreign", not_ready("NamespaceNotAllowed"), READY)
+        .await;
+    untouched("shut").await;
+    untouched("foreign").await;
+    servers
+        .patch(
+            &s.server("closed"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"allowedNamespaces": {}}})),
+        )
+        .await
+        .unwrap();
+    s.wait_ready("shut").await;
+
+    // A quota of one Database per namespace: the first is served, the second refused.
+    let mut small = admin.clone();
+    merge(&mut small, json!({"limits": {"databasesPerNamespace": 1}}));
+    s.create_server("small", small).await;
+    let first = s.create("first", on("small")).await;
+    s.wait_ready("first").await;
+    let second = s.create("second", on("small")).await;
+    s.wait("second", not_ready("QuotaExceeded"), READY).await;
+    untouched("second").await;
+
+    // In use: the finalizer holds the server's deletion until its Databases are gone.
+    let small = s.server("small");
+    let in_use = |server: &DatabaseServer| {
+        server
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == dbops_api::server::IN_USE_FINALIZER)
+    };
+    let held = eventually(
+        "DatabaseServer small to carry dbops.dev/server-in-use",
+        READY,
+        || async { Ok(servers.get(&small).await.map(ServerView)?) },
+        |server| in_use(&server.0),
+    )
+    .await;
+    servers
+        .delete(&small, &DeleteParams::default())
+        .await
+        .unwrap();
+    holds_for(
+        "DatabaseServer small stays while Database first is on it",
+        RESYNC * 2,
+        || async { Ok(servers.get_opt(&small).await?.map(ServerView)) },
+        |server| server.as_ref().is_some_and(|s| in_use(&s.0)),
+    )
+    .await
+    .unwrap();
+    s.delete("first").await;
+    s.delete("second").await;
+    s.wait_gone(&first, READY).await;
+    s.wait_gone(&second, READY).await;
+    let uid = held.0.metadata.uid.clone().unwrap();
+    if let Err(e) = dbops_e2e::wait::deleted(servers.clone(), &small, &uid, READY).await {
+        panic!(
+            "{e:#}\n---- controller log tail ----\n{}",
+            s.controller_log(6000)
+        );
+    }
+}
+
+/// A DatabaseServer shown by its deletion state, finalizers and status, for failure
+/// messages.
+struct ServerView(DatabaseServer);
+
+impl std::fmt::Debug for ServerView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DatabaseServer {:?} deletionTimestamp {:?} finalizers {:?} status {:?}",
+            self.0.metadata.name,
+            self.0.metadata.deletion_timestamp,
+            self.0.metadata.finalizers,
+            self.0.status
+        )
+    }
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use dbops_api::{Backup, BackupPhase, Database};
-use dbops_e2e::controllers::{controller_namespace_arg, http_get};
+use dbops_e2e::controllers::{controller_namespace_arg, http_get, server_selector_arg};
 use dbops_e2e::controlplane::{client_from_kubeconfig, service_account_user};
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::process::{Spec, Supervised, free_port};
@@ -37,12 +37,12 @@ const CONTROLLERS: [&str; 3] = [
     "backup-controller",
     "migration-controller",
 ];
-/// Objects `kubectl apply -k deploy/` sends: the Namespace, 3 CRDs, the backup store's
+/// Objects `kubectl apply -k deploy/` sends: the Namespace, 4 CRDs, the backup store's
 /// PersistentVolumeClaim, per controller a ServiceAccount, ClusterRole,
-/// ClusterRoleBinding, Role, RoleBinding (its Lease), Deployment, PodDisruptionBudget and
-/// Service, and for the backup- and database-controller a Role and RoleBinding (the
-/// backup store's registration ConfigMap).
-const DEPLOY_OBJECTS: usize = 1 + 3 + 1 + 3 * 8 + 2 * 2;
+/// ClusterRoleBinding, two Roles and RoleBindings (its Lease; the DatabaseServers' admin
+/// and CA Secrets), Deployment, PodDisruptionBudget and Service, and for the backup- and
+/// database-controller a Role and RoleBinding (the backup store's registration ConfigMap).
+const DEPLOY_OBJECTS: usize = 1 + 4 + 1 + 3 * 10 + 2 * 2;
 
 fn deploy_dir() -> PathBuf {
     paths::repo_root().join("deploy")
@@ -73,7 +73,8 @@ pub async fn deployed(cp: &ControlPlane) {
 
 /// Starts the controller binary `dbops-<controller>` as `name` (its log is
 /// `<log_dir>/<name>.log`) with `kubeconfig`, `args` and `env`, on a free health and
-/// metrics port; returns once `/healthz` answers.
+/// metrics port, scoped to the watched namespace as `ControllerProcess::start` scopes it
+/// (`controller_namespace_arg`, `server_selector_arg`); returns once `/healthz` answers.
 pub async fn start_controller(
     controller: &str,
     name: &str,
@@ -83,7 +84,10 @@ pub async fn start_controller(
     env: &[(&str, &str)],
 ) -> Result<ControllerProcess> {
     let port = free_port()?;
-    let scoped = controller_namespace_arg(args, env.iter().map(|(k, _)| *k));
+    let env_names = || env.iter().map(|(k, _)| *k);
+    let scoped = controller_namespace_arg(args, env_names())
+        .into_iter()
+        .chain(server_selector_arg(args, env_names()));
     let mut spec = Spec::new(name, paths::workspace_bin(&format!("dbops-{controller}"))?)
         .args([format!("--metrics-addr=127.0.0.1:{port}")])
         .args(args.iter().cloned())
@@ -335,7 +339,8 @@ async fn each_controller_is_deployed_hardened_with_two_leader_elected_replicas()
     }
 }
 
-/// One test's world for the ServiceAccount runs: namespace, PostgreSQL, admin Secret,
+/// One test's world for the ServiceAccount runs: namespace, PostgreSQL, admin Secret (in
+/// `dbops-system`, the controllers' namespace, deleted with the world), DatabaseServer,
 /// the three controllers with their own tokens.
 struct AsServiceAccounts {
     controllers: Vec<(&'static str, ControllerProcess)>,
@@ -343,6 +348,25 @@ struct AsServiceAccounts {
     b: crate::Bed,
     logs: tempfile::TempDir,
     _store: tempfile::TempDir,
+    /// The admin Secret's name in `dbops-system`.
+    admin_secret: String,
+}
+
+impl Drop for AsServiceAccounts {
+    fn drop(&mut self) {
+        let _ = self.b.kubectl.run(
+            &[
+                "delete",
+                "secret",
+                &self.admin_secret,
+                "-n",
+                SYSTEM_NAMESPACE,
+                "--wait=false",
+                "--ignore-not-found",
+            ],
+            None,
+        );
+    }
 }
 
 impl AsServiceAccounts {
@@ -367,16 +391,30 @@ async fn each_controller_does_its_job_with_a_token_of_its_own_service_account() 
     let ns = b.ns.name().to_string();
     let pg = PgServer::start("sa-token").await.unwrap();
     let secrets: Api<Secret> = Api::namespaced(b.client.clone(), &ns);
-    let mut admin = Secret::default();
-    admin.metadata.name = Some("pg-admin".into());
-    admin.string_data = Some(BTreeMap::from([
-        ("username".to_string(), "postgres".to_string()),
-        ("password".to_string(), pg.superuser_password().to_string()),
-    ]));
-    secrets
-        .create(&PostParams::default(), &admin)
-        .await
-        .unwrap();
+    // The admin Secret where the Deployments' controllers read it, named for this test
+    // (dbops-system is shared); the DatabaseServer labelled as this test's, which the
+    // controllers select.
+    let admin_secret = format!("{ns}-pg-admin");
+    dbops_e2e::fixtures::create_secret(
+        &b.client,
+        SYSTEM_NAMESPACE,
+        &admin_secret,
+        &[
+            ("username", dbops_e2e::postgres::SUPERUSER),
+            ("password", pg.superuser_password()),
+        ],
+    )
+    .await
+    .unwrap();
+    let server = dbops_e2e::fixtures::server_name(&ns, "pg");
+    dbops_e2e::fixtures::create_server(
+        &b.client,
+        &ns,
+        &server,
+        dbops_e2e::fixtures::server_spec(&pg, &admin_secret),
+    )
+    .await
+    .unwrap();
 
     let logs = tempfile::tempdir().unwrap();
     let store = tempfile::tempdir().unwrap();
@@ -388,6 +426,7 @@ async fn each_controller_does_its_job_with_a_token_of_its_own_service_account() 
         b,
         logs,
         _store: store,
+        admin_secret,
     };
     for controller in CONTROLLERS {
         let account = format!("dbops-{controller}");
@@ -448,12 +487,7 @@ async fn each_controller_does_its_job_with_a_token_of_its_own_service_account() 
         "apiVersion": "dbops.dev/v1alpha1",
         "kind": "Database",
         "metadata": {"name": "app"},
-        "spec": {"server": {
-            "host": world.pg.host(),
-            "port": world.pg.port(),
-            "adminSecretRef": {"name": "pg-admin"},
-            "sslMode": "disable",
-        }},
+        "spec": {"serverRef": {"name": server}},
     }))
     .unwrap();
     databases.create(&PostParams::default(), &db).await.unwrap();
@@ -566,7 +600,7 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
         "apiVersion": "dbops.dev/v1alpha1",
         "kind": "Database",
         "metadata": {"name": "orders"},
-        "spec": {"server": {"host": "127.0.0.1", "adminSecretRef": {"name": "precious"}}},
+        "spec": {"serverRef": {"name": "pg-main"}},
     }))
     .unwrap();
     databases.create(&PostParams::default(), &db).await.unwrap();
@@ -586,12 +620,26 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
 
     // What RBAC answers, per verb: (kubectl, verb, resource, namespace or all, allowed).
     let lease = "leases/dbops-database-controller";
-    let cases: [(&Kubectl, &str, &str, Option<&str>, bool); 16] = [
-        // The backup-controller reads admin Secrets one by one, and nothing more.
-        (&as_backup, "get", "secrets", Some(&ns), true),
-        (&as_backup, "list", "secrets", Some(&ns), false),
+    // (The test's namespace stands in for dbops-system in the other tests, so it was granted
+    // the Secrets Roles: the tenant namespace here is `default`.)
+    let cases: [(&Kubectl, &str, &str, Option<&str>, bool); 21] = [
+        // The backup-controller reads the admin and CA Secrets in its own namespace, no
+        // tenant's, and writes none.
+        (&as_backup, "get", "secrets", Some(SYSTEM_NAMESPACE), true),
+        (&as_backup, "watch", "secrets", Some(SYSTEM_NAMESPACE), true),
+        (&as_backup, "get", "secrets", Some("default"), false),
+        (&as_backup, "list", "secrets", None, false),
         (&as_backup, "delete", "secrets", Some(&ns), false),
         (&as_backup, "create", "secrets", Some(&ns), false),
+        // DatabaseServers are the platform team's: read, never written.
+        (&as_backup, "watch", "databaseservers.dbops.dev", None, true),
+        (
+            &as_backup,
+            "patch",
+            "databaseservers.dbops.dev",
+            None,
+            false,
+        ),
         // It watches Databases everywhere, and never writes them.
         (&as_backup, "watch", "databases.dbops.dev", None, true),
         (&as_backup, "patch", "databases.dbops.dev", Some(&ns), false),
@@ -616,6 +664,14 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
         // The database-controller writes its connection Secrets, but never deletes one.
         (&as_database, "create", "secrets", Some(&ns), true),
         (&as_database, "delete", "secrets", Some(&ns), false),
+        // It keeps the DatabaseServers' status and finalizer, and never deletes one.
+        (
+            &as_database,
+            "delete",
+            "databaseservers.dbops.dev",
+            None,
+            false,
+        ),
         (
             &as_database,
             "delete",
@@ -675,7 +731,7 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
         "patching a Database",
     );
     // What it may do still works with the same client: the refusal is RBAC, not a bad token.
-    assert!(their_secrets.get("precious").await.is_ok());
+    assert!(their_databases.get("orders").await.is_ok());
     assert!(secrets.get_opt("precious").await.unwrap().is_some());
     let db = databases.get("orders").await.unwrap();
     assert_ne!(db.spec.connection_limit, 1);

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dbops_api::{Backup, BackupPhase, Database, Migration, MigrationPhase, MigrationStep};
+use dbops_e2e::fixtures::server_name;
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::wait::{Want, eventually};
 use dbops_e2e::{ControllerProcess, PgServer};
@@ -42,6 +43,8 @@ const LEASE_DURATION: Duration = Duration::from_secs(15);
 /// expired Lease and random wait (up to 1 s), its own acquisition, a loaded machine.
 const TAKEOVER_SLACK: Duration = Duration::from_secs(6);
 const READY: Duration = Duration::from_secs(90);
+/// The admin Secret (and DatabaseServer) of the scenario's server.
+const ADMIN: &str = "pg-admin";
 /// A standby reads the Lease every 2 s (shared/src/leader.rs, STANDBY_POLL) and takes a
 /// released Lease over at once: once a SIGTERMed leader has exited (releasing the Lease
 /// on its way out), the other replica leads within this.
@@ -82,7 +85,8 @@ struct Scenario {
 }
 
 impl Scenario {
-    /// A namespace, a PostgreSQL server and its admin Secret; no replica yet.
+    /// A namespace, a PostgreSQL server, its admin Secret and DatabaseServer; no replica
+    /// yet.
     async fn new(prefix: &str) -> Self {
         Self::for_controller(prefix, "database-controller").await
     }
@@ -91,15 +95,7 @@ impl Scenario {
     async fn for_controller(prefix: &str, controller: &'static str) -> Self {
         let b = bed(prefix).await;
         let pg = PgServer::start(prefix).await.unwrap();
-        let secrets: Api<Secret> = Api::namespaced(b.client.clone(), b.ns.name());
-        let mut admin = Secret::default();
-        admin.metadata.name = Some("pg-admin".into());
-        admin.string_data = Some(BTreeMap::from([
-            ("username".to_string(), "postgres".to_string()),
-            ("password".to_string(), pg.superuser_password().to_string()),
-        ]));
-        secrets
-            .create(&PostParams::default(), &admin)
+        dbops_e2e::fixtures::create_admin_secret(&b.client, b.ns.name(), ADMIN, &pg)
             .await
             .unwrap();
         Self {
@@ -250,12 +246,7 @@ impl Scenario {
             "apiVersion": "dbops.dev/v1alpha1",
             "kind": "Database",
             "metadata": {"name": name},
-            "spec": {"server": {
-                "host": self.pg.host(),
-                "port": self.pg.port(),
-                "adminSecretRef": {"name": "pg-admin"},
-                "sslMode": "disable",
-            }},
+            "spec": {"serverRef": {"name": server_name(self.ns(), ADMIN)}},
         }))
         .unwrap();
         Api::<Database>::namespaced(self.b.client.clone(), self.ns())
@@ -916,19 +907,14 @@ impl Scenario {
 
     /// Migration `name` of Database `db` to the target server, not waited for.
     async fn create_migration(&self, name: &str, db: &str) {
-        let target = self.target.as_ref().expect("a target server");
+        assert!(self.target.is_some(), "a Migration needs a target server");
         let m: Migration = serde_json::from_value(json!({
             "apiVersion": "dbops.dev/v1alpha1",
             "kind": "Migration",
             "metadata": {"name": name},
             "spec": {
                 "databaseRef": {"name": db},
-                "target": {"server": {
-                    "host": target.host(),
-                    "port": target.port(),
-                    "adminSecretRef": {"name": TARGET_ADMIN},
-                    "sslMode": "disable",
-                }},
+                "target": {"serverRef": {"name": server_name(self.ns(), TARGET_ADMIN)}},
             },
         }))
         .unwrap();

@@ -18,7 +18,7 @@ use std::time::Duration;
 use dbops_api::{
     Backup, BackupPhase, Database, Migration, MigrationPhase, MigrationStep, StepState,
 };
-use dbops_e2e::fixtures::create_admin_secret;
+use dbops_e2e::fixtures::{create_admin_secret, server_name};
 use dbops_e2e::jaeger::Jaeger;
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::wait::{Want, wait_for};
@@ -116,11 +116,17 @@ impl Setup {
         self.b.ns.name()
     }
 
+    /// The admin Secret `name` and its DatabaseServer, for the source or the target.
     async fn create_admin_secret(&self, name: &str, source: bool) {
         let pg = if source { &self.source } else { &self.target };
         create_admin_secret(&self.b.client, self.ns(), name, pg)
             .await
             .unwrap();
+    }
+
+    /// The DatabaseServer of admin Secret `admin` ([`SOURCE_ADMIN`], [`TARGET_ADMIN`]).
+    fn server(&self, admin: &str) -> String {
+        server_name(self.ns(), admin)
     }
 
     /// The flags every controller of a test gets.
@@ -229,16 +235,9 @@ impl Setup {
 
     /// A Database on the source server with `spec` merged into its spec, Ready.
     async fn create_database_spec(&self, name: &str, spec: serde_json::Value) -> Database {
-        dbops_e2e::fixtures::create_database(
-            &self.b.client,
-            self.ns(),
-            name,
-            &self.source,
-            SOURCE_ADMIN,
-            spec,
-        )
-        .await
-        .unwrap();
+        dbops_e2e::fixtures::create_database(&self.b.client, self.ns(), name, SOURCE_ADMIN, spec)
+            .await
+            .unwrap();
         match dbops_e2e::wait::database_condition(
             &self.b.client,
             self.ns(),
@@ -295,12 +294,7 @@ impl Setup {
     async fn create_migration(&self, name: &str, db: &str, extra: serde_json::Value) {
         let mut spec = json!({
             "databaseRef": {"name": db},
-            "target": {"server": {
-                "host": self.target.host(),
-                "port": self.target.port(),
-                "adminSecretRef": {"name": TARGET_ADMIN},
-                "sslMode": "disable",
-            }},
+            "target": {"serverRef": {"name": self.server(TARGET_ADMIN)}},
         });
         if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
             spec.extend(extra.clone());
@@ -678,7 +672,12 @@ async fn a_database_moves_with_every_committed_write() {
     // The Database is Ready on the target at the switched generation; the Secret (same
     // name) points there and works.
     let db = s.databases().get("app").await.unwrap();
-    assert_eq!(db.spec.server.port, i32::from(s.target.port()));
+    assert_eq!(db.spec.server_ref.name, s.server(TARGET_ADMIN));
+    assert_eq!(
+        status.source_server.as_ref().map(|r| r.name.as_str()),
+        Some(s.server(SOURCE_ADMIN).as_str()),
+        "Preflight recorded the source server"
+    );
     let db_status = db.status.clone().unwrap();
     assert!(db_status.observed_generation >= status.switched_generation);
     assert!(dbops_e2e::wait::database_has(
@@ -917,7 +916,7 @@ async fn a_target_down_during_the_copy_holds_up_only_its_own_compensation() {
     assert!(!s.target.database_exists("app").await.unwrap());
     assert!(!s.target.role_exists("app").await.unwrap());
     let db = s.databases().get("app").await.unwrap();
-    assert_eq!(db.spec.server.port, i32::from(s.source.port()));
+    assert_eq!(db.spec.server_ref.name, s.server(SOURCE_ADMIN));
 }
 
 /// (3) The controller exits at every step, after the step's effects and before its record
@@ -1024,8 +1023,8 @@ async fn a_manual_cutover_waits_for_approval() {
     );
     let db = s.databases().get("app").await.unwrap();
     assert_eq!(
-        db.spec.server.port,
-        i32::from(s.source.port()),
+        db.spec.server_ref.name,
+        s.server(SOURCE_ADMIN),
         "not switched yet"
     );
     assert_eq!(s.connection("app").await.port, s.source.port());
@@ -1041,7 +1040,7 @@ async fn a_manual_cutover_waits_for_approval() {
     s.wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
         .await;
     let db = s.databases().get("app").await.unwrap();
-    assert_eq!(db.spec.server.port, i32::from(s.target.port()));
+    assert_eq!(db.spec.server_ref.name, s.server(TARGET_ADMIN));
     assert_eq!(s.connection("app").await.port, s.target.port());
 }
 
@@ -1095,7 +1094,7 @@ async fn a_second_migration_is_refused_and_a_deleted_one_rolls_back() {
     assert!(!s.target.database_exists("app").await.unwrap());
     assert!(!s.target.role_exists("app").await.unwrap());
     let db = s.databases().get("app").await.unwrap();
-    assert_eq!(db.spec.server.port, i32::from(s.source.port()));
+    assert_eq!(db.spec.server_ref.name, s.server(SOURCE_ADMIN));
 }
 
 /// (6) A whole Migration is one trace in a real Jaeger: the migration-controller's

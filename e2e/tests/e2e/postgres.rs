@@ -1,9 +1,20 @@
-//! The PostgreSQL harness: real servers from Debian's packages, several at once.
+//! The PostgreSQL harness: real servers from Debian's packages, several at once, some
+//! speaking TLS with certificates of a test CA; the shared client's TLS against them,
+//! and the same through DatabaseServers and a database-controller.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use dbops_e2e::PgServer;
+use dbops_e2e::tls::TestCa;
 use dbops_e2e::wait::eventually;
+use dbops_e2e::{ControllerProcess, PgServer};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+
+/// The test servers' certificates name 127.0.0.1 beside their DNS names.
+const LOOPBACK: [IpAddr; 1] = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
+/// Provisioning on a busy 2-core machine.
+const READY: Duration = Duration::from_secs(60);
 
 #[tokio::test]
 async fn two_servers_run_side_by_side_and_survive_a_restart() {
@@ -143,57 +154,50 @@ async fn ddl_is_logged_and_the_catalog_helpers_see_it() {
     pg.drop_database_force("shop").await.unwrap();
 }
 
-#[tokio::test]
-async fn the_shared_client_connects_with_ssl_mode_prefer_to_a_server_without_tls() {
-    use dbops_shared::postgres::{Credentials, Servers};
-    let pg = PgServer::start("prefer").await.unwrap();
-    let servers = Servers::new(2, 5, std::time::Duration::from_secs(30));
-    let creds = Credentials {
-        username: "postgres".into(),
-        password: pg.superuser_password().into(),
-    };
-    for mode in ["prefer", "disable"] {
-        let server: dbops_api::ServerSpec = serde_json::from_value(serde_json::json!({
-            "host": "127.0.0.1", "port": pg.port(), "adminSecretRef": {"name": "x"}, "sslMode": mode
-        }))
-        .unwrap();
-        let session = servers.connect(&server, &creds, "postgres").await.unwrap();
-        let one: i32 = session.query_one("SELECT 1", &[]).await.unwrap().get(0);
-        assert_eq!(one, 1, "sslMode {mode}");
-    }
-}
-
 /// TLS for the controllers' own sessions against real PostgreSQL servers speaking TLS
-/// with certificates of a test CA: `require` and `prefer` encrypt (pg_stat_ssl says so);
-/// `require` to a server without TLS is `ServerWithoutTLS`; `verify-full` with the system's
-/// roots does not trust the test CA (`CertificateNotTrusted`); with the CA trusted, the
-/// host name decides (`HostnameMismatch` for a certificate made out to another name).
+/// with certificates of a test CA, through the shared client: `disable` stays plain and
+/// `require` encrypts (pg_stat_ssl says so); `require` to a server without TLS is
+/// `ServerWithoutTLS`; `verify-full` with the system's roots or another CA does not trust
+/// the test CA (`CertificateNotTrusted`); with the server's CA, the host name decides
+/// (`HostnameMismatch` for a certificate made out to another name), which `verify-ca`
+/// does not look at.
 #[tokio::test]
 async fn the_shared_client_speaks_tls_and_names_each_tls_failure() {
-    use dbops_shared::postgres::tls::{self, TlsFailure, Verify};
-    use dbops_shared::postgres::{Credentials, PgError, Servers};
-    use std::net::{IpAddr, Ipv4Addr};
-    let ca = dbops_e2e::tls::TestCa::new("dbops-e2e-postgres-ca").unwrap();
-    let loopback = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
-    let cert = ca.server_cert(&["localhost"], &loopback).unwrap();
-    let secure = PgServer::start_with_tls("tls", Some(&cert)).await.unwrap();
-    let plain = PgServer::start("no-tls").await.unwrap();
-    let servers = Servers::new(2, 5, std::time::Duration::from_secs(30));
-    let spec = |pg: &PgServer, mode: &str| -> dbops_api::ServerSpec {
-        serde_json::from_value(serde_json::json!({
-            "host": "127.0.0.1", "port": pg.port(), "adminSecretRef": {"name": "x"}, "sslMode": mode
-        }))
-        .unwrap()
+    use dbops_api::TlsMode;
+    use dbops_shared::postgres::{CaBundle, Credentials, Endpoint, Servers};
+    let ca = TestCa::new("dbops-e2e-postgres-ca").unwrap();
+    let other_ca = TestCa::new("dbops-e2e-other-ca").unwrap();
+    let cert = ca.server_cert(&["localhost"], &LOOPBACK).unwrap();
+    let other_name = ca.server_cert(&["pg.example"], &[]).unwrap();
+    let (secure, renamed, plain) = tokio::join!(
+        PgServer::start_with_tls("tls", Some(&cert)),
+        PgServer::start_with_tls("tls-other-name", Some(&other_name)),
+        PgServer::start("no-tls"),
+    );
+    let (secure, renamed, plain) = (secure.unwrap(), renamed.unwrap(), plain.unwrap());
+    let servers = Servers::new(2, 5, Duration::from_secs(30));
+    let endpoint = |pg: &PgServer, host: &str, mode: TlsMode, ca: Option<&TestCa>| {
+        let mut endpoint = Endpoint::new(host, pg.port(), mode);
+        endpoint.tls.ca = ca.map(|ca| CaBundle::from_pem(ca.pem().as_bytes()).unwrap());
+        endpoint
     };
     let creds = |pg: &PgServer| Credentials {
         username: "postgres".into(),
         password: pg.superuser_password().into(),
     };
-    for mode in ["require", "prefer"] {
+
+    // Sessions that work, and whether they are encrypted.
+    for (pg, host, mode, trusted, encrypted) in [
+        (&secure, "127.0.0.1", TlsMode::Disable, None, false),
+        (&secure, "127.0.0.1", TlsMode::Require, None, true),
+        (&plain, "127.0.0.1", TlsMode::Disable, None, false),
+        (&secure, "localhost", TlsMode::VerifyFull, Some(&ca), true),
+        (&renamed, "localhost", TlsMode::VerifyCa, Some(&ca), true),
+    ] {
         let session = servers
-            .connect(&spec(&secure, mode), &creds(&secure), "postgres")
+            .connect(&endpoint(pg, host, mode, trusted), &creds(pg), "postgres")
             .await
-            .unwrap_or_else(|e| panic!("sslMode {mode}: {e}"));
+            .unwrap_or_else(|e| panic!("{} to {host}: {e}", mode.as_str()));
         let ssl: bool = session
             .query_one(
                 "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
@@ -202,69 +206,236 @@ async fn the_shared_client_speaks_tls_and_names_each_tls_failure() {
             .await
             .unwrap()
             .get(0);
-        assert!(ssl, "sslMode {mode} did not use TLS");
+        assert_eq!(ssl, encrypted, "{} to {host}", mode.as_str());
     }
-    let reason = |e: PgError| e.reason();
-    let e = servers
-        .connect(&spec(&plain, "require"), &creds(&plain), "postgres")
-        .await
-        .unwrap_err();
-    assert_eq!(reason(e), "ServerWithoutTLS");
-    let e = servers
-        .connect(&spec(&secure, "verify-full"), &creds(&secure), "postgres")
-        .await
-        .unwrap_err();
-    assert!(
-        e.to_string().contains("does not chain to a trusted root"),
-        "{e}"
-    );
-    assert_eq!(reason(e), "CertificateNotTrusted");
 
-    // The CA trusted: verify-full passes for the name on the certificate and fails for
-    // another one (an address the certificate does not list).
-    let roots = tls::roots_from_pem(ca.pem().as_bytes()).unwrap();
-    let connect = |host: &'static str| {
-        let mut config = tokio_postgres::Config::new();
-        config
-            .host(host)
-            .port(secure.port())
-            .user("postgres")
-            .password(secure.superuser_password())
-            .dbname("postgres")
-            .ssl_mode(tokio_postgres::config::SslMode::Require);
-        let connector = tls::connector(Verify::ChainAndHost, Some(roots.clone())).unwrap();
-        async move {
-            config.connect(connector).await.map(|(client, conn)| {
-                tokio::spawn(conn);
-                client
-            })
+    // Sessions refused, each with its reason.
+    for (pg, mode, trusted, reason) in [
+        (&plain, TlsMode::Require, None, "ServerWithoutTLS"),
+        (&secure, TlsMode::VerifyFull, None, "CertificateNotTrusted"),
+        (
+            &secure,
+            TlsMode::VerifyFull,
+            Some(&other_ca),
+            "CertificateNotTrusted",
+        ),
+        (&renamed, TlsMode::VerifyFull, Some(&ca), "HostnameMismatch"),
+    ] {
+        let e = servers
+            .connect(
+                &endpoint(pg, "localhost", mode, trusted),
+                &creds(pg),
+                "postgres",
+            )
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{} to port {} connected", mode.as_str(), pg.port()));
+        assert_eq!(e.reason(), reason, "{e}");
+        if reason == "CertificateNotTrusted" {
+            assert!(
+                e.to_string().contains("does not chain to a trusted root"),
+                "{e}"
+            );
         }
+    }
+}
+
+/// A DatabaseServer of [`databases_on_tls_servers_name_each_tls_failure`] and a Database
+/// on it, both named `name`.
+struct TlsCase<'a> {
+    name: &'static str,
+    pg: &'a PgServer,
+    host: &'static str,
+    mode: &'static str,
+    /// The CA in the server's CA Secret, if it has one.
+    ca: Option<&'a TestCa>,
+    /// The Database's Ready reason (`Provisioned`: Ready).
+    reason: &'static str,
+}
+
+/// The same TLS through the controllers: DatabaseServers on real PostgreSQL servers
+/// speaking TLS with certificates of a test CA, that CA in a Secret (`ca.crt`) beside the
+/// admin Secret in the controllers' namespace, and a Database on each, served by a
+/// database-controller. `verify-full` with the right CA provisions, and the connection
+/// Secret (`PGSSLMODE`, `ca.crt`) logs in with TLS verified; `verify-ca` accepts a
+/// certificate made out to another name. A wrong CA is `CertificateNotTrusted`, that other
+/// name under `verify-full` `HostnameMismatch`, and `require` to a server without TLS
+/// `ServerWithoutTLS`: on the Database's Ready condition and on the DatabaseServer's.
+#[tokio::test]
+async fn databases_on_tls_servers_name_each_tls_failure() {
+    use dbops_e2e::fixtures::{create_tls_server, server_condition, server_name};
+    use dbops_e2e::wait::{Want, database_condition};
+    use dbops_shared::postgres::tls::{Verify, connector, roots_from_pem};
+
+    let b = crate::bed("pg-tls").await;
+    let ns = b.ns.name().to_string();
+    let ca = TestCa::new("dbops-e2e-tls-ca").unwrap();
+    let other_ca = TestCa::new("dbops-e2e-tls-other-ca").unwrap();
+    let cert = ca.server_cert(&["localhost"], &LOOPBACK).unwrap();
+    let other_name = ca.server_cert(&["pg.example"], &[]).unwrap();
+    let (secure, renamed, plain) = tokio::join!(
+        PgServer::start_with_tls("tls-db", Some(&cert)),
+        PgServer::start_with_tls("tls-db-other-name", Some(&other_name)),
+        PgServer::start("tls-db-plain"),
+    );
+    let (secure, renamed, plain) = (secure.unwrap(), renamed.unwrap(), plain.unwrap());
+
+    let case = |name, pg, host, mode, ca, reason| TlsCase {
+        name,
+        pg,
+        host,
+        mode,
+        ca,
+        reason,
     };
-    let client = connect("localhost")
-        .await
-        .expect("verify-full for localhost");
-    let one: i32 = client.query_one("SELECT 1", &[]).await.unwrap().get(0);
-    assert_eq!(one, 1);
-    let other = ca.server_cert(&["pg.example"], &[]).unwrap();
-    let renamed = PgServer::start_with_tls("tls-other-name", Some(&other))
+    let cases = [
+        case(
+            "verified",
+            &secure,
+            "localhost",
+            "verify-full",
+            Some(&ca),
+            "Provisioned",
+        ),
+        case(
+            "any-name",
+            &renamed,
+            "localhost",
+            "verify-ca",
+            Some(&ca),
+            "Provisioned",
+        ),
+        case(
+            "untrusted",
+            &secure,
+            "localhost",
+            "verify-full",
+            Some(&other_ca),
+            "CertificateNotTrusted",
+        ),
+        case(
+            "renamed",
+            &renamed,
+            "localhost",
+            "verify-full",
+            Some(&ca),
+            "HostnameMismatch",
+        ),
+        case(
+            "plaintext",
+            &plain,
+            "127.0.0.1",
+            "require",
+            None,
+            "ServerWithoutTLS",
+        ),
+    ];
+    for c in &cases {
+        let ca_pem = c.ca.map(TestCa::pem);
+        create_tls_server(&b.client, &ns, c.name, c.pg, c.host, c.mode, ca_pem)
+            .await
+            .unwrap();
+        dbops_e2e::fixtures::create_database(&b.client, &ns, c.name, c.name, serde_json::json!({}))
+            .await
+            .unwrap();
+    }
+
+    let kubeconfig = crate::controller_kubeconfig(b.cp, "database-controller").await;
+    let logs = tempfile::Builder::new()
+        .prefix("dbops-pg-tls-logs-")
+        .tempdir()
+        .unwrap();
+    let args = [
+        format!("--watch-namespace={ns}"),
+        "--resync-interval=3s".to_string(),
+        "--backoff-base=1s".to_string(),
+        "--backoff-max=5s".to_string(),
+    ];
+    let controller =
+        ControllerProcess::start("database-controller", &kubeconfig, logs.path(), &args).unwrap();
+    let log = || {
+        let mut text = controller.process.log_tail(6000);
+        for pg in [&secure, &renamed, &plain] {
+            text = text.replace(pg.superuser_password(), "<superuser-password>");
+        }
+        dbops_e2e::postgres::redact_passwords(&text)
+    };
+
+    for &TlsCase {
+        name, mode, reason, ..
+    } in &cases
+    {
+        let status = if reason == "Provisioned" {
+            "True"
+        } else {
+            "False"
+        };
+        let want = Want::new("Ready", status, Some(reason));
+        if let Err(e) = database_condition(&b.client, &ns, name, want, READY).await {
+            panic!("{mode}: {e:#}\n---- controller log tail ----\n{}", log());
+        }
+        let server = server_name(&ns, name);
+        // The server's own Ready condition: True, or False with the same reason.
+        let want = Want::new("Ready", status, (status == "False").then_some(reason));
+        match server_condition(&b.client, &server, want, READY).await {
+            Ok(found) if status == "True" => {
+                let tls = found.status.and_then(|st| st.tls);
+                assert!(
+                    tls.as_ref().is_some_and(|t| t.mode.as_str() == mode
+                        && t.protocol.as_deref().is_some_and(|p| p.starts_with("TLS"))),
+                    "DatabaseServer {server}: status.tls {tls:?}"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => panic!("{mode}: {e:#}\n---- controller log tail ----\n{}", log()),
+        }
+    }
+
+    // The connection Secret of the verified Database: verify-full, the CA, and a login
+    // that checks the certificate and the host name with nothing but the Secret.
+    let secret = Api::<Secret>::namespaced(b.client.clone(), &ns)
+        .get("verified-connection")
         .await
         .unwrap();
+    let data = secret.data.unwrap_or_default();
+    let value = |key: &str| {
+        data.get(key)
+            .map(|v| String::from_utf8(v.0.clone()).unwrap())
+            .unwrap_or_else(|| panic!("no key {key} in verified-connection"))
+    };
+    assert_eq!(value("PGSSLMODE"), "verify-full");
+    assert_eq!(value("ca.crt"), ca.pem());
+    let roots = roots_from_pem(value("ca.crt").as_bytes()).unwrap();
     let mut config = tokio_postgres::Config::new();
     config
-        .host("localhost")
-        .port(renamed.port())
-        .user("postgres")
-        .password(renamed.superuser_password())
-        .dbname("postgres")
+        .host(value("PGHOST"))
+        .port(value("PGPORT").parse().unwrap())
+        .user(value("PGUSER"))
+        .password(value("PGPASSWORD"))
+        .dbname(value("PGDATABASE"))
         .ssl_mode(tokio_postgres::config::SslMode::Require);
-    let e = config
-        .connect(tls::connector(Verify::ChainAndHost, Some(roots.clone())).unwrap())
+    let (client, connection) = config
+        .connect(connector(Verify::ChainAndHost, Some(roots)).unwrap())
         .await
-        .err()
-        .expect("a certificate for pg.example is not one for localhost");
-    assert_eq!(
-        TlsFailure::of(&e),
-        Some(TlsFailure::HostnameMismatch),
-        "{e}"
-    );
+        .unwrap_or_else(|e| panic!("the application's verify-full login: {e}"));
+    tokio::spawn(connection);
+    let ssl: bool = client
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ssl, "the application's session is not encrypted");
+
+    // Nothing was created where TLS failed.
+    for (name, pg) in [
+        ("untrusted", &secure),
+        ("renamed", &renamed),
+        ("plaintext", &plain),
+    ] {
+        assert!(!pg.database_exists(name).await.unwrap(), "database {name}");
+    }
+    drop(controller);
 }

@@ -172,16 +172,9 @@ impl World {
 
     /// A Database on this test's server with `spec` merged into its spec, not waited for.
     async fn create_database_spec(&self, name: &str, spec: serde_json::Value) {
-        dbops_e2e::fixtures::create_database(
-            &self.b.client,
-            self.ns(),
-            name,
-            &self.pg,
-            ADMIN_SECRET,
-            spec,
-        )
-        .await
-        .unwrap();
+        dbops_e2e::fixtures::create_database(&self.b.client, self.ns(), name, ADMIN_SECRET, spec)
+            .await
+            .unwrap();
     }
 
     /// The scheduled Backups of `db` (by label), oldest slot first.

@@ -125,7 +125,6 @@ impl World {
             &self.b.client,
             self.ns(),
             name,
-            &self.pg,
             ADMIN_SECRET,
             json!({"deletionPolicy": policy}),
         )

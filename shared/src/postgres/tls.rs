@@ -3,8 +3,8 @@
 //! | mode | TLS | the server's certificate |
 //! |---|---|---|
 //! | `disable` | never | - |
-//! | `prefer` | when the server offers it | not verified |
 //! | `require` | always | not verified (the handshake's signatures are) |
+//! | `verify-ca` | always | chain to a trusted root, any host name |
 //! | `verify-full` | always | chain to a trusted root, and the host name |
 //!
 //! Trusted roots are the system's (read once per process, `rustls-native-certs`) unless a
@@ -27,8 +27,10 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 /// How the server's certificate is checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verify {
-    /// Only the handshake's signatures (`prefer`, `require`).
+    /// Only the handshake's signatures (`require`).
     Nothing,
+    /// The chain to a trusted root, whatever name the certificate is for (`verify-ca`).
+    Chain,
     /// The chain to a trusted root and the host name (`verify-full`).
     ChainAndHost,
 }
@@ -150,12 +152,19 @@ pub fn connector(
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(SignaturesOnly(provider())))
             .with_no_client_auth(),
-        Verify::ChainAndHost => {
+        Verify::Chain | Verify::ChainAndHost => {
             let roots = roots.unwrap_or_else(system_roots);
             let verifier = WebPkiServerVerifier::builder_with_provider(roots, provider())
                 .build()
                 .map_err(|e| rustls::Error::General(e.to_string()))?;
-            builder.with_webpki_verifier(verifier).with_no_client_auth()
+            if verify == Verify::Chain {
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(AnyName(verifier)))
+                    .with_no_client_auth()
+            } else {
+                builder.with_webpki_verifier(verifier).with_no_client_auth()
+            }
         }
     };
     Ok(MakeRustlsConnect::new(config))
@@ -212,6 +221,55 @@ impl ServerCertVerifier for SignaturesOnly {
     }
 }
 
+/// `sslmode=verify-ca`: the chain is verified as `verify-full` does; a certificate for
+/// another name is accepted.
+#[derive(Debug)]
+struct AnyName(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for AnyName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        // webpki checks the chain before the name, so a name error means a trusted chain.
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,6 +307,7 @@ mod tests {
     #[test]
     fn every_mode_builds_a_connector() {
         assert!(connector(Verify::Nothing, None).is_ok());
+        assert!(connector(Verify::Chain, None).is_ok());
         assert!(connector(Verify::ChainAndHost, None).is_ok());
     }
 }

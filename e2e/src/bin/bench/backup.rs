@@ -18,7 +18,7 @@ use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 
-use crate::{admin_secret, namespace, proc_usage};
+use crate::{BenchServer, namespace, proc_usage};
 
 #[derive(clap::Args, Debug)]
 pub struct BackupArgs {
@@ -36,6 +36,7 @@ const LONG: Duration = Duration::from_secs(1800);
 struct World {
     client: kube::Client,
     ns: String,
+    server: String,
     pg: PgServer,
     bin: std::path::PathBuf,
     dir: std::path::PathBuf,
@@ -53,7 +54,7 @@ pub async fn run(args: BackupArgs) -> Result<()> {
     let client = cp.client().await?;
     let pg = PgServer::start("bench-backup").await?;
     let ns = namespace(&client, "bench-backup").await?;
-    admin_secret(&client, &ns, &pg).await?;
+    let server = BenchServer::create(&client, &ns, &pg).await?;
     let store = tmp.path().join("store");
     std::fs::create_dir_all(&store)?;
     let bin = dbops_e2e::paths::postgres_bin_dir()?;
@@ -63,6 +64,7 @@ pub async fn run(args: BackupArgs) -> Result<()> {
             format!("--backup-store=file://{}", store.display()),
             "--log-filter=warn".to_string(),
         ];
+        v.extend(server.controller_args());
         v.extend_from_slice(extra);
         v
     };
@@ -84,6 +86,7 @@ pub async fn run(args: BackupArgs) -> Result<()> {
     let w = World {
         client,
         ns,
+        server: server.name.clone(),
         pg,
         bin,
         dir: tmp.path().to_path_buf(),
@@ -222,8 +225,7 @@ fn mb(bytes: u64) -> f64 {
 
 async fn create_database(w: &World, name: &str, restore_from: Option<&str>) -> Result<()> {
     let mut spec = serde_json::json!({
-        "server": {"host": w.pg.host(), "port": w.pg.port(),
-                   "adminSecretRef": {"name": "pg-admin"}, "sslMode": "disable"},
+        "serverRef": {"name": w.server},
         "deletionPolicy": "Delete",
     });
     if let Some(backup) = restore_from {
@@ -270,6 +272,7 @@ async fn pgbench(w: &World, db: &str, scale: u32) -> Result<()> {
         .env("PGUSER", value("PGUSER")?)
         .env("PGPASSWORD", value("PGPASSWORD")?)
         .env("PGDATABASE", value("PGDATABASE")?)
+        .env("PGSSLMODE", value("PGSSLMODE")?)
         .output()?;
     if !out.status.success() {
         bail!(

@@ -6,7 +6,13 @@
 //!
 //! Reports: time until all are Ready, API writes per Database (from the apiserver's
 //! /metrics), writes and DDL while idle over two resync intervals, and the controller's
-//! peak RSS and CPU seconds. Run with `cargo run --release -p dbops-e2e --bin dbops-bench
+//! peak RSS and CPU seconds.
+//!
+//! Each controller run has its own DatabaseServer (plain TCP, every namespace allowed),
+//! labelled `dbops.dev/bench=<tenant namespace>` and served only by that run's controller
+//! (`--server-selector`); its admin Secret is in a namespace of its own,
+//! `<tenant namespace>-system`, passed as `--controller-namespace` (what `dbops-system` is
+//! in a cluster), so the tenant namespace holds no admin credential. Run with `cargo run --release -p dbops-e2e --bin dbops-bench
 //! -- databases` after `cargo build --release --workspace --bins` (see README).
 
 use std::collections::BTreeMap;
@@ -15,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use dbops_api::Database;
+use dbops_api::{Database, DatabaseServer};
 use dbops_e2e::controlplane::Options;
 use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
 use futures::{StreamExt, TryStreamExt, stream};
@@ -122,7 +128,7 @@ async fn databases(args: DatabasesArgs) -> Result<()> {
         println!("| warm-up baseline run before them (not counted) | {w:.1} s | | |");
     }
     println!(
-        "| API writes per Database (apiserver /metrics: databases, secrets, events; the N creates excluded) | {:.2} | {:.2} | |",
+        "| API writes per Database (apiserver /metrics: databases, databaseservers, secrets, events; the N creates excluded) | {:.2} | {:.2} | |",
         (b1.writes + b2.writes) / (2.0 * n),
         (c1.writes + c2.writes) / (2.0 * n)
     );
@@ -198,9 +204,9 @@ async fn run_controller(
 ) -> Result<ControllerRun> {
     let pg = PgServer::start(&format!("controller{round}")).await?;
     let ns = namespace(client, &format!("bench-controller-{round}")).await?;
-    admin_secret(client, &ns, &pg).await?;
+    let server = BenchServer::create(client, &ns, &pg).await?;
     let kubeconfig = cp.kubeconfig_for("dbops-database-controller", &["system:masters"])?;
-    let extra = vec![
+    let mut extra = vec![
         format!("--watch-namespace={ns}"),
         format!("--concurrency={}", args.concurrency),
         format!("--max-sessions-per-server={}", args.sessions),
@@ -208,6 +214,7 @@ async fn run_controller(
         format!("--resync-interval={}", args.resync),
         "--log-filter=warn".to_string(),
     ];
+    extra.extend(server.controller_args());
     let log_dir = dir.join(format!("controller-{round}"));
     std::fs::create_dir_all(&log_dir)?;
     let controller =
@@ -222,13 +229,12 @@ async fn run_controller(
     let create = stream::iter(0..args.count)
         .map(|i| {
             let dbs = dbs.clone();
-            let port = pg.port();
+            let server = server.name.clone();
             async move {
                 let db: Database = serde_json::from_value(serde_json::json!({
                     "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
                     "metadata": {"name": format!("db-{i:05}")},
-                    "spec": {"server": {"host": "127.0.0.1", "port": port,
-                             "adminSecretRef": {"name": "pg-admin"}, "sslMode": "disable"}}
+                    "spec": {"serverRef": {"name": server}}
                 }))?;
                 dbs.create(&PostParams::default(), &db).await?;
                 anyhow::Ok(())
@@ -244,7 +250,12 @@ async fn run_controller(
     let (cpu1, rss_kib) = proc_usage(pid)?;
 
     let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
-    for w in cp.audit_writes("dbops-database-controller", Some(&ns))? {
+    // This run's namespace, and its DatabaseServer (cluster-scoped: no namespace).
+    for w in cp
+        .audit_writes("dbops-database-controller", None)?
+        .into_iter()
+        .filter(|w| w.namespace == ns || (w.namespace.is_empty() && w.name == server.name))
+    {
         let kind = if w.subresource.is_empty() {
             format!("{} {}", w.verb, w.resource)
         } else {
@@ -288,16 +299,58 @@ pub(crate) async fn namespace(client: &kube::Client, name: &str) -> Result<Strin
     Ok(name.to_string())
 }
 
-pub(crate) async fn admin_secret(client: &kube::Client, ns: &str, pg: &PgServer) -> Result<()> {
-    let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "pg-admin"},
-        "stringData": {"username": "postgres", "password": pg.superuser_password()}
-    }))?;
-    Api::<Secret>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &secret)
-        .await?;
-    Ok(())
+/// A bench's DatabaseServer: named like its tenant namespace, plain TCP, every namespace
+/// allowed, labelled `dbops.dev/bench=<tenant namespace>`; its admin Secret `pg-admin` in
+/// `<tenant namespace>-system`, the controllers' namespace.
+pub(crate) struct BenchServer {
+    pub name: String,
+    pub controller_namespace: String,
+    pub selector: String,
 }
+
+impl BenchServer {
+    pub async fn create(client: &kube::Client, tenant: &str, pg: &PgServer) -> Result<Self> {
+        let controller_namespace = namespace(client, &format!("{tenant}-system")).await?;
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pg-admin"},
+            "stringData": {"username": "postgres", "password": pg.superuser_password()}
+        }))?;
+        Api::<Secret>::namespaced(client.clone(), &controller_namespace)
+            .create(&PostParams::default(), &secret)
+            .await
+            .context("creating the admin Secret")?;
+        let server: DatabaseServer = serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbops.dev/v1alpha1", "kind": "DatabaseServer",
+            "metadata": {"name": tenant, "labels": {BENCH_LABEL: tenant}},
+            "spec": {
+                "host": pg.host(), "port": pg.port(),
+                "adminSecretRef": {"name": "pg-admin"},
+                "tls": {"mode": "disable"},
+                "allowedNamespaces": {},
+            }
+        }))?;
+        Api::<DatabaseServer>::all(client.clone())
+            .create(&PostParams::default(), &server)
+            .await
+            .with_context(|| format!("creating DatabaseServer {tenant}"))?;
+        Ok(Self {
+            name: tenant.to_string(),
+            controller_namespace,
+            selector: format!("{BENCH_LABEL}={tenant}"),
+        })
+    }
+
+    /// `--controller-namespace` and `--server-selector` for the controllers of this run.
+    pub fn controller_args(&self) -> [String; 2] {
+        [
+            format!("--controller-namespace={}", self.controller_namespace),
+            format!("--server-selector={}", self.selector),
+        ]
+    }
+}
+
+/// The label on a bench's DatabaseServer: its tenant namespace.
+const BENCH_LABEL: &str = "dbops.dev/bench";
 
 /// What the controller does for a new Database, without the controller: the role (and
 /// its mark) in one transaction, the database and its mark, then the Secret.
@@ -382,7 +435,8 @@ async fn wait_all_ready(api: Api<Database>, count: usize) -> Result<()> {
     }
 }
 
-/// Sum of write requests the apiserver served for databases, secrets and events.
+/// Sum of write requests the apiserver served for databases, databaseservers, secrets and
+/// events.
 async fn api_writes(client: &kube::Client) -> Result<f64> {
     let req = http::Request::get("/metrics").body(Vec::new())?;
     let text = client
@@ -405,6 +459,7 @@ async fn api_writes(client: &kube::Client) -> Result<f64> {
         .any(|v| line.contains(v));
         let ours = [
             "resource=\"databases\"",
+            "resource=\"databaseservers\"",
             "resource=\"secrets\"",
             "resource=\"events\"",
         ]

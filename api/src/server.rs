@@ -1,0 +1,169 @@
+//! `DatabaseServer`: a PostgreSQL server the platform team offers to application teams.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::common::{SecretReference, TlsMode};
+
+/// The finalizer that keeps a DatabaseServer while Databases are on it (like PVC
+/// protection): removed by the database-controller once none is left.
+pub const IN_USE_FINALIZER: &str = "dbops.dev/server-in-use";
+
+/// Desired state of a DatabaseServer.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[kube(
+    group = "dbops.dev",
+    version = "v1alpha1",
+    kind = "DatabaseServer",
+    status = "DatabaseServerStatus",
+    derive = "PartialEq",
+    shortname = "dbserver",
+    category = "dbops",
+    doc = "A PostgreSQL server offered to application teams (cluster-scoped, written by the platform team). Its admin credentials stay in the controllers' namespace; Databases name it in spec.serverRef.",
+    printcolumn(
+        name = "Host",
+        type_ = "string",
+        json_path = ".spec.host",
+        description = "PostgreSQL server host"
+    ),
+    printcolumn(
+        name = "Port",
+        type_ = "integer",
+        json_path = ".spec.port",
+        description = "PostgreSQL server port"
+    ),
+    printcolumn(
+        name = "TLS",
+        type_ = "string",
+        json_path = ".status.tls.mode",
+        description = "TLS mode in use"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Reachable, authenticated, TLS as asked"
+    ),
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        json_path = ".status.serverVersion",
+        description = "PostgreSQL server_version"
+    ),
+    printcolumn(
+        name = "Databases",
+        type_ = "integer",
+        json_path = ".status.databases",
+        description = "Databases on this server"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseServerSpec {
+    /// Host name or IP address of the PostgreSQL server, for example
+    /// `pg-main.databases.svc`. With `tls.mode: verify-full` the server's certificate must
+    /// name it.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z0-9]([-A-Za-z0-9.:]*[A-Za-z0-9])?$')").message("host must be a DNS name or an IP address"))]
+    pub host: String,
+
+    /// TCP port of the PostgreSQL server.
+    #[serde(default = "default_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+
+    /// A Secret in the controllers' own namespace (not a tenant's) with the keys `username`
+    /// and `password` of a role that may create roles and databases on this server.
+    pub admin_secret_ref: SecretReference,
+
+    /// TLS to the server, for the controllers' sessions and in the Databases' connection
+    /// Secrets. Default: `verify-full` against the system's trusted roots.
+    #[serde(default)]
+    pub tls: ServerTls,
+
+    /// The namespaces whose Databases may use this server, by their labels: `{}` allows
+    /// every namespace, absent allows none. A Database created in a namespace that does
+    /// not match is refused (`NamespaceNotAllowed`); one already provisioned here keeps
+    /// being served when its namespace stops matching.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_namespaces: Option<LabelSelector>,
+
+    /// Limits on what the allowed namespaces may hold on this server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ServerLimits>,
+}
+
+fn default_port() -> i32 {
+    5432
+}
+
+/// TLS settings of a DatabaseServer.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.caSecretRef) || self.mode != 'disable'").message("caSecretRef needs a TLS mode other than disable").field_path(".caSecretRef"))]
+pub struct ServerTls {
+    /// `disable`, `require`, `verify-ca` or `verify-full` (libpq's `sslmode` meanings).
+    #[serde(default)]
+    pub mode: TlsMode,
+
+    /// A Secret in the controllers' namespace whose key `ca.crt` holds the PEM
+    /// certificate(s) the server's certificate must chain to; the system's trusted roots
+    /// when absent. Copied into each connection Secret as `ca.crt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_ref: Option<SecretReference>,
+}
+
+/// Limits of a DatabaseServer.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerLimits {
+    /// At most this many Databases per namespace on this server; the oldest ones (by
+    /// creation time) are served, the rest get `QuotaExceeded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100000))]
+    pub databases_per_namespace: Option<i32>,
+}
+
+/// Observed state of a DatabaseServer.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseServerStatus {
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Ready: reachable, authenticated as the admin Secret's role, TLS as asked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+
+    /// `server_version` reported by PostgreSQL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_version: Option<String>,
+
+    /// The TLS of the controllers' last session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ServerTlsStatus>,
+
+    /// How many Databases are on this server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub databases: Option<i32>,
+}
+
+/// TLS in use on a server.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerTlsStatus {
+    /// The mode the session was set up with (`disable` when no TLS).
+    pub mode: TlsMode,
+    /// The protocol version, for example `TLSv1.3` (absent without TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    /// The cipher suite (absent without TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cipher: Option<String>,
+}
