@@ -58,6 +58,34 @@ impl PgServer {
         Ok(server)
     }
 
+    /// From now on every TCP login but the harness's own superuser must use TLS
+    /// (`hostssl`; plain TCP is rejected), so whatever else connects is proven to speak
+    /// TLS. Needs a server started with a certificate.
+    pub async fn require_tls_except_superuser(&self) -> Result<()> {
+        if !self.tls {
+            bail!("{}: started without a certificate", self.name);
+        }
+        let hba = format!(
+            "local all all trust\n\
+             host all {SUPERUSER} 127.0.0.1/32 scram-sha-256\n\
+             hostssl all all 127.0.0.1/32 scram-sha-256\n\
+             hostssl all all ::1/128 scram-sha-256\n\
+             host all all 0.0.0.0/0 reject\n\
+             host all all ::/0 reject\n"
+        );
+        let path = self.dir.join("data").join("pg_hba.conf");
+        std::fs::write(&path, hba).with_context(|| format!("writing {}", path.display()))?;
+        let client = self.connect_as_superuser().await?;
+        let reloaded: bool = client
+            .query_one("SELECT pg_reload_conf()", &[])
+            .await?
+            .get(0);
+        if !reloaded {
+            bail!("{}: pg_reload_conf() failed", self.name);
+        }
+        Ok(())
+    }
+
     /// Writes the certificate and key where the server reads them (the key readable by
     /// the server's user only, as PostgreSQL demands).
     fn install_tls(&mut self, cert: &crate::tls::ServerCert) -> Result<()> {

@@ -16,6 +16,7 @@ mod metrics;
 mod migration;
 mod postgres;
 mod schedule;
+mod tenancy;
 mod traces;
 
 use dbops_e2e::{ControlPlane, Kubectl, TestNamespace, controlplane::Options};

@@ -21,6 +21,7 @@ use dbops_api::{
 use dbops_e2e::fixtures::{create_admin_secret, server_name};
 use dbops_e2e::jaeger::Jaeger;
 use dbops_e2e::postgres::redact_passwords;
+use dbops_e2e::tls::TestCa;
 use dbops_e2e::wait::{Want, wait_for};
 use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::{Event, Secret};
@@ -60,18 +61,34 @@ struct Setup {
 
 impl Setup {
     async fn new(prefix: &str) -> Self {
-        Self::build(prefix, false).await
+        Self::build(prefix, false, None).await
     }
 
     /// [`Setup::new`] with a real Jaeger that every controller exports its spans to.
     async fn traced(prefix: &str) -> Self {
-        Self::build(prefix, true).await
+        Self::build(prefix, true, None).await
     }
 
-    async fn build(prefix: &str, traced: bool) -> Self {
+    /// [`Setup::new`] with both servers speaking TLS with a certificate for `localhost`
+    /// from `ca`, their DatabaseServers on `localhost` with `verify-full` and the CA, and
+    /// every login but the harness's superuser refused without TLS (the admin Secrets hold
+    /// a role `dbops_admin` of their own).
+    async fn over_tls(prefix: &str, ca: &TestCa) -> Self {
+        Self::build(prefix, false, Some(ca)).await
+    }
+
+    async fn build(prefix: &str, traced: bool, tls: Option<&TestCa>) -> Self {
         let b = bed(prefix).await;
-        let source = PgServer::start(&format!("{prefix}-src")).await.unwrap();
-        let target = PgServer::start(&format!("{prefix}-dst")).await.unwrap();
+        let cert = tls.map(|ca| {
+            ca.server_cert(&["localhost"], &["127.0.0.1".parse().unwrap()])
+                .unwrap()
+        });
+        let source = PgServer::start_with_tls(&format!("{prefix}-src"), cert.as_ref())
+            .await
+            .unwrap();
+        let target = PgServer::start_with_tls(&format!("{prefix}-dst"), cert.as_ref())
+            .await
+            .unwrap();
         let store = tempfile::Builder::new()
             .prefix(&format!("dbops-{prefix}-store-"))
             .tempdir()
@@ -96,8 +113,16 @@ impl Setup {
             identities,
             logs,
         };
-        s.create_admin_secret(SOURCE_ADMIN, true).await;
-        s.create_admin_secret(TARGET_ADMIN, false).await;
+        match tls {
+            None => {
+                s.create_admin_secret(SOURCE_ADMIN, true).await;
+                s.create_admin_secret(TARGET_ADMIN, false).await;
+            }
+            Some(ca) => {
+                s.create_tls_admin(SOURCE_ADMIN, true, ca).await;
+                s.create_tls_admin(TARGET_ADMIN, false, ca).await;
+            }
+        }
         // The database-controller reads the store the backup-controller writes.
         let store = format!("--backup-store={}", s.store_url);
         s.database_controller = Some(s.start("database-controller", vec![store]));
@@ -122,6 +147,48 @@ impl Setup {
         create_admin_secret(&self.b.client, self.ns(), name, pg)
             .await
             .unwrap();
+    }
+
+    /// For [`Setup::over_tls`]: a superuser `dbops_admin` with a random password on the
+    /// source or the target, its admin Secret, the CA Secret and a `verify-full`
+    /// DatabaseServer on `localhost`; then TLS is required of every login but the harness's.
+    async fn create_tls_admin(&self, name: &str, source: bool, ca: &TestCa) {
+        use dbops_e2e::fixtures::{create_ca_secret, create_secret, create_server, server_spec};
+        let pg = if source { &self.source } else { &self.target };
+        let password = rand::distr::SampleString::sample_string(
+            &rand::distr::Alphanumeric,
+            &mut rand::rng(),
+            24,
+        );
+        pg.connect_as_superuser()
+            .await
+            .unwrap()
+            .batch_execute(&format!(
+                "CREATE ROLE dbops_admin LOGIN SUPERUSER PASSWORD {}",
+                dbops_e2e::postgres::quote_literal(&password)
+            ))
+            .await
+            .unwrap();
+        let ns = self.ns();
+        create_secret(
+            &self.b.client,
+            ns,
+            name,
+            &[("username", "dbops_admin"), ("password", &password)],
+        )
+        .await
+        .unwrap();
+        let ca_secret = format!("{name}-ca");
+        create_ca_secret(&self.b.client, ns, &ca_secret, ca.pem())
+            .await
+            .unwrap();
+        let mut spec = server_spec(pg, name);
+        spec["host"] = json!("localhost");
+        spec["tls"] = json!({"mode": "verify-full", "caSecretRef": {"name": ca_secret}});
+        create_server(&self.b.client, ns, &server_name(ns, name), spec)
+            .await
+            .unwrap();
+        pg.require_tls_except_superuser().await.unwrap();
     }
 
     /// The DatabaseServer of admin Secret `admin` ([`SOURCE_ADMIN`], [`TARGET_ADMIN`]).
@@ -282,6 +349,9 @@ impl Setup {
             .env("PGUSER", &c.user)
             .env("PGPASSWORD", &c.password)
             .env("PGDATABASE", &c.dbname)
+            // Whatever the Secret says (verify-full needs its ca.crt as a file): TLS
+            // whenever the server offers it.
+            .env("PGSSLMODE", "prefer")
             .output()
             .unwrap();
         assert!(
@@ -1354,4 +1424,105 @@ async fn an_extension_schema_on_the_target_does_not_pass_for_copied_data() {
         Setup::superuser_scalar_i64(&s.target, "app", "SELECT count(*) FROM pgbench_accounts")
             .await;
     assert_eq!(accounts, 100_000);
+}
+
+/// TLS end to end: with both servers refusing every login without TLS (but the harness's)
+/// and `verify-full` against their own CA, a Database is provisioned, backed up (pg_dump
+/// reads the CA from a private file), restored (pg_restore likewise) and moved to the other
+/// server; the application logs in on the target with the connection Secret alone.
+#[tokio::test]
+async fn backup_restore_and_migration_work_over_verified_tls() {
+    let ca = TestCa::new("dbops-test-ca").unwrap();
+    let mut s = Setup::over_tls("mig-tls", &ca).await;
+    // The rule is live: a plain TCP login is refused.
+    let plain = s.source.connect("dbops_admin", "x", "postgres").await;
+    assert!(plain.is_err(), "a plain TCP login must be refused");
+    s.start_migration_controller(&[]);
+    s.create_database("app").await;
+    s.pgbench("app", 1).await;
+
+    // A Backup over TLS, then a Database restored from it over TLS.
+    let backup: Backup = serde_json::from_value(json!({
+        "apiVersion": "dbops.dev/v1alpha1",
+        "kind": "Backup",
+        "metadata": {"name": "app-tls"},
+        "spec": {"databaseRef": {"name": "app"}},
+    }))
+    .unwrap();
+    let backups: Api<Backup> = Api::namespaced(s.b.client.clone(), s.ns());
+    backups
+        .create(&PostParams::default(), &backup)
+        .await
+        .unwrap();
+    let done = wait_for(
+        "Backup app-tls Completed",
+        READY,
+        || async { Ok(backups.get("app-tls").await?) },
+        |b: &Backup| b.status.as_ref().and_then(|st| st.phase) == Some(BackupPhase::Completed),
+    )
+    .await;
+    if let Err(e) = done {
+        panic!(
+            "{e:#}\n---- backup-controller log ----\n{}",
+            s.log("backup-controller", 6000)
+        );
+    }
+    s.create_database_spec(
+        "restored",
+        json!({"restoreFrom": {"backupRef": {"name": "app-tls"}}}),
+    )
+    .await;
+    let restored = Setup::superuser_scalar_i64(
+        &s.source,
+        "restored",
+        "SELECT count(*) FROM pgbench_accounts",
+    )
+    .await;
+    assert_eq!(restored, 100_000);
+
+    // The Migration, over TLS on both ends.
+    s.create_migration("app-move", "app", json!({})).await;
+    s.wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
+        .await;
+    let moved =
+        Setup::superuser_scalar_i64(&s.target, "app", "SELECT count(*) FROM pgbench_accounts")
+            .await;
+    assert_eq!(moved, 100_000);
+
+    // The application on the target: the Secret's keys, its ca.crt as a mounted file.
+    assert_eq!(s.connection("app").await.port, s.target.port());
+    let secret = Api::<Secret>::namespaced(s.b.client.clone(), s.ns())
+        .get("app-connection")
+        .await
+        .unwrap();
+    let data = secret.data.unwrap_or_default();
+    let value = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
+    assert_eq!(value("sslmode"), "verify-full");
+    assert_eq!(value("ca.crt"), ca.pem());
+    let mounted = tempfile::tempdir().unwrap();
+    std::fs::write(mounted.path().join("ca.crt"), value("ca.crt")).unwrap();
+    let out = Command::new(bin("psql"))
+        .env_clear()
+        .env("PGHOST", value("PGHOST"))
+        .env("PGPORT", value("PGPORT"))
+        .env("PGUSER", value("PGUSER"))
+        .env("PGPASSWORD", value("PGPASSWORD"))
+        .env("PGDATABASE", value("PGDATABASE"))
+        .env("PGSSLMODE", value("PGSSLMODE"))
+        .env("PGSSLROOTCERT", mounted.path().join("ca.crt"))
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-c",
+            "SELECT count(*) FROM pgbench_accounts",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the application's verify-full login on the target: {}",
+        s.redact(&String::from_utf8_lossy(&out.stderr))
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "100000");
 }

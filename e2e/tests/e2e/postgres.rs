@@ -429,6 +429,45 @@ async fn databases_on_tls_servers_name_each_tls_failure() {
         .get(0);
     assert!(ssl, "the application's session is not encrypted");
 
+    // And libpq's own client, as an application would run it: the Secret's PG* keys as
+    // its environment and its ca.crt as a mounted file, nothing else.
+    let mounted = tempfile::Builder::new()
+        .prefix("dbops-secret-mount-")
+        .tempdir()
+        .unwrap();
+    let ca_file = mounted.path().join("ca.crt");
+    std::fs::write(&ca_file, value("ca.crt")).unwrap();
+    let psql = dbops_e2e::paths::postgres_bin_dir().unwrap().join("psql");
+    let mut command = std::process::Command::new(&psql);
+    command.env_clear();
+    for key in [
+        "PGHOST",
+        "PGPORT",
+        "PGUSER",
+        "PGPASSWORD",
+        "PGDATABASE",
+        "PGSSLMODE",
+    ] {
+        command.env(key, value(key));
+    }
+    let out = command
+        .env("PGSSLROOTCERT", &ca_file)
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-c",
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "psql with the Secret's keys and verify-full: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "t");
+
     // Nothing was created where TLS failed.
     for (name, pg) in [
         ("untrusted", &secure),

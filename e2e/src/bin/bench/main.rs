@@ -1,4 +1,4 @@
-//! `dbops-bench backup`: see `backup.rs`.
+//! `dbops-bench backup`: see `backup.rs`; `dbops-bench secrets`: see `secrets.rs`.
 //!
 //! `dbops-bench databases`: N Databases applied at once on one PostgreSQL server, through
 //! the database-controller, next to a baseline that issues the same SQL and creates the
@@ -31,6 +31,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Mutex;
 
 mod backup;
+mod secrets;
 
 #[derive(Parser, Debug)]
 #[command(name = "dbops-bench", about = "dbops benchmarks (reports, not tests)")]
@@ -45,6 +46,8 @@ enum Command {
     Databases(DatabasesArgs),
     /// Dump and restore a pgbench database through the controllers and by hand.
     Backup(backup::BackupArgs),
+    /// The database-controller's RSS with and without many unrelated Secrets.
+    Secrets(secrets::SecretsArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -78,6 +81,7 @@ async fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Databases(args) => databases(args).await,
         Command::Backup(args) => backup::run(args).await,
+        Command::Secrets(args) => secrets::run(args).await,
     }
 }
 
@@ -414,7 +418,7 @@ fn dbops_shared_password() -> String {
 }
 
 /// Waits until `count` Databases in the namespace have Ready=True (a watch, no polling).
-async fn wait_all_ready(api: Api<Database>, count: usize) -> Result<()> {
+pub(crate) async fn wait_all_ready(api: Api<Database>, count: usize) -> Result<()> {
     let mut ready = std::collections::HashSet::new();
     let stream = watcher(api, watcher::Config::default()).applied_objects();
     futures::pin_mut!(stream);

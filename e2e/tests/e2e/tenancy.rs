@@ -1,0 +1,235 @@
+//! Tenancy: a tenant namespace separate from the controllers' own (where the admin Secret
+//! lives), as in a real installation. Deleting a tenant namespace never hangs on dbops
+//! and each deletion policy is honoured; a tenant that may create Databases cannot read
+//! the admin credentials.
+//!
+//! The controllers run with their own ServiceAccount tokens (the RBAC of `deploy/`),
+//! `--watch-namespace=<tenant>`, `--controller-namespace=<controllers' namespace>` and a
+//! `--server-selector` of their own.
+
+use std::time::{Duration, Instant};
+
+use dbops_e2e::fixtures::{self, TEST_NAMESPACE_LABEL};
+use dbops_e2e::wait::{Want, database_condition, wait_for};
+use dbops_e2e::{ControllerProcess, PgServer, TestNamespace};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams};
+use serde_json::json;
+
+use crate::bed;
+
+const ADMIN_SECRET: &str = "pg-admin";
+const READY: Duration = Duration::from_secs(60);
+/// What the issue allows for a namespace with Databases of every policy to be gone.
+const NAMESPACE_GONE: Duration = Duration::from_secs(120);
+
+/// A namespace holding Databases of every policy is gone within two minutes: Delete
+/// dropped its database, Retain kept its own, and Snapshot (whose final Backup cannot be
+/// made in a terminating namespace) kept its database and said so on the DatabaseServer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_tenant_namespace_never_hangs_and_keeps_what_each_policy_says() {
+    // The controllers' namespace (admin Secret, DatabaseServer) and the tenant's.
+    let b = bed("ns-ctl").await;
+    let ctl = b.ns.name().to_string();
+    let tenant = TestNamespace::create(&b.client, &b.kubectl, "ns-tenant")
+        .await
+        .unwrap();
+    let tenant_name = tenant.name().to_string();
+    let pg = PgServer::start("ns-delete").await.unwrap();
+    fixtures::create_admin_secret(&b.client, &ctl, ADMIN_SECRET, &pg)
+        .await
+        .unwrap();
+    let server = fixtures::server_name(&ctl, ADMIN_SECRET);
+
+    let kubeconfig = crate::controller_kubeconfig(b.cp, "database-controller").await;
+    let logs = tempfile::Builder::new()
+        .prefix("dbops-ns-delete-logs-")
+        .tempdir()
+        .unwrap();
+    let args = [
+        format!("--watch-namespace={tenant_name}"),
+        format!("--controller-namespace={ctl}"),
+        format!("--server-selector={TEST_NAMESPACE_LABEL}={ctl}"),
+        "--resync-interval=3s".to_string(),
+        "--backoff-base=1s".to_string(),
+        "--backoff-max=5s".to_string(),
+    ];
+    let controller =
+        ControllerProcess::start("database-controller", &kubeconfig, logs.path(), &args).unwrap();
+    let log = || {
+        dbops_e2e::postgres::redact_passwords(
+            &controller
+                .process
+                .log_tail(6000)
+                .replace(pg.superuser_password(), "<superuser-password>"),
+        )
+    };
+
+    let policies = [
+        ("kept", "Retain"),
+        ("dropped", "Delete"),
+        ("snapped", "Snapshot"),
+    ];
+    for (name, policy) in policies {
+        fixtures::create_database(
+            &b.client,
+            &tenant_name,
+            name,
+            ADMIN_SECRET,
+            json!({"serverRef": {"name": server}, "deletionPolicy": policy}),
+        )
+        .await
+        .unwrap();
+    }
+    for (name, _) in policies {
+        let want = Want::new("Ready", "True", Some("Provisioned"));
+        if let Err(e) = database_condition(&b.client, &tenant_name, name, want, READY).await {
+            panic!("{e:#}\n---- controller log ----\n{}", log());
+        }
+        assert!(pg.database_exists(name).await.unwrap());
+    }
+
+    // The namespace goes, with everything in it.
+    let namespaces: Api<Namespace> = Api::all(b.client.clone());
+    let uid = namespaces
+        .get(&tenant_name)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap_or_default();
+    let started = Instant::now();
+    namespaces
+        .delete(&tenant_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let gone =
+        dbops_e2e::wait::deleted(namespaces.clone(), &tenant_name, &uid, NAMESPACE_GONE).await;
+    let took = started.elapsed();
+    if let Err(e) = gone {
+        let left = b
+            .kubectl
+            .run(&["get", "dbops", "-n", &tenant_name, "-o", "yaml"], None)
+            .map(|o| o.stdout)
+            .unwrap_or_default();
+        panic!(
+            "{e:#}\n---- what is left ----\n{left}\n---- controller log ----\n{}",
+            log()
+        );
+    }
+    eprintln!("namespace {tenant_name} with 3 Databases gone in {took:?}");
+
+    // Delete dropped; Retain kept; Snapshot kept (no final Backup could be made).
+    assert!(
+        !pg.database_exists("dropped").await.unwrap(),
+        "Delete drops"
+    );
+    assert!(pg.database_exists("kept").await.unwrap(), "Retain keeps");
+    assert!(
+        pg.database_exists("snapped").await.unwrap(),
+        "Snapshot without its final Backup keeps the database"
+    );
+    // ... and the platform team hears of it on the DatabaseServer (cluster-scoped: its
+    // Events are in `default`).
+    let found = wait_for(
+        "a KeptWithoutFinalSnapshot Event on the DatabaseServer",
+        Duration::from_secs(30),
+        || async { fixtures::events_about(&b.client, "default", "DatabaseServer", &server).await },
+        |events: &Vec<k8s_openapi::api::core::v1::Event>| {
+            events.iter().any(|e| {
+                e.reason.as_deref() == Some("KeptWithoutFinalSnapshot")
+                    && e.message.as_deref().is_some_and(|m| m.contains("snapped"))
+            })
+        },
+    )
+    .await;
+    if let Err(e) = found {
+        panic!("{e:#}\n---- controller log ----\n{}", log());
+    }
+    drop(controller);
+    drop(tenant);
+}
+
+/// A tenant ServiceAccount that may create Databases in its namespace reads no admin
+/// credential: not the admin Secret in the controllers' namespace, not the DatabaseServers
+/// (which name it), while it can use its own namespace as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_that_may_create_databases_cannot_read_admin_credentials() {
+    let b = bed("tenant-rbac").await;
+    let ctl = b.ns.name().to_string();
+    let tenant = TestNamespace::create(&b.client, &b.kubectl, "tenant-team")
+        .await
+        .unwrap();
+    let tenant_name = tenant.name().to_string();
+    let pg = PgServer::start("tenant-rbac").await.unwrap();
+    fixtures::create_admin_secret(&b.client, &ctl, ADMIN_SECRET, &pg)
+        .await
+        .unwrap();
+
+    // What a platform team gives an application team: Databases, Backups and Migrations,
+    // and the Secrets, of its own namespace.
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: app-team, namespace: {tenant_name}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: dbops-user, namespace: {tenant_name}}}
+rules:
+  - apiGroups: [dbops.dev]
+    resources: [databases, backups, migrations]
+    verbs: [get, list, watch, create, update, patch, delete]
+  - apiGroups: [""]
+    resources: [secrets]
+    verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: dbops-user, namespace: {tenant_name}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: dbops-user}}
+subjects: [{{kind: ServiceAccount, name: app-team, namespace: {tenant_name}}}]
+"#
+    );
+    let applied = b
+        .kubectl
+        .run(&["apply", "-f", "-"], Some(&manifest))
+        .unwrap();
+    assert!(applied.success, "{}", applied.stderr);
+
+    let who = format!("system:serviceaccount:{tenant_name}:app-team");
+    let can = |verb: &str, resource: &str, namespace: Option<&str>| {
+        let mut args = vec!["auth", "can-i", verb, resource, "--as", who.as_str()];
+        match namespace {
+            Some(ns) => args.extend(["-n", ns]),
+            None => args.push("--all-namespaces"),
+        }
+        let out = b.kubectl.run(&args, None).unwrap();
+        out.stdout.trim() == "yes"
+    };
+    let admin_secret = format!("secrets/{ADMIN_SECRET}");
+    let cases = [
+        // Its own work.
+        (
+            "create",
+            "databases.dbops.dev",
+            Some(tenant_name.as_str()),
+            true,
+        ),
+        ("get", "secrets", Some(tenant_name.as_str()), true),
+        // The admin credentials: neither the Secret nor the servers that name it.
+        ("get", admin_secret.as_str(), Some(ctl.as_str()), false),
+        ("list", "secrets", Some(ctl.as_str()), false),
+        ("list", "secrets", None, false),
+        ("get", "databaseservers.dbops.dev", None, false),
+        ("create", "databaseservers.dbops.dev", None, false),
+    ];
+    for (verb, resource, namespace, allowed) in cases {
+        assert_eq!(
+            can(verb, resource, namespace),
+            allowed,
+            "can-i {verb} {resource} in {namespace:?} as {who}"
+        );
+    }
+    drop(tenant);
+}
