@@ -1476,8 +1476,35 @@ async fn bad_admin_input_is_reported_without_leaking_the_password() {
         json!({"port": closed_port, "adminSecretRef": {"name": ADMIN_SECRET}}),
     )
     .await;
+    // CA Secrets: missing, without ca.crt, not a certificate.
+    dbops_e2e::fixtures::create_secret(&s.b.client, s.ns(), "empty-ca", &[("other", "x")])
+        .await
+        .unwrap();
+    dbops_e2e::fixtures::create_ca_secret(
+        &s.b.client,
+        s.ns(),
+        "junk-ca",
+        "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
+    )
+    .await
+    .unwrap();
+    for (server, ca) in [
+        ("no-ca", "missing-ca"),
+        ("empty-ca", "empty-ca"),
+        ("junk-ca", "junk-ca"),
+    ] {
+        s.create_server(
+            server,
+            json!({"adminSecretRef": {"name": ADMIN_SECRET},
+                   "tls": {"mode": "verify-full", "caSecretRef": {"name": ca}}}),
+        )
+        .await;
+    }
     let on = |admin: &str| json!({"serverRef": {"name": s.server(admin)}});
 
+    for server in ["no-ca", "empty-ca", "junk-ca"] {
+        s.create(server, on(server)).await;
+    }
     s.create("nosecret", on("late-admin")).await;
     s.create("nopassword", on("nopw-admin")).await;
     s.create("wrongpassword", on("wrong-admin")).await;
@@ -1491,9 +1518,19 @@ async fn bad_admin_input_is_reported_without_leaking_the_password() {
         .await;
     s.wait("closedport", not_ready("ServerUnreachable"), READY)
         .await;
-    assert!(!s.pg.database_exists("nosecret").await.unwrap());
+    s.wait("no-ca", not_ready("CASecretNotFound"), READY).await;
+    s.wait("empty-ca", not_ready("CASecretInvalid"), READY)
+        .await;
+    s.wait("junk-ca", not_ready("CASecretInvalid"), READY).await;
+    for name in ["nosecret", "no-ca", "empty-ca", "junk-ca"] {
+        let dbname = name.replace('-', "_");
+        assert!(!s.pg.database_exists(&dbname).await.unwrap(), "{dbname}");
+    }
     // The DatabaseServers say the same about themselves.
     for (admin, reason) in [
+        ("no-ca", "CASecretNotFound"),
+        ("empty-ca", "CASecretInvalid"),
+        ("junk-ca", "CASecretInvalid"),
         ("late-admin", "AdminSecretNotFound"),
         ("nopw-admin", "AdminSecretInvalid"),
         ("wrong-admin", "AuthenticationFailed"),
