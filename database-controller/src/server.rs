@@ -35,6 +35,9 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
+/// How soon a server held by its Databases looks again whether they are gone.
+const HELD_RECHECK: Duration = Duration::from_secs(5);
+
 /// The companion's name: metrics label and Event reporter `dbops-server-controller`.
 pub const CONTROLLER: &str = "server-controller";
 
@@ -214,7 +217,9 @@ pub async fn reconcile(
             }
         );
         publish(&server, &ctx, &api, None, Some(message), on_it).await?;
-        return Ok(Action::requeue(ctx.resync_interval));
+        // Looked at again soon: the Database cache this reads may lag the event that
+        // brought the reconcile here by a moment.
+        return Ok(Action::requeue(ctx.resync_interval.min(HELD_RECHECK)));
     }
     dbops_shared::finalizer::set(server.as_ref(), &api, IN_USE_FINALIZER, true).await?;
 
@@ -476,7 +481,16 @@ fn watches(
     .watches(
         dbops_shared::controller::scoped_api::<Migration>(client, namespace),
         watcher::Config::default(),
-        |m: Migration| Some(ObjectRef::new(&m.spec.target.server_ref.name)),
+        |m: Migration| {
+            // Its target, and the server it moves the Database from (whose count drops
+            // when it ends).
+            let source = m
+                .status
+                .as_ref()
+                .and_then(|s| s.source_server.as_ref())
+                .map(|r| ObjectRef::new(&r.name));
+            std::iter::once(ObjectRef::new(&m.spec.target.server_ref.name)).chain(source)
+        },
     )
 }
 
