@@ -69,6 +69,12 @@ struct Args {
     /// must be at least the one of the pg_dump that made the artifact.
     #[arg(long, env = "DBOPS_PG_RESTORE", default_value = "pg_restore")]
     pg_restore: std::path::PathBuf,
+
+    /// How many DatabaseServers are probed at the same time (at least 1): the server
+    /// controller's own concurrency (its backoff is its own too).
+    #[arg(long, env = "DBOPS_SERVER_CONCURRENCY", default_value_t = 2,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    server_concurrency: u16,
 }
 
 #[tokio::main]
@@ -111,6 +117,7 @@ async fn main() -> ExitCode {
             migrations,
             args.common.watch_namespace.clone(),
         )
+        .with_concurrency(args.server_concurrency)
     };
     // Checked before the controller starts: the store restores read is writable and the
     // one the backup-controller writes (registered in the ConfigMap dbops-backup-store).

@@ -282,6 +282,8 @@ pub struct Options {
 /// `dbops-<controller>`; the Lease stays the main controller's.
 pub struct Companion {
     start: Box<dyn FnOnce(Shared) -> BoxFuture<'static, ()> + Send>,
+    /// Its own `--concurrency`, when not the process's.
+    concurrency: Option<u16>,
 }
 
 /// What the runner hands a companion when the controllers start.
@@ -339,6 +341,16 @@ impl Companion {
         };
         Self {
             start: Box::new(start),
+            concurrency: None,
+        }
+    }
+
+    /// Reconciles at most `concurrency` objects at once (at least 1), whatever the
+    /// process's `--concurrency` says.
+    pub fn with_concurrency(self, concurrency: u16) -> Self {
+        Self {
+            concurrency: Some(concurrency.max(1)),
+            ..self
         }
     }
 }
@@ -412,9 +424,13 @@ where
     let controllers = |stop: CancellationToken| {
         let readiness = Readiness::new(health.clone(), 1 + companions.len());
         let others = companions.into_iter().map(|companion| {
+            let mut args = args.clone();
+            if let Some(concurrency) = companion.concurrency {
+                args.concurrency = concurrency;
+            }
             (companion.start)(Shared {
                 client: client.clone(),
-                args: args.clone(),
+                args,
                 health: health.clone(),
                 metrics: metrics.clone(),
                 readiness: readiness.clone(),
