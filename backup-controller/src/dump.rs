@@ -36,6 +36,12 @@ pub enum DumpError {
     Read(#[source] std::io::Error),
     #[error("pg_dump failed ({status}): {stderr}")]
     Failed { status: ExitStatus, stderr: String },
+    /// `--lock-wait-timeout` passed before pg_dump could lock a table: an application
+    /// holds a conflicting lock (an open transaction with DDL, `LOCK TABLE`, ...).
+    #[error(
+        "pg_dump waited longer than {waited:?} for a lock on table {relation}: another session holds a conflicting lock (retried)"
+    )]
+    LockTimeout { relation: String, waited: Duration },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -49,6 +55,7 @@ impl DumpError {
                 "ServerUnreachable"
             }
             DumpError::Store(_) => "StoreUnavailable",
+            DumpError::LockTimeout { .. } => "LockTimeout",
             _ => "DumpFailed",
         }
     }
@@ -64,6 +71,19 @@ pub struct Source<'a> {
     pub server: &'a Endpoint,
     pub credentials: &'a Credentials,
     pub database: &'a str,
+    /// pg_dump's `--lock-wait-timeout`: the longest wait for one table's lock.
+    pub lock_wait: Duration,
+}
+
+/// The table pg_dump could not lock in time, from its stderr: its `--lock-wait-timeout`
+/// cancels the `LOCK TABLE <relation> IN ACCESS SHARE MODE` it was waiting in.
+pub fn lock_timed_out(stderr: &str) -> Option<String> {
+    if !stderr.contains("canceling statement due to") {
+        return None;
+    }
+    let after = stderr.split("LOCK TABLE ").nth(1)?;
+    let relation = after.split(" IN ").next()?.trim();
+    (!relation.is_empty()).then(|| relation.to_string())
 }
 
 /// What a complete dump produced.
@@ -122,6 +142,11 @@ where
     let (mut command, _root_cert) = pg_tools::command(pg_dump, &to).map_err(spawn_error)?;
     let mut child = command
         .args(["--format=custom", "--no-password"])
+        // Zero: no bound (as PostgreSQL's lock_timeout = 0).
+        .args(
+            (!source.lock_wait.is_zero())
+                .then(|| format!("--lock-wait-timeout={}", source.lock_wait.as_millis())),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -154,6 +179,12 @@ where
     let status = child.wait().await.map_err(DumpError::Read)?;
     let stderr = errors.await.unwrap_or_default();
     if !status.success() {
+        if let Some(relation) = lock_timed_out(&stderr) {
+            return Err(DumpError::LockTimeout {
+                relation,
+                waited: source.lock_wait,
+            });
+        }
         return Err(DumpError::Failed { status, stderr });
     }
     Ok(Dumped {
@@ -165,6 +196,21 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_wait_timeout_names_the_table() {
+        let stderr = "pg_dump: error: query failed: ERROR:  canceling statement due to statement timeout\n\
+                      pg_dump: detail: Query was: LOCK TABLE public.orders IN ACCESS SHARE MODE";
+        assert_eq!(lock_timed_out(stderr).as_deref(), Some("public.orders"));
+        assert_eq!(lock_timed_out("pg_dump: error: connection refused"), None);
+        let e = DumpError::LockTimeout {
+            relation: "public.orders".into(),
+            waited: Duration::from_secs(10),
+        };
+        assert_eq!(e.reason(), "LockTimeout");
+        assert!(!e.is_permanent());
+        assert!(e.to_string().contains("public.orders"), "{e}");
+    }
 
     fn failed(stderr: &str) -> DumpError {
         use std::os::unix::process::ExitStatusExt;

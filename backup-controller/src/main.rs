@@ -28,15 +28,14 @@ mod schedule;
 mod status;
 
 use std::path::PathBuf;
-use std::{process::ExitCode, sync::Arc, time::Duration};
+use std::{process::ExitCode, sync::Arc};
 
 use clap::Parser;
 use dbops_api::{Backup, Database, DatabaseServer};
 use dbops_shared::{
     backoff::Backoff,
-    cli::{BackupStoreArgs, CommonArgs},
+    cli::{BackupStoreArgs, CommonArgs, PostgresArgs},
     controller::{self, Configure, Context},
-    postgres::Servers,
     server::Directory,
     telemetry,
 };
@@ -59,6 +58,9 @@ const CONTROLLER: &str = "backup-controller";
 struct Args {
     #[command(flatten)]
     common: CommonArgs,
+
+    #[command(flatten)]
+    postgres: PostgresArgs,
 
     #[command(flatten)]
     store: BackupStoreArgs,
@@ -101,7 +103,7 @@ async fn main() -> ExitCode {
     let state = move |client: kube::Client, reporter| State {
         store,
         pg_dump,
-        servers: Servers::new(2, 5, Duration::from_secs(30)),
+        servers: args.postgres.servers(),
         directory: Directory::watch(&client, &controller_namespace, server_selector.as_deref()),
         slots: Slots::new(max_concurrent),
         backoff,

@@ -452,6 +452,7 @@ async fn run_attempt(
         server: &endpoint,
         credentials: &credentials,
         database: &dbname,
+        lock_wait: state.servers.lock_timeout(),
     };
     let name = backup.name_any();
     let dumped = dump::run(

@@ -19,7 +19,7 @@ use dbops_api::{
     Backup, Database, DatabaseDeletionPolicy, DatabaseStatus, Migration, MigrationPhase,
 };
 use dbops_shared::controller::Context;
-use dbops_shared::postgres::{PgError, ServerKey, Servers, Session};
+use dbops_shared::postgres::{ServerKey, Servers, Session};
 use dbops_shared::server::{Directory, Resolved, ServerError};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -191,9 +191,9 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Ac
         Ok(_) => Ok(Action::requeue(ctx.resync_interval)),
         // Nothing to retry until something changes; the watches and the resync notice.
         Err(Error::Blocked { .. }) => Ok(Action::requeue(ctx.resync_interval)),
-        Err(Error::Postgres(PgError::CircuitOpen { retry_in, .. })) => {
-            Ok(Action::requeue(retry_in + Duration::from_secs(1)))
-        }
+        // Transient, a breaker refusal included: the error policy's per-object backoff
+        // grows (an Ok here would reset it). The server's return wakes it sooner: the
+        // DatabaseServer turning Ready maps to its Databases.
         Err(e) => Err(e),
     }
 }

@@ -35,6 +35,9 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
+/// How soon a failing server is probed again.
+const PROBE_RETRY: Duration = Duration::from_secs(10);
+
 /// How soon a server held by its Databases looks again whether they are gone.
 const HELD_RECHECK: Duration = Duration::from_secs(5);
 
@@ -226,11 +229,12 @@ pub async fn reconcile(
     let probe = probe(&server, &ctx).await;
     publish(&server, &ctx, &api, Some(&probe), None, on_it).await?;
     match probe {
+        // A failing server is probed on a fixed short interval, one connection per server
+        // whatever the number of its Databases: its return is noticed within that interval
+        // and wakes them all (Ready maps to them).
         Probe::Failed {
-            reason,
-            message,
-            transient: true,
-        } => Err(Error::Probe { reason, message }),
+            transient: true, ..
+        } => Ok(Action::requeue(ctx.resync_interval.min(PROBE_RETRY))),
         _ => Ok(Action::requeue(ctx.resync_interval)),
     }
 }
@@ -247,7 +251,12 @@ async fn probe(server: &DatabaseServer, ctx: &Context<State>) -> Probe {
         .unwrap_or_else(|e| e.into_inner())
         .get(&uid)
         && *seen == fingerprint
-        && at.elapsed() < fresh_for
+        // A failure is not trusted as long: the server's return must be seen soon, but
+        // the events of its many Databases must not each cost a connection attempt.
+        && at.elapsed() < match probe {
+            Probe::Ready { .. } => fresh_for,
+            Probe::Failed { .. } => PROBE_RETRY / 2,
+        }
     {
         return probe.clone();
     }
@@ -296,7 +305,7 @@ async fn probe_now(server: &DatabaseServer, ctx: &Context<State>) -> Probe {
     let session = match ctx
         .state
         .servers
-        .connect(&resolved.endpoint, &resolved.credentials, "postgres")
+        .probe(&resolved.endpoint, &resolved.credentials, "postgres")
         .await
     {
         Ok(s) => s,

@@ -37,6 +37,8 @@ fn retrying(reason: &str) -> bool {
         reason,
         "ServerUnreachable"
             | "CacheNotSynced"
+            | "LockTimeout"
+            | "StatementTimeout"
             | "SqlError"
             | "RestoreFailed"
             | "StoreUnavailable"

@@ -63,6 +63,16 @@ pub struct CommonArgs {
     #[arg(long, env = "DBOPS_API_RATE_LIMIT", default_value = "50")]
     pub api_rate_limit: NonZeroU32,
 
+    /// Longest wait for the response to one Kubernetes API request (for a watch: until
+    /// the stream starts); a request that takes longer fails and is retried.
+    #[arg(long, env = "DBOPS_API_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub api_timeout: Duration,
+
+    /// Longest a single reconcile may run (a dump or restore included); one that takes
+    /// longer is abandoned, reported (`ReconcileTimeout`) and retried with backoff.
+    #[arg(long, env = "DBOPS_RECONCILE_TIMEOUT", default_value = "3600s", value_parser = parse_duration)]
+    pub reconcile_timeout: Duration,
+
     /// OTLP gRPC endpoint for traces, for example http://jaeger-collector:4317; no traces
     /// are exported when absent.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
@@ -107,6 +117,17 @@ pub struct PostgresArgs {
     /// ServerUnreachable).
     #[arg(long, env = "DBOPS_BREAKER_OPEN_FOR", default_value = "30s", value_parser = parse_duration)]
     pub breaker_open_for: Duration,
+
+    /// Longest a lock is waited for by any statement of the controller (and by pg_dump for
+    /// its table locks): an application's transaction holding a lock then shows as
+    /// `LockTimeout` instead of a reconcile that never ends. `0s`: no bound.
+    #[arg(long, env = "DBOPS_LOCK_TIMEOUT", default_value = "10s", value_parser = parse_duration_or_zero)]
+    pub lock_timeout: Duration,
+
+    /// Longest any single SQL statement of the controller may run (`StatementTimeout`);
+    /// `0s`: no bound.
+    #[arg(long, env = "DBOPS_STATEMENT_TIMEOUT", default_value = "300s", value_parser = parse_duration_or_zero)]
+    pub statement_timeout: Duration,
 }
 
 impl PostgresArgs {
@@ -117,6 +138,7 @@ impl PostgresArgs {
             self.breaker_threshold,
             self.breaker_open_for,
         )
+        .with_timeouts(self.statement_timeout, self.lock_timeout)
     }
 }
 
@@ -204,6 +226,14 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
         return Err(DurationError::Zero);
     }
     Ok(total)
+}
+
+/// [`parse_duration`], where `0s` (or `0ms`) means "no bound".
+pub fn parse_duration_or_zero(input: &str) -> Result<Duration, DurationError> {
+    match parse_duration(input) {
+        Err(DurationError::Zero) => Ok(Duration::ZERO),
+        other => other,
+    }
 }
 
 #[cfg(test)]

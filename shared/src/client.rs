@@ -29,12 +29,18 @@ pub enum ClientError {
 }
 
 /// A client whose requests are limited to `requests_per_second` (bursts of twice that).
-pub async fn rate_limited_client(requests_per_second: NonZeroU32) -> Result<Client, ClientError> {
+pub async fn rate_limited_client(
+    requests_per_second: NonZeroU32,
+    timeout: std::time::Duration,
+) -> Result<Client, ClientError> {
     let config = Config::infer().await?;
     let layer = RateLimitLayer::new(RateLimiter::new(requests_per_second));
-    // The trace layer sits inside the rate limit: a span measures the request, not the
-    // wait for a token.
+    // Innermost, the deadline of each request: its response (for a watch, the start of
+    // the stream) within `timeout`, or an error the reconcile reports and retries. The
+    // trace layer sits inside the rate limit: a span measures the request, not the wait
+    // for a token.
     Ok(ClientBuilder::try_from(config)?
+        .with_layer(&tower::timeout::TimeoutLayer::new(timeout))
         .with_layer(&TraceLayer)
         .with_layer(&layer)
         .build())

@@ -80,6 +80,47 @@ pub trait ReconcileError: std::error::Error + Send + Sync + 'static {
     fn reason(&self) -> &'static str;
 }
 
+/// A reconcile's own error, or the runner's bound on its duration.
+#[derive(Debug, thiserror::Error)]
+pub enum Bounded<E> {
+    #[error(transparent)]
+    Reconcile(E),
+    #[error("the reconcile did not finish within {0:?} (--reconcile-timeout) and was abandoned")]
+    TimedOut(Duration),
+}
+
+impl<E: ReconcileError> ReconcileError for Bounded<E> {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Bounded::Reconcile(e) => e.kind(),
+            Bounded::TimedOut(_) => ErrorKind::Transient,
+        }
+    }
+
+    fn reason(&self) -> &'static str {
+        match self {
+            Bounded::Reconcile(e) => e.reason(),
+            Bounded::TimedOut(_) => "ReconcileTimeout",
+        }
+    }
+}
+
+/// `work` with a deadline: past `limit` it is dropped (a child program killed, a
+/// session given back; every step resumes from what it recorded) and fails as
+/// [`Bounded::TimedOut`], retried with backoff.
+pub async fn bounded<E>(
+    work: impl Future<Output = Result<Action, E>>,
+    limit: Duration,
+) -> Result<Action, Bounded<E>> {
+    match tokio::time::timeout(limit, work).await {
+        Ok(result) => result.map_err(Bounded::Reconcile),
+        Err(_) => {
+            tracing::warn!(?limit, "reconcile abandoned at its time limit");
+            Err(Bounded::TimedOut(limit))
+        }
+    }
+}
+
 /// For reconcilers that cannot fail.
 impl ReconcileError for Infallible {
     fn kind(&self) -> ErrorKind {
@@ -404,7 +445,7 @@ where
     args.validate()?;
     let shutdown = shutdown::on_signals()?;
     let listener = health::bind(args.metrics_addr).await?;
-    let client = rate_limited_client(args.api_rate_limit).await?;
+    let client = rate_limited_client(args.api_rate_limit, args.api_timeout).await?;
     ensure_crd_served::<K>(&client, args.watch_namespace.as_deref()).await?;
 
     let metrics = Arc::new(Metrics::new(controller));
@@ -648,10 +689,11 @@ async fn run_controller<K, S, F, Fut, E>(
     };
 
     let results_ctx = ctx.clone();
+    let reconcile_timeout = args.reconcile_timeout;
     let reconciles = controller
         .run(
             move |obj, ctx| {
-                let work = reconcile(obj.clone(), ctx.clone());
+                let work = bounded(reconcile(obj.clone(), ctx.clone()), reconcile_timeout);
                 instrumented_reconcile(obj, ctx, work)
             },
             error_policy,
@@ -943,6 +985,18 @@ mod tests {
             matches!(next, Ok(None)),
             "the reconcile wrapper called the API"
         );
+    }
+
+    #[tokio::test]
+    async fn a_reconcile_past_its_time_limit_is_abandoned_and_retried() {
+        let never = std::future::pending::<Result<Action, TestError>>();
+        let e = bounded(never, Duration::from_millis(10))
+            .await
+            .expect_err("a reconcile that never ends is cut");
+        assert_eq!(e.reason(), "ReconcileTimeout");
+        assert_eq!(e.kind(), ErrorKind::Transient);
+        let quick = async { Ok::<_, TestError>(Action::await_change()) };
+        assert!(bounded(quick, Duration::from_secs(1)).await.is_ok());
     }
 
     #[tokio::test]

@@ -139,6 +139,7 @@ impl Metrics {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         self.resources.refresh(&sources);
+        self.controller.in_flight.refresh();
         let mut body = String::new();
         encode(&mut body, &self.registry).map_err(|_| MetricsError::Encode)?;
         drop(sources);
@@ -201,6 +202,61 @@ pub struct ControllerMetrics {
     reconciles: Family<OutcomeLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
     duration: HistogramFamily,
+    in_flight: Arc<InFlight>,
+}
+
+/// The reconciles running now, for `dbops_reconcile_oldest_in_flight_seconds`: a reconcile
+/// stuck on something without a bound shows as a growing age long before it ends.
+#[derive(Debug, Default)]
+struct InFlight {
+    next: std::sync::atomic::AtomicU64,
+    running: Mutex<std::collections::HashMap<u64, (String, Instant)>>,
+    gauge: Family<ControllerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    known: Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl InFlight {
+    fn start(&self, controller: &str) -> u64 {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, (controller.to_owned(), Instant::now()));
+        // The series exists (at 0) from the first reconcile on.
+        self.known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(controller.to_owned());
+        id
+    }
+
+    fn end(&self, id: u64) {
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+    }
+
+    /// Sets each controller's gauge to the age of its oldest running reconcile (0: none).
+    fn refresh(&self) {
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut oldest: BTreeMap<&str, f64> = BTreeMap::new();
+        for (controller, started) in running.values() {
+            let age = started.elapsed().as_secs_f64();
+            let entry = oldest.entry(controller.as_str()).or_default();
+            *entry = entry.max(age);
+        }
+        // Every controller seen so far: 0 unless one of its reconciles runs.
+        let known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        for controller in known.iter() {
+            let age = oldest.get(controller.as_str()).copied().unwrap_or(0.0);
+            self.gauge
+                .get_or_create(&ControllerLabels {
+                    controller: controller.clone(),
+                })
+                .set(age);
+        }
+    }
 }
 
 impl ControllerMetrics {
@@ -210,7 +266,14 @@ impl ControllerMetrics {
             reconciles: Family::default(),
             errors: Family::default(),
             duration: HistogramFamily::new_with_constructor(|| Histogram::new(DURATION_BUCKETS)),
+            in_flight: Arc::new(InFlight::default()),
         };
+        registry.register_with_unit(
+            "reconcile_oldest_in_flight",
+            "Age of the oldest reconcile running now (0 when none runs)",
+            Unit::Seconds,
+            metrics.in_flight.gauge.clone(),
+        );
         registry.register(
             "reconciles",
             "Finished reconciles by outcome",
@@ -235,9 +298,12 @@ impl ControllerMetrics {
         let histogram = self.duration.get_or_create_owned(&ControllerLabels {
             controller: self.controller.clone(),
         });
+        let id = self.in_flight.start(&self.controller);
         ReconcileTimer {
             histogram,
             start: Instant::now(),
+            in_flight: self.in_flight.clone(),
+            id,
         }
     }
 
@@ -266,11 +332,14 @@ impl ControllerMetrics {
 pub struct ReconcileTimer {
     histogram: Histogram,
     start: Instant,
+    in_flight: Arc<InFlight>,
+    id: u64,
 }
 
 impl Drop for ReconcileTimer {
     fn drop(&mut self) {
         self.histogram.observe(self.start.elapsed().as_secs_f64());
+        self.in_flight.end(self.id);
     }
 }
 
@@ -509,6 +578,31 @@ impl BackupMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_oldest_reconcile_in_flight_shows_its_age_and_zero_once_done() {
+        let metrics = Metrics::new("database-controller");
+        let companion = metrics.for_controller("server-controller");
+        let value = |body: &str, controller: &str| -> f64 {
+            let prefix =
+                format!("dbops_reconcile_oldest_in_flight_seconds{{controller=\"{controller}\"}} ");
+            body.lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no series for {controller} in:\n{body}"))
+        };
+        let old = metrics.controller().reconcile_timer();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let _young = metrics.controller().reconcile_timer();
+        let other = companion.controller().reconcile_timer();
+        drop(other);
+        let body = metrics.encode().unwrap();
+        assert!(value(&body, "database-controller") >= 0.03, "{body}");
+        assert_eq!(value(&body, "server-controller"), 0.0, "{body}");
+        drop(old);
+        let body = metrics.encode().unwrap();
+        assert!(value(&body, "database-controller") < 0.03, "{body}");
+    }
 
     #[test]
     fn reconciles_are_counted_and_timed_under_the_dbops_prefix() {

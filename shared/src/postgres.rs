@@ -175,10 +175,13 @@ pub enum PgError {
     Unreachable { server: ServerKey, message: String },
     #[error("authentication as {user} failed on {server}")]
     AuthenticationFailed { server: ServerKey, user: String },
-    #[error("server {server} is failing; not contacted again until {retry_in:?} from now")]
+    /// The breaker is open: no attempt was made. Shown exactly as the failure that opened
+    /// it, so a status written during an outage does not change with every retry.
+    #[error("server {server} is unreachable: {last_error}")]
     CircuitOpen {
         server: ServerKey,
         retry_in: Duration,
+        last_error: String,
     },
     #[error("TLS to {server} failed: {}: {message}", failure.explain())]
     Tls {
@@ -201,6 +204,12 @@ impl PgError {
             PgError::Unreachable { .. } | PgError::CircuitOpen { .. } => "ServerUnreachable",
             PgError::AuthenticationFailed { .. } => "AuthenticationFailed",
             PgError::Tls { failure, .. } => failure.reason(),
+            PgError::Sql { source, .. } if source.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                "LockTimeout"
+            }
+            PgError::Sql { source, .. } if source.code() == Some(&SqlState::QUERY_CANCELED) => {
+                "StatementTimeout"
+            }
             PgError::Sql { .. } => "SqlError",
         }
     }
@@ -292,6 +301,9 @@ pub struct Servers {
     failure_threshold: u32,
     open_for: Duration,
     connect_timeout: Duration,
+    /// `statement_timeout` and `lock_timeout` of every session (zero: none).
+    statement_timeout: Duration,
+    lock_timeout: Duration,
     inner: Mutex<HashMap<ServerKey, Arc<ServerState>>>,
 }
 
@@ -349,12 +361,76 @@ impl fmt::Debug for Idle {
 /// How long a session may wait in the pool before it is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Closed while the server answers; open (no attempts) for a while after
-/// `failure_threshold` consecutive connection failures; then one trial (half-open).
+/// Closed while the server answers; open (no attempts) for `open_for` after
+/// `failure_threshold` consecutive connection failures; then half-open: one trial
+/// connection while every other caller is still refused; its success closes the breaker,
+/// its failure opens it again for `open_for`.
 #[derive(Debug, Default)]
 struct Breaker {
     consecutive_failures: u32,
     open_until: Option<Instant>,
+    /// A half-open trial is under way.
+    trial: bool,
+    /// What the last failure said (shown while open).
+    last_error: String,
+}
+
+/// A half-open trial that has not recorded its outcome yet: dropped so (a pooled session
+/// reused, the caller cancelled), the trial is given back for the next caller.
+struct TrialGuard {
+    state: Option<Arc<ServerState>>,
+}
+
+impl Drop for TrialGuard {
+    fn drop(&mut self) {
+        if let Some(state) = self.state.take() {
+            let mut breaker = state.breaker.lock().unwrap_or_else(|e| e.into_inner());
+            breaker.trial = false;
+        }
+    }
+}
+
+/// What the breaker lets a caller do now.
+#[derive(Debug, PartialEq, Eq)]
+enum Admission {
+    /// Closed: go ahead.
+    Go,
+    /// Half-open: go ahead as the one trial.
+    Trial,
+    /// Open (or a trial is under way): do not connect.
+    Refuse(Duration),
+}
+
+impl Breaker {
+    fn admit(&mut self, now: Instant) -> Admission {
+        match self.open_until {
+            None => Admission::Go,
+            Some(until) if until > now => Admission::Refuse(until - now),
+            Some(_) if self.trial => Admission::Refuse(Duration::ZERO),
+            Some(_) => {
+                self.trial = true;
+                Admission::Trial
+            }
+        }
+    }
+
+    /// Records a connection's outcome (`None`: success).
+    fn record(&mut self, failure: Option<String>, threshold: u32, open_for: Duration) {
+        self.trial = false;
+        match failure {
+            None => {
+                self.consecutive_failures = 0;
+                self.open_until = None;
+            }
+            Some(message) => {
+                self.consecutive_failures = self.consecutive_failures.saturating_add(1);
+                self.last_error = message;
+                if self.consecutive_failures >= threshold {
+                    self.open_until = Some(Instant::now() + open_for);
+                }
+            }
+        }
+    }
 }
 
 /// A session on a server: the client and the permit that counts it. Dropped, a healthy
@@ -735,8 +811,24 @@ impl Servers {
             failure_threshold: failure_threshold.max(1),
             open_for,
             connect_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(300),
+            lock_timeout: Duration::from_secs(10),
             inner: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Every session's `statement_timeout` and `lock_timeout` (set when it connects).
+    pub fn with_timeouts(self, statement_timeout: Duration, lock_timeout: Duration) -> Self {
+        Self {
+            statement_timeout,
+            lock_timeout,
+            ..self
+        }
+    }
+
+    /// The `lock_timeout` sessions get (for pg_dump's `--lock-wait-timeout` too).
+    pub fn lock_timeout(&self) -> Duration {
+        self.lock_timeout
     }
 
     fn state(&self, key: &ServerKey) -> Arc<ServerState> {
@@ -763,21 +855,54 @@ impl Servers {
     }
 
     /// Connects as `credentials` to database `dbname` on `server`, waiting for a session
-    /// slot; refuses at once while the server's breaker is open.
+    /// slot; refuses at once while the server's breaker is open, and lets one caller
+    /// through as the trial once it is half-open.
     pub async fn connect(
         &self,
         server: &Endpoint,
         credentials: &Credentials,
         dbname: &str,
     ) -> Result<Session, PgError> {
+        self.connect_as(server, credentials, dbname, false).await
+    }
+
+    /// [`Servers::connect`] for a server's health probe: tried even while the breaker is
+    /// open (one probe per server and interval, not per object), and its outcome closes or
+    /// opens the breaker like any other connection.
+    pub async fn probe(
+        &self,
+        server: &Endpoint,
+        credentials: &Credentials,
+        dbname: &str,
+    ) -> Result<Session, PgError> {
+        self.connect_as(server, credentials, dbname, true).await
+    }
+
+    async fn connect_as(
+        &self,
+        server: &Endpoint,
+        credentials: &Credentials,
+        dbname: &str,
+        probe: bool,
+    ) -> Result<Session, PgError> {
         let key = server.key.clone();
-        if let Some(retry_in) = self.circuit_open(&key) {
-            return Err(PgError::CircuitOpen {
-                server: key,
-                retry_in,
-            });
-        }
         let state = self.state(&key);
+        let mut trial = TrialGuard { state: None };
+        if !probe {
+            let mut breaker = state.breaker.lock().unwrap_or_else(|e| e.into_inner());
+            match breaker.admit(Instant::now()) {
+                Admission::Go => {}
+                // Given back if this call ends (or is cancelled) before it connects.
+                Admission::Trial => trial.state = Some(state.clone()),
+                Admission::Refuse(retry_in) => {
+                    return Err(PgError::CircuitOpen {
+                        server: key,
+                        retry_in,
+                        last_error: breaker.last_error.clone(),
+                    });
+                }
+            }
+        }
         let permit =
             state
                 .sessions
@@ -828,19 +953,13 @@ impl Servers {
             }
         }
         let mut breaker = state.breaker.lock().unwrap_or_else(|e| e.into_inner());
-        match &result {
-            Err(e) if e.is_unreachable() => {
-                breaker.consecutive_failures += 1;
-                if breaker.consecutive_failures >= self.failure_threshold {
-                    breaker.open_until = Some(Instant::now() + self.open_for);
-                }
-            }
-            _ => {
-                breaker.consecutive_failures = 0;
-                breaker.open_until = None;
-            }
-        }
+        let failure = match &result {
+            Err(PgError::Unreachable { message, .. }) => Some(message.clone()),
+            _ => None,
+        };
+        breaker.record(failure, self.failure_threshold, self.open_for);
         drop(breaker);
+        trial.state = None;
         result.map(|client| Session {
             client: Some(client),
             key: pool_key,
@@ -873,6 +992,11 @@ impl Servers {
             .dbname(dbname)
             .ssl_mode(ssl_mode)
             .application_name("dbops")
+            .options(format!(
+                "-c statement_timeout={} -c lock_timeout={}",
+                self.statement_timeout.as_millis(),
+                self.lock_timeout.as_millis()
+            ))
             .connect_timeout(self.connect_timeout);
         let timed_out = || PgError::Unreachable {
             server: key.clone(),
@@ -1031,6 +1155,34 @@ mod tests {
         assert_eq!(statement_kind(""), "SQL");
     }
 
+    #[test]
+    fn a_half_open_breaker_lets_one_trial_through_and_its_outcome_decides() {
+        let open_for = Duration::from_secs(30);
+        let mut b = Breaker::default();
+        let now = Instant::now();
+        assert_eq!(b.admit(now), Admission::Go);
+        b.record(Some("refused".into()), 2, open_for);
+        assert_eq!(b.admit(now), Admission::Go, "below the threshold");
+        b.record(Some("refused".into()), 2, open_for);
+        assert!(matches!(b.admit(Instant::now()), Admission::Refuse(d) if d > Duration::ZERO));
+        // Once the open time has passed: one trial, every other caller still refused.
+        let later = Instant::now() + open_for + Duration::from_secs(1);
+        assert_eq!(b.admit(later), Admission::Trial);
+        assert_eq!(b.admit(later), Admission::Refuse(Duration::ZERO));
+        // The trial fails: open again for the whole period, with its message.
+        b.record(Some("still refused".into()), 2, open_for);
+        assert!(
+            matches!(b.admit(Instant::now()), Admission::Refuse(d) if d > Duration::from_secs(29))
+        );
+        assert_eq!(b.last_error, "still refused");
+        // The next trial succeeds: closed.
+        let later = Instant::now() + open_for + Duration::from_secs(1);
+        assert_eq!(b.admit(later), Admission::Trial);
+        b.record(None, 2, open_for);
+        assert_eq!(b.admit(Instant::now()), Admission::Go);
+        assert_eq!(b.consecutive_failures, 0);
+    }
+
     #[tokio::test]
     async fn the_breaker_opens_after_repeated_connection_failures() {
         // Port 1 on loopback refuses at once: a real, immediate connection failure.
@@ -1053,5 +1205,22 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, PgError::CircuitOpen { .. }), "{e}");
         assert_eq!(e.reason(), "ServerUnreachable");
+        // Shown as the failure that opened it: a status written in an outage stays put.
+        let again = servers
+            .connect(&server, &creds, "postgres")
+            .await
+            .unwrap_err();
+        assert_eq!(e.to_string(), again.to_string());
+        assert!(
+            e.to_string()
+                .starts_with("server 127.0.0.1:1 is unreachable: "),
+            "{e}"
+        );
+        // A probe is tried anyway (and fails the same way).
+        let probed = servers
+            .probe(&server, &creds, "postgres")
+            .await
+            .unwrap_err();
+        assert!(matches!(probed, PgError::Unreachable { .. }), "{probed}");
     }
 }

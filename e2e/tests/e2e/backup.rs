@@ -20,7 +20,7 @@ use dbops_e2e::s3::S3Server;
 use dbops_e2e::wait::Want;
 use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::{Bed, bed};
@@ -53,6 +53,8 @@ struct Setup {
     store_url: String,
     /// Each controller's ServiceAccount kubeconfig.
     identities: &'static BTreeMap<String, PathBuf>,
+    /// Flags both controllers get after the common ones (a test sets them, then restarts).
+    extra_args: Vec<String>,
     logs: tempfile::TempDir,
 }
 
@@ -125,6 +127,7 @@ impl Setup {
             store,
             store_url,
             identities,
+            extra_args: Vec::new(),
             logs,
         };
         s.create_admin_secret(ADMIN_SECRET).await;
@@ -146,12 +149,14 @@ impl Setup {
     }
 
     fn common_args(&self) -> Vec<String> {
-        vec![
+        let mut args = vec![
             format!("--watch-namespace={}", self.ns()),
             "--resync-interval=5s".to_string(),
             "--backoff-base=1s".to_string(),
             "--backoff-max=5s".to_string(),
-        ]
+        ];
+        args.extend(self.extra_args.iter().cloned());
+        args
     }
 
     fn start_with_env(
@@ -1615,4 +1620,80 @@ async fn the_s3_store_uploads_in_parts_and_shows_only_committed_artifacts() {
     let e = store.get_manifest(&key).await.unwrap_err();
     assert!(matches!(e, StoreError::Remote { .. }), "{e}");
     assert!(e.is_transient(), "{e}");
+}
+
+/// Nothing waits without a bound: an application's transaction holding an exclusive lock
+/// on a table (which pg_dump needs) and a DBA's open transaction on the database's
+/// settings (which a connection-limit change needs). The Backup reports `LockTimeout`
+/// naming the table and retries; the Database reports `LockTimeout`; both finish once the
+/// locks are released.
+#[tokio::test]
+async fn held_locks_are_reported_and_work_resumes_when_they_are_released() {
+    let mut s = Setup::new("bk-lock").await;
+    let bound = std::env::var("DBOPS_TEST_LOCK_TIMEOUT").unwrap_or_else(|_| "2s".into());
+    s.extra_args = vec![format!("--lock-timeout={bound}")];
+    s.kill_database_controller();
+    s.kill_backup_controller();
+    s.start_database_controller();
+    s.start_backup_controller();
+    s.create_database("app", "Retain").await;
+    s.exec_as_superuser(
+        "app",
+        "CREATE TABLE orders (id int PRIMARY KEY); INSERT INTO orders VALUES (1)",
+    )
+    .await;
+
+    // The application's and the DBA's open transactions.
+    let app = s.pg.connect_as_superuser_to("app").await.unwrap();
+    app.batch_execute("BEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let dba = s.pg.connect_as_superuser().await.unwrap();
+    dba.batch_execute("BEGIN; ALTER DATABASE app CONNECTION LIMIT 7")
+        .await
+        .unwrap();
+
+    s.create_backup("app-locked", "app", json!({"maxRetries": 20}))
+        .await;
+    s.databases()
+        .patch(
+            "app",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"connectionLimit": 5}})),
+        )
+        .await
+        .unwrap();
+
+    // Each says what it waits for, and neither is stuck.
+    s.wait_backup(
+        "app-locked",
+        "a retry after LockTimeout on public.orders",
+        READY,
+        |b| {
+            b.status.as_ref().is_some_and(|st| {
+                st.conditions.iter().any(|c| {
+                    c.message.contains("LockTimeout") && c.message.contains("public.orders")
+                })
+            })
+        },
+    )
+    .await;
+    s.wait_database(
+        "app",
+        Want::new("Ready", "False", Some("LockTimeout")),
+        READY,
+    )
+    .await;
+
+    // Released: the Backup completes, the Database converges.
+    app.batch_execute("ROLLBACK").await.unwrap();
+    dba.batch_execute("ROLLBACK").await.unwrap();
+    s.wait_completed("app-locked", READY).await;
+    s.wait_database(
+        "app",
+        Want::new("Ready", "True", Some("Provisioned")),
+        READY,
+    )
+    .await;
+    assert_eq!(s.pg.connlimit("app").await.unwrap(), Some(5));
 }
