@@ -181,6 +181,14 @@ impl Schedule {
             .map(|z| z.timestamp())
     }
 
+    /// Seconds between the next two slots after `t` (what "on schedule" means for the
+    /// alert on an old last success).
+    pub fn interval_after(&self, t: Timestamp) -> Option<i64> {
+        let first = self.next_after(t)?;
+        let second = self.next_after(first)?;
+        Some(second.as_second() - first.as_second())
+    }
+
     /// The first scheduled time after `t`.
     pub fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
         let t = whole_second(t).to_zoned(TimeZone::UTC);
@@ -467,11 +475,19 @@ fn scheduled_backups(store: &Store<Backup>, db: &Database) -> Vec<Scheduled> {
 }
 
 pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Action, Error> {
+    let namespace = db.namespace().unwrap_or_default();
+    let forget = || {
+        if let Some(metrics) = ctx.metrics.backup() {
+            metrics.forget_schedule(&namespace, &db.name_any());
+        }
+    };
     let Some(spec) = db.spec.backup.as_ref() else {
+        forget();
         return Ok(Action::await_change());
     };
     let uid = db.uid().unwrap_or_default();
     if db.metadata.deletion_timestamp.is_some() {
+        forget();
         // Nothing new starts and nothing is pruned: the scheduled Backups stay (or go
         // with it by their owner references, with `onDatabaseDeletion: Delete`).
         ctx.state.valid_again(&uid);
@@ -506,6 +522,9 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Ac
         .as_ref()
         .map(|r| usize::try_from(r.keep_last).unwrap_or(1).max(1));
     let plan = plan(&schedule, &name, created, now, &existing, keep_last);
+    if let (Some(metrics), Some(interval)) = (ctx.metrics.backup(), schedule.interval_after(now)) {
+        metrics.set_schedule_interval(&namespace, &name, interval);
+    }
 
     let api: Api<Backup> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
     if let Some(take) = &plan.take {

@@ -4,8 +4,9 @@
 //!
 //! A reconcile: the finalizer (present while the server is not being deleted; removed
 //! once no Database uses it) → the probe (admin Secret, CA Secret, a session as the admin
-//! role with the TLS asked for, `server_version` and the TLS in use; at most once per
-//! `--resync-interval / 2` unless the server or one of its Secrets changed) → the status,
+//! role with the TLS asked for, `server_version` and the TLS in use; every minute while
+//! Ready, every 10 s while failing, at once when the server or one of its Secrets
+//! changed, and never more often because its Databases changed) → the status,
 //! written only when it differs, with an Event when Ready changes.
 //!
 //! Watches: DatabaseServers (generation changes), Secrets of the controllers' namespace
@@ -37,6 +38,9 @@ use serde_json::json;
 
 /// How soon a failing server is probed again.
 const PROBE_RETRY: Duration = Duration::from_secs(10);
+/// How often a Ready server is probed (at most; `--resync-interval` if shorter): an
+/// outage shows on the server, and through it on its Databases, within this.
+const PROBE_EVERY: Duration = Duration::from_secs(60);
 
 /// How soon a server held by its Databases looks again whether they are gone.
 const HELD_RECHECK: Duration = Duration::from_secs(5);
@@ -235,7 +239,7 @@ pub async fn reconcile(
         Probe::Failed {
             transient: true, ..
         } => Ok(Action::requeue(ctx.resync_interval.min(PROBE_RETRY))),
-        _ => Ok(Action::requeue(ctx.resync_interval)),
+        _ => Ok(Action::requeue(ctx.resync_interval.min(PROBE_EVERY))),
     }
 }
 
@@ -254,7 +258,7 @@ async fn probe(server: &DatabaseServer, ctx: &Context<State>) -> Probe {
         // A failure is not trusted as long: the server's return must be seen soon, but
         // the events of its many Databases must not each cost a connection attempt.
         && at.elapsed() < match probe {
-            Probe::Ready { .. } => fresh_for,
+            Probe::Ready { .. } => fresh_for.min(PROBE_EVERY / 2),
             Probe::Failed { .. } => PROBE_RETRY / 2,
         }
     {
@@ -374,10 +378,23 @@ async fn publish(
         }
         (
             Some(Probe::Failed {
-                reason, message, ..
+                reason,
+                message,
+                transient,
             }),
             None,
-        ) => (ConditionStatus::False, *reason, message.clone()),
+        ) => {
+            // Written once per outage: while the reason stays, the first message stays
+            // (the details of a failing connection vary from one probe to the next).
+            let kept = dbops_shared::conditions::get(&old.conditions, condition::READY)
+                .filter(|c| *transient && c.status == "False" && c.reason == *reason)
+                .map(|c| c.message.clone());
+            (
+                ConditionStatus::False,
+                *reason,
+                kept.unwrap_or_else(|| message.clone()),
+            )
+        }
         (None, None) => return Ok(()),
     };
     let changed_ready = set_condition(

@@ -48,6 +48,19 @@ fn retrying(reason: &str) -> bool {
     )
 }
 
+/// The message for a failure retried with backoff: the one already in status while the
+/// reason stays the same (an outage's details vary from one attempt to the next, a
+/// connection refused or reset, and the status is written once per outage, not per
+/// retry); the new one otherwise.
+fn sticky_message(old: &DatabaseStatus, reason: &str, message: String) -> String {
+    match get(&old.conditions, condition::READY) {
+        Some(c) if retrying(reason) && c.status == "False" && c.reason == reason => {
+            c.message.clone()
+        }
+        _ => message,
+    }
+}
+
 /// Reasons that are steps on the expected way to Ready (a restore).
 pub fn on_the_way(reason: &str) -> bool {
     matches!(reason, "WaitingForBackup" | "Restoring")
@@ -124,7 +137,7 @@ pub async fn publish(
         }
         Err(e) => {
             let reason = e.reason();
-            let message = e.to_string();
+            let message = sticky_message(&old, reason, e.to_string());
             let provisioned_before = old.provider_id.is_some();
             let degraded = provisioned_before && degrades(reason);
             new.phase = Some(if degraded {
@@ -289,4 +302,47 @@ async fn write(
 /// Publishes an Event about the Database; failures are logged, never fatal.
 pub async fn event(ctx: &Context<State>, db: &Database, normal: bool, reason: &str, note: &str) {
     dbops_shared::events::publish(&ctx.state.recorder, db, normal, "Reconcile", reason, note).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+    fn with_ready(status: &str, reason: &str, message: &str) -> DatabaseStatus {
+        DatabaseStatus {
+            conditions: vec![Condition {
+                type_: condition::READY.into(),
+                status: status.into(),
+                reason: reason.into(),
+                message: message.into(),
+                last_transition_time: now(),
+                observed_generation: Some(1),
+            }],
+            ..DatabaseStatus::default()
+        }
+    }
+
+    #[test]
+    fn an_outage_keeps_its_first_message_until_the_reason_changes() {
+        let old = with_ready("False", "ServerUnreachable", "server h:1 is unreachable: refused");
+        // The next attempt's detail differs: the status keeps the first.
+        assert_eq!(
+            sticky_message(&old, "ServerUnreachable", "server h:1 is unreachable: reset".into()),
+            "server h:1 is unreachable: refused"
+        );
+        // Another reason, or a reason that waits for a change, takes the new message.
+        assert_eq!(
+            sticky_message(&old, "AuthenticationFailed", "denied".into()),
+            "denied"
+        );
+        let blocked = with_ready("False", "NameConflict", "old");
+        assert_eq!(sticky_message(&blocked, "NameConflict", "new".into()), "new");
+        // After Ready, a new outage gets its own message.
+        let ready = with_ready("True", "Provisioned", "ready");
+        assert_eq!(
+            sticky_message(&ready, "ServerUnreachable", "refused".into()),
+            "refused"
+        );
+    }
 }

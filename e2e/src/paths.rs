@@ -25,7 +25,12 @@ pub fn cache_dir() -> PathBuf {
 }
 
 fn go_mod_version(module: &str) -> Result<String> {
-    let go_mod = repo_root().join("e2e/controlplane/go.mod");
+    go_mod_version_in("controlplane", module)
+}
+
+/// The version of `module` required in `e2e/<dir>/go.mod`.
+fn go_mod_version_in(dir: &str, module: &str) -> Result<String> {
+    let go_mod = repo_root().join("e2e").join(dir).join("go.mod");
     let text = std::fs::read_to_string(&go_mod)
         .with_context(|| format!("reading {}", go_mod.display()))?;
     text.lines()
@@ -35,6 +40,22 @@ fn go_mod_version(module: &str) -> Result<String> {
             _ => None,
         })
         .with_context(|| format!("{module} is not required in {}", go_mod.display()))
+}
+
+/// Prometheus's promtool, built by e2e/install from the module pinned in
+/// `e2e/promtool/go.mod` into `<cache>/promtool-<version>/promtool`.
+pub fn promtool() -> Result<PathBuf> {
+    let version = go_mod_version_in("promtool", "github.com/prometheus/prometheus")?;
+    let path = cache_dir()
+        .join(format!("promtool-{version}"))
+        .join("promtool");
+    if !path.is_file() {
+        bail!(
+            "{} is missing: run e2e/install (it builds promtool from Go modules)",
+            path.display()
+        );
+    }
+    Ok(path)
 }
 
 /// The Kubernetes release the test bed builds, e.g. `v1.33.13`.

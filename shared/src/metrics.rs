@@ -525,6 +525,7 @@ pub struct BackupMetrics {
     bytes: Counter,
     duration: Histogram,
     last_success: Family<BackupLabels, Gauge>,
+    schedule_interval: Family<BackupLabels, Gauge>,
 }
 
 impl BackupMetrics {
@@ -533,7 +534,13 @@ impl BackupMetrics {
             bytes: Counter::default(),
             duration: Histogram::new(BACKUP_BUCKETS),
             last_success: Family::default(),
+            schedule_interval: Family::default(),
         };
+        registry.register(
+            "backup_schedule_interval_seconds",
+            "Seconds between two slots of a Database's backup schedule (Databases with spec.backup)",
+            metrics.schedule_interval.clone(),
+        );
         registry.register_with_unit(
             "backup",
             "Bytes of completed backup artifacts",
@@ -552,6 +559,28 @@ impl BackupMetrics {
             metrics.last_success.clone(),
         );
         metrics
+    }
+
+    /// The interval of Database `namespace/database`'s backup schedule, for the alert on
+    /// a last success older than the schedule allows.
+    pub fn set_schedule_interval(&self, namespace: &str, database: &str, seconds: i64) {
+        self.schedule_interval
+            .get_or_create(&BackupLabels {
+                namespace: namespace.to_owned(),
+                database: database.to_owned(),
+            })
+            .set(seconds);
+    }
+
+    /// Database `namespace/database` has no schedule any more (or is being deleted): its
+    /// series go.
+    pub fn forget_schedule(&self, namespace: &str, database: &str) {
+        let labels = BackupLabels {
+            namespace: namespace.to_owned(),
+            database: database.to_owned(),
+        };
+        self.schedule_interval.remove(&labels);
+        self.last_success.remove(&labels);
     }
 
     /// Records a completed Backup of Database `namespace/database`: `bytes` long, taking

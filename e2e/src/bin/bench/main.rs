@@ -1,4 +1,5 @@
-//! `dbops-bench backup`: see `backup.rs`; `dbops-bench secrets`: see `secrets.rs`.
+//! `dbops-bench backup`: see `backup.rs`; `dbops-bench secrets`: see `secrets.rs`;
+//! `dbops-bench outage`: see `outage.rs`.
 //!
 //! `dbops-bench databases`: N Databases applied at once on one PostgreSQL server, through
 //! the database-controller, next to a baseline that issues the same SQL and creates the
@@ -31,6 +32,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Mutex;
 
 mod backup;
+mod outage;
 mod secrets;
 
 #[derive(Parser, Debug)]
@@ -48,6 +50,8 @@ enum Command {
     Backup(backup::BackupArgs),
     /// The database-controller's RSS with and without many unrelated Secrets.
     Secrets(secrets::SecretsArgs),
+    /// What a PostgreSQL outage costs: connection attempts, status writes, recovery.
+    Outage(outage::OutageArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -82,6 +86,7 @@ async fn main() -> Result<()> {
         Command::Databases(args) => databases(args).await,
         Command::Backup(args) => backup::run(args).await,
         Command::Secrets(args) => secrets::run(args).await,
+        Command::Outage(args) => outage::run(args).await,
     }
 }
 
@@ -314,6 +319,17 @@ pub(crate) struct BenchServer {
 
 impl BenchServer {
     pub async fn create(client: &kube::Client, tenant: &str, pg: &PgServer) -> Result<Self> {
+        Self::create_at(client, tenant, pg, pg.host(), pg.port()).await
+    }
+
+    /// [`BenchServer::create`] reached at `host:port` (a proxy in front of `pg`).
+    pub async fn create_at(
+        client: &kube::Client,
+        tenant: &str,
+        pg: &PgServer,
+        host: &str,
+        port: u16,
+    ) -> Result<Self> {
         let controller_namespace = namespace(client, &format!("{tenant}-system")).await?;
         let secret: Secret = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "pg-admin"},
@@ -327,7 +343,7 @@ impl BenchServer {
             "apiVersion": "dbops.dev/v1alpha1", "kind": "DatabaseServer",
             "metadata": {"name": tenant, "labels": {BENCH_LABEL: tenant}},
             "spec": {
-                "host": pg.host(), "port": pg.port(),
+                "host": host, "port": port,
                 "adminSecretRef": {"name": "pg-admin"},
                 "tls": {"mode": "disable"},
                 "allowedNamespaces": {},
