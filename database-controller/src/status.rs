@@ -325,10 +325,18 @@ mod tests {
 
     #[test]
     fn an_outage_keeps_its_first_message_until_the_reason_changes() {
-        let old = with_ready("False", "ServerUnreachable", "server h:1 is unreachable: refused");
+        let old = with_ready(
+            "False",
+            "ServerUnreachable",
+            "server h:1 is unreachable: refused",
+        );
         // The next attempt's detail differs: the status keeps the first.
         assert_eq!(
-            sticky_message(&old, "ServerUnreachable", "server h:1 is unreachable: reset".into()),
+            sticky_message(
+                &old,
+                "ServerUnreachable",
+                "server h:1 is unreachable: reset".into()
+            ),
             "server h:1 is unreachable: refused"
         );
         // Another reason, or a reason that waits for a change, takes the new message.
@@ -337,7 +345,10 @@ mod tests {
             "denied"
         );
         let blocked = with_ready("False", "NameConflict", "old");
-        assert_eq!(sticky_message(&blocked, "NameConflict", "new".into()), "new");
+        assert_eq!(
+            sticky_message(&blocked, "NameConflict", "new".into()),
+            "new"
+        );
         // After Ready, a new outage gets its own message.
         let ready = with_ready("True", "Provisioned", "ready");
         assert_eq!(
