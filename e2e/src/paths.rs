@@ -35,12 +35,14 @@ fn go_mod_version_in(dir: &str, module: &str) -> Result<String> {
         .with_context(|| format!("reading {}", go_mod.display()))?;
     text.lines()
         .map(str::split_whitespace)
-        .find_map(|mut words| match (words.next(), words.next(), words.next()) {
-            // `<module> <version>` in a require block, or `require <module> <version>`.
-            (Some(m), Some(v), _) if m == module => Some(v.to_string()),
-            (Some("require"), Some(m), Some(v)) if m == module => Some(v.to_string()),
-            _ => None,
-        })
+        .find_map(
+            |mut words| match (words.next(), words.next(), words.next()) {
+                // `<module> <version>` in a require block, or `require <module> <version>`.
+                (Some(m), Some(v), _) if m == module => Some(v.to_string()),
+                (Some("require"), Some(m), Some(v)) if m == module => Some(v.to_string()),
+                _ => None,
+            },
+        )
         .with_context(|| format!("{module} is not required in {}", go_mod.display()))
 }
 
