@@ -127,6 +127,22 @@ pub struct BackupStatus {
         skip_serializing_if = "Option::is_none"
     )]
     pub database_uid: Option<String>,
+
+    /// The backup-controller replica running the current attempt, and when it last said
+    /// it still is: another replica starts the attempt over only once this holder has
+    /// stopped renewing (or is itself, restarted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner: Option<BackupRunner>,
+}
+
+/// Who runs a Backup's attempt: a lease on the attempt, kept in the status.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRunner {
+    /// The replica's identity (`$POD_NAME`).
+    pub identity: String,
+    /// When the runner last renewed its hold on the attempt.
+    pub renew_time: Time,
 }
 
 /// Lifecycle phase of a Backup.

@@ -13,7 +13,7 @@ pub mod database;
 pub mod migration;
 pub mod server;
 
-pub use backup::{Backup, BackupPhase, BackupSpec, BackupStatus};
+pub use backup::{Backup, BackupPhase, BackupRunner, BackupSpec, BackupStatus};
 pub use common::{
     BackupDeletionPolicy, DatabaseDeletionPolicy, LocalObjectReference, SecretReference,
     ServerReference, TlsMode, condition, marks,

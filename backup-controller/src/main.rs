@@ -24,6 +24,7 @@
 mod dump;
 mod error;
 mod reconcile;
+mod runner;
 mod schedule;
 mod status;
 
@@ -100,6 +101,7 @@ async fn main() -> ExitCode {
     let max_concurrent = usize::from(args.max_concurrent_backups);
     let controller_namespace = args.common.controller_namespace.clone();
     let server_selector = args.common.server_selector.clone();
+    let identity = dbops_shared::leader::identity();
     let state = move |client: kube::Client, reporter| State {
         store,
         pg_dump,
@@ -110,6 +112,7 @@ async fn main() -> ExitCode {
         recorder: Recorder::new(client, reporter),
         databases: DatabaseIndex::default(),
         attempts: Attempts::default(),
+        identity: identity.clone(),
     };
     let namespace = args.common.watch_namespace.clone();
     let configure: Configure<Backup, State> =

@@ -12,8 +12,9 @@
 //! 7. the outcome: Completed; a transient failure retried after the shared backoff curve
 //!    until `maxRetries` retries are spent; a permanent one Failed at once.
 //!
-//! A Backup found Running that this process is not running was interrupted (a crash, a
-//! restart): it is attempted again, as the next attempt, into the same object key.
+//! A Backup found Running whose runner is this replica restarted, or has stopped renewing
+//! its hold (see [`crate::runner`]), was interrupted: it is attempted again, as the next
+//! attempt, into the same object key. One held by a live replica is left to it.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -37,7 +38,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::dump::{self, Source};
 use crate::error::{Failure, Result};
-use crate::status::{self, Completed, Outcome};
+use crate::runner::{self, Running};
+use crate::status::{self, Completed, Guard, Outcome};
 use dbops_shared::backup_store::{BackupStore, ObjectKey, traced};
 
 pub const FINALIZER: &str = "dbops.dev/backup-artifact";
@@ -60,6 +62,8 @@ pub struct State {
     pub recorder: Recorder,
     pub databases: DatabaseIndex,
     pub attempts: Attempts,
+    /// This replica, as `status.runner` names it: `$POD_NAME`.
+    pub identity: String,
 }
 
 /// Dump slots: `--max-concurrent-backups` in all, and one per server.
@@ -196,38 +200,52 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context<State>>) -> Result<
         return Ok(Action::requeue(wait));
     }
 
+    let done = current.attempts.unwrap_or(0);
+    let allowed = backup.spec.max_retries.max(0).saturating_add(1);
+    if current.phase == Some(BackupPhase::Running) {
+        match runner::running(&current, &ctx.state.identity, jiff::Timestamp::now()) {
+            Running::HeldBy { identity, for_ } => {
+                // Another replica runs it: nothing to write, look again when its hold
+                // would run out (its outcome arrives through the watch before that).
+                tracing::debug!(runner = %identity, ?for_, "attempt {done} is held by another replica");
+                return Ok(Action::requeue(for_ + Duration::from_secs(1)));
+            }
+            Running::Interrupted => {
+                tracing::info!(
+                    attempt = done,
+                    "attempt {done} was interrupted (its runner stopped); starting over"
+                );
+                if done >= allowed {
+                    let failure = Failure::permanent(
+                        "Interrupted",
+                        format!("attempt {done} of {allowed} was interrupted and no retry is left"),
+                    );
+                    return finish(&backup, &ctx, &api, Err(failure), Guard::AsRead).await;
+                }
+            }
+        }
+    }
+
     let db = match dereference(&backup, &ctx).await? {
         Dereferenced::Ready(db) => db,
         Dereferenced::Missing(failure) => {
-            let attempts = current.attempts.unwrap_or(0);
-            return finish(&backup, &ctx, &api, Err(failure), attempts).await;
+            return finish(&backup, &ctx, &api, Err(failure), Guard::AsRead).await;
         }
         Dereferenced::NotReady(message) => {
             let waiting = Outcome::Waiting {
                 reason: "WaitingForDatabase",
                 message,
             };
-            status::publish(&backup, &ctx, &api, &waiting).await?;
+            if status::publish(&backup, &ctx, &api, &waiting, Guard::AsRead)
+                .await?
+                .is_none()
+            {
+                return Ok(Action::requeue(CHANGED_UNDER_US));
+            }
             // The Database watch brings the Backup back when it changes.
             return Ok(Action::requeue(ctx.resync_interval));
         }
     };
-
-    let done = current.attempts.unwrap_or(0);
-    let allowed = backup.spec.max_retries.max(0).saturating_add(1);
-    if current.phase == Some(BackupPhase::Running) {
-        tracing::info!(
-            attempt = done,
-            "attempt {done} was interrupted (the controller stopped); starting over"
-        );
-        if done >= allowed {
-            let failure = Failure::permanent(
-                "Interrupted",
-                format!("attempt {done} of {allowed} was interrupted and no retry is left"),
-            );
-            return finish(&backup, &ctx, &api, Err(failure), done).await;
-        }
-    }
 
     let server = match ctx.state.directory.get(&db.spec.server_ref.name) {
         Some(found) => dbops_shared::server::key_of(&found),
@@ -244,45 +262,106 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context<State>>) -> Result<
                 "waiting for a free dump slot (one dump per server at a time; {server} is busy or all slots are in use)"
             ),
         };
-        status::publish(&backup, &ctx, &api, &waiting).await?;
+        status::publish(&backup, &ctx, &api, &waiting, Guard::AsRead).await?;
         return Ok(Action::requeue(SLOT_POLL));
     };
 
     let attempt = done + 1;
     let started_at = status::now();
+    let identity = ctx.state.identity.as_str();
     let running = Outcome::Running {
         attempt,
         of: allowed,
         started_at: started_at.clone(),
         what: format!("pg_dump of database {} on {server}", db.database_name()),
+        runner: identity,
+    };
+    // The claim: written only over the Backup as read, so that of two replicas that saw
+    // it Pending one starts the attempt and the other gets a conflict.
+    let Some(claimed) = status::publish(&backup, &ctx, &api, &running, Guard::AsRead).await? else {
+        tracing::debug!("another replica changed the Backup first; not starting an attempt");
+        return Ok(Action::requeue(CHANGED_UNDER_US));
     };
     let mut latest = (*backup).clone();
-    latest.status = Some(status::publish(&backup, &ctx, &api, &running).await?);
+    latest.status = Some(claimed);
     ctx.state
         .attempts
         .wrote(&uid, attempt, BackupPhase::Running, None);
-    let outcome = run_attempt(&latest, &db, &ctx, &api, &started_at).await;
-    let action = finish(&latest, &ctx, &api, outcome, attempt).await;
+    let as_runner = Guard::Runner { identity, attempt };
+    let outcome = tokio::select! {
+        outcome = run_attempt(&latest, &db, &ctx, &api, &started_at) => Some(outcome),
+        () = hold(&api, &name, identity, attempt) => None,
+    };
+    let action = match outcome {
+        Some(outcome) => finish(&latest, &ctx, &api, outcome, as_runner).await,
+        None => {
+            // The dump (and pg_dump with it) was dropped: the attempt is another's now.
+            ctx.state.attempts.forget(&uid);
+            Ok(Action::requeue(runner::LEASE))
+        }
+    };
     // Only now: the next dump on this server must not show Running beside this one.
     drop(slot);
     action
 }
 
-/// Publishes the end of attempt `attempt` (or of a Backup that cannot start): Completed,
-/// a retry after the backoff, or Failed. `latest` carries the status as last written.
+/// How soon a reconcile whose guarded write met a newer version looks again (the watch
+/// usually brings that version sooner).
+const CHANGED_UNDER_US: Duration = Duration::from_secs(1);
+
+/// Renews this replica's hold on attempt `attempt` every [`runner::RENEW_EVERY`]; returns
+/// only when the status names another runner or attempt (an API error is retried at
+/// the next renewal: the hold lasts [`runner::LEASE`]).
+async fn hold(api: &Api<Backup>, name: &str, identity: &str, attempt: i32) {
+    loop {
+        tokio::time::sleep(runner::RENEW_EVERY).await;
+        match status::renew(api, name, identity, attempt).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(
+                    attempt,
+                    "another replica took attempt {attempt} over; stopping this dump"
+                );
+                return;
+            }
+            Err(e) => tracing::warn!(error = %e, "could not renew the hold on the attempt"),
+        }
+    }
+}
+
+/// Publishes the end of an attempt (or of a Backup that cannot start): Completed, a retry
+/// after the backoff, or Failed, as `guard` allows. `latest` carries the status as last
+/// written.
 async fn finish(
     latest: &Backup,
     ctx: &Context<State>,
     api: &Api<Backup>,
     outcome: std::result::Result<Completed, Failure>,
-    attempt: i32,
+    guard: Guard<'_>,
 ) -> Result<Action> {
     let backup = latest;
     let uid = backup.uid().unwrap_or_default();
     let allowed = backup.spec.max_retries.max(0).saturating_add(1);
+    let attempt = match guard {
+        Guard::Runner { attempt, .. } => attempt,
+        Guard::AsRead => backup.status.as_ref().and_then(|s| s.attempts).unwrap_or(0),
+    };
+    let lost = || {
+        tracing::info!(
+            attempt,
+            "the Backup changed under this outcome (another replica); leaving it to that"
+        );
+        Ok(Action::requeue(CHANGED_UNDER_US))
+    };
     match outcome {
         Ok(done) => {
-            status::publish(latest, ctx, api, &Outcome::Completed(&done)).await?;
+            let Some(_) =
+                status::publish(latest, ctx, api, &Outcome::Completed(&done), guard).await?
+            else {
+                return lost();
+            };
+            // Partial files of interrupted attempts of this key.
+            discard_partial(backup, ctx).await;
             if let Some(metrics) = ctx.metrics.backup() {
                 let started = backup.status.as_ref().and_then(|s| s.started_at.as_ref());
                 let seconds = started.map_or(0.0, |s| {
@@ -311,8 +390,12 @@ async fn finish(
                 "Backup failed: {}",
                 failure.message
             );
+            let Some(_) =
+                status::publish(latest, ctx, api, &Outcome::Failed(&failure), guard).await?
+            else {
+                return lost();
+            };
             discard_partial(backup, ctx).await;
-            status::publish(latest, ctx, api, &Outcome::Failed(&failure)).await?;
             ctx.state
                 .attempts
                 .wrote(&uid, attempt, BackupPhase::Failed, None);
@@ -336,7 +419,9 @@ async fn finish(
                 of: allowed,
                 retry_in,
             };
-            status::publish(latest, ctx, api, &retrying).await?;
+            let Some(_) = status::publish(latest, ctx, api, &retrying, guard).await? else {
+                return lost();
+            };
             ctx.state.attempts.wrote(
                 &uid,
                 attempt,

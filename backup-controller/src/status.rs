@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dbops_api::{Backup, BackupPhase, BackupStatus, condition};
+use dbops_api::{Backup, BackupPhase, BackupRunner, BackupStatus, condition};
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, set_condition};
 use dbops_shared::controller::Context;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -13,6 +13,7 @@ use serde_json::json;
 
 use crate::error::{Failure, Result};
 use crate::reconcile::State;
+use crate::runner;
 
 /// What a complete attempt produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,12 +35,13 @@ pub enum Outcome<'a> {
         reason: &'static str,
         message: String,
     },
-    /// Attempt `attempt` of `of` started at `started_at`.
+    /// Attempt `attempt` of `of` started at `started_at`, run by replica `runner`.
     Running {
         attempt: i32,
         of: i32,
         started_at: Time,
         what: String,
+        runner: &'a str,
     },
     /// Attempt `attempt` of `of` failed; the next one starts in `retry_in`.
     Retrying {
@@ -169,11 +171,16 @@ pub fn desired(backup: &Backup, outcome: &Outcome<'_>, t: Time) -> BackupStatus 
         Outcome::Running {
             attempt,
             started_at,
+            runner,
             ..
         } => {
             new.attempts = Some(*attempt);
             new.started_at = Some(started_at.clone());
             new.progress_bytes = Some(0);
+            new.runner = Some(BackupRunner {
+                identity: (*runner).to_string(),
+                renew_time: t.clone(),
+            });
         }
         Outcome::Completed(done) => {
             new.completed_at = Some(done.completed_at.clone());
@@ -189,20 +196,50 @@ pub fn desired(backup: &Backup, outcome: &Outcome<'_>, t: Time) -> BackupStatus 
     new
 }
 
-/// Writes the status for `outcome` if it differs from the stored one, and returns it.
+/// What a status write may overwrite (see [`crate::runner`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Guard<'a> {
+    /// Only the Backup as it was read (its resourceVersion): a replica that decided on an
+    /// older version writes nothing.
+    AsRead,
+    /// Only a status that still names `identity` the runner of attempt `attempt`, read
+    /// afresh; the new status is derived from that one.
+    Runner { identity: &'a str, attempt: i32 },
+}
+
+/// Writes the status for `outcome` if it differs from the stored one, and returns it;
+/// `None` when `guard` refused the write (another replica changed the Backup first).
 /// An Event tells about attempts that start, fail or end.
 pub async fn publish(
     backup: &Backup,
     ctx: &Context<State>,
     api: &Api<Backup>,
     outcome: &Outcome<'_>,
-) -> Result<BackupStatus> {
-    let old = backup.status.clone().unwrap_or_default();
-    let new = desired(backup, outcome, now());
-    if new == old {
-        return Ok(new);
-    }
-    write(api, &backup.name_any(), &new).await?;
+    guard: Guard<'_>,
+) -> Result<Option<BackupStatus>> {
+    let new = match guard {
+        Guard::AsRead => {
+            let new = desired(backup, outcome, now());
+            if Some(&new) == backup.status.as_ref() {
+                return Ok(Some(new));
+            }
+            if !write_if_unchanged(api, backup, &new).await? {
+                return Ok(None);
+            }
+            new
+        }
+        Guard::Runner { identity, attempt } => {
+            let written = write_as_runner(api, &backup.name_any(), identity, attempt, |fresh| {
+                desired(fresh, outcome, now())
+            })
+            .await?;
+            match written {
+                Written::Changed(new) => new,
+                Written::Unchanged(new) => return Ok(Some(new)),
+                Written::Lost => return Ok(None),
+            }
+        }
+    };
     let event = match outcome {
         Outcome::Waiting { .. } => None,
         Outcome::Running {
@@ -232,7 +269,58 @@ pub async fn publish(
     if let Some((normal, reason, note)) = event {
         publish_event(ctx, backup, normal, reason, &note).await;
     }
-    Ok(new)
+    Ok(Some(new))
+}
+
+/// The runner's renewal of its hold on attempt `attempt`: `false` once the status names
+/// another runner or attempt.
+pub async fn renew(api: &Api<Backup>, name: &str, identity: &str, attempt: i32) -> Result<bool> {
+    let written = write_as_runner(api, name, identity, attempt, |fresh| {
+        let mut status = fresh.status.clone().unwrap_or_default();
+        status.runner = Some(BackupRunner {
+            identity: identity.to_string(),
+            renew_time: now(),
+        });
+        status
+    })
+    .await?;
+    Ok(!matches!(written, Written::Lost))
+}
+
+enum Written {
+    Changed(BackupStatus),
+    Unchanged(BackupStatus),
+    Lost,
+}
+
+/// Writes `make(fresh)` while the freshly read status names `identity` the runner of
+/// `attempt`; a conflict (a progress report of our own in between) reads again.
+async fn write_as_runner(
+    api: &Api<Backup>,
+    name: &str,
+    identity: &str,
+    attempt: i32,
+    make: impl Fn(&Backup) -> BackupStatus,
+) -> Result<Written> {
+    const TRIES: usize = 5;
+    for _ in 0..TRIES {
+        let fresh = api.get_status(name).await?;
+        if !runner::holds(fresh.status.as_ref(), identity, attempt) {
+            return Ok(Written::Lost);
+        }
+        let new = make(&fresh);
+        if Some(&new) == fresh.status.as_ref() {
+            return Ok(Written::Unchanged(new));
+        }
+        if write_if_unchanged(api, &fresh, &new).await? {
+            return Ok(Written::Changed(new));
+        }
+    }
+    tracing::warn!(
+        attempts = TRIES,
+        "the Backup kept changing under its runner's status write; leaving it"
+    );
+    Ok(Written::Lost)
 }
 
 /// Records that the current generation was seen, without changing anything else (for a
@@ -246,7 +334,7 @@ pub async fn observe_generation(backup: &Backup, api: &Api<Backup>) -> Result<()
         c.observed_generation = generation;
     }
     if new != old {
-        write(api, &backup.name_any(), &new).await?;
+        write_if_unchanged(api, backup, &new).await?;
     }
     Ok(())
 }
@@ -263,14 +351,25 @@ pub async fn progress(api: &Api<Backup>, name: &str, bytes: u64) {
     }
 }
 
-async fn write(api: &Api<Backup>, name: &str, new: &BackupStatus) -> Result<()> {
-    api.patch_status(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": new })),
-    )
-    .await?;
-    Ok(())
+/// Writes `new` over the status of `read` unless the Backup changed since it was read
+/// (the resourceVersion in a merge patch is a precondition): `false` on a conflict.
+async fn write_if_unchanged(api: &Api<Backup>, read: &Backup, new: &BackupStatus) -> Result<bool> {
+    let patch = json!({
+        "metadata": {"resourceVersion": read.metadata.resource_version},
+        "status": new,
+    });
+    match api
+        .patch_status(
+            &read.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Publishes an Event about the Backup; failures are logged, never fatal.

@@ -109,6 +109,9 @@ impl ControllerProcess {
                 "RUST_LOG",
                 std::env::var("DBOPS_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
             );
+        if !env_names().any(|name| name == "POD_NAME") {
+            spec = spec.env("POD_NAME", pod_name(name, log_dir));
+        }
         for (key, value) in env {
             spec = spec.env(key.clone(), value.clone());
         }
@@ -196,6 +199,17 @@ pub fn server_selector_arg<'a>(
         })
 }
 
+/// The test bed's `$POD_NAME` for a controller that was given none: one log directory is
+/// one pod. A process started again into the same directory is that pod's container
+/// restarted (the same identity, as in Kubernetes); two replicas log into two
+/// directories, so they are two pods with identities of their own.
+pub fn pod_name(name: &str, log_dir: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    log_dir.hash(&mut hasher);
+    format!("{name}-{:08x}", hasher.finish() as u32)
+}
+
 /// A minimal HTTP/1.0 GET on loopback (the test bed talks plain HTTP to controllers).
 pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
     use std::io::{Read, Write};
@@ -242,6 +256,14 @@ mod tests {
             controller_namespace_arg(&args(&["--resync-interval=3s"]), std::iter::empty()),
             None
         );
+    }
+
+    #[test]
+    fn one_log_directory_is_one_pod() {
+        let a = pod_name("backup-controller", Path::new("/tmp/logs/a"));
+        assert_eq!(a, pod_name("backup-controller", Path::new("/tmp/logs/a")));
+        assert_ne!(a, pod_name("backup-controller", Path::new("/tmp/logs/b")));
+        assert!(a.starts_with("backup-controller-"), "{a}");
     }
 
     #[test]

@@ -12,9 +12,11 @@
 //! crashes happen a Backup has at most one artifact (`<key>.dump`) and one manifest
 //! (`<key>.manifest.json`) beside it.
 //!
-//! - `file://`: both are written under a temporary name in the same directory
-//!   (`.<name>-<uid>.dump.partial`) and renamed into place once complete: a reader never
-//!   sees half an artifact, and a retry overwrites the partial one.
+//! - `file://`: both are written under a temporary name of their own in the same
+//!   directory (`.<name>-<uid>.<random>.dump.partial`) and renamed into place once
+//!   complete: a reader never sees half an artifact, two writers of one key never write
+//!   into one file, and the partial files an interrupted attempt left are removed when a
+//!   later one completes or gives up ([`BackupStore::discard_partial`]).
 //! - `s3://`: the artifact is streamed as a multipart upload of [`S3_PART_SIZE`] parts,
 //!   at most [`S3_PARTS_IN_FLIGHT`] of them uploading while the next one fills (bounded
 //!   memory whatever the dump's size), and becomes visible only when the upload is
@@ -460,18 +462,61 @@ impl BackupStore {
         }
     }
 
+    /// The artifact of `key`, a new temporary name for it, its manifest and a new
+    /// temporary name for that: each writer has its own temporary file.
     fn paths(
         &self,
         root: &std::path::Path,
         key: &ObjectKey,
     ) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
         let dir = root.join(&key.namespace);
+        let writer = rand::random::<u32>();
         (
             dir.join(format!("{}.dump", key.stem)),
-            dir.join(format!(".{}.dump.partial", key.stem)),
+            dir.join(format!(".{}.{writer:08x}.dump.partial", key.stem)),
             dir.join(format!("{}.manifest.json", key.stem)),
-            dir.join(format!(".{}.manifest.json.partial", key.stem)),
+            dir.join(format!(".{}.{writer:08x}.manifest.json.partial", key.stem)),
         )
+    }
+
+    /// The temporary files of `key` that are there now, whoever's: `.<stem>.` names
+    /// ending in `.partial` (the older `.<stem>.dump.partial` included).
+    async fn partial_files(
+        &self,
+        root: &std::path::Path,
+        key: &ObjectKey,
+    ) -> Result<Vec<PathBuf>, StoreError> {
+        let dir = root.join(&key.namespace);
+        let mut entries = match tokio::fs::read_dir(&dir).await {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(self.io(format!("listing {}", dir.display()))(e)),
+        };
+        let prefix = format!(".{}.", key.stem);
+        let mut found = Vec::new();
+        while let Some(entry) = entries
+            .next_entry()
+            .await
+            .map_err(self.io(format!("listing {}", dir.display())))?
+        {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with(&prefix) && name.ends_with(".partial") {
+                found.push(entry.path());
+            }
+        }
+        Ok(found)
+    }
+
+    async fn remove_files(&self, paths: Vec<PathBuf>) -> Result<(), StoreError> {
+        for path in paths {
+            match tokio::fs::remove_file(&path).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(self.io(format!("removing {}", path.display()))(e)),
+            }
+        }
+        Ok(())
     }
 
     /// The S3 client and the key of `relative` in the bucket.
@@ -618,8 +663,8 @@ impl BackupStore {
         }
     }
 
-    /// Removes the artifact, its manifest and any partial file of `key`; what is already
-    /// gone counts as removed.
+    /// Removes the artifact, its manifest and every partial file of `key`; what is
+    /// already gone counts as removed.
     pub async fn delete(&self, key: &ObjectKey) -> Result<(), StoreError> {
         let root = match self {
             Self::File { root } => root,
@@ -642,31 +687,23 @@ impl BackupStore {
                 return Ok(());
             }
         };
-        let (artifact, partial, manifest, manifest_partial) = self.paths(root, key);
-        for path in [manifest, artifact, partial, manifest_partial] {
-            match tokio::fs::remove_file(&path).await {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(self.io(format!("removing {}", path.display()))(e)),
-            }
-        }
-        Ok(())
+        let (artifact, _, manifest, _) = self.paths(root, key);
+        self.remove_files(vec![manifest, artifact]).await?;
+        let partials = self.partial_files(root, key).await?;
+        self.remove_files(partials).await
     }
 
-    /// Removes only the partial artifact of `key` (after an attempt that gave up). An
-    /// `s3://` store has none to remove: an unfinished upload is invisible, aborted when
-    /// its writer is dropped, and otherwise expired by the bucket's lifecycle rule.
+    /// Removes only the partial files of `key` (after an attempt that gave up, or
+    /// completed after an interrupted one). An `s3://` store has none to remove: an
+    /// unfinished upload is invisible, aborted when its writer is dropped, and otherwise
+    /// expired by the bucket's lifecycle rule.
     pub async fn discard_partial(&self, key: &ObjectKey) -> Result<(), StoreError> {
         let root = match self {
             Self::File { root } => root,
             Self::S3 { .. } => return Ok(()),
         };
-        let (_, partial, _, _) = self.paths(root, key);
-        match tokio::fs::remove_file(&partial).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(self.io(format!("removing {}", partial.display()))(e)),
-        }
+        let partials = self.partial_files(root, key).await?;
+        self.remove_files(partials).await
     }
 }
 

@@ -309,6 +309,15 @@ async fn released(leases: &Api<Lease>, lease: &str) {
     }
 }
 
+/// This replica's identity: `$POD_NAME`, or `<hostname>-<random>` without it (a process
+/// started again then has a new identity).
+pub fn identity() -> String {
+    std::env::var("POD_NAME")
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(random_identity)
+}
+
 /// `<hostname>-<random>` for a replica without `$POD_NAME`.
 fn random_identity() -> String {
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "dbops".to_owned());

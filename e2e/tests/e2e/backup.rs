@@ -693,6 +693,117 @@ async fn a_controller_killed_mid_dump_leaves_exactly_one_artifact() {
     );
 }
 
+/// Two backup-controller replicas running at once (leader election off, as while a
+/// deposed leader finishes its dump): an attempt is run by one replica only, the other
+/// leaving it alone while its runner renews its hold; when the runner is SIGKILLed
+/// mid-dump, the other starts the Backup over once the hold has run out. Every Completed
+/// artifact matches its checksum and no partial file is left. (Before `status.runner`
+/// the second replica took a Running Backup for an interrupted one and started it over
+/// beside the first: two pg_dumps into one partial file, more attempts, and one
+/// replica's failed rename could mark a completed Backup Failed.)
+#[tokio::test]
+async fn two_replicas_run_each_attempt_once_and_take_over_from_a_dead_runner() {
+    let mut s = Setup::new("bk-two").await;
+    let first = dbops_e2e::controllers::pod_name("backup-controller", s.logs.path());
+    let second_logs = s.logs.path().join("second");
+    std::fs::create_dir_all(&second_logs).unwrap();
+    let pg_dump = dbops_e2e::paths::postgres_bin_dir()
+        .unwrap()
+        .join("pg_dump");
+    let mut args = s.common_args();
+    args.extend([
+        format!("--backup-store={}", s.store_url),
+        format!("--pg-dump={}", pg_dump.display()),
+    ]);
+    let second_name = "backup-controller-second".to_string();
+    let mut second = Some(
+        ControllerProcess::start_with_env(
+            "backup-controller",
+            &s.identities["backup-controller"],
+            &second_logs,
+            &args,
+            &[("POD_NAME".to_string(), second_name.clone())],
+        )
+        .unwrap(),
+    );
+    s.create_database("big", "Delete").await;
+    s.pgbench("big", 30).await;
+    let runner_of = |b: &Backup| {
+        b.status
+            .as_ref()
+            .and_then(|st| st.runner.as_ref())
+            .map(|r| r.identity.clone())
+    };
+
+    // Both alive: one attempt, one runner, one Started Event.
+    s.create_backup("big-1", "big", json!({})).await;
+    let done = s.wait_completed("big-1", BIG_DUMP).await;
+    assert_eq!(
+        attempts(&done),
+        1,
+        "one attempt by one replica: {:?}",
+        BackupView(done.clone())
+    );
+    let runner = runner_of(&done).unwrap();
+    assert!(runner == first || runner == second_name, "{runner}");
+    verify_artifact(&s, &done);
+    let started: Vec<String> =
+        dbops_e2e::fixtures::events_about(&s.b.client, s.ns(), "Backup", "big-1")
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("Started"))
+            .filter_map(|e| e.message)
+            .collect();
+    assert_eq!(started.len(), 1, "Started Events: {started:?}");
+
+    // The runner dies mid-dump: the other replica starts it over after the hold.
+    s.create_backup("big-2", "big", json!({})).await;
+    let running = s
+        .wait_backup("big-2", "Running with output", READY, |b| {
+            phase(b) == Some(BackupPhase::Running)
+                && (b
+                    .status
+                    .as_ref()
+                    .and_then(|st| st.progress_bytes)
+                    .unwrap_or(0)
+                    > 0
+                    || s.store_files().iter().any(|f| f.ends_with(".dump.partial")))
+        })
+        .await;
+    let runner = runner_of(&running).unwrap();
+    let survivor = if runner == first {
+        s.kill_backup_controller();
+        second_name.clone()
+    } else {
+        let mut c = second.take().unwrap();
+        c.process.signal("KILL").unwrap();
+        c.process.wait_exit(Duration::from_secs(10)).unwrap();
+        first.clone()
+    };
+    let after_kill = s.backups().get("big-2").await.unwrap();
+    assert_eq!(
+        phase(&after_kill),
+        Some(BackupPhase::Running),
+        "the dump should have been interrupted mid-way; choose a bigger pgbench scale"
+    );
+    let done = s.wait_completed("big-2", BIG_DUMP).await;
+    assert_eq!(attempts(&done), 2, "{:?}", BackupView(done.clone()));
+    assert_eq!(runner_of(&done).as_deref(), Some(survivor.as_str()));
+    verify_artifact(&s, &done);
+    let mut expected: Vec<String> = ["big-1", "big-2"]
+        .into_iter()
+        .zip([&s.backups().get("big-1").await.unwrap(), &done])
+        .flat_map(|(name, b)| {
+            let stem = format!("{name}-{}", b.metadata.uid.as_deref().unwrap());
+            [format!("{stem}.dump"), format!("{stem}.manifest.json")]
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(s.store_files(), expected, "no partial file is left");
+    drop(second);
+}
+
 /// (c) A store that cannot be written (its path goes through a regular file, so even
 /// root cannot create it): each attempt fails, is retried with backoff, and after
 /// maxRetries retries the Backup is Failed with the store's reason.
