@@ -1216,6 +1216,17 @@ mod tests {
         second.commit().await.unwrap();
         store.put_manifest(&key(), b"{}").await.unwrap();
         assert_eq!(std::fs::read(&artifact).unwrap(), b"all");
+        // Each writer had its own partial file: the crashed one's is still there until
+        // the completed attempt discards the leftovers.
+        let partials = std::fs::read_dir(dir.path().join("team-a"))
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy().ends_with(".dump.partial")
+            })
+            .count();
+        assert_eq!(partials, 1);
+        store.discard_partial(&key()).await.unwrap();
         let mut names: Vec<_> = std::fs::read_dir(dir.path().join("team-a"))
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
