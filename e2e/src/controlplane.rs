@@ -51,6 +51,10 @@ pub struct ControlPlane {
     /// Numbers the kubeconfigs [`ControlPlane::kubeconfig_for`] writes, so that two tests
     /// minting the same user never overwrite files the other is reading.
     minted: AtomicU64,
+    /// How kube-apiserver and kube-controller-manager were started, to start them again
+    /// ([`ControlPlane::stop_apiserver`], [`ControlPlane::start_apiserver`]).
+    apiserver_spec: Spec,
+    controller_manager_spec: Option<Spec>,
     // Dropped in reverse order of start: controller-manager, apiserver, etcd.
     controller_manager: Option<Supervised>,
     apiserver: Option<Supervised>,
@@ -192,34 +196,32 @@ impl ControlPlane {
         )?;
 
         let p = |f: &str| pki_dir.join(f).display().to_string();
-        let apiserver = Supervised::start(
-            &Spec::new("kube-apiserver", bin.join("kube-apiserver")).args([
-                format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-                "--bind-address=127.0.0.1".to_string(),
-                "--advertise-address=127.0.0.1".to_string(),
-                format!("--secure-port={api_port}"),
-                format!("--cert-dir={}", p("serving")),
-                format!("--tls-cert-file={}", p("apiserver.crt")),
-                format!("--tls-private-key-file={}", p("apiserver.key")),
-                format!("--client-ca-file={}", p("ca.crt")),
-                "--authorization-mode=RBAC".to_string(),
-                format!("--service-account-issuer={SA_ISSUER}"),
-                format!("--service-account-key-file={}", p("sa.pub")),
-                format!("--service-account-signing-key-file={}", p("sa.key")),
-                "--service-cluster-ip-range=10.96.0.0/24".to_string(),
-                // The only endpoint would be a loopback address, which the endpoints
-                // reconciler refuses; nothing here routes to the apiserver by Service.
-                "--endpoint-reconciler-type=none".to_string(),
-                "--allow-privileged=false".to_string(),
-                format!("--audit-policy-file={}", audit_policy.display()),
-                format!("--audit-log-path={}", dir.join("audit.log").display()),
-                "--audit-log-format=json".to_string(),
-                // Each event is written before the request returns (the default, stated).
-                "--audit-log-mode=blocking".to_string(),
-                "--v=1".to_string(),
-            ]),
-            &log_dir,
-        )?;
+        let apiserver_spec = Spec::new("kube-apiserver", bin.join("kube-apiserver")).args([
+            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            "--bind-address=127.0.0.1".to_string(),
+            "--advertise-address=127.0.0.1".to_string(),
+            format!("--secure-port={api_port}"),
+            format!("--cert-dir={}", p("serving")),
+            format!("--tls-cert-file={}", p("apiserver.crt")),
+            format!("--tls-private-key-file={}", p("apiserver.key")),
+            format!("--client-ca-file={}", p("ca.crt")),
+            "--authorization-mode=RBAC".to_string(),
+            format!("--service-account-issuer={SA_ISSUER}"),
+            format!("--service-account-key-file={}", p("sa.pub")),
+            format!("--service-account-signing-key-file={}", p("sa.key")),
+            "--service-cluster-ip-range=10.96.0.0/24".to_string(),
+            // The only endpoint would be a loopback address, which the endpoints
+            // reconciler refuses; nothing here routes to the apiserver by Service.
+            "--endpoint-reconciler-type=none".to_string(),
+            "--allow-privileged=false".to_string(),
+            format!("--audit-policy-file={}", audit_policy.display()),
+            format!("--audit-log-path={}", dir.join("audit.log").display()),
+            "--audit-log-format=json".to_string(),
+            // Each event is written before the request returns (the default, stated).
+            "--audit-log-mode=blocking".to_string(),
+            "--v=1".to_string(),
+        ]);
+        let apiserver = Supervised::start(&apiserver_spec, &log_dir)?;
 
         let kubeconfig = dir.join("kubeconfig");
         write_kubeconfig(
@@ -237,30 +239,31 @@ impl ControlPlane {
             server,
             pki,
             minted: AtomicU64::new(0),
+            apiserver_spec,
+            controller_manager_spec: None,
             controller_manager: None,
             apiserver: Some(apiserver),
             etcd: Some(etcd),
         };
         cp.wait_ready(Duration::from_secs(90)).await?;
 
-        cp.controller_manager = Some(Supervised::start(
-            &Spec::new(
-                "kube-controller-manager",
-                bin.join("kube-controller-manager"),
-            )
-            .args([
-                format!("--kubeconfig={}", cp.kubeconfig.display()),
-                "--controllers=garbagecollector,namespace,serviceaccount,serviceaccount-token"
-                    .to_string(),
-                format!("--service-account-private-key-file={}", p("sa.key")),
-                format!("--root-ca-file={}", p("ca.crt")),
-                "--use-service-account-credentials=false".to_string(),
-                "--leader-elect=false".to_string(),
-                "--secure-port=0".to_string(),
-                "--v=1".to_string(),
-            ]),
-            &log_dir,
-        )?);
+        let controller_manager_spec = Spec::new(
+            "kube-controller-manager",
+            bin.join("kube-controller-manager"),
+        )
+        .args([
+            format!("--kubeconfig={}", cp.kubeconfig.display()),
+            "--controllers=garbagecollector,namespace,serviceaccount,serviceaccount-token"
+                .to_string(),
+            format!("--service-account-private-key-file={}", p("sa.key")),
+            format!("--root-ca-file={}", p("ca.crt")),
+            "--use-service-account-credentials=false".to_string(),
+            "--leader-elect=false".to_string(),
+            "--secure-port=0".to_string(),
+            "--v=1".to_string(),
+        ]);
+        cp.controller_manager = Some(Supervised::start(&controller_manager_spec, &log_dir)?);
+        cp.controller_manager_spec = Some(controller_manager_spec);
 
         cp.install_crds().await?;
         tracing::info!(
@@ -437,6 +440,48 @@ impl ControlPlane {
             .flatten()
             .map(|p| format!("==> {} <==\n{}\n", p.name(), p.log_tail(max_bytes)))
             .collect()
+    }
+
+    /// Stops kube-apiserver: `signal` `TERM` is its graceful shutdown (SIGKILL after the
+    /// grace period), `KILL` a crash. etcd and its data stay; clients see connection
+    /// errors until [`ControlPlane::start_apiserver`]. Nothing happens when it is stopped.
+    pub fn stop_apiserver(&mut self, signal: &str) -> Result<()> {
+        if let Some(mut apiserver) = self.apiserver.take() {
+            if signal != "TERM" {
+                // It may have exited already; stop() below waits either way.
+                let _ = apiserver.signal(signal);
+            }
+            apiserver.stop()?;
+        }
+        Ok(())
+    }
+
+    /// Starts kube-apiserver again after [`ControlPlane::stop_apiserver`] with the same
+    /// port, certificates, etcd and audit log (appended to), and waits until `/readyz`
+    /// answers; kube-controller-manager is started again too if it exited meanwhile.
+    /// Nothing is started when it runs.
+    pub async fn start_apiserver(&mut self, timeout: Duration) -> Result<()> {
+        let log_dir = self.dir.join("logs");
+        if self.apiserver.is_none() {
+            self.apiserver = Some(Supervised::start(&self.apiserver_spec, &log_dir)?);
+        }
+        self.wait_ready(timeout).await?;
+        let exited = match self.controller_manager.as_mut() {
+            Some(cm) => cm.try_exit()?.is_some(),
+            None => false,
+        };
+        if exited && let Some(spec) = &self.controller_manager_spec {
+            self.controller_manager = Some(Supervised::start(spec, &log_dir)?);
+        }
+        Ok(())
+    }
+
+    /// [`ControlPlane::stop_apiserver`] with `signal`, `down_for`, then
+    /// [`ControlPlane::start_apiserver`].
+    pub async fn restart_apiserver(&mut self, signal: &str, down_for: Duration) -> Result<()> {
+        self.stop_apiserver(signal)?;
+        tokio::time::sleep(down_for).await;
+        self.start_apiserver(Duration::from_secs(90)).await
     }
 
     async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {

@@ -32,6 +32,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Mutex;
 
 mod backup;
+mod chaos;
 mod outage;
 mod secrets;
 
@@ -52,6 +53,9 @@ enum Command {
     Secrets(secrets::SecretsArgs),
     /// What a PostgreSQL outage costs: connection attempts, status writes, recovery.
     Outage(outage::OutageArgs),
+    /// Random SIGKILLs of leader-elected replicas and restarts of PostgreSQL and the
+    /// apiserver under a random workload, then invariants (non-zero exit on a violation).
+    Chaos(chaos::ChaosArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -87,6 +91,7 @@ async fn main() -> Result<()> {
         Command::Backup(args) => backup::run(args).await,
         Command::Secrets(args) => secrets::run(args).await,
         Command::Outage(args) => outage::run(args).await,
+        Command::Chaos(args) => chaos::run(args).await,
     }
 }
 
