@@ -807,6 +807,59 @@ async fn two_replicas_run_each_attempt_once_and_take_over_from_a_dead_runner() {
     drop(second);
 }
 
+/// Issue 12's question "does an outage burn a Backup's retries?": once the outage is
+/// known (the DatabaseServer's probe, which maps to its Databases), the Database is not
+/// Ready and a Backup created then waits (`Pending`, `WaitingForDatabase`) without spending
+/// its retries, and completes in one attempt once the server is back. Only attempts begun
+/// before the outage was noticed count (transient failures, as `maxRetries` says).
+#[tokio::test]
+async fn a_backup_created_in_an_outage_waits_without_spending_retries() {
+    let mut s = Setup::new("bk-outage").await;
+    s.create_database("app", "Delete").await;
+    let server = dbops_e2e::fixtures::server_name(s.ns(), ADMIN_SECRET);
+    s.pg.stop().unwrap();
+    dbops_e2e::fixtures::server_condition(
+        &s.b.client,
+        &server,
+        Want::new("Ready", "False", Some("ServerUnreachable")),
+        Duration::from_secs(120),
+    )
+    .await
+    .unwrap();
+
+    s.create_backup("app-1", "app", json!({"maxRetries": 1}))
+        .await;
+    s.wait_backup("app-1", "waiting for its Database", READY, |b| {
+        has(
+            b,
+            Want::new("Progressing", "True", Some("WaitingForDatabase")),
+        )
+    })
+    .await;
+    // Several backoff periods (1 s .. 5 s here): no attempt is made.
+    let backups = s.backups();
+    dbops_e2e::wait::holds_for(
+        "the Backup waits without an attempt",
+        Duration::from_secs(15),
+        || async { Ok(BackupView(backups.get("app-1").await?)) },
+        |b| {
+            phase(&b.0) == Some(BackupPhase::Pending)
+                && attempts(&b.0) == 0
+                && has(
+                    &b.0,
+                    Want::new("Progressing", "True", Some("WaitingForDatabase")),
+                )
+        },
+    )
+    .await
+    .unwrap();
+
+    s.pg.start_again().await.unwrap();
+    let done = s.wait_completed("app-1", READY).await;
+    assert_eq!(attempts(&done), 1, "{:?}", BackupView(done.clone()));
+    verify_artifact(&s, &done);
+}
+
 /// (c) A store that cannot be written (its path goes through a regular file, so even
 /// root cannot create it): each attempt fails, is retried with backoff, and after
 /// maxRetries retries the Backup is Failed with the store's reason.
