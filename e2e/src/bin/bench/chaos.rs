@@ -119,6 +119,10 @@ pub struct ChaosArgs {
     /// the controller until it is back).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
     pub replicas: u8,
+    /// Leader election (off only with one replica: each controller process then works
+    /// from its first moment, as a plain Deployment of one pod without a Lease would).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
     /// A deletion or a Database spec change that waits longer than this (seconds) for the
     /// controllers is a violation (0: only reported); a deletion that waited for a person
     /// (a failed final snapshot, by design) does not count.
@@ -363,6 +367,9 @@ pub async fn run_chaos(mut args: ChaosArgs) -> Result<Outcome> {
     if !(args.min_gap >= 0.0 && args.max_gap >= args.min_gap) {
         bail!("--min-gap must be >= 0 and <= --max-gap");
     }
+    if !args.leader_elect && args.replicas > 1 {
+        bail!("--leader-elect false needs --replicas 1");
+    }
     let seed = args.seed.unwrap_or_else(rand::random);
     let wall = Instant::now();
     let tmp = tempfile::Builder::new().prefix("dbops-chaos-").tempdir()?;
@@ -420,6 +427,7 @@ pub async fn run_chaos(mut args: ChaosArgs) -> Result<Outcome> {
         &dir,
         &store,
         usize::from(args.replicas),
+        args.leader_elect,
     )?);
     fleet.start_all(&world).await?;
     wait_servers_ready(&client).await?;

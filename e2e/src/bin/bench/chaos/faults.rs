@@ -150,7 +150,13 @@ pub(crate) struct Fleet {
 }
 
 impl Fleet {
-    pub fn new(cp: &ControlPlane, dir: &Path, store: &Path, replicas: usize) -> Result<Self> {
+    pub fn new(
+        cp: &ControlPlane,
+        dir: &Path,
+        store: &Path,
+        replicas: usize,
+        leader_elect: bool,
+    ) -> Result<Self> {
         let bin = dbops_e2e::paths::postgres_bin_dir()?;
         let pg_dump = format!("--pg-dump={}", bin.join("pg_dump").display());
         let pg_restore = format!("--pg-restore={}", bin.join("pg_restore").display());
@@ -161,7 +167,7 @@ impl Fleet {
         let mut replicas = Vec::new();
         for controller in CONTROLLERS {
             let mut args = vec![
-                "--leader-elect".to_string(),
+                format!("--leader-elect={leader_elect}"),
                 "--resync-interval=5s".to_string(),
                 "--backoff-base=1s".to_string(),
                 "--backoff-max=10s".to_string(),
