@@ -182,11 +182,38 @@ fn unsettled_now(o: &Objects) -> Vec<Unsettled> {
             });
         }
     }
+    // Databases in a permanent reported state (for example restored from a Backup that
+    // the driver deleted meanwhile): a Backup of one waits, Pending with
+    // WaitingForDatabase, until a person fixes the Database; that is settled too.
+    let stuck_for_a_person: BTreeSet<String> = o
+        .dbs
+        .iter()
+        .filter(|d| {
+            d.metadata.deletion_timestamp.is_none()
+                && d.status.as_ref().is_some_and(|s| {
+                    s.observed_generation == d.metadata.generation
+                        && matches!(
+                            ready_condition(&s.conditions),
+                            Some(("False", reason, _)) if PERMANENT.contains(&reason)
+                        )
+                })
+        })
+        .map(|d| d.name_any())
+        .collect();
     for b in &o.backups {
         let phase = b.status.as_ref().and_then(|s| s.phase);
         let deleting = b.metadata.deletion_timestamp.as_ref().map(|t| t.0);
+        let waits_for_a_person = phase == Some(BackupPhase::Pending)
+            && stuck_for_a_person.contains(&b.spec.database_ref.name)
+            && b.status.as_ref().is_some_and(|s| {
+                matches!(
+                    ready_condition(&s.conditions),
+                    Some(("False", "WaitingForDatabase", _))
+                )
+            });
         if deleting.is_some()
-            || !matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed))
+            || !(matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed))
+                || waits_for_a_person)
         {
             let cond = b
                 .status
