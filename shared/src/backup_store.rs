@@ -895,6 +895,37 @@ impl BackupStore {
         tokio::fs::create_dir_all(root)
             .await
             .map_err(self.io(format!("creating the directory {}", root.display())))?;
+        // First an unnamed file (O_TMPFILE): written and synced like an artifact, and gone
+        // with its descriptor, so a process killed mid-probe leaves nothing in the store.
+        // A filesystem without O_TMPFILE (NFS, for one) gets a named probe file.
+        let unnamed = {
+            let mut options = tokio::fs::OpenOptions::new();
+            options
+                .write(true)
+                .mode(0o600)
+                .custom_flags(libc::O_TMPFILE);
+            options.open(root).await
+        };
+        match unnamed {
+            Ok(mut file) => {
+                let what = format!("writing an unnamed probe file in {}", root.display());
+                file.write_all(b"dbops write probe\n")
+                    .await
+                    .map_err(self.io(what.clone()))?;
+                return file.sync_all().await.map_err(self.io(what));
+            }
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+                ) => {}
+            Err(e) => {
+                return Err(self.io(format!(
+                    "creating an unnamed probe file in {}",
+                    root.display()
+                ))(e));
+            }
+        }
         let probe = root.join(format!(".dbops-probe-{:016x}", rand::random::<u64>()));
         let written = async {
             let mut file = tokio::fs::OpenOptions::new()
