@@ -654,22 +654,16 @@ async fn run_controller<K, S, F, Fut, E>(
     E: ReconcileError,
 {
     let api: Api<K> = api_of(ctx.client.clone(), args.watch_namespace.as_deref());
-    // The store keeps every object of the kind for the life of the process: without
-    // `managedFields`, which no reconcile reads and which are often the largest part of
-    // an object (one entry per writer).
-    let (reader, writer) = reflector::store();
-    let objects = reflector(
-        writer,
-        watcher(api, config).modify(|o| o.meta_mut().managed_fields = None),
-    )
-    .default_backoff()
-    .applied_objects();
     let controller = match trigger {
-        Trigger::AnyChange => Controller::for_stream(objects, reader),
-        Trigger::GenerationChange => Controller::for_stream(
-            objects.predicate_filter(predicates::generation, Default::default()),
-            reader,
-        ),
+        Trigger::AnyChange => Controller::new(api, config),
+        Trigger::GenerationChange => {
+            let (reader, writer) = reflector::store();
+            let changes = reflector(writer, watcher(api, config))
+                .default_backoff()
+                .applied_objects()
+                .predicate_filter(predicates::generation, Default::default());
+            Controller::for_stream(changes, reader)
+        }
     };
     let controller = controller
         .with_config(controller::Config::default().concurrency(args.concurrency))

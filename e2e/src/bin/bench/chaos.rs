@@ -56,7 +56,7 @@
 //! and the run says whether a fresh process settles it. The exit status is non-zero on
 //! any violation. `--self-test` breaks one thing per invariant after settling and passes
 //! only when each is caught. The harness's own client logging is off unless `RUST_LOG`
-//! is set. CI (`e2e/test`) runs `dbops-bench chaos --duration 60` (about two and a half
+//! is set. `dbops-bench chaos --duration 60` is the short run (about two and a half
 //! minutes in all); `dbops-bench chaos --kills 1000` is the long run.
 
 mod check;
