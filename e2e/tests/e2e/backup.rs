@@ -410,6 +410,24 @@ impl Setup {
         }
     }
 
+    /// Mid-dump: Running, and pg_dump's output is reaching the store.
+    async fn wait_mid_dump(&self, name: &str) -> Backup {
+        self.wait_backup(name, "Running with output in the store", READY, |b| {
+            phase(b) == Some(BackupPhase::Running)
+                && (b
+                    .status
+                    .as_ref()
+                    .and_then(|st| st.progress_bytes)
+                    .unwrap_or(0)
+                    > 0
+                    || self
+                        .store_files()
+                        .iter()
+                        .any(|f| f.ends_with(".dump.partial")))
+        })
+        .await
+    }
+
     async fn wait_completed(&self, name: &str, timeout: Duration) -> Backup {
         self.wait_backup(name, "Completed and Ready", timeout, |b| {
             phase(b) == Some(BackupPhase::Completed)
@@ -658,20 +676,7 @@ async fn a_controller_killed_mid_dump_leaves_exactly_one_artifact() {
     s.pgbench("big", 50).await;
     s.create_backup("big-1", "big", json!({})).await;
 
-    // Mid-dump: Running, and pg_dump's output is reaching the store.
-    let partial_growing = || s.store_files().iter().any(|f| f.ends_with(".dump.partial"));
-    let running = s
-        .wait_backup("big-1", "Running with output in the store", READY, |b| {
-            phase(b) == Some(BackupPhase::Running)
-                && (b
-                    .status
-                    .as_ref()
-                    .and_then(|st| st.progress_bytes)
-                    .unwrap_or(0)
-                    > 0
-                    || partial_growing())
-        })
-        .await;
+    let running = s.wait_mid_dump("big-1").await;
     assert_eq!(attempts(&running), 1);
     s.kill_backup_controller();
     let after_kill = s.backups().get("big-1").await.unwrap();
@@ -762,18 +767,7 @@ async fn two_replicas_run_each_attempt_once_and_take_over_from_a_dead_runner() {
 
     // The runner dies mid-dump: the other replica starts it over after the hold.
     s.create_backup("big-2", "big", json!({})).await;
-    let running = s
-        .wait_backup("big-2", "Running with output", READY, |b| {
-            phase(b) == Some(BackupPhase::Running)
-                && (b
-                    .status
-                    .as_ref()
-                    .and_then(|st| st.progress_bytes)
-                    .unwrap_or(0)
-                    > 0
-                    || s.store_files().iter().any(|f| f.ends_with(".dump.partial")))
-        })
-        .await;
+    let running = s.wait_mid_dump("big-2").await;
     let runner = runner_of(&running).unwrap();
     let survivor = if runner == first {
         s.kill_backup_controller();

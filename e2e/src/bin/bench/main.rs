@@ -469,27 +469,14 @@ async fn run_controller(
     let writes = api_writes(client).await? - w0 - args.count as f64;
     let (cpu1, _) = proc_usage(pid)?;
 
-    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
     // This run's namespaces, and its DatabaseServer (cluster-scoped: no namespace).
-    for w in cp
-        .audit_writes("dbops-database-controller", None)?
-        .into_iter()
-        .filter(|w| {
-            ours.contains(&w.namespace) || (w.namespace.is_empty() && w.name == server.name)
-        })
-    {
-        let kind = if w.subresource.is_empty() {
-            format!("{} {}", w.verb, w.resource)
-        } else {
-            format!("{} {}/{}", w.verb, w.resource, w.subresource)
-        };
-        *by_kind.entry(kind).or_default() += 1;
-    }
-    let breakdown = by_kind
-        .iter()
-        .map(|(k, v)| format!("{k}: {v}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let breakdown = writes_by_kind(
+        cp.audit_writes("dbops-database-controller", None)?
+            .into_iter()
+            .filter(|w| {
+                ours.contains(&w.namespace) || (w.namespace.is_empty() && w.name == server.name)
+            }),
+    );
 
     // Idle over two resyncs (a span of time, not a state to wait for): every Database
     // reconciled again, the caches settled.
@@ -787,4 +774,22 @@ fn parse_secs(s: &str) -> Result<f64> {
     s.strip_suffix('s')
         .and_then(|v| v.parse().ok())
         .with_context(|| format!("--resync must be like 10s, not {s}"))
+}
+
+/// "verb resource[/subresource]: count, …" of audited writes, sorted.
+pub(crate) fn writes_by_kind(writes: impl IntoIterator<Item = dbops_e2e::AuditWrite>) -> String {
+    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
+    for w in writes {
+        let kind = if w.subresource.is_empty() {
+            format!("{} {}", w.verb, w.resource)
+        } else {
+            format!("{} {}/{}", w.verb, w.resource, w.subresource)
+        };
+        *by_kind.entry(kind).or_default() += 1;
+    }
+    by_kind
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

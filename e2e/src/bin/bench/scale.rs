@@ -3,7 +3,6 @@
 //! controller over N converged Databases: time to ready and to every Database reconciled,
 //! then API writes, DDL and SQL round trips over two resyncs).
 
-use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -272,20 +271,8 @@ async fn measure(launch: &Launch<'_>, controller: &mut ControllerProcess) -> Res
     let rss_settled = status_kib(fresh.process.pid(), "VmRSS:")?;
     let (statements, ddl) = controller_statements(&log_path, offset)?;
 
-    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
-    for w in launch.cp.audit_writes(user, None)?.into_iter().skip(audit0) {
-        let kind = if w.subresource.is_empty() {
-            format!("{} {}", w.verb, w.resource)
-        } else {
-            format!("{} {}/{}", w.verb, w.resource, w.subresource)
-        };
-        *by_kind.entry(kind).or_default() += 1;
-    }
-    let breakdown = by_kind
-        .iter()
-        .map(|(k, v)| format!("{k}: {v}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let breakdown =
+        crate::writes_by_kind(launch.cp.audit_writes(user, None)?.into_iter().skip(audit0));
     drop(fresh);
     Ok(Restart {
         ready_secs,
