@@ -478,3 +478,120 @@ async fn databases_on_tls_servers_name_each_tls_failure() {
     }
     drop(controller);
 }
+
+/// The harness starts servers of the oldest and newest majors it knows (Debian's, and the
+/// packages `e2e/install` put into the cache from `e2e/postgres.versions`), the newest
+/// with TLS; each answers with its own major and keeps a table. The newest major's pg_dump
+/// dumps the oldest server and its pg_restore loads that into the newest: the way across
+/// majors. No control plane.
+#[tokio::test]
+async fn servers_of_the_oldest_and_newest_supported_majors_start_and_answer() {
+    use dbops_api::TlsMode;
+    use dbops_e2e::postgres::{client_bin_dir, server_majors};
+    use dbops_shared::postgres::{Credentials, Endpoint, Servers};
+    dbops_e2e::init_test_logging();
+    let majors = server_majors().unwrap();
+    let (oldest, newest) = (majors[0], majors[majors.len() - 1]);
+    assert!(
+        oldest <= 13 && newest >= 18,
+        "majors {majors:?}: 13 and 18 at least"
+    );
+    let ca = TestCa::new("dbops-e2e-majors-ca").unwrap();
+    let cert = ca.server_cert(&["localhost"], &LOOPBACK).unwrap();
+    let (old_name, new_name) = (format!("pg{oldest}"), format!("pg{newest}"));
+    let (old, new) = tokio::join!(
+        PgServer::start_major(&old_name, oldest),
+        PgServer::start_major_with_tls(&new_name, newest, Some(&cert)),
+    );
+    let (old, new) = (old.unwrap(), new.unwrap());
+
+    for (pg, major) in [(&old, oldest), (&new, newest)] {
+        let client = pg.connect_as_superuser().await.unwrap();
+        let num: String = client
+            .query_one("SHOW server_version_num", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            num.parse::<u32>().unwrap() / 10000,
+            major,
+            "server_version_num {num} of {}",
+            pg.bin_dir().display()
+        );
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE marks (n int, note text);
+                 INSERT INTO marks VALUES (1, 'one'), ({major}, 'major')"
+            ))
+            .await
+            .unwrap();
+        let rows = client
+            .query("SELECT n, note FROM marks ORDER BY n", &[])
+            .await
+            .unwrap();
+        let read: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        assert_eq!(read, [(1, "one".into()), (major as i32, "major".into())]);
+    }
+
+    // TLS on the newest.
+    let endpoint = Endpoint::new("127.0.0.1", new.port(), TlsMode::Require);
+    let creds = Credentials {
+        username: "postgres".into(),
+        password: new.superuser_password().into(),
+    };
+    let session = Servers::new(1, 5, Duration::from_secs(30))
+        .connect(&endpoint, &creds, "postgres")
+        .await
+        .unwrap();
+    let ssl: bool = session
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ssl, "PostgreSQL {newest} speaks TLS");
+
+    // The newest major's pg_dump and pg_restore, from the oldest server to the newest.
+    let clients = client_bin_dir(newest).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let dump = dir.path().join("old.dump");
+    let run = |program: &str, pg: &PgServer, args: &[&str]| {
+        let out = std::process::Command::new(clients.join(program))
+            .env("PGPASSWORD", pg.superuser_password())
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &pg.port().to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{program} {newest} against PostgreSQL {}: {}",
+            pg.port(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let dump_arg = dump.to_str().unwrap();
+    run(
+        "pg_dump",
+        &old,
+        &["-Fc", "-t", "marks", "-f", dump_arg, "postgres"],
+    );
+    let client = new.connect_as_superuser().await.unwrap();
+    client.batch_execute("CREATE DATABASE moved").await.unwrap();
+    run("pg_restore", &new, &["--no-owner", "-d", "moved", dump_arg]);
+    let moved = new.connect_as_superuser_to("moved").await.unwrap();
+    let rows = moved
+        .query("SELECT n, note FROM marks ORDER BY n", &[])
+        .await
+        .unwrap();
+    let read: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(read, [(1, "one".into()), (oldest as i32, "major".into())]);
+}
