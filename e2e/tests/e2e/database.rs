@@ -1956,6 +1956,21 @@ async fn a_server_serves_allowed_namespaces_within_its_quota_and_outlives_its_da
         .delete(&small, &DeleteParams::default())
         .await
         .unwrap();
+    // It says why: Ready=False/InUse, naming the Databases that hold it.
+    let waiting = s
+        .wait_server(&small, Want::new("Ready", "False", Some("InUse")))
+        .await;
+    let message = waiting
+        .status
+        .iter()
+        .flat_map(|st| st.conditions.iter())
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains("first") && message.contains("second"),
+        "the InUse message names the Databases on the server: {message}"
+    );
     holds_for(
         "DatabaseServer small stays while Database first is on it",
         RESYNC * 2,

@@ -615,14 +615,16 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
     };
     let backup_kubeconfig = token("dbops-backup-controller").await;
     let database_kubeconfig = token("dbops-database-controller").await;
+    let migration_kubeconfig = token("dbops-migration-controller").await;
     let as_backup = Kubectl::new(&backup_kubeconfig);
     let as_database = Kubectl::new(&database_kubeconfig);
+    let as_migration = Kubectl::new(&migration_kubeconfig);
 
     // What RBAC answers, per verb: (kubectl, verb, resource, namespace or all, allowed).
     let lease = "leases/dbops-database-controller";
     // (The test's namespace stands in for dbops-system in the other tests, so it was granted
     // the Secrets Roles: the tenant namespace here is `default`.)
-    let cases: [(&Kubectl, &str, &str, Option<&str>, bool); 21] = [
+    let cases: [(&Kubectl, &str, &str, Option<&str>, bool); 24] = [
         // The backup-controller reads the admin and CA Secrets in its own namespace, no
         // tenant's, and writes none.
         (&as_backup, "get", "secrets", Some(SYSTEM_NAMESPACE), true),
@@ -689,6 +691,17 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
         (&as_database, "patch", lease, Some(SYSTEM_NAMESPACE), true),
         // Nothing outside what it serves.
         (&as_database, "list", "pods", None, false),
+        // The migration-controller reads the admin and CA Secrets in its own namespace
+        // only: no tenant's Secret, and no list across namespaces.
+        (
+            &as_migration,
+            "get",
+            "secrets",
+            Some(SYSTEM_NAMESPACE),
+            true,
+        ),
+        (&as_migration, "get", "secrets", Some("default"), false),
+        (&as_migration, "list", "secrets", None, false),
     ];
     for (kubectl, verb, resource, namespace, allowed) in cases {
         let answer = kubectl.can_i(verb, resource, namespace).unwrap();
@@ -698,6 +711,8 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
             "can-i {verb} {resource} in {namespace:?} with {}",
             if std::ptr::eq(kubectl, &as_backup) {
                 "the backup-controller's token"
+            } else if std::ptr::eq(kubectl, &as_migration) {
+                "the migration-controller's token"
             } else {
                 "the database-controller's token"
             }
@@ -730,6 +745,35 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
             .map(|_| ()),
         "patching a Database",
     );
+    // Neither the backup- nor the migration-controller can read a tenant's Secret (one in
+    // `default`, a namespace no Role of theirs reaches).
+    let tenant_secrets: Api<Secret> = Api::namespaced(b.client.clone(), "default");
+    let mut tenant_secret = secret.clone();
+    tenant_secret.metadata.name = Some(format!("precious-{ns}"));
+    tenant_secrets
+        .create(&PostParams::default(), &tenant_secret)
+        .await
+        .unwrap();
+    for (kubeconfig, who) in [
+        (&backup_kubeconfig, "backup-controller"),
+        (&migration_kubeconfig, "migration-controller"),
+    ] {
+        let client = client_from_kubeconfig(kubeconfig).await.unwrap();
+        match Api::<Secret>::namespaced(client, "default")
+            .get(&format!("precious-{ns}"))
+            .await
+        {
+            Err(kube::Error::Api(status)) if status.code == 403 => {}
+            other => panic!(
+                "reading a tenant's Secret with the {who}'s token: expected 403, got {:?}",
+                other.map(|s| s.metadata.name)
+            ),
+        }
+    }
+    tenant_secrets
+        .delete(&format!("precious-{ns}"), &DeleteParams::default())
+        .await
+        .unwrap();
     // What it may do still works with the same client: the refusal is RBAC, not a bad token.
     assert!(their_databases.get("orders").await.is_ok());
     assert!(secrets.get_opt("precious").await.unwrap().is_some());
