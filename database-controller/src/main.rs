@@ -32,6 +32,7 @@ use dbops_api::{Backup, Database, DatabaseServer, Migration};
 use dbops_shared::cli::{BackupStoreArgs, CommonArgs, PostgresArgs};
 use dbops_shared::controller::{self, Configure, Context};
 use dbops_shared::telemetry;
+use dbops_shared::watch_health::WatchHealth;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::events::Recorder;
@@ -184,9 +185,10 @@ fn watches(
     tokio::spawn(async move {
         migrations
             .for_each(|event| {
-                if let Err(error) = event {
+                if let Err(error) = &event {
                     tracing::warn!(%error, "Migration watch failed; retrying with backoff");
                 }
+                WatchHealth::process().observe("Migration", &event);
                 std::future::ready(())
             })
             .await;
@@ -211,9 +213,10 @@ fn watches(
     tokio::spawn(async move {
         secrets
             .for_each(|event| {
-                if let Err(error) = event {
+                if let Err(error) = &event {
                     tracing::warn!(%error, "Secret watch failed; retrying with backoff");
                 }
+                WatchHealth::process().observe("Secret (connection)", &event);
                 std::future::ready(())
             })
             .await;

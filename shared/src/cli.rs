@@ -73,6 +73,12 @@ pub struct CommonArgs {
     #[arg(long, env = "DBOPS_RECONCILE_TIMEOUT", default_value = "3600s", value_parser = parse_duration)]
     pub reconcile_timeout: Duration,
 
+    /// How long one of the process's watches may fail without a break (each failure
+    /// retried with backoff) before the process exits, so that a fresh one lists everything
+    /// anew instead of reconciling from a cache that no longer follows the cluster.
+    #[arg(long, env = "DBOPS_WATCH_STALL_TIMEOUT", default_value = "90s", value_parser = parse_duration)]
+    pub watch_stall_timeout: Duration,
+
     /// OTLP gRPC endpoint for traces, for example http://jaeger-collector:4317; no traces
     /// are exported when absent.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]

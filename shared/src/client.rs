@@ -33,7 +33,14 @@ pub async fn rate_limited_client(
     requests_per_second: NonZeroU32,
     timeout: std::time::Duration,
 ) -> Result<Client, ClientError> {
-    let config = Config::infer().await?;
+    let mut config = Config::infer().await?;
+    // No retries hidden inside `timeout`: kube's default policy retries 429/503/504 up to 15
+    // times, honouring `Retry-After` (up to 30 s while the apiserver's watch cache is
+    // initializing after a restart) with a backoff that grows to minutes, so a watch or
+    // list the apiserver refuses for a while ended as an opaque `request timed out` after
+    // `timeout`, never saying why. Refusals now reach the caller as they are: watches
+    // retry them with their own backoff, reconciles with the per-object backoff.
+    config.default_retry = false;
     let layer = RateLimitLayer::new(RateLimiter::new(requests_per_second));
     // Innermost, the deadline of each request: its response (for a watch, the start of
     // the stream) within `timeout`, or an error the reconcile reports and retries. The

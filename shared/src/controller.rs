@@ -57,6 +57,7 @@ use crate::{
     metrics::{Metrics, Outcome},
     shutdown::{self, ShutdownError},
     telemetry::{TRACEPARENT_ANNOTATION, current_trace_id, remote_parent},
+    watch_health::{self, Stall, WatchHealth},
 };
 
 /// How long running reconciles may take to finish after SIGTERM/SIGINT.
@@ -197,6 +198,11 @@ pub enum ControllerError {
     Health(#[from] HealthError),
     #[error(transparent)]
     Leader(#[from] LeaderError),
+    #[error(
+        "the {} watch has failed without a break for {:.0} s ({} failures, the last: {}); exiting so that a fresh process lists everything anew",
+        .0.watch, .0.failing_for.as_secs_f64(), .0.failures, .0.last_error
+    )]
+    WatchStalled(Stall),
 }
 
 /// How the runner lists a kind: namespaced kinds in `--watch-namespace` (or all
@@ -443,6 +449,7 @@ where
         backup_store,
     } = options;
     args.validate()?;
+    let watch_health = WatchHealth::init_process(args.api_timeout);
     let shutdown = shutdown::on_signals()?;
     let listener = health::bind(args.metrics_addr).await?;
     let client = rate_limited_client(args.api_rate_limit, args.api_timeout).await?;
@@ -531,6 +538,19 @@ where
         };
         shutdown.cancel();
         result
+    };
+    // A watch that keeps failing ends the process (see `watch_health`).
+    let work = async {
+        let mut work = std::pin::pin!(work);
+        tokio::select! {
+            worked = &mut work => worked.map_err(ControllerError::from),
+            stall = watch_health::watchdog(watch_health, args.watch_stall_timeout, &shutdown) => {
+                // Stopped like on SIGTERM (running reconciles get their grace period).
+                shutdown.cancel();
+                let _ = work.await;
+                Err(ControllerError::WatchStalled(stall))
+            }
+        }
     };
     let (served, worked) = tokio::join!(server, work);
     served?;
@@ -901,6 +921,9 @@ fn log_result<K, S, E>(
         }
         Err(controller::Error::QueueError(error)) => {
             tracing::warn!(%error, "watch failed; retrying with backoff");
+            // One streak for every watch that triggers this controller: the stream does
+            // not say which one failed.
+            WatchHealth::process().failed(&format!("{} controller's", ctx.controller), &error);
         }
         Err(controller::Error::RunnerError(error)) => {
             tracing::error!(%error, "controller runner failed");

@@ -20,3 +20,4 @@ pub mod ref_index;
 pub mod server;
 pub mod shutdown;
 pub mod telemetry;
+pub mod watch_health;

@@ -362,9 +362,10 @@ where
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
-            if let Err(error) = event {
+            if let Err(error) = &event {
                 tracing::warn!(%error, what, "watch failed; retrying with backoff");
             }
+            crate::watch_health::WatchHealth::process().observe(what, &event);
         }
     });
 }

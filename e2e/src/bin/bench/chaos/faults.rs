@@ -171,6 +171,10 @@ impl Fleet {
                 "--resync-interval=5s".to_string(),
                 "--backoff-base=1s".to_string(),
                 "--backoff-max=10s".to_string(),
+                // A watch that keeps failing (seen after apiserver restarts) ends its replica
+                // well within --max-latency; the default, 90 s, would not leave room for the
+                // standby's takeover.
+                "--watch-stall-timeout=45s".to_string(),
                 // Every reconcile's outcome (debug in the shared runner), for the evidence.
                 "--log-filter=info,dbops_shared::controller=debug".to_string(),
             ];
