@@ -476,7 +476,10 @@ async fn dereference(backup: &Backup, ctx: &Context<State>) -> Result<Dereferenc
             ),
         )));
     }
-    Ok(if can_be_dumped(&db) {
+    let final_snapshot = db
+        .uid()
+        .is_some_and(|uid| backup.labels().get(dbops_api::marks::FINAL_SNAPSHOT_OF) == Some(&uid));
+    Ok(if can_be_dumped(&db, final_snapshot) {
         Dereferenced::Ready(Box::new(db))
     } else {
         Dereferenced::NotReady(format!(
@@ -486,17 +489,19 @@ async fn dereference(backup: &Backup, ctx: &Context<State>) -> Result<Dereferenc
 }
 
 /// Whether the Database's database exists in PostgreSQL for pg_dump: it is Ready, or it
-/// is being deleted with `deletionPolicy: Snapshot` after it was provisioned (its
-/// controller reports Ready=False/Deleting then, and keeps the database until the final
-/// Backup is Ready).
-fn can_be_dumped(db: &Database) -> bool {
+/// is being deleted with `deletionPolicy: Snapshot` (its controller reports
+/// Ready=False/Deleting then, and keeps the database until the final Backup is Ready)
+/// after it was provisioned, or at all when this Backup is its final snapshot: the
+/// database-controller asks for one only when the server holds a whole database of that
+/// Database's, even one whose provisioning it never recorded.
+fn can_be_dumped(db: &Database, final_snapshot: bool) -> bool {
     let Some(status) = db.status.as_ref() else {
         return false;
     };
     let ready = dbops_shared::conditions::is_true(&status.conditions, condition::READY);
     let awaiting_final_snapshot = db.metadata.deletion_timestamp.is_some()
         && db.spec.deletion_policy == DatabaseDeletionPolicy::Snapshot
-        && status.provider_id.is_some();
+        && (status.provider_id.is_some() || final_snapshot);
     ready || awaiting_final_snapshot
 }
 
@@ -722,11 +727,41 @@ mod tests {
 
     #[test]
     fn a_ready_database_or_one_awaiting_its_final_snapshot_can_be_dumped() {
-        assert!(can_be_dumped(&database("Retain", false, "True", true)));
-        assert!(!can_be_dumped(&database("Retain", false, "False", true)));
-        assert!(can_be_dumped(&database("Snapshot", true, "False", true)));
-        assert!(!can_be_dumped(&database("Snapshot", true, "False", false)));
-        assert!(!can_be_dumped(&database("Delete", true, "False", true)));
+        assert!(can_be_dumped(
+            &database("Retain", false, "True", true),
+            false
+        ));
+        assert!(!can_be_dumped(
+            &database("Retain", false, "False", true),
+            false
+        ));
+        assert!(can_be_dumped(
+            &database("Snapshot", true, "False", true),
+            false
+        ));
+        assert!(!can_be_dumped(
+            &database("Snapshot", true, "False", false),
+            false
+        ));
+        assert!(!can_be_dumped(
+            &database("Delete", true, "False", true),
+            false
+        ));
+        // Its final snapshot is dumped even when its provisioning was never recorded (the
+        // database-controller asks for one only when the database is whole)...
+        assert!(can_be_dumped(
+            &database("Snapshot", true, "False", false),
+            true
+        ));
+        // ...and only while it is being deleted with that policy.
+        assert!(!can_be_dumped(
+            &database("Snapshot", false, "False", false),
+            true
+        ));
+        assert!(!can_be_dumped(
+            &database("Delete", true, "False", false),
+            true
+        ));
     }
 
     #[test]

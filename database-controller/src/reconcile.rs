@@ -678,6 +678,15 @@ async fn cleanup(
             note = kept_unsnapshotted(db, ctx).await;
             Ok(())
         }
+        // Deleted before it was ever provisioned: nothing of its own to snapshot (the
+        // backup-controller dumps only a provisioned database), so what it made is dropped.
+        DatabaseDeletionPolicy::Snapshot if nothing_to_snapshot(db, ctx).await? => {
+            note = format!(
+                "database {} was never provisioned: no final Backup (nothing of its own to keep); what it had made is dropped",
+                db.database_name()
+            );
+            drop_owned(db, ctx).await
+        }
         DatabaseDeletionPolicy::Snapshot => match final_snapshot(db, ctx).await {
             Ok(()) => drop_owned(db, ctx).await,
             Err(Error::Kube(kube::Error::Api(e)))
@@ -742,6 +751,33 @@ async fn kept_unsnapshotted(db: &Database, ctx: &Context<State>) -> String {
     }
     tracing::warn!(database = db.database_name(), "{note}");
     note
+}
+
+/// Whether a Snapshot-policy Database being deleted holds nothing a final Backup would
+/// keep: it was never provisioned (no `status.providerId`) and its server has no database
+/// of its own that is whole: none at all, one half made (created, not marked yet) or half
+/// restored (`restore=pending`), or one that is not its own. A database that is whole but
+/// whose provisioning was not recorded (a crash after the connection Secret was written)
+/// still gets its final Backup.
+async fn nothing_to_snapshot(db: &Database, ctx: &Context<State>) -> Result<bool> {
+    if status::provider_id(db).is_some() {
+        return Ok(false);
+    }
+    let target = match server_of(ctx, db).await {
+        // Refused (namespace, quota) or no such server: nothing was made there.
+        Err(Error::Blocked { .. }) => return Ok(true),
+        other => other?,
+    };
+    let uid = db.uid().unwrap_or_default();
+    let session = admin_session(ctx, &target, "postgres").await?;
+    let observed = sql::observe(&session, &db.owner_role(), &db.database_name()).await?;
+    Ok(match &observed.database {
+        None => true,
+        Some(found) => {
+            let comment = found.comment.as_deref();
+            comment.is_none() || !sql::is_ours(comment, &uid) || sql::is_restore_pending(comment)
+        }
+    })
 }
 
 /// Drops the database and role if (and only if) this Database created them. A Database

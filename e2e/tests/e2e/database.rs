@@ -2008,3 +2008,45 @@ impl std::fmt::Debug for ServerView {
         )
     }
 }
+
+/// A Snapshot Database deleted before it was ever provisioned has nothing of its own to
+/// snapshot: it goes without a final Backup instead of waiting forever for one the
+/// backup-controller never makes (it dumps only provisioned databases). Found by the chaos
+/// suite: a Database created with `restoreFrom` and deleted mid-restore stayed `Deleting`
+/// with its final Backup `Pending/WaitingForDatabase`. A whole database of its own on the
+/// server still gets its final Backup first (the Snapshot tests above).
+#[tokio::test]
+async fn a_snapshot_database_deleted_before_it_was_provisioned_goes_without_a_final_backup() {
+    let s = Setup::new("db-snap-early").await;
+    let db = s
+        .create(
+            "early",
+            json!({"serverRef": {"name": s.server("nowhere")}, "deletionPolicy": "Snapshot"}),
+        )
+        .await;
+    s.wait("early", not_ready("ServerNotFound"), READY).await;
+    s.delete("early").await;
+    s.wait_gone(&db, READY).await;
+    let backups = s.backups().list(&ListParams::default()).await.unwrap();
+    assert!(
+        backups.items.is_empty(),
+        "no final Backup: {:?}",
+        backups
+            .items
+            .iter()
+            .map(|b| b.metadata.name.clone())
+            .collect::<Vec<_>>()
+    );
+    assert!(!s.pg.database_exists("early").await.unwrap());
+    let deleted = s
+        .events_for("early")
+        .await
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("Deleted"))
+        .and_then(|e| e.message)
+        .unwrap_or_default();
+    assert!(
+        deleted.contains("never provisioned"),
+        "the Deleted Event says why there is no final Backup: {deleted:?}"
+    );
+}
