@@ -22,6 +22,9 @@
 
 mod copy;
 mod error;
+// Unwired: wired in by issue 13's Replicate step (its SQL is reached only by the e2e test).
+#[allow(dead_code)]
+mod logical;
 mod progress;
 mod saga;
 mod sql;
