@@ -48,9 +48,60 @@ pub async fn rate_limited_client(
     // for a token.
     Ok(ClientBuilder::try_from(config)?
         .with_layer(&tower::timeout::TimeoutLayer::new(timeout))
+        .with_layer(&WriteFence)
         .with_layer(&TraceLayer)
         .with_layer(&layer)
         .build())
+}
+
+/// Refuses a write (any method but GET, HEAD, OPTIONS) locally while the leader-election
+/// write fence is closed ([`crate::leader::fence`]); Lease writes always pass.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WriteFence;
+
+impl<S> Layer<S> for WriteFence {
+    type Service = Fenced<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Fenced { inner }
+    }
+}
+
+/// The service of [`WriteFence`].
+#[derive(Clone, Debug)]
+pub struct Fenced<S> {
+    inner: S,
+}
+
+impl<S, B> Service<Request<B>> for Fenced<S>
+where
+    S: Service<Request<B>>,
+    S::Response: Send + 'static,
+    S::Error: Into<tower::BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = tower::BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, tower::BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let write = !matches!(
+            *request.method(),
+            http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+        );
+        if write
+            && resource_of(request.uri().path()) != "leases"
+            && let Some(why) = crate::leader::fence::closed(jiff::Timestamp::now())
+        {
+            return Box::pin(std::future::ready(Err(why.into())));
+        }
+        let response = self.inner.call(request);
+        Box::pin(async move { response.await.map_err(Into::into) })
+    }
 }
 
 /// One `kubernetes` span per request sent inside a span (a reconcile): named

@@ -224,6 +224,63 @@ where
     outcome
 }
 
+/// The write fence of a leader-elected process: the last time its leadership was
+/// confirmed (a renewal seen on its Lease). The client refuses a write locally, without
+/// sending it, once that is older than [`RENEW_DEADLINE`] (`client::WriteFence`): a leader
+/// frozen (SIGSTOP, a stalled VM) past its Lease wakes up with timers due and reconciles
+/// resuming, and their writes would otherwise reach the API server before the leader
+/// notices, within a second, that it was deposed. Lease writes pass (they are how
+/// leadership is kept or taken). Without leader election the fence is open.
+pub mod fence {
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+    use jiff::Timestamp;
+
+    static ACTIVE: AtomicBool = AtomicBool::new(false);
+    static CONFIRMED_MS: AtomicI64 = AtomicI64::new(i64::MIN);
+
+    /// Leadership confirmed at `at`: writes are allowed until `at` + the renew deadline.
+    pub fn confirmed(at: Timestamp) {
+        ACTIVE.store(true, Ordering::Release);
+        CONFIRMED_MS.fetch_max(at.as_millisecond(), Ordering::AcqRel);
+    }
+
+    /// Why a write must not be sent now, if it must not.
+    pub fn closed(now: Timestamp) -> Option<String> {
+        if !ACTIVE.load(Ordering::Acquire) {
+            return None;
+        }
+        let confirmed = CONFIRMED_MS.load(Ordering::Acquire);
+        let age_ms = now.as_millisecond().saturating_sub(confirmed);
+        let deadline_ms = i64::try_from(super::RENEW_DEADLINE.as_millis()).unwrap_or(i64::MAX);
+        (age_ms > deadline_ms).then(|| {
+            format!(
+                "write refused: leadership last confirmed {:.1} s ago (more than the {} s renew deadline); this replica may have been deposed",
+                age_ms as f64 / 1000.0,
+                super::RENEW_DEADLINE.as_secs()
+            )
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn writes_close_past_the_renew_deadline_after_the_last_confirmation() {
+            let t0 = Timestamp::now();
+            confirmed(t0);
+            assert_eq!(closed(t0 + jiff::SignedDuration::from_secs(5)), None);
+            let late = closed(t0 + jiff::SignedDuration::from_secs(45));
+            assert!(late.is_some_and(|why| why.contains("may have been deposed")));
+            // A later confirmation opens it again; an earlier one changes nothing.
+            confirmed(t0 + jiff::SignedDuration::from_secs(44));
+            confirmed(t0);
+            assert_eq!(closed(t0 + jiff::SignedDuration::from_secs(45)), None);
+        }
+    }
+}
+
 /// Why a leader must stop although its Lease manager has not said so.
 #[derive(Debug)]
 enum Deposed {
@@ -260,6 +317,7 @@ fn step_down(deposed: Deposed) -> (Result<(), LeaderError>, Release) {
 async fn deposed(leases: &Api<Lease>, lease: &str, identity: &str) -> Deposed {
     let deadline = SignedDuration::from_secs(RENEW_DEADLINE.as_secs().cast_signed());
     let mut renewed = Timestamp::now();
+    fence::confirmed(renewed);
     loop {
         tokio::time::sleep(LEADER_POLL).await;
         // First without I/O: a process that was frozen (or starved) past the deadline
@@ -281,6 +339,7 @@ async fn deposed(leases: &Api<Lease>, lease: &str, identity: &str) -> Deposed {
                 }
                 if let Some(renew) = spec.renew_time {
                     renewed = renewed.max(renew.0);
+                    fence::confirmed(renewed);
                 }
             }
         }
