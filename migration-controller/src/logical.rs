@@ -254,17 +254,13 @@ pub async fn observe(s: &Session) -> Result<SourceFacts, PgError> {
         ))?;
     let rows = s
         .query(
-            "SELECT format('%I.%I', n.nspname, c.relname), c.relreplident::text, \
-                    EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary), \
-                    EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident) \
-               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-              WHERE c.relkind = 'r' \
-                AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
-                AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp%' \
-                AND NOT EXISTS (SELECT 1 FROM pg_depend d \
-                                 WHERE d.classid = 'pg_class'::regclass \
-                                   AND d.objid = c.oid AND d.deptype = 'e') \
-              ORDER BY n.nspname, c.relname",
+            &format!(
+                "SELECT format('%I.%I', n.nspname, c.relname), c.relreplident::text, \
+                        EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary), \
+                        EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident) \
+                   {} ORDER BY n.nspname, c.relname",
+                dbops_shared::postgres::ddl::USER_TABLES
+            ),
             &[],
         )
         .await

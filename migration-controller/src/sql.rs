@@ -222,15 +222,10 @@ pub async fn user_objects(s: &Session) -> Result<i64, PgError> {
 pub async fn tables(s: &Session) -> Result<Vec<(String, String)>, PgError> {
     let rows = s
         .query(
-            "SELECT n.nspname::text, c.relname::text FROM pg_class c \
-               JOIN pg_namespace n ON n.oid = c.relnamespace \
-              WHERE c.relkind = 'r' \
-                AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
-                AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp%' \
-                AND NOT EXISTS (SELECT 1 FROM pg_depend d \
-                                 WHERE d.classid = 'pg_class'::regclass \
-                                   AND d.objid = c.oid AND d.deptype = 'e') \
-              ORDER BY 1, 2",
+            &format!(
+                "SELECT n.nspname::text, c.relname::text {} ORDER BY 1, 2",
+                ddl::USER_TABLES
+            ),
             &[],
         )
         .await

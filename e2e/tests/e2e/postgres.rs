@@ -198,15 +198,12 @@ async fn the_shared_client_speaks_tls_and_names_each_tls_failure() {
             .connect(&endpoint(pg, host, mode, trusted), &creds(pg), "postgres")
             .await
             .unwrap_or_else(|e| panic!("{} to {host}: {e}", mode.as_str()));
-        let ssl: bool = session
-            .query_one(
-                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(ssl, encrypted, "{} to {host}", mode.as_str());
+        assert_eq!(
+            is_encrypted(&session).await,
+            encrypted,
+            "{} to {host}",
+            mode.as_str()
+        );
     }
 
     // Sessions refused, each with its reason.
@@ -543,15 +540,10 @@ async fn servers_of_the_oldest_and_newest_supported_majors_start_and_answer() {
         .connect(&endpoint, &creds, "postgres")
         .await
         .unwrap();
-    let ssl: bool = session
-        .query_one(
-            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(ssl, "PostgreSQL {newest} speaks TLS");
+    assert!(
+        is_encrypted(&session).await,
+        "PostgreSQL {newest} speaks TLS"
+    );
 
     // The newest major's pg_dump and pg_restore, from the oldest server to the newest.
     let clients = client_bin_dir(newest).unwrap();
@@ -594,4 +586,16 @@ async fn servers_of_the_oldest_and_newest_supported_majors_start_and_answer() {
         .unwrap();
     let read: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(read, [(1, "one".into()), (oldest as i32, "major".into())]);
+}
+
+/// Whether the session's own connection is encrypted (`pg_stat_ssl`).
+async fn is_encrypted(session: &dbops_shared::postgres::Session) -> bool {
+    session
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
 }

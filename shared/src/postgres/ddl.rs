@@ -203,6 +203,17 @@ pub async fn drop_role(s: &Session, role: &str) -> Result<(), PgError> {
     .await
 }
 
+/// `FROM … WHERE …` of a database's own ordinary tables (`c`, schema `n`): outside the
+/// system, TOAST and temporary schemas, and not members of an extension. The Migration's
+/// table list and the Logical mode's Preflight read the same set.
+pub const USER_TABLES: &str = "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+     WHERE c.relkind = 'r' \
+       AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+       AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp%' \
+       AND NOT EXISTS (SELECT 1 FROM pg_depend d \
+                        WHERE d.classid = 'pg_class'::regclass \
+                          AND d.objid = c.oid AND d.deptype = 'e')";
+
 #[cfg(test)]
 mod tests {
     use super::*;
