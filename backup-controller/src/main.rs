@@ -33,6 +33,7 @@ use std::{process::ExitCode, sync::Arc};
 
 use clap::Parser;
 use dbops_api::{Backup, Database, DatabaseServer};
+use dbops_shared::events::Recorder;
 use dbops_shared::{
     backoff::Backoff,
     cli::{BackupStoreArgs, CommonArgs, PostgresArgs},
@@ -41,7 +42,6 @@ use dbops_shared::{
     telemetry,
 };
 use kube::Api;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 

@@ -27,12 +27,12 @@ use dbops_api::{
 };
 use dbops_shared::backoff::Backoff;
 use dbops_shared::controller::Context;
+use dbops_shared::events::Recorder;
 use dbops_shared::postgres::{PgError, ServerKey, Servers};
 use dbops_shared::server::{Directory, Resolved};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::events::Recorder;
 use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 

@@ -50,12 +50,12 @@ use dbops_api::{
     ScheduledBackupsOnDeletion, marks,
 };
 use dbops_shared::controller::{self, Context, ErrorKind, ReconcileError};
+use dbops_shared::events::Recorder;
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};

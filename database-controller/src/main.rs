@@ -31,11 +31,11 @@ use clap::Parser;
 use dbops_api::{Backup, Database, DatabaseServer, Migration};
 use dbops_shared::cli::{BackupStoreArgs, CommonArgs, PostgresArgs};
 use dbops_shared::controller::{self, Configure, Context};
+use dbops_shared::events::Recorder;
 use dbops_shared::telemetry;
 use dbops_shared::watch_health::WatchHealth;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -203,11 +203,14 @@ fn watches(
     let (key, value) = secret::MANAGED_BY;
     let secrets = watcher(
         controller::scoped_api::<Secret>(client.clone(), namespace),
-        watcher::Config::default().labels(&format!("{key}={value}")),
+        watcher::Config::default()
+            .labels(&format!("{key}={value}"))
+            .page_size(controller::LIST_PAGE_SIZE),
     )
     .default_backoff()
     .modify(|s| {
         s.managed_fields_mut().clear();
+        secret::keep_in_cache(s);
     })
     .reflect_shared(secret_writer);
     tokio::spawn(async move {
@@ -287,10 +290,16 @@ fn watches(
                 refused
             },
         )
-        .watches(
-            controller::scoped_api::<Database>(client.clone(), namespace),
-            watcher::Config::default(),
-            move |db: Database| {
+        .watches_stream(
+            // Metadata only: the namespace and uid are all it needs, and a second full
+            // copy of every Database in flight would cost memory for nothing.
+            watcher(
+                controller::scoped_api::<PartialObjectMeta<Database>>(client.clone(), namespace),
+                watcher::Config::default().page_size(controller::LIST_PAGE_SIZE),
+            )
+            .default_backoff()
+            .touched_objects(),
+            move |db: PartialObjectMeta<Database>| {
                 // A Database that goes (or moves) may make room under a server's quota for
                 // the ones refused in its namespace.
                 let ns = db.metadata.namespace.clone().unwrap_or_default();

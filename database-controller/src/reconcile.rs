@@ -19,13 +19,13 @@ use dbops_api::{
     Backup, Database, DatabaseDeletionPolicy, DatabaseStatus, Migration, MigrationPhase,
 };
 use dbops_shared::controller::Context;
+use dbops_shared::events::Recorder;
 use dbops_shared::postgres::{ServerKey, Servers, Session};
 use dbops_shared::server::{Directory, Resolved, ServerError};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::json;
 
@@ -83,11 +83,12 @@ impl State {
             .iter()
             .filter_map(|d| d.metadata.uid.clone())
             .collect();
+        // An entry older than `every` (the resync interval) no longer spares a check.
         self.verified
             .inner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|uid, _| live.contains(uid));
+            .retain(|uid, (_, _, at)| live.contains(uid) && at.elapsed() < every);
         self.written
             .inner
             .lock()
@@ -99,20 +100,37 @@ impl State {
 /// The status this controller last wrote for each Database (by uid). A reconcile that
 /// runs on a cached object older than its own last status write (the watch has not
 /// caught up yet) would otherwise write the same status, and send the same Event, twice.
+///
+/// An entry lives until the cache shows the write: the next reconcile drops it, and so does
+/// a sweep whenever the map has doubled since the last one (a burst of new Databases is
+/// written faster than it is reconciled again), so the map stays near the number of
+/// writes the watch has not delivered yet rather than the number of Databases.
 #[derive(Default)]
 pub struct Written {
     inner: Mutex<HashMap<String, DatabaseStatus>>,
+    /// The size at which `record` sweeps next.
+    sweep_at: Mutex<usize>,
 }
+
+/// The smallest map `Written::record` sweeps.
+const WRITTEN_SWEEP_MIN: usize = 64;
 
 impl Written {
     /// The status to build on: the one last written if there is one (this controller is
     /// the only writer, so the cached object can only be older), else the cached one.
+    /// Once the cache has caught up (it holds what was written), the entry is dropped:
+    /// memory is spent only on Databases whose last write the watch has not shown yet.
     pub fn latest(&self, db: &Database) -> DatabaseStatus {
-        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(&db.uid().unwrap_or_default())
-            .cloned()
-            .or_else(|| db.status.clone())
-            .unwrap_or_default()
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let uid = db.uid().unwrap_or_default();
+        match map.get(&uid) {
+            Some(written) if db.status.as_ref() == Some(written) => {
+                map.remove(&uid);
+                db.status.clone().unwrap_or_default()
+            }
+            Some(written) => written.clone(),
+            None => db.status.clone().unwrap_or_default(),
+        }
     }
 
     pub fn is_current(&self, db: &Database, status: &DatabaseStatus) -> bool {
@@ -120,9 +138,28 @@ impl Written {
         map.get(&db.uid().unwrap_or_default()) == Some(status)
     }
 
-    pub fn record(&self, db: &Database, status: &DatabaseStatus) {
+    pub fn record(&self, db: &Database, status: &DatabaseStatus, cache: Option<&Store<Database>>) {
         let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         map.insert(db.uid().unwrap_or_default(), status.clone());
+        let mut sweep_at = self.sweep_at.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() < (*sweep_at).max(WRITTEN_SWEEP_MIN) {
+            return;
+        }
+        if let Some(cache) = cache {
+            let caught_up: Vec<String> = cache
+                .state()
+                .iter()
+                .filter_map(|cached| {
+                    let uid = cached.metadata.uid.as_deref()?;
+                    let written = map.get(uid)?;
+                    (cached.status.as_ref() == Some(written)).then(|| uid.to_owned())
+                })
+                .collect();
+            for uid in caught_up {
+                map.remove(&uid);
+            }
+        }
+        *sweep_at = map.len() * 2;
     }
 
     fn forget(&self, uid: &str) {
@@ -1135,5 +1172,52 @@ mod tests {
         );
         verified.forget("uid-1");
         assert_eq!(verified.recent("uid-1", 1, Duration::from_secs(60)), None);
+    }
+
+    #[test]
+    fn a_written_status_is_remembered_until_the_cache_shows_it() {
+        let written = Written::default();
+        let cached = on_server("a", "2026-11-23T10:00:00Z", None);
+        let mine = DatabaseStatus {
+            observed_generation: Some(1),
+            ..DatabaseStatus::default()
+        };
+        written.record(&cached, &mine, None);
+        assert_eq!(
+            written.latest(&cached),
+            mine,
+            "the cache is older: ours counts"
+        );
+        assert!(written.is_current(&cached, &mine));
+        let mut caught_up = (*cached).clone();
+        caught_up.status = Some(mine.clone());
+        assert_eq!(written.latest(&caught_up), mine);
+        assert!(
+            written.inner.lock().unwrap().is_empty(),
+            "nothing kept once the cache holds it"
+        );
+    }
+
+    #[test]
+    fn a_burst_of_writes_is_swept_once_the_cache_shows_them() {
+        use kube::runtime::{reflector, watcher};
+        let (cache, mut writer) = reflector::store::<Database>();
+        let written = Written::default();
+        let mine = DatabaseStatus {
+            observed_generation: Some(1),
+            ..DatabaseStatus::default()
+        };
+        for i in 0..WRITTEN_SWEEP_MIN {
+            let db = on_server(&format!("db-{i}"), "2026-11-23T10:00:00Z", None);
+            // The watch shows every write but the first one's.
+            if i > 0 {
+                let mut shown = (*db).clone();
+                shown.status = Some(mine.clone());
+                writer.apply_watcher_event(&watcher::Event::Apply(shown));
+            }
+            written.record(&db, &mine, Some(&cache));
+        }
+        let left: Vec<String> = written.inner.lock().unwrap().keys().cloned().collect();
+        assert_eq!(left, ["uid-db-0"], "only the write the cache has not shown");
     }
 }

@@ -24,6 +24,7 @@ use dbops_api::{
 };
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, set_condition};
 use dbops_shared::controller::{Configure, Context, ErrorKind, ReconcileError};
+use dbops_shared::events::Recorder;
 use dbops_shared::postgres::{PgError, Servers};
 use dbops_shared::server::{Directory, ServerError};
 use k8s_openapi::api::core::v1::Secret;
@@ -31,7 +32,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;

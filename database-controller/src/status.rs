@@ -278,7 +278,9 @@ async fn write(
         &Patch::Merge(json!({ "status": new })),
     )
     .await?;
-    ctx.state.written.record(db, &new);
+    ctx.state
+        .written
+        .record(db, &new, ctx.state.databases.get());
     let before =
         get(&old.conditions, condition::READY).map(|c| (c.status.clone(), c.reason.clone()));
     if let Some(after) = get(&new.conditions, condition::READY)
