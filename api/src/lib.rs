@@ -23,8 +23,8 @@ pub use database::{
     Retention, ScheduledBackupsOnDeletion,
 };
 pub use migration::{
-    Cutover, Migration, MigrationPhase, MigrationSpec, MigrationStatus, MigrationStep,
-    MigrationTarget, SourceRetention, StepState, StepStatus,
+    ChosenMode, Cutover, Migration, MigrationMode, MigrationPhase, MigrationSpec, MigrationStatus,
+    MigrationStep, MigrationTarget, ReplicationStatus, SourceRetention, StepState, StepStatus,
 };
 pub use server::{
     DatabaseServer, DatabaseServerSpec, DatabaseServerStatus, ServerLimits, ServerTls,

@@ -18,7 +18,7 @@ use crate::common::{LocalObjectReference, ServerReference};
     derive = "PartialEq",
     shortname = "pgmig",
     category = "dbops",
-    doc = "Moves a Database to another PostgreSQL server without losing a committed write: Preflight, Snapshot, FreezeSource, ProvisionTarget, CopyData, Verify, SwitchTraffic, Cleanup.",
+    doc = "Moves a Database to another PostgreSQL server without losing a committed write. Dump mode: Preflight, Snapshot, FreezeSource, ProvisionTarget, CopyData, Verify, SwitchTraffic, Cleanup. Logical mode: Preflight, Snapshot, ProvisionTarget, Replicate, FreezeSource, CatchUp, Verify, SwitchTraffic, Cleanup.",
     printcolumn(
         name = "Database",
         type_ = "string",
@@ -36,6 +36,12 @@ use crate::common::{LocalObjectReference, ServerReference};
         type_ = "string",
         json_path = ".status.phase",
         description = "Lifecycle phase"
+    ),
+    printcolumn(
+        name = "Mode",
+        type_ = "string",
+        json_path = ".status.mode",
+        description = "The mode chosen at Preflight: Logical or Dump"
     ),
     printcolumn(
         name = "Step",
@@ -59,8 +65,17 @@ pub struct MigrationSpec {
     #[x_kube(validation = Rule::new("self == oldSelf").message("target is immutable"))]
     pub target: MigrationTarget,
 
+    /// How the data moves: Auto (default: Logical when the source allows it, else Dump,
+    /// with the reason in status and an Event), Logical (replication while the source stays
+    /// writable, then a freeze of seconds for the catch-up) or Dump (the source frozen for
+    /// the whole dump and restore). Immutable.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("mode is immutable"))]
+    pub mode: MigrationMode,
+
     /// Automatic switches traffic after Verify; Manual waits in AwaitingApproval until
-    /// `approved` is true.
+    /// `approved` is true (Dump: after Verify, the source frozen; Logical: while
+    /// replicating, before the freeze, the source writable).
     #[serde(default)]
     pub cutover: Cutover,
 
@@ -81,13 +96,46 @@ pub struct MigrationTarget {
     pub server_ref: ServerReference,
 }
 
+/// How a Migration moves the data.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum MigrationMode {
+    /// Logical when the Preflight finds it possible, otherwise Dump (saying why).
+    #[default]
+    Auto,
+    /// Logical replication: the source stays writable until a short freeze for the
+    /// final catch-up. Refused at Preflight when the source does not allow it.
+    Logical,
+    /// pg_dump and pg_restore with the source frozen for the whole copy.
+    Dump,
+}
+
+/// The mode a Migration runs in, chosen once by Preflight.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ChosenMode {
+    /// Logical replication (steps Replicate and CatchUp).
+    Logical,
+    /// Dump and restore (step CopyData).
+    Dump,
+}
+
+impl ChosenMode {
+    /// The saga's steps in this mode, in order.
+    pub fn steps(self) -> &'static [MigrationStep] {
+        match self {
+            ChosenMode::Logical => &MigrationStep::LOGICAL,
+            ChosenMode::Dump => &MigrationStep::DUMP,
+        }
+    }
+}
+
 /// When traffic is switched.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum Cutover {
     /// Switch as soon as Verify succeeds.
     #[default]
     Automatic,
-    /// Wait for `spec.approved: true` after Verify.
+    /// Wait for `spec.approved: true`: after Verify in Dump mode, while replicating
+    /// (before the freeze) in Logical mode.
     Manual,
 }
 
@@ -116,6 +164,15 @@ pub struct MigrationStatus {
     /// The step being worked on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_step: Option<MigrationStep>,
+
+    /// The mode the Migration runs in (Logical or Dump), recorded once by Preflight and
+    /// never changed afterwards; the reason is the ModeChosen condition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ChosenMode>,
+
+    /// Logical mode: the replication's progress, while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<ReplicationStatus>,
 
     /// Every step with its state, times and message, in saga order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -169,6 +226,34 @@ pub struct MigrationStatus {
     pub switched_generation: Option<i64>,
 }
 
+/// The progress of a Logical-mode Migration's replication.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicationStatus {
+    /// Tables whose initial copy is done (subscription state ready or synchronized).
+    pub tables_copied: i32,
+    /// Tables replicated.
+    pub tables_total: i32,
+    /// Bytes of the source's WAL the target has not confirmed yet (absent until known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<i64>,
+    /// The size of the target database in bytes (the copy's progress).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_bytes: Option<i64>,
+    /// The source's WAL position right after the freeze: CatchUp waits until the target
+    /// has applied everything up to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catch_up_lsn: Option<String>,
+    /// True once the target applied everything up to `catchUpLsn` and the sequences
+    /// were copied.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub caught_up: bool,
+    /// The OID of the subscription on the target (recorded before it is dropped): its
+    /// table-synchronization slots on the source are named after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscription_oid: Option<i64>,
+}
+
 /// The source database's settings before FreezeSource changed them.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -193,7 +278,8 @@ pub enum MigrationPhase {
     RolledBack,
 }
 
-/// A step of the migration saga, in order.
+/// A step of the migration saga. The order of the steps depends on the mode
+/// ([`MigrationStep::DUMP`], [`MigrationStep::LOGICAL`]).
 #[derive(
     Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
 )]
@@ -203,19 +289,52 @@ pub enum MigrationStep {
     FreezeSource,
     ProvisionTarget,
     CopyData,
+    /// Logical mode: schema, publication, replication role and subscription; waits for
+    /// the initial copy and a small lag.
+    Replicate,
+    /// Logical mode, after the freeze: the target applies everything up to the source's
+    /// WAL position, sequences are copied, the replication is taken down.
+    CatchUp,
     Verify,
     SwitchTraffic,
     Cleanup,
 }
 
 impl MigrationStep {
-    /// Every step in saga order.
-    pub const ALL: [MigrationStep; 8] = [
+    /// Every step (of either mode).
+    pub const ALL: [MigrationStep; 10] = [
         MigrationStep::Preflight,
         MigrationStep::Snapshot,
         MigrationStep::FreezeSource,
         MigrationStep::ProvisionTarget,
         MigrationStep::CopyData,
+        MigrationStep::Replicate,
+        MigrationStep::CatchUp,
+        MigrationStep::Verify,
+        MigrationStep::SwitchTraffic,
+        MigrationStep::Cleanup,
+    ];
+
+    /// The Dump mode's steps in saga order.
+    pub const DUMP: [MigrationStep; 8] = [
+        MigrationStep::Preflight,
+        MigrationStep::Snapshot,
+        MigrationStep::FreezeSource,
+        MigrationStep::ProvisionTarget,
+        MigrationStep::CopyData,
+        MigrationStep::Verify,
+        MigrationStep::SwitchTraffic,
+        MigrationStep::Cleanup,
+    ];
+
+    /// The Logical mode's steps in saga order.
+    pub const LOGICAL: [MigrationStep; 9] = [
+        MigrationStep::Preflight,
+        MigrationStep::Snapshot,
+        MigrationStep::ProvisionTarget,
+        MigrationStep::Replicate,
+        MigrationStep::FreezeSource,
+        MigrationStep::CatchUp,
         MigrationStep::Verify,
         MigrationStep::SwitchTraffic,
         MigrationStep::Cleanup,
@@ -229,6 +348,8 @@ impl MigrationStep {
             MigrationStep::FreezeSource => "FreezeSource",
             MigrationStep::ProvisionTarget => "ProvisionTarget",
             MigrationStep::CopyData => "CopyData",
+            MigrationStep::Replicate => "Replicate",
+            MigrationStep::CatchUp => "CatchUp",
             MigrationStep::Verify => "Verify",
             MigrationStep::SwitchTraffic => "SwitchTraffic",
             MigrationStep::Cleanup => "Cleanup",

@@ -38,6 +38,8 @@ pub struct PgServer {
     process: Option<Supervised>,
     /// `ssl=on` with this certificate and key (files in the server's directory).
     tls: bool,
+    /// Extra `-c name=value` settings of every start ([`PgServer::start_with_settings`]).
+    settings: Vec<(String, String)>,
 }
 
 impl PgServer {
@@ -50,6 +52,22 @@ impl PgServer {
     /// stays allowed, as in a default `pg_hba.conf`.
     pub async fn start_with_tls(name: &str, cert: Option<&crate::tls::ServerCert>) -> Result<Self> {
         Self::start_tmp(name, paths::postgres_bin_dir()?, cert).await
+    }
+
+    /// [`PgServer::start`] with extra settings passed as `-c name=value` at every start
+    /// (for example `wal_level=logical`, `max_replication_slots`, `max_wal_senders`).
+    pub async fn start_with_settings(name: &str, settings: &[(&str, &str)]) -> Result<Self> {
+        Self::start_tmp_with(name, paths::postgres_bin_dir()?, None, settings).await
+    }
+
+    /// [`PgServer::start_major`] with extra settings, as [`PgServer::start_with_settings`].
+    pub async fn start_major_with_settings(
+        name: &str,
+        major: u32,
+        settings: &[(&str, &str)],
+    ) -> Result<Self> {
+        let bin = runnable_by_postgres(&bin_dir(major)?)?;
+        Self::start_tmp_with(name, bin, None, settings).await
     }
 
     /// [`PgServer::start`] with a server of this major version ([`bin_dir`]): Debian's
@@ -73,12 +91,25 @@ impl PgServer {
         bin: PathBuf,
         cert: Option<&crate::tls::ServerCert>,
     ) -> Result<Self> {
+        Self::start_tmp_with(name, bin, cert, &[]).await
+    }
+
+    async fn start_tmp_with(
+        name: &str,
+        bin: PathBuf,
+        cert: Option<&crate::tls::ServerCert>,
+        settings: &[(&str, &str)],
+    ) -> Result<Self> {
         let tmp = tempfile::Builder::new()
             .prefix(&format!("dbops-pg-{name}-"))
             .tempdir()?;
         let dir = tmp.path().to_path_buf();
         let mut server = Self::init_in(name, &dir, None, bin)?;
         server._tmp = Some(tmp);
+        server.settings = settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         if let Some(cert) = cert {
             server.install_tls(cert)?;
         }
@@ -216,6 +247,7 @@ impl PgServer {
             bin,
             process: None,
             tls: false,
+            settings: Vec::new(),
         })
     }
 
@@ -236,8 +268,13 @@ impl PgServer {
         } else {
             vec![]
         };
+        let settings = self
+            .settings
+            .iter()
+            .flat_map(|(k, v)| ["-c".to_string(), format!("{k}={v}")]);
         let spec = Spec::new(format!("postgres-{}", self.name), self.bin.join("postgres"))
             .args(tls)
+            .args(settings)
             .args([
                 "-D".to_string(),
                 self.dir.join("data").display().to_string(),

@@ -91,12 +91,23 @@ fn command(program: &Path, side: &Side<'_>) -> Result<(Command, Option<RootCertF
     })
 }
 
+/// What is copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contents {
+    /// Schema and data (Dump mode's CopyData).
+    Everything,
+    /// The schema only, without the source's own publications and subscriptions (the
+    /// Logical mode: the data follows by replication).
+    SchemaOnly,
+}
+
 /// Streams the source database into the (empty) target database, owned by `owner`.
 pub async fn copy(
     programs: &Programs<'_>,
     source: &Side<'_>,
     target: &Side<'_>,
     owner: &str,
+    contents: Contents,
 ) -> Result<(), CopyError> {
     // The CA files live until both programs have exited (the end of this function, or an
     // early return, which kills the programs first: they were spawned later).
@@ -108,6 +119,12 @@ pub async fn copy(
             "--extension=plpgsql",
             "--no-privileges",
         ])
+        .args(match contents {
+            Contents::Everything => &[][..],
+            Contents::SchemaOnly => {
+                &["--schema-only", "--no-publications", "--no-subscriptions"][..]
+            }
+        })
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -254,6 +271,7 @@ Ol98fJ8FRuGWtAumYCddWS/63BBiUTWWpwIgQijv8hPxnqBJzcpqui7zAzXpb0xz
             &side,
             &side,
             "orders_owner",
+            Contents::Everything,
         )
         .await
         .unwrap();

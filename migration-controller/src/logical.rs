@@ -1,6 +1,5 @@
-//! The Logical mode's Preflight (issue 13): whether the source server and database can be
-//! moved by logical replication, and which mode `Auto` picks. Unwired groundwork: issue
-//! 13's Replicate step calls it; nothing in the saga does yet.
+//! The Logical mode's Preflight: whether the source server and database can be moved by
+//! logical replication, and which mode `Auto` picks (called by the Preflight step).
 //!
 //! Checked on the source, with an admin session connected to the source database:
 //!

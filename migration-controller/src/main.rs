@@ -1,8 +1,13 @@
 //! dbops migration-controller: moves a `Database` (dbops.dev/v1alpha1) to another
-//! PostgreSQL server as a resumable saga, one `Migration` at a time per Database:
-//! Preflight → Snapshot → FreezeSource → ProvisionTarget → CopyData → Verify →
-//! SwitchTraffic → Cleanup, with compensations in reverse order when a step before
-//! SwitchTraffic fails. See `saga` for the driver and `steps` for the steps.
+//! PostgreSQL server as a resumable saga, one `Migration` at a time per Database, in the
+//! mode Preflight chooses (`spec.mode`, recorded in `status.mode`):
+//! - Dump: Preflight → Snapshot → FreezeSource → ProvisionTarget → CopyData → Verify →
+//!   SwitchTraffic → Cleanup;
+//! - Logical: Preflight → Snapshot → ProvisionTarget → Replicate → FreezeSource →
+//!   CatchUp → Verify → SwitchTraffic → Cleanup (the source writable until the freeze);
+//!
+//! with compensations in reverse order when a step before SwitchTraffic fails. See `saga`
+//! for the driver, `steps` for the steps, `replicate` for the Logical mode's.
 //!
 //! Watches: Migrations (new generations: spec changes and deletion); the snapshot Backups
 //! they own; Databases, mapped to their Migrations through an index on
@@ -22,10 +27,10 @@
 
 mod copy;
 mod error;
-// Unwired: wired in by issue 13's Replicate step (its SQL is reached only by the e2e test).
-#[allow(dead_code)]
 mod logical;
 mod progress;
+mod replicate;
+mod replication;
 mod saga;
 mod sql;
 mod steps;

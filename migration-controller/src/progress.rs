@@ -2,7 +2,9 @@
 //! starting, finishing or failing, a rollback and the end change the status. The driver
 //! (`saga`) writes each result before and after the step's side effects.
 
-use dbops_api::{MigrationPhase, MigrationStatus, MigrationStep, StepState, StepStatus, condition};
+use dbops_api::{
+    ChosenMode, MigrationPhase, MigrationStatus, MigrationStep, StepState, StepStatus, condition,
+};
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, set_condition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -10,9 +12,19 @@ pub fn now() -> Time {
     Time(jiff::Timestamp::now())
 }
 
-/// Every step, Pending, in saga order (the list is complete from the first write on).
-pub fn initial_steps() -> Vec<StepStatus> {
-    MigrationStep::ALL
+/// The condition saying which mode Preflight chose and why.
+pub const MODE_CHOSEN: &str = "ModeChosen";
+
+/// The steps of the Migration's mode in saga order: Dump's until Preflight has chosen
+/// (Preflight is the first step of both).
+pub fn saga_steps(status: &MigrationStatus) -> &'static [MigrationStep] {
+    status.mode.unwrap_or(ChosenMode::Dump).steps()
+}
+
+/// Every step of the mode, Pending, in saga order (the list is complete from the first
+/// write on, and replaced by the chosen mode's when Preflight records it).
+pub fn initial_steps(steps: &[MigrationStep]) -> Vec<StepStatus> {
+    steps
         .iter()
         .map(|&name| StepStatus {
             name,
@@ -30,8 +42,14 @@ pub fn step(status: &MigrationStatus, name: MigrationStep) -> Option<&StepStatus
 }
 
 fn step_mut(status: &mut MigrationStatus, name: MigrationStep) -> &mut StepStatus {
-    if status.steps.len() != MigrationStep::ALL.len() {
-        let mut steps = initial_steps();
+    let order = saga_steps(status);
+    if !status
+        .steps
+        .iter()
+        .map(|s| s.name)
+        .eq(order.iter().copied())
+    {
+        let mut steps = initial_steps(order);
         for s in &mut steps {
             if let Some(old) = status.steps.iter().find(|o| o.name == s.name) {
                 *s = old.clone();
@@ -39,17 +57,33 @@ fn step_mut(status: &mut MigrationStatus, name: MigrationStep) -> &mut StepStatu
         }
         status.steps = steps;
     }
-    let at = MigrationStep::ALL
-        .iter()
-        .position(|s| *s == name)
-        .unwrap_or_default();
-    &mut status.steps[at]
+    match status.steps.iter().position(|s| s.name == name) {
+        Some(at) => &mut status.steps[at],
+        // A step of neither list is never asked for; recorded at the end if it is.
+        None => {
+            status.steps.extend(initial_steps(&[name]));
+            let last = status.steps.len() - 1;
+            &mut status.steps[last]
+        }
+    }
+}
+
+/// Records the mode Preflight chose: from then on the status lists its steps.
+pub fn choose_mode(status: &mut MigrationStatus, mode: ChosenMode) {
+    status.mode = Some(mode);
+    let _ = step_mut(status, MigrationStep::Preflight);
+}
+
+/// Where the step is in the saga of the Migration's mode.
+fn position(status: &MigrationStatus, name: MigrationStep) -> Option<usize> {
+    saga_steps(status).iter().position(|s| *s == name)
 }
 
 /// The first step that has not succeeded, if any.
 pub fn next_step(status: &MigrationStatus) -> Option<MigrationStep> {
-    MigrationStep::ALL
-        .into_iter()
+    saga_steps(status)
+        .iter()
+        .copied()
         .find(|&name| step(status, name).is_none_or(|s| s.state != StepState::Succeeded))
 }
 
@@ -193,10 +227,13 @@ pub fn begin_rollback(
 
 /// The steps to compensate, latest first: every step that began, up to the failed one.
 pub fn to_compensate(status: &MigrationStatus) -> Vec<MigrationStep> {
-    let failed = status.failed_step;
-    MigrationStep::ALL
-        .into_iter()
-        .filter(|&s| started(status, s) && failed.is_none_or(|f| s <= f))
+    let failed = status.failed_step.and_then(|f| position(status, f));
+    saga_steps(status)
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|&(at, s)| started(status, s) && failed.is_none_or(|f| at <= f))
+        .map(|(_, s)| s)
         .rev()
         .collect()
 }
@@ -303,18 +340,30 @@ pub fn succeeded(status: &mut MigrationStatus, generation: Option<i64>, message:
     );
 }
 
-/// Waiting for `spec.approved: true` before SwitchTraffic.
-pub fn awaiting_approval(status: &mut MigrationStatus, generation: Option<i64>) {
+/// What a Migration waiting for approval tells the user, by mode.
+pub fn approval_message(mode: Option<ChosenMode>) -> &'static str {
+    match mode {
+        Some(ChosenMode::Logical) => {
+            "the target is replicating and the source stays writable; set spec.approved: true to freeze the source, catch up and switch traffic"
+        }
+        _ => "the copy is verified; set spec.approved: true to switch traffic",
+    }
+}
+
+/// Waiting for `spec.approved: true` before `next` (SwitchTraffic in Dump mode,
+/// FreezeSource in Logical mode).
+pub fn awaiting_approval(
+    status: &mut MigrationStatus,
+    next: MigrationStep,
+    generation: Option<i64>,
+) {
     status.phase = Some(MigrationPhase::AwaitingApproval);
-    status.current_step = Some(MigrationStep::SwitchTraffic);
+    status.current_step = Some(next);
+    let message = approval_message(status.mode);
     conditions(
         status,
         generation,
-        (
-            false,
-            "AwaitingApproval",
-            "the copy is verified; set spec.approved: true to switch traffic".into(),
-        ),
+        (false, "AwaitingApproval", message.into()),
         (
             false,
             "AwaitingApproval",
@@ -362,7 +411,7 @@ mod tests {
 
     fn fresh() -> MigrationStatus {
         MigrationStatus {
-            steps: initial_steps(),
+            steps: initial_steps(&MigrationStep::DUMP),
             ..MigrationStatus::default()
         }
     }
@@ -379,11 +428,49 @@ mod tests {
         );
         succeed(&mut s, MigrationStep::Preflight, "ok".into());
         assert_eq!(next_step(&s), Some(MigrationStep::Snapshot));
-        for step in MigrationStep::ALL {
+        for step in MigrationStep::DUMP {
             start(&mut s, step, Some(1));
             succeed(&mut s, step, "ok".into());
         }
         assert_eq!(next_step(&s), None);
+    }
+
+    #[test]
+    fn the_logical_mode_lists_its_own_steps_once_preflight_chose_it() {
+        let mut s = MigrationStatus::default();
+        start(&mut s, MigrationStep::Preflight, Some(1));
+        let names = |s: &MigrationStatus| s.steps.iter().map(|x| x.name).collect::<Vec<_>>();
+        assert_eq!(names(&s), MigrationStep::DUMP, "Dump's list until chosen");
+        choose_mode(&mut s, ChosenMode::Logical);
+        assert_eq!(names(&s), MigrationStep::LOGICAL);
+        assert_eq!(
+            step(&s, MigrationStep::Preflight).unwrap().state,
+            StepState::Running,
+            "the Preflight record is kept"
+        );
+        succeed(&mut s, MigrationStep::Preflight, "ok".into());
+        for next in [
+            MigrationStep::Snapshot,
+            MigrationStep::ProvisionTarget,
+            MigrationStep::Replicate,
+        ] {
+            assert_eq!(next_step(&s), Some(next));
+            start(&mut s, next, Some(1));
+            succeed(&mut s, next, "ok".into());
+        }
+        start(&mut s, MigrationStep::FreezeSource, Some(1));
+        begin_rollback(&mut s, MigrationStep::FreezeSource, "X", "y", Some(1));
+        assert_eq!(
+            to_compensate(&s),
+            [
+                MigrationStep::FreezeSource,
+                MigrationStep::Replicate,
+                MigrationStep::ProvisionTarget,
+                MigrationStep::Snapshot,
+                MigrationStep::Preflight
+            ],
+            "FreezeSource comes after ProvisionTarget in Logical mode"
+        );
     }
 
     #[test]

@@ -16,11 +16,18 @@
 //!    SwitchTraffic starts the rollback: compensations in reverse order, each recorded as
 //!    it completes, ending `RolledBack`. From SwitchTraffic on there is no way back:
 //!    failures are retried with backoff.
+//!
+//! The step list is the mode's (`progress::saga_steps`): Dump's until Preflight records
+//! the mode. A Manual cutover waits before SwitchTraffic in Dump mode and before
+//! FreezeSource in Logical mode, where each reconcile (every resync interval) checks the
+//! replication meanwhile and rolls back from Replicate when it fails.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use dbops_api::{Cutover, Database, Migration, MigrationPhase, MigrationStatus, MigrationStep};
+use dbops_api::{
+    ChosenMode, Cutover, Database, Migration, MigrationPhase, MigrationStatus, MigrationStep,
+};
 use dbops_shared::controller::{Context, ReconcileError};
 use dbops_shared::postgres::Servers;
 use dbops_shared::server::Directory;
@@ -245,7 +252,8 @@ impl Saga<'_> {
             let Some(step) = progress::next_step(&status) else {
                 return self.finish().await;
             };
-            let before_switch = step < MigrationStep::SwitchTraffic;
+            let before_switch =
+                !matches!(step, MigrationStep::SwitchTraffic | MigrationStep::Cleanup);
             let db = self.database().await?;
             let db_going = db
                 .as_ref()
@@ -287,12 +295,21 @@ impl Saga<'_> {
                 self.start_rollback(status, step).await?;
                 continue;
             }
-            if step == MigrationStep::SwitchTraffic
+            // Manual cutover: Dump waits after Verify (the source frozen), Logical while
+            // replicating, before the freeze (the source writable).
+            let approval_before = match status.mode {
+                Some(ChosenMode::Logical) => MigrationStep::FreezeSource,
+                _ => MigrationStep::SwitchTraffic,
+            };
+            if step == approval_before
                 && self.m.spec.cutover == Cutover::Manual
                 && !self.m.spec.approved
                 && !progress::started(&status, step)
             {
-                return self.await_approval(status).await;
+                if status.mode == Some(ChosenMode::Logical) {
+                    return self.await_approval_replicating(status).await;
+                }
+                return self.await_approval(status, step).await;
             }
             let db = match db {
                 Some(db) => db,
@@ -340,6 +357,12 @@ impl Saga<'_> {
                     progress::waiting(&mut status, step, message);
                     self.save(status).await?;
                     return Ok(Action::requeue(self.ctx.resync_interval));
+                }
+                Ok(Outcome::Poll(message, after)) => {
+                    let mut status = self.status();
+                    progress::waiting(&mut status, step, message);
+                    self.save(status).await?;
+                    return Ok(Action::requeue(after.min(self.ctx.resync_interval)));
                 }
                 Err(Error::Fatal { reason, message }) if before_switch => {
                     let mut status = self.status();
@@ -499,19 +522,49 @@ impl Saga<'_> {
         Ok(Action::await_change())
     }
 
-    async fn await_approval(&mut self, mut status: MigrationStatus) -> Result<Action> {
+    async fn await_approval(
+        &mut self,
+        mut status: MigrationStatus,
+        next: MigrationStep,
+    ) -> Result<Action> {
         let first = status.phase != Some(MigrationPhase::AwaitingApproval);
-        progress::awaiting_approval(&mut status, self.generation());
+        progress::awaiting_approval(&mut status, next, self.generation());
         self.save(status).await?;
         if first {
             self.event(
                 true,
                 "AwaitingApproval",
-                "the copy is verified; set spec.approved: true to switch traffic",
+                progress::approval_message(self.status().mode),
             )
             .await;
         }
         Ok(Action::await_change())
+    }
+
+    /// Logical mode, Manual cutover: the replication goes on while the Migration waits
+    /// for approval; each reconcile (every resync interval) checks it and records its
+    /// progress, and a failure (an apply error, a schema change on the source) rolls the
+    /// Migration back from Replicate.
+    async fn await_approval_replicating(&mut self, status: MigrationStatus) -> Result<Action> {
+        self.await_approval(status, MigrationStep::FreezeSource)
+            .await?;
+        match crate::replicate::watch_replication(self).await {
+            Ok(()) => Ok(Action::requeue(self.ctx.resync_interval)),
+            Err(Error::Fatal { reason, message }) => {
+                let mut status = self.status();
+                progress::begin_rollback(
+                    &mut status,
+                    MigrationStep::Replicate,
+                    reason,
+                    &message,
+                    self.generation(),
+                );
+                self.start_rollback(status, MigrationStep::Replicate)
+                    .await?;
+                Box::pin(self.drive()).await
+            }
+            Err(e) => Err(e),
+        }
     }
 
     async fn finish(&mut self) -> Result<Action> {

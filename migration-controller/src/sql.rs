@@ -121,8 +121,13 @@ pub async fn freeze_state(s: &Session, database: &str) -> Result<Option<FreezeRe
 
 /// Stops new writes: new sessions default to read-only transactions, no new non-superuser
 /// session is admitted, and every other session on the database is ended (waiting up to
-/// 5 s for each, a few rounds). Returns (sessions ended, sessions still there).
-pub async fn freeze(s: &Session, database: &str) -> Result<(usize, i64), PgError> {
+/// 5 s for each, a few rounds), except those of `spare_role` (the Logical mode's WAL
+/// sender, which the final catch-up needs). Returns (sessions ended, sessions still there).
+pub async fn freeze(
+    s: &Session,
+    database: &str,
+    spare_role: Option<&str>,
+) -> Result<(usize, i64), PgError> {
     let frozen = freeze_state(s, database).await?.is_some_and(|f| {
         f.previous_connection_limit == 0 && f.previous_read_only.as_deref() == Some("on")
     });
@@ -140,8 +145,9 @@ pub async fn freeze(s: &Session, database: &str) -> Result<(usize, i64), PgError
         let rows = s
             .query(
                 "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity \
-                 WHERE datname = $1 AND pid <> pg_backend_pid()",
-                &[&database],
+                 WHERE datname = $1 AND pid <> pg_backend_pid() \
+                   AND ($2::text IS NULL OR usename IS NULL OR usename::text <> $2::text)",
+                &[&database, &spare_role],
             )
             .await
             .map_err(PgError::sql(format!("ending the sessions on {database}")))?;
@@ -152,8 +158,9 @@ pub async fn freeze(s: &Session, database: &str) -> Result<(usize, i64), PgError
     }
     let left: i64 = s
         .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
-            &[&database],
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid() \
+               AND ($2::text IS NULL OR usename IS NULL OR usename::text <> $2::text)",
+            &[&database, &spare_role],
         )
         .await
         .map_err(PgError::sql(format!("counting the sessions on {database}")))?

@@ -3,9 +3,13 @@
 //! repeats no side effect; whatever a compensation must know is in the status, written
 //! before the step acted.
 //!
+//! The Dump mode's steps (the Logical mode's Replicate and CatchUp are in `replicate`; it
+//! shares the others, FreezeSource sparing the subscription's WAL sender, Cleanup taking
+//! the replication down once more):
+//!
 //! | step | does | compensation |
 //! |---|---|---|
-//! | Preflight | records the source (the Database's `spec.serverRef`); refuses a target DatabaseServer that does not exist, is being deleted, does not allow the namespace, is the source (by name or `host:port`) or would exceed its `databasesPerNamespace`; reads both servers: reachable, target major ≥ source, extensions available, no foreign role/database of those names on the target | none (read only) |
+//! | Preflight | records the source (the Database's `spec.serverRef`); refuses a target DatabaseServer that does not exist, is being deleted, does not allow the namespace, is the source (by name or `host:port`) or would exceed its `databasesPerNamespace`; reads both servers: reachable, target major ≥ source, extensions available, no foreign role/database of those names on the target; chooses the mode once (`Auto`: Logical when the Logical Preflight of `logical` passes, else Dump with the reason in the ModeChosen condition and an Event; `Logical`: refused with that reason) | none (read only) |
 //! | Snapshot | Backup `<migration>-snapshot`, owned by the Migration; waits for it | none: the Backup stays as the rollback point |
 //! | FreezeSource | records the connection limit and `default_transaction_read_only`, then sets them to 0 and on and ends every session | restores the recorded values |
 //! | ProvisionTarget | role (a password nobody knows: the database-controller sets the connection Secret's when the Database arrives) and database on the target, marked with this Migration, and the source's extensions | drops the role and database if they carry this Migration's mark |
@@ -22,8 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dbops_api::{
-    Backup, BackupPhase, Database, DatabaseServer, MigrationStep, ServerReference, SourceRetention,
-    condition,
+    Backup, BackupPhase, ChosenMode, Database, DatabaseServer, MigrationMode, MigrationStep,
+    ServerReference, SourceRetention, condition,
 };
 use dbops_shared::postgres::{PgError, Session};
 use dbops_shared::server::{Resolved, ServerError};
@@ -33,6 +37,7 @@ use serde_json::json;
 
 use crate::copy::{self, Programs, Side};
 use crate::error::{Error, Result};
+use crate::replicate;
 use crate::saga::{FIELD_MANAGER, Saga};
 use crate::sql;
 use dbops_shared::controller::ReconcileError;
@@ -44,6 +49,9 @@ pub enum Outcome {
     Done(String),
     /// It waits for another object (a watch brings the reconcile back).
     Wait(String),
+    /// It waits for a server (the replication's progress): run again after this long
+    /// (at most the resync interval).
+    Poll(String, Duration),
 }
 
 /// Label on the snapshot Backup: the Migration it belongs to.
@@ -56,6 +64,8 @@ pub async fn run(saga: &mut Saga<'_>, step: MigrationStep, db: &Database) -> Res
         MigrationStep::FreezeSource => freeze_source(saga, db).await,
         MigrationStep::ProvisionTarget => provision_target(saga, db).await,
         MigrationStep::CopyData => copy_data(saga, db).await,
+        MigrationStep::Replicate => replicate::replicate(saga, db).await,
+        MigrationStep::CatchUp => replicate::catch_up(saga, db).await,
         MigrationStep::Verify => verify(saga, db).await,
         MigrationStep::SwitchTraffic => switch_traffic(saga, db).await,
         MigrationStep::Cleanup => cleanup(saga, Some(db)).await.map(Outcome::Done),
@@ -80,6 +90,10 @@ pub async fn compensate(
             "nothing of its own to undo: the copy is in the target database, which the compensation of ProvisionTarget drops"
                 .into(),
         ),
+        MigrationStep::Replicate | MigrationStep::CatchUp => {
+            let (database, _) = names(saga, db)?;
+            replicate::teardown(saga, &database).await
+        }
         MigrationStep::Verify => Ok("nothing to undo: Verify only reads".into()),
         MigrationStep::SwitchTraffic | MigrationStep::Cleanup => {
             Ok("nothing to undo: the step never ran".into())
@@ -94,14 +108,14 @@ const DATABASES_SYNC_WAIT: Duration = Duration::from_secs(30);
 
 /// The DatabaseServer `server` from the caches (once they have synced): its address, TLS
 /// and admin credentials (a Secret of the controllers' namespace, never the Migration's).
-async fn resolve(saga: &Saga<'_>, server: &ServerReference) -> Result<Resolved> {
+pub(crate) async fn resolve(saga: &Saga<'_>, server: &ServerReference) -> Result<Resolved> {
     let directory = &saga.ctx.state.directory;
     directory.synced().await?;
     Ok(directory.resolve(&server.name)?)
 }
 
 /// An admin session on `server`, connected to the database `dbname`.
-async fn session(saga: &Saga<'_>, server: &Resolved, dbname: &str) -> Result<Session> {
+pub(crate) async fn session(saga: &Saga<'_>, server: &Resolved, dbname: &str) -> Result<Session> {
     Ok(saga
         .ctx
         .state
@@ -111,23 +125,23 @@ async fn session(saga: &Saga<'_>, server: &Resolved, dbname: &str) -> Result<Ses
 }
 
 /// The source DatabaseServer recorded by Preflight.
-fn source_ref(saga: &Saga<'_>) -> Result<ServerReference> {
+pub(crate) fn source_ref(saga: &Saga<'_>) -> Result<ServerReference> {
     saga.status().source_server.ok_or_else(|| {
         Error::transient("SourceNotRecorded", "Preflight has not recorded the source")
     })
 }
 
 /// The source DatabaseServer recorded by Preflight, resolved.
-async fn source_server(saga: &Saga<'_>) -> Result<Resolved> {
+pub(crate) async fn source_server(saga: &Saga<'_>) -> Result<Resolved> {
     resolve(saga, &source_ref(saga)?).await
 }
 
 /// The target DatabaseServer (`spec.target.serverRef`), resolved.
-async fn target_server(saga: &Saga<'_>) -> Result<Resolved> {
+pub(crate) async fn target_server(saga: &Saga<'_>) -> Result<Resolved> {
     resolve(saga, &saga.m.spec.target.server_ref).await
 }
 
-fn database_uid(saga: &Saga<'_>) -> Result<String> {
+pub(crate) fn database_uid(saga: &Saga<'_>) -> Result<String> {
     saga.status().database_uid.ok_or_else(|| {
         Error::transient(
             "SourceNotRecorded",
@@ -138,7 +152,7 @@ fn database_uid(saga: &Saga<'_>) -> Result<String> {
 
 /// The database and owner role names in PostgreSQL: as Preflight recorded them, or from
 /// the Database (a Migration that recorded none yet).
-fn names(saga: &Saga<'_>, db: Option<&Database>) -> Result<(String, String)> {
+pub(crate) fn names(saga: &Saga<'_>, db: Option<&Database>) -> Result<(String, String)> {
     let status = saga.status();
     match (status.database_name, status.owner_role, db) {
         (Some(database), Some(role), _) => Ok((database, role)),
@@ -150,12 +164,12 @@ fn names(saga: &Saga<'_>, db: Option<&Database>) -> Result<(String, String)> {
     }
 }
 
-fn migration_uid(saga: &Saga<'_>) -> String {
+pub(crate) fn migration_uid(saga: &Saga<'_>) -> String {
     saga.m.uid().unwrap_or_default()
 }
 
 /// A server in messages: `<DatabaseServer> (<host>:<port>)`.
-fn at(server: &Resolved) -> String {
+pub(crate) fn at(server: &Resolved) -> String {
     format!("{} ({})", server.name, server.endpoint.key)
 }
 
@@ -174,7 +188,7 @@ fn preflight_error(e: Error) -> Error {
     }
 }
 
-fn major(version_num: i32) -> i32 {
+pub(crate) fn major(version_num: i32) -> i32 {
     version_num / 10000
 }
 
@@ -212,7 +226,7 @@ async fn preflight(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
     preflight_checks(saga, db).await.map_err(preflight_error)
 }
 
-async fn preflight_checks(saga: &Saga<'_>, db: &Database) -> Result<Outcome> {
+async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
     let source_ref = source_ref(saga)?;
     if source_ref == saga.m.spec.target.server_ref {
         return Err(Error::fatal(
@@ -299,11 +313,82 @@ async fn preflight_checks(saga: &Saga<'_>, db: &Database) -> Result<Outcome> {
             ),
         ));
     }
+    drop(t);
+    let mode = choose_mode(saga, &source, &database).await?;
     Ok(Outcome::Done(format!(
-        "source PostgreSQL {source_version} on {}, target PostgreSQL {target_version} on {}; extensions {extensions:?} available; no role or database {database:?} on the target",
+        "source PostgreSQL {source_version} on {}, target PostgreSQL {target_version} on {}; extensions {extensions:?} available; no role or database {database:?} on the target; mode {mode:?}",
         at(&source),
         at(&target)
     )))
+}
+
+/// The mode the Migration runs in: recorded once (with the ModeChosen condition and an
+/// Event) and never changed afterwards. `Logical` refuses a source that cannot replicate
+/// (the Logical Preflight's reason); `Auto` then falls back to Dump, saying why.
+async fn choose_mode(saga: &mut Saga<'_>, source: &Resolved, database: &str) -> Result<ChosenMode> {
+    if let Some(mode) = saga.status().mode {
+        return Ok(mode);
+    }
+    let (mode, reason, message) = match saga.m.spec.mode {
+        MigrationMode::Dump => (
+            ChosenMode::Dump,
+            "DumpRequested",
+            "mode Dump: the source is frozen for the whole copy".to_string(),
+        ),
+        requested => {
+            let s = session(saga, source, database).await?;
+            let unmet = crate::logical::preflight(&s).await?;
+            drop(s);
+            match crate::logical::auto_mode(unmet) {
+                crate::logical::Mode::Logical => (
+                    ChosenMode::Logical,
+                    "LogicalPossible",
+                    format!(
+                        "mode {requested:?}: the source can replicate logically; it stays writable until a short freeze for the final catch-up"
+                    ),
+                ),
+                crate::logical::Mode::Dump { because } => {
+                    let (reason, why) = crate::logical::condition(&because)
+                        .unwrap_or(("LogicalNotPossible", String::new()));
+                    if requested == MigrationMode::Logical {
+                        return Err(Error::fatal(
+                            reason,
+                            format!("mode Logical is not possible on {}: {why}", at(source)),
+                        ));
+                    }
+                    (
+                        ChosenMode::Dump,
+                        reason,
+                        format!(
+                            "mode Auto chose Dump (the source is frozen for the whole copy) because logical replication is not possible on {}: {why}",
+                            at(source)
+                        ),
+                    )
+                }
+            }
+        }
+    };
+    let mut status = saga.status();
+    crate::progress::choose_mode(&mut status, mode);
+    dbops_shared::conditions::set_condition(
+        &mut status.conditions,
+        dbops_shared::conditions::ConditionSpec {
+            type_: crate::progress::MODE_CHOSEN,
+            status: dbops_shared::conditions::ConditionStatus::from(mode == ChosenMode::Logical),
+            reason,
+            message: message.clone(),
+            observed_generation: saga.m.metadata.generation,
+        },
+        crate::progress::now(),
+    );
+    saga.save(status).await?;
+    let fallback = saga.m.spec.mode == MigrationMode::Auto && mode == ChosenMode::Dump;
+    let event = match mode {
+        ChosenMode::Logical => "LogicalModeChosen",
+        ChosenMode::Dump => "DumpModeChosen",
+    };
+    saga.event(!fallback, event, &message).await;
+    Ok(mode)
 }
 
 /// The target DatabaseServer, resolved, if the Database may move there: it exists (and
@@ -485,7 +570,10 @@ async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
             found
         }
     };
-    let (ended, left) = sql::freeze(&s, &database).await?;
+    // Logical mode: the subscription's WAL sender stays for the catch-up.
+    let spare = (saga.status().mode == Some(ChosenMode::Logical))
+        .then(|| crate::replication::name(&migration_uid(saga)));
+    let (ended, left) = sql::freeze(&s, &database, spare.as_deref()).await?;
     if left > 0 {
         return Err(Error::transient(
             "SessionsRemain",
@@ -663,6 +751,7 @@ async fn copy_data(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
             database: &database,
         },
         &db.owner_role(),
+        copy::Contents::Everything,
     )
     .await?;
     Ok(Outcome::Done(format!(
@@ -803,9 +892,16 @@ async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
 pub async fn cleanup(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<String> {
     let source_ref = source_ref(saga)?;
     let (database, role) = names(saga, db)?;
+    // Logical mode: CatchUp took the replication down; once more in case it did not
+    // finish (nothing is written when nothing is left).
+    let replication = if saga.status().mode == Some(ChosenMode::Logical) {
+        format!("{}; ", replicate::teardown(saga, &database).await?)
+    } else {
+        String::new()
+    };
     if saga.m.spec.source_retention == SourceRetention::Keep {
         return Ok(format!(
-            "sourceRetention Keep: database {database} stays on DatabaseServer {}, frozen (read-only, connection limit 0)",
+            "{replication}sourceRetention Keep: database {database} stays on DatabaseServer {}, frozen (read-only, connection limit 0)",
             source_ref.name
         ));
     }
@@ -835,7 +931,7 @@ pub async fn cleanup(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<Strin
         done.push("already gone".into());
     }
     Ok(format!(
-        "sourceRetention Drop on {}: {}",
+        "{replication}sourceRetention Drop on {}: {}",
         at(&source),
         done.join(", ")
     ))

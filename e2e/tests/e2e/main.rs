@@ -14,6 +14,7 @@ mod deploy;
 mod leader;
 mod metrics;
 mod migration;
+mod migration_logical;
 mod postgres;
 mod schedule;
 mod tenancy;

@@ -31,24 +31,24 @@ use serde_json::json;
 
 use crate::{Bed, bed};
 
-const SOURCE_ADMIN: &str = "pg-source-admin";
-const TARGET_ADMIN: &str = "pg-target-admin";
+pub(crate) const SOURCE_ADMIN: &str = "pg-source-admin";
+pub(crate) const TARGET_ADMIN: &str = "pg-target-admin";
 /// Provisioning, a small dump and restore on a busy 2-core machine.
-const READY: Duration = Duration::from_secs(120);
+pub(crate) const READY: Duration = Duration::from_secs(120);
 /// A whole saga with pgbench data on a busy 2-core machine.
-const SAGA: Duration = Duration::from_secs(240);
+pub(crate) const SAGA: Duration = Duration::from_secs(240);
 /// The exit code of the migration-controller's `--debug-exit-at`.
-const DEBUG_EXIT: i32 = 86;
+pub(crate) const DEBUG_EXIT: i32 = 86;
 
 /// One test's world: namespace, two servers, admin Secrets, store, three controllers.
-struct Setup {
+pub(crate) struct Setup {
     // Dropped in this order: the controllers first, then PostgreSQL, then the namespace.
-    migration_controller: Option<ControllerProcess>,
+    pub(crate) migration_controller: Option<ControllerProcess>,
     backup_controller: Option<ControllerProcess>,
     database_controller: Option<ControllerProcess>,
-    source: PgServer,
-    target: PgServer,
-    b: Bed,
+    pub(crate) source: PgServer,
+    pub(crate) target: PgServer,
+    pub(crate) b: Bed,
     store: tempfile::TempDir,
     /// The backup-controller's `--backup-store`.
     store_url: String,
@@ -60,13 +60,19 @@ struct Setup {
 }
 
 impl Setup {
-    async fn new(prefix: &str) -> Self {
-        Self::build(prefix, false, None).await
+    pub(crate) async fn new(prefix: &str) -> Self {
+        Self::build(prefix, false, None, &[]).await
+    }
+
+    /// [`Setup::new`] with a source server started with these settings (for example
+    /// `wal_level=logical`).
+    pub(crate) async fn with_source_settings(prefix: &str, settings: &[(&str, &str)]) -> Self {
+        Self::build(prefix, false, None, settings).await
     }
 
     /// [`Setup::new`] with a real Jaeger that every controller exports its spans to.
     async fn traced(prefix: &str) -> Self {
-        Self::build(prefix, true, None).await
+        Self::build(prefix, true, None, &[]).await
     }
 
     /// [`Setup::new`] with both servers speaking TLS with a certificate for `localhost`
@@ -74,18 +80,26 @@ impl Setup {
     /// every login but the harness's superuser refused without TLS (the admin Secrets hold
     /// a role `dbops_admin` of their own).
     async fn over_tls(prefix: &str, ca: &TestCa) -> Self {
-        Self::build(prefix, false, Some(ca)).await
+        Self::build(prefix, false, Some(ca), &[]).await
     }
 
-    async fn build(prefix: &str, traced: bool, tls: Option<&TestCa>) -> Self {
+    async fn build(
+        prefix: &str,
+        traced: bool,
+        tls: Option<&TestCa>,
+        source_settings: &[(&str, &str)],
+    ) -> Self {
         let b = bed(prefix).await;
         let cert = tls.map(|ca| {
             ca.server_cert(&["localhost"], &["127.0.0.1".parse().unwrap()])
                 .unwrap()
         });
-        let source = PgServer::start_with_tls(&format!("{prefix}-src"), cert.as_ref())
-            .await
-            .unwrap();
+        let source = if source_settings.is_empty() {
+            PgServer::start_with_tls(&format!("{prefix}-src"), cert.as_ref()).await
+        } else {
+            PgServer::start_with_settings(&format!("{prefix}-src"), source_settings).await
+        }
+        .unwrap();
         let target = PgServer::start_with_tls(&format!("{prefix}-dst"), cert.as_ref())
             .await
             .unwrap();
@@ -137,7 +151,7 @@ impl Setup {
         s
     }
 
-    fn ns(&self) -> &str {
+    pub(crate) fn ns(&self) -> &str {
         self.b.ns.name()
     }
 
@@ -192,7 +206,7 @@ impl Setup {
     }
 
     /// The DatabaseServer of admin Secret `admin` ([`SOURCE_ADMIN`], [`TARGET_ADMIN`]).
-    fn server(&self, admin: &str) -> String {
+    pub(crate) fn server(&self, admin: &str) -> String {
         server_name(self.ns(), admin)
     }
 
@@ -219,7 +233,7 @@ impl Setup {
     }
 
     /// Starts the migration-controller with `extra` flags after the defaults.
-    fn start_migration_controller(&mut self, extra: &[&str]) {
+    pub(crate) fn start_migration_controller(&mut self, extra: &[&str]) {
         let mut args = vec![
             format!("--pg-dump={}", bin("pg_dump")),
             format!("--pg-restore={}", bin("pg_restore")),
@@ -249,7 +263,7 @@ impl Setup {
     }
 
     /// Waits for the migration-controller to exit by itself; returns its exit code.
-    fn wait_migration_controller_exit(&mut self, timeout: Duration) -> Option<i32> {
+    pub(crate) fn wait_migration_controller_exit(&mut self, timeout: Duration) -> Option<i32> {
         let mut c = self.migration_controller.take().unwrap();
         match c.process.wait_exit(timeout) {
             Ok(status) => status.code(),
@@ -268,12 +282,12 @@ impl Setup {
         }
     }
 
-    fn log(&self, controller: &str, max_bytes: u64) -> String {
+    pub(crate) fn log(&self, controller: &str, max_bytes: u64) -> String {
         let path = self.logs.path().join(format!("{controller}.log"));
         self.redact(&dbops_e2e::process::log_tail(&path, max_bytes))
     }
 
-    fn redact(&self, text: &str) -> String {
+    pub(crate) fn redact(&self, text: &str) -> String {
         redact_passwords(
             &text
                 .replace(self.source.superuser_password(), "<source-password>")
@@ -281,16 +295,16 @@ impl Setup {
         )
     }
 
-    fn databases(&self) -> Api<Database> {
+    pub(crate) fn databases(&self) -> Api<Database> {
         Api::namespaced(self.b.client.clone(), self.ns())
     }
 
-    fn migrations(&self) -> Api<Migration> {
+    pub(crate) fn migrations(&self) -> Api<Migration> {
         Api::namespaced(self.b.client.clone(), self.ns())
     }
 
     /// A Database on the source server, Ready.
-    async fn create_database(&self, name: &str) -> Database {
+    pub(crate) async fn create_database(&self, name: &str) -> Database {
         self.create_database_with(name, &[]).await
     }
 
@@ -323,7 +337,7 @@ impl Setup {
     }
 
     /// The connection Secret's values.
-    async fn connection(&self, db: &str) -> Conn {
+    pub(crate) async fn connection(&self, db: &str) -> Conn {
         let secret = Api::<Secret>::namespaced(self.b.client.clone(), self.ns())
             .get(&format!("{db}-connection"))
             .await
@@ -361,7 +375,7 @@ impl Setup {
         );
     }
 
-    async fn create_migration(&self, name: &str, db: &str, extra: serde_json::Value) {
+    pub(crate) async fn create_migration(&self, name: &str, db: &str, extra: serde_json::Value) {
         let mut spec = json!({
             "databaseRef": {"name": db},
             "target": {"serverRef": {"name": self.server(TARGET_ADMIN)}},
@@ -384,7 +398,7 @@ impl Setup {
 
     /// Waits for the Migration to satisfy `done`; on timeout the panic shows its status
     /// and the controllers' logs.
-    async fn wait_migration(
+    pub(crate) async fn wait_migration(
         &self,
         name: &str,
         what: &str,
@@ -409,14 +423,19 @@ impl Setup {
         }
     }
 
-    async fn wait_phase(&self, name: &str, phase: MigrationPhase, timeout: Duration) -> Migration {
+    pub(crate) async fn wait_phase(
+        &self,
+        name: &str,
+        phase: MigrationPhase,
+        timeout: Duration,
+    ) -> Migration {
         self.wait_migration(name, &format!("phase {phase:?}"), timeout, |m| {
             phase_of(m) == Some(phase)
         })
         .await
     }
 
-    async fn events_about(&self, kind: &str, name: &str) -> Vec<Event> {
+    pub(crate) async fn events_about(&self, kind: &str, name: &str) -> Vec<Event> {
         dbops_e2e::fixtures::events_about(&self.b.client, self.ns(), kind, name)
             .await
             .unwrap()
@@ -436,7 +455,7 @@ impl Setup {
             .map_err(|e| format!("write: {e}"))
     }
 
-    async fn superuser_scalar_i64(pg: &PgServer, db: &str, sql: &str) -> i64 {
+    pub(crate) async fn superuser_scalar_i64(pg: &PgServer, db: &str, sql: &str) -> i64 {
         let client = pg.connect_as_superuser_to(db).await.unwrap();
         client.query_one(sql, &[]).await.unwrap().get(0)
     }
@@ -460,12 +479,12 @@ impl Drop for Setup {
 
 /// What a connection Secret says.
 #[derive(Clone)]
-struct Conn {
-    host: String,
-    port: u16,
-    user: String,
-    password: String,
-    dbname: String,
+pub(crate) struct Conn {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) user: String,
+    pub(crate) password: String,
+    pub(crate) dbname: String,
 }
 
 fn bin(name: &str) -> String {
@@ -492,11 +511,11 @@ impl std::fmt::Debug for MigrationView {
     }
 }
 
-fn phase_of(m: &Migration) -> Option<MigrationPhase> {
+pub(crate) fn phase_of(m: &Migration) -> Option<MigrationPhase> {
     m.status.as_ref().and_then(|s| s.phase)
 }
 
-fn condition<'a>(
+pub(crate) fn condition<'a>(
     m: &'a Migration,
     type_: &str,
 ) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
@@ -505,7 +524,7 @@ fn condition<'a>(
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
 }
 
-fn step_state(m: &Migration, step: MigrationStep) -> Option<StepState> {
+pub(crate) fn step_state(m: &Migration, step: MigrationStep) -> Option<StepState> {
     m.status
         .as_ref()
         .and_then(|s| s.steps.iter().find(|x| x.name == step))
@@ -776,7 +795,7 @@ async fn a_database_moves_with_every_committed_write() {
 
     // An Event per step, and the step durations in the metrics.
     let events = s.events_about("Migration", "app-move").await;
-    for step in MigrationStep::ALL {
+    for step in MigrationStep::DUMP {
         let reason = format!("{}Succeeded", step.as_str());
         assert!(
             events
@@ -792,7 +811,7 @@ async fn a_database_moves_with_every_committed_write() {
         .unwrap()
         .get("/metrics")
         .unwrap();
-    for step in MigrationStep::ALL {
+    for step in MigrationStep::DUMP {
         let line = format!(
             "dbops_migration_step_duration_seconds_count{{step=\"{}\"}} 1",
             step.as_str()
@@ -999,7 +1018,7 @@ async fn a_controller_killed_at_every_step_resumes_to_succeeded() {
     s.pgbench("app", 1).await;
     s.create_migration("app-move", "app", json!({"sourceRetention": "Drop"}))
         .await;
-    let mut points: Vec<String> = MigrationStep::ALL
+    let mut points: Vec<String> = MigrationStep::DUMP
         .iter()
         .map(|step| format!("{}:done", step.as_str()))
         .collect();
@@ -1014,7 +1033,7 @@ async fn a_controller_killed_at_every_step_resumes_to_succeeded() {
     let m = s
         .wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
         .await;
-    for step in MigrationStep::ALL {
+    for step in MigrationStep::DUMP {
         assert_eq!(step_state(&m, step), Some(StepState::Succeeded), "{step:?}");
     }
     // Exactly one snapshot, dumped once.
@@ -1321,7 +1340,7 @@ async fn deleting_a_database_awaiting_cutover_rolls_its_migration_back() {
 #[tokio::test]
 async fn deleting_a_database_at_any_step_of_its_migration_ends_both() {
     let mut s = Setup::new("mig-del-steps").await;
-    for (i, step) in MigrationStep::ALL.into_iter().enumerate() {
+    for (i, step) in MigrationStep::DUMP.into_iter().enumerate() {
         let name = format!("app{i}");
         let db = s
             .create_database_spec(&name, json!({"deletionPolicy": "Delete"}))
