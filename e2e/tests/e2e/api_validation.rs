@@ -389,6 +389,44 @@ spec:
 }
 
 #[tokio::test]
+async fn migration_mode_must_be_known_and_is_immutable() {
+    let b = bed("migmode").await;
+    let migration = |mode: &str| {
+        format!(
+            "apiVersion: dbops.dev/v1alpha1\nkind: Migration\nmetadata: {{name: m1}}\nspec: {{databaseRef: {{name: orders}}, target: {{serverRef: {{name: pg-new}}}}{mode}}}\n"
+        )
+    };
+    let msg = refused(&b, &migration(", mode: Online"));
+    assert_mentions(
+        &msg,
+        &["spec.mode", "Unsupported value", "Auto", "Logical", "Dump"],
+    );
+    accepted(&b, &migration(""));
+    let mode = b
+        .kubectl
+        .run(
+            &[
+                "get",
+                "migration",
+                "m1",
+                "-n",
+                b.ns.name(),
+                "-o",
+                "jsonpath={.spec.mode}",
+            ],
+            None,
+        )
+        .unwrap();
+    assert_eq!(
+        mode.stdout.trim(),
+        "Auto",
+        "the default lands in the object"
+    );
+    let msg = refused(&b, &migration(", mode: Dump"));
+    assert_mentions(&msg, &["spec.mode", "immutable"]);
+}
+
+#[tokio::test]
 async fn examples_apply_and_print_their_columns() {
     let b = bed("examples").await;
     let dir = dbops_e2e::paths::repo_root().join("deploy/examples");
@@ -452,7 +490,7 @@ async fn examples_apply_and_print_their_columns() {
         .run(&["get", "pgmig", "-n", b.ns.name()], None)
         .unwrap();
     let header = get.stdout.lines().next().unwrap_or_default().to_string();
-    for column in ["DATABASE", "TARGET", "PHASE", "STEP"] {
+    for column in ["DATABASE", "TARGET", "PHASE", "MODE", "STEP"] {
         assert!(header.contains(column), "column {column} missing: {header}");
     }
     // Defaults land in the stored object.
