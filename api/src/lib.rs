@@ -15,8 +15,8 @@ pub mod server;
 
 pub use backup::{Backup, BackupPhase, BackupRunner, BackupSpec, BackupStatus};
 pub use common::{
-    BackupDeletionPolicy, DatabaseDeletionPolicy, LocalObjectReference, SecretReference,
-    ServerReference, TlsMode, condition, marks,
+    BackupDeletionPolicy, DatabaseDeletionPolicy, HasConditions, LocalObjectReference,
+    SecretReference, ServerReference, TlsMode, condition, marks,
 };
 pub use database::{
     BackupSchedule, Database, DatabasePhase, DatabaseSpec, DatabaseStatus, RestoreSource,

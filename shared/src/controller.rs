@@ -28,6 +28,7 @@ use std::{
     time::Duration,
 };
 
+use dbops_api::HasConditions;
 use futures::{StreamExt, future::BoxFuture};
 use k8s_openapi::{ClusterResourceScope, NamespaceResourceScope};
 use kube::{
@@ -235,6 +236,7 @@ impl ApiScope for ClusterResourceScope {
 /// cluster-scoped.
 pub trait Watched:
     Resource<DynamicType = (), Scope: ApiScope>
+    + HasConditions
     + Clone
     + DeserializeOwned
     + Serialize
@@ -247,6 +249,7 @@ pub trait Watched:
 
 impl<K> Watched for K where
     K: Resource<DynamicType = (), Scope: ApiScope>
+        + HasConditions
         + Clone
         + DeserializeOwned
         + Serialize
@@ -782,7 +785,7 @@ pub async fn instrumented_reconcile<K, S, E>(
     work: impl Future<Output = Result<Action, E>>,
 ) -> Result<Action, E>
 where
-    K: Resource<DynamicType = ()> + Serialize,
+    K: Resource<DynamicType = ()> + HasConditions,
     E: ReconcileError,
 {
     let meta = obj.meta();
@@ -844,23 +847,10 @@ where
 }
 
 /// `(type, status)` of each condition in the object's `status.conditions`.
-pub fn conditions_of<K: Serialize>(obj: &K) -> Vec<(String, String)> {
-    let Ok(value) = serde_json::to_value(obj) else {
-        return Vec::new();
-    };
-    let Some(conditions) = value
-        .pointer("/status/conditions")
-        .and_then(|c| c.as_array())
-    else {
-        return Vec::new();
-    };
-    conditions
+pub fn conditions_of<K: HasConditions>(obj: &K) -> Vec<(String, String)> {
+    obj.conditions()
         .iter()
-        .filter_map(|c| {
-            let type_ = c.get("type")?.as_str()?;
-            let status = c.get("status")?.as_str()?;
-            Some((type_.to_owned(), status.to_owned()))
-        })
+        .map(|c| (c.type_.clone(), c.status.clone()))
         .collect()
 }
 
@@ -868,26 +858,12 @@ pub fn conditions_of<K: Serialize>(obj: &K) -> Vec<(String, String)> {
 /// `Ready` or `Failed` is `True` for its current generation (a condition without
 /// `observedGeneration` counts as current). A spec change (for example the
 /// migration-controller switching a Database's server) makes it unsettled again.
-fn is_settled<K: Serialize>(obj: &K) -> bool {
-    let Ok(value) = serde_json::to_value(obj) else {
-        return false;
-    };
-    let generation = value
-        .pointer("/metadata/generation")
-        .and_then(|g| g.as_i64());
-    let Some(conditions) = value
-        .pointer("/status/conditions")
-        .and_then(|c| c.as_array())
-    else {
-        return false;
-    };
-    conditions.iter().any(|c| {
-        let type_ = c.get("type").and_then(|t| t.as_str());
-        let status = c.get("status").and_then(|s| s.as_str());
-        let observed = c.get("observedGeneration").and_then(|g| g.as_i64());
-        matches!(type_, Some("Ready" | "Failed"))
-            && status == Some("True")
-            && (observed.is_none() || observed == generation)
+fn is_settled<K: Resource + HasConditions>(obj: &K) -> bool {
+    let generation = obj.meta().generation;
+    obj.conditions().iter().any(|c| {
+        matches!(c.type_.as_str(), "Ready" | "Failed")
+            && c.status == "True"
+            && (c.observed_generation.is_none() || c.observed_generation == generation)
     })
 }
 
@@ -947,7 +923,6 @@ fn log_result<K, S, E>(
 mod tests {
     use clap::Parser;
     use http::{Request, Response};
-    use k8s_openapi::api::core::v1::ConfigMap;
     use kube::{api::ObjectMeta, client::Body};
 
     use super::*;
@@ -999,17 +974,21 @@ mod tests {
         (Arc::new(ctx), handle)
     }
 
-    fn config_map() -> Arc<ConfigMap> {
-        Arc::new(ConfigMap {
-            metadata: ObjectMeta {
-                name: Some("orders".into()),
-                namespace: Some("default".into()),
-                uid: Some("uid-1".into()),
-                generation: Some(1),
-                ..ObjectMeta::default()
-            },
-            ..ConfigMap::default()
-        })
+    fn an_object() -> Arc<dbops_api::Backup> {
+        let mut backup: dbops_api::Backup = serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbops.dev/v1alpha1", "kind": "Backup",
+            "metadata": {"name": "orders", "namespace": "default", "uid": "uid-1", "generation": 1},
+            "spec": {"databaseRef": {"name": "orders"}}
+        }))
+        .expect("a valid Backup");
+        backup.metadata = ObjectMeta {
+            name: Some("orders".into()),
+            namespace: Some("default".into()),
+            uid: Some("uid-1".into()),
+            generation: Some(1),
+            ..ObjectMeta::default()
+        };
+        Arc::new(backup)
     }
 
     /// Asserts that nothing was sent through the mock once every client is dropped.
@@ -1038,7 +1017,7 @@ mod tests {
     async fn the_wrapper_makes_no_api_call_and_counts_a_success() {
         let (ctx, handle) = context();
         let resync = Action::requeue(ctx.resync_interval);
-        let action = instrumented_reconcile(config_map(), ctx.clone(), async {
+        let action = instrumented_reconcile(an_object(), ctx.clone(), async {
             Ok::<_, Infallible>(Action::requeue(Duration::from_secs(300)))
         })
         .await
@@ -1052,7 +1031,7 @@ mod tests {
     #[tokio::test]
     async fn transient_errors_back_off_and_a_success_resets() {
         let (ctx, _handle) = context();
-        let obj = config_map();
+        let obj = an_object();
         let failed = instrumented_reconcile(obj.clone(), ctx.clone(), async {
             Err::<Action, _>(TestError::Unavailable)
         })
@@ -1089,7 +1068,7 @@ mod tests {
     async fn an_invalid_spec_waits_for_a_change() {
         let (ctx, _handle) = context();
         assert_eq!(
-            error_policy(config_map(), &TestError::BadSpec, ctx.clone()),
+            error_policy(an_object(), &TestError::BadSpec, ctx.clone()),
             Action::await_change()
         );
         assert!(ctx.backoff.is_empty());
