@@ -267,7 +267,7 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context<State>>) -> Result<
     };
 
     let attempt = done + 1;
-    let started_at = status::now();
+    let started_at = dbops_shared::conditions::now();
     let identity = ctx.state.identity.as_str();
     let running = Outcome::Running {
         attempt,
@@ -526,14 +526,27 @@ async fn run_attempt(
         .servers
         .connect(&endpoint, &credentials, &dbname)
         .await?;
-    let server_version: String = session
-        .query_one("SHOW server_version", &[])
+    let row = session
+        .query_one(
+            "SELECT current_setting('server_version'), current_setting('server_version_num')::int",
+            &[],
+        )
         .await
-        .map_err(PgError::sql("reading server_version"))?
+        .map_err(PgError::sql("reading server_version"))?;
+    let server_version: String = row
         .try_get(0)
         .map_err(PgError::sql("reading server_version"))?;
+    let server_version_num: i32 = row
+        .try_get(1)
+        .map_err(PgError::sql("reading server_version_num"))?;
     drop(session);
     let pg_dump_version = dump::pg_dump_version(&state.pg_dump).await?;
+    dump::check_new_enough(
+        &state.pg_dump,
+        &pg_dump_version,
+        server_version_num,
+        &server_version,
+    )?;
 
     let location = state.store.location(&key);
     let create = state.store.create_artifact(&key);
@@ -555,7 +568,7 @@ async fn run_attempt(
     .await?;
     traced("commit", location.clone(), artifact.commit()).await?;
 
-    let completed_at = status::now();
+    let completed_at = dbops_shared::conditions::now();
     let manifest = json!({
         "apiVersion": "dbops.dev/v1alpha1",
         "kind": "BackupManifest",
@@ -717,7 +730,7 @@ mod tests {
         }))
         .unwrap();
         if deleting {
-            db.metadata.deletion_timestamp = Some(status::now());
+            db.metadata.deletion_timestamp = Some(dbops_shared::conditions::now());
         }
         if provisioned && let Some(s) = db.status.as_mut() {
             s.provider_id = Some("h:5432/1".into());

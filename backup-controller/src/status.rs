@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dbops_api::{Backup, BackupPhase, BackupRunner, BackupStatus, condition};
-use dbops_shared::conditions::{ConditionSpec, ConditionStatus, set_condition};
+use dbops_shared::conditions::{ConditionSpec, ConditionStatus, now, set_condition};
 use dbops_shared::controller::Context;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -52,10 +52,6 @@ pub enum Outcome<'a> {
     },
     Completed(&'a Completed),
     Failed(&'a Failure),
-}
-
-pub fn now() -> Time {
-    Time(jiff::Timestamp::now())
 }
 
 /// The status `outcome` asks for, from the current one.

@@ -2,9 +2,8 @@
 //! from what is stored, with an Event for every change of the Ready condition.
 
 use dbops_api::{Database, DatabasePhase, DatabaseStatus, condition};
-use dbops_shared::conditions::{ConditionSpec, ConditionStatus, get, set_condition};
+use dbops_shared::conditions::{ConditionSpec, ConditionStatus, get, now, set_condition};
 use dbops_shared::controller::{Context, ReconcileError};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
@@ -64,10 +63,6 @@ fn sticky_message(old: &DatabaseStatus, reason: &str, message: String) -> String
 /// Reasons that are steps on the expected way to Ready (a restore).
 pub fn on_the_way(reason: &str) -> bool {
     matches!(reason, "WaitingForBackup" | "Restoring")
-}
-
-fn now() -> Time {
-    Time(jiff::Timestamp::now())
 }
 
 /// Writes the status for a provisioning outcome (nothing for Kubernetes API errors).

@@ -47,6 +47,11 @@ pub struct ConditionSpec<'a> {
 ///
 /// An existing condition keeps its position and its `lastTransitionTime` unless its status
 /// changes; a new one is appended with `lastTransitionTime = now`.
+/// Now, as a condition's `lastTransitionTime` (and any status time) is written.
+pub fn now() -> Time {
+    Time(jiff::Timestamp::now())
+}
+
 pub fn set_condition(conditions: &mut Vec<Condition>, spec: ConditionSpec<'_>, now: Time) -> bool {
     debug_assert!(
         is_camel_case(spec.reason),

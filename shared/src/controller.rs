@@ -279,14 +279,6 @@ pub enum Trigger {
 /// Adds a controller's own watches (owned children, related kinds) to its `Controller`.
 pub type Configure<K, S> = Box<dyn FnOnce(Controller<K>, &Arc<Context<S>>) -> Controller<K> + Send>;
 
-/// No watches beyond the controller's own kind.
-pub fn no_extra_watches<K, S>() -> Configure<K, S>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    Box::new(|controller, _| controller)
-}
-
 /// Runs the controller of kind `K` until SIGTERM or SIGINT; see the module documentation.
 /// `configure` adds the controller's extra watches.
 pub async fn run<K, S, F, Fut, E>(

@@ -214,14 +214,6 @@ impl PgError {
         }
     }
 
-    /// Whether the server could not be reached at all (counts against the breaker).
-    pub fn is_unreachable(&self) -> bool {
-        matches!(
-            self,
-            PgError::Unreachable { .. } | PgError::CircuitOpen { .. }
-        )
-    }
-
     /// A SQL error with what was being done.
     pub fn sql(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> PgError {
         let context = context.into();
@@ -843,15 +835,6 @@ impl Servers {
                 })
             })
             .clone()
-    }
-
-    /// Whether the breaker of `key` is open now, and for how much longer.
-    pub fn circuit_open(&self, key: &ServerKey) -> Option<Duration> {
-        let state = self.state(key);
-        let breaker = state.breaker.lock().unwrap_or_else(|e| e.into_inner());
-        breaker
-            .open_until
-            .and_then(|until| until.checked_duration_since(Instant::now()))
     }
 
     /// Connects as `credentials` to database `dbname` on `server`, waiting for a session
