@@ -51,7 +51,7 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
-use crate::saga::{CrashPoint, DatabaseIndex, State};
+use crate::saga::{CrashPoint, DatabaseIndex, Moment, State};
 
 /// The controller name: metrics label, Lease `dbops-migration-controller`, Event reporter.
 const CONTROLLER: &str = dbops_shared::metrics::MIGRATION_CONTROLLER;
@@ -85,29 +85,53 @@ struct Args {
     postgres: PostgresArgs,
 
     /// Testing only: exit with code 86 at `<Step>:started` (the step's Running record is
-    /// written, nothing done yet) or `<Step>:done` (its effects are done, its Succeeded
-    /// record not yet written), to prove that a new process resumes from there.
+    /// written, nothing done yet), `<Step>:done` (its effects are done, its Succeeded
+    /// record not yet written) or `Replicate:slot-created` (CREATE SUBSCRIPTION created
+    /// the replication slot on the source, nothing recorded of it yet), to prove that a
+    /// new process resumes from there.
     #[arg(long, hide = true, value_parser = parse_crash_point)]
     debug_exit_at: Option<CrashPoint>,
+
+    /// Testing only: the step `<Step>` (one before SwitchTraffic) fails for good
+    /// (`InjectedFailure`) once its effects are done, to prove the rollback from there.
+    #[arg(long, hide = true, value_parser = parse_fail_point)]
+    debug_fail_at: Option<MigrationStep>,
+}
+
+fn parse_step(step: &str) -> Result<MigrationStep, String> {
+    MigrationStep::ALL
+        .into_iter()
+        .find(|s| s.as_str() == step)
+        .ok_or_else(|| format!("unknown step {step:?}"))
 }
 
 fn parse_crash_point(value: &str) -> Result<CrashPoint, String> {
     let (step, point) = value
         .split_once(':')
         .ok_or_else(|| format!("expected <Step>:started or <Step>:done, got {value:?}"))?;
-    let step = MigrationStep::ALL
-        .into_iter()
-        .find(|s| s.as_str() == step)
-        .ok_or_else(|| format!("unknown step {step:?}"))?;
-    let after_side_effects = match point {
-        "started" => false,
-        "done" => true,
-        other => return Err(format!("expected started or done, got {other:?}")),
+    let step = parse_step(step)?;
+    let moment = match point {
+        "started" => Moment::Started,
+        "done" => Moment::Done,
+        "slot-created" if step == MigrationStep::Replicate => Moment::SlotCreated,
+        "slot-created" => return Err("slot-created is a moment of Replicate only".into()),
+        other => {
+            return Err(format!(
+                "expected started, done or slot-created, got {other:?}"
+            ));
+        }
     };
-    Ok(CrashPoint {
-        step,
-        after_side_effects,
-    })
+    Ok(CrashPoint { step, moment })
+}
+
+fn parse_fail_point(value: &str) -> Result<MigrationStep, String> {
+    let step = parse_step(value)?;
+    if matches!(step, MigrationStep::SwitchTraffic | MigrationStep::Cleanup) {
+        return Err(format!(
+            "{value} is past the point of no return: a failure there is retried, never rolled back"
+        ));
+    }
+    Ok(step)
 }
 
 #[tokio::main]
@@ -126,7 +150,11 @@ async fn main() -> ExitCode {
     let configure: Configure<Migration, State> =
         Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref(), databases_writer));
     let (pg_dump, pg_restore) = (args.pg_dump.clone(), args.pg_restore.clone());
-    let (max_attempts, crash_at) = (args.step_max_attempts, args.debug_exit_at);
+    let (max_attempts, crash_at, fail_at) = (
+        args.step_max_attempts,
+        args.debug_exit_at,
+        args.debug_fail_at,
+    );
     let controller_namespace = args.common.controller_namespace.clone();
     let server_selector = args.common.server_selector.clone();
     let state = move |client: kube::Client, reporter| State {
@@ -139,6 +167,7 @@ async fn main() -> ExitCode {
         pg_restore,
         max_attempts,
         crash_at,
+        fail_at,
     };
     controller::exit_code(
         controller::run::<Migration, _, _, _, _>(
@@ -223,19 +252,36 @@ mod tests {
             parse_crash_point("CopyData:done"),
             Ok(CrashPoint {
                 step: MigrationStep::CopyData,
-                after_side_effects: true
+                moment: Moment::Done
             })
         );
         assert_eq!(
             parse_crash_point("Preflight:started"),
             Ok(CrashPoint {
                 step: MigrationStep::Preflight,
-                after_side_effects: false
+                moment: Moment::Started
             })
         );
+        assert_eq!(
+            parse_crash_point("Replicate:slot-created"),
+            Ok(CrashPoint {
+                step: MigrationStep::Replicate,
+                moment: Moment::SlotCreated
+            })
+        );
+        assert!(parse_crash_point("CopyData:slot-created").is_err());
         assert!(parse_crash_point("Copy:done").is_err());
         assert!(parse_crash_point("CopyData").is_err());
         assert!(parse_crash_point("CopyData:later").is_err());
+    }
+
+    #[test]
+    fn a_failure_is_injected_only_before_the_point_of_no_return() {
+        assert_eq!(parse_fail_point("CatchUp"), Ok(MigrationStep::CatchUp));
+        assert_eq!(parse_fail_point("Preflight"), Ok(MigrationStep::Preflight));
+        assert!(parse_fail_point("SwitchTraffic").is_err());
+        assert!(parse_fail_point("Cleanup").is_err());
+        assert!(parse_fail_point("Replicate:done").is_err());
     }
 
     fn migration(target: &str, source: Option<&str>, phase: Option<&str>) -> Migration {

@@ -21,14 +21,14 @@
 
 use std::time::{Duration, Instant};
 
-use dbops_api::{Database, ReplicationStatus};
+use dbops_api::{Database, MigrationStep, ReplicationStatus};
 use dbops_shared::postgres::Session;
 use dbops_shared::server::Resolved;
 
 use crate::copy::{self, Contents, Programs, Side};
 use crate::error::{Error, Result};
 use crate::replication;
-use crate::saga::Saga;
+use crate::saga::{Moment, Saga};
 use crate::sql;
 use crate::steps::{Outcome, at, migration_uid, session, source_server, target_server};
 
@@ -113,6 +113,8 @@ pub async fn replicate(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
         replication::create_subscription(&mut t, &e.name, &conninfo, target_num >= 150000)
             .await
             .map_err(|err| subscription_error(err, &e))?;
+        // The slot exists on the source; the status knows nothing of it yet.
+        saga.crash_point(MigrationStep::Replicate, Moment::SlotCreated);
     }
     drop((s, t));
     let seen = observe(saga, &e, None).await?;
@@ -437,7 +439,7 @@ pub async fn catch_up(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
 /// How long the CatchUp step has been running (the source is frozen meanwhile).
 fn frozen_for(saga: &Saga<'_>) -> Duration {
     let status = saga.status();
-    crate::progress::step(&status, dbops_api::MigrationStep::CatchUp)
+    crate::progress::step(&status, MigrationStep::CatchUp)
         .and_then(|s| s.started_at.clone())
         .map(|t| {
             let ms = jiff::Timestamp::now().as_millisecond() - t.0.as_millisecond();

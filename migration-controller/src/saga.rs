@@ -49,9 +49,30 @@ pub const FIELD_MANAGER: &str = "dbops-migration-controller";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CrashPoint {
     pub step: MigrationStep,
+    pub moment: Moment,
+}
+
+/// A moment of a step at which a [`CrashPoint`] can be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Moment {
     /// `started`: right after the step's Running record is written, before its side
-    /// effects; `done`: after its side effects, before its Succeeded record.
-    pub after_side_effects: bool,
+    /// effects.
+    Started,
+    /// `slot-created` (Replicate only): right after CREATE SUBSCRIPTION created the
+    /// replication slot on the source, before anything is recorded of it in status.
+    SlotCreated,
+    /// `done`: after its side effects, before its Succeeded record.
+    Done,
+}
+
+impl Moment {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Moment::Started => "started",
+            Moment::SlotCreated => "slot-created",
+            Moment::Done => "done",
+        }
+    }
 }
 
 /// The migration-controller's own state.
@@ -69,6 +90,9 @@ pub struct State {
     pub pg_restore: PathBuf,
     pub max_attempts: i32,
     pub crash_at: Option<CrashPoint>,
+    /// Testing only (`--debug-fail-at`): this step fails for good once its effects are
+    /// done, so that a test can roll back from it.
+    pub fail_at: Option<MigrationStep>,
 }
 
 /// Which Migrations name which Database: Migration → `spec.databaseRef`, kept up to date
@@ -344,12 +368,17 @@ impl Saga<'_> {
             let mut status = status;
             progress::start(&mut status, step, self.generation());
             self.save(status).await?;
-            self.crash_point(step, false);
+            self.crash_point(step, Moment::Started);
 
-            let outcome = steps::run(self, step, &db).await;
+            let outcome = match steps::run(self, step, &db).await {
+                Ok(Outcome::Done(_)) if self.ctx.state.fail_at == Some(step) => {
+                    Err(injected_failure(step))
+                }
+                outcome => outcome,
+            };
             match outcome {
                 Ok(Outcome::Done(message)) => {
-                    self.crash_point(step, true);
+                    self.crash_point(step, Moment::Done);
                     self.succeeded(step, message).await?;
                 }
                 Ok(Outcome::Wait(message)) => {
@@ -442,15 +471,13 @@ impl Saga<'_> {
         Ok(())
     }
 
-    fn crash_point(&self, step: MigrationStep, after_side_effects: bool) {
-        let here = CrashPoint {
-            step,
-            after_side_effects,
-        };
+    /// Exits the process (code [`DEBUG_EXIT_CODE`]) if `--debug-exit-at` names this point.
+    pub(crate) fn crash_point(&self, step: MigrationStep, moment: Moment) {
+        let here = CrashPoint { step, moment };
         if self.ctx.state.crash_at == Some(here) {
             tracing::warn!(
                 step = step.as_str(),
-                after_side_effects,
+                moment = moment.as_str(),
                 "--debug-exit-at reached: exiting now"
             );
             std::process::exit(DEBUG_EXIT_CODE);
@@ -583,6 +610,22 @@ impl Saga<'_> {
 
 /// The exit code of `--debug-exit-at`.
 pub const DEBUG_EXIT_CODE: i32 = 86;
+
+/// The failure `--debug-fail-at` puts in place of a step's success: fatal, so the
+/// rollback begins at once.
+fn injected_failure(step: MigrationStep) -> Error {
+    tracing::warn!(
+        step = step.as_str(),
+        "--debug-fail-at reached: failing the step"
+    );
+    Error::fatal(
+        "InjectedFailure",
+        format!(
+            "--debug-fail-at={}: the step's effects are done and it fails for good, as the test asked",
+            step.as_str()
+        ),
+    )
+}
 
 #[cfg(test)]
 mod tests {

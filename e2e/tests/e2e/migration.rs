@@ -275,7 +275,7 @@ impl Setup {
     }
 
     /// SIGTERM, and waits for the exit.
-    fn stop_migration_controller(&mut self) {
+    pub(crate) fn stop_migration_controller(&mut self) {
         if let Some(mut c) = self.migration_controller.take() {
             c.process.signal("TERM").unwrap();
             c.process.wait_exit(Duration::from_secs(20)).unwrap();

@@ -5,7 +5,11 @@
 //! is printed); a Manual cutover waits while replicating with the source writable, and a
 //! schema change on the source then rolls the Migration back; `Auto` on a source without
 //! `wal_level=logical` falls back to Dump and says why, `Logical` is refused there; a
-//! table without a primary key is refused; a controller killed mid-replication resumes.
+//! table without a primary key is refused; the controller killed at every step (before
+//! and after its effects, and between creating the replication slot and recording it)
+//! resumes to one success under a writer; a failure at each step before SwitchTraffic
+//! rolls back; an approved Manual cutover keeps the writes accepted while it waited; a
+//! slot left by a crash at its creation never outlives the Migration.
 //! After every end, no replication slot, publication, subscription or replication role
 //! is left on either server.
 
@@ -133,6 +137,17 @@ impl Writer {
 
     fn committed(&self) -> usize {
         self.committed.lock().unwrap().len()
+    }
+
+    /// The numbers committed so far, from the `from`-th commit on.
+    fn numbers_from(&self, from: usize) -> Vec<i64> {
+        let committed = self.committed.lock().unwrap();
+        committed
+            .get(from..)
+            .unwrap_or_default()
+            .iter()
+            .map(|(n, _)| *n)
+            .collect()
     }
 
     async fn finish(self) -> Vec<(i64, Instant)> {
@@ -457,40 +472,410 @@ async fn a_manual_cutover_replicates_until_a_schema_change_rolls_it_back() {
     assert_eq!(db.spec.server_ref.name, s.server(SOURCE_ADMIN));
 }
 
-/// (5) The controller killed mid-replication (after Replicate's effects, at CatchUp's
-/// start and after it, after Cleanup's): each new process resumes, and the Migration
-/// ends Succeeded once, with nothing left on either server.
-#[tokio::test]
-async fn a_controller_killed_mid_replication_resumes_to_one_success() {
+/// The Database's connection Secrets, for the writer.
+fn secrets(s: &Setup) -> Api<Secret> {
+    Api::namespaced(s.b.client.clone(), s.ns())
+}
+
+/// The name of the Migration's slot, publication, subscription and role (the
+/// controller's `replication::name`: `dbops_mig_` and its UID).
+fn replication_name(m: &Migration) -> String {
+    let uid = m.metadata.uid.as_deref().unwrap();
+    format!("dbops_mig_{}", uid.replace('-', "_").to_lowercase())
+}
+
+/// The rows of `writes` in `app` on a server.
+async fn writes_on(pg: &dbops_e2e::PgServer) -> BTreeSet<i64> {
+    pg.connect_as_superuser_to("app")
+        .await
+        .unwrap()
+        .query("SELECT n FROM writes", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Every write the writer saw committed is among `rows`.
+fn assert_every_commit_in(committed: &[(i64, Instant)], rows: &BTreeSet<i64>) {
+    let committed: BTreeSet<i64> = committed.iter().map(|(n, _)| *n).collect();
+    assert!(
+        committed.is_subset(rows),
+        "{} committed rows missing on the target, first {:?}",
+        committed.difference(rows).count(),
+        committed.difference(rows).take(10).collect::<Vec<_>>()
+    );
+}
+
+/// The source as before the Migration: the owner writes there, and the database's
+/// connection limit and settings are as they were (-1; none set).
+async fn assert_source_writable(s: &Setup, c: &Conn, n: i64, after: &str) {
+    let owner = s
+        .source
+        .connect(&c.user, &c.password, "app")
+        .await
+        .unwrap_or_else(|e| panic!("after {after}: the owner cannot log in on the source: {e}"));
+    owner
+        .execute("INSERT INTO writes (n) VALUES ($1)", &[&n])
+        .await
+        .unwrap_or_else(|e| panic!("after {after}: the source is not writable: {e}"));
+    assert_eq!(
+        s.source.connlimit("app").await.unwrap(),
+        Some(-1),
+        "after {after}"
+    );
+    let settings = Setup::superuser_scalar_i64(
+        &s.source,
+        "postgres",
+        "SELECT count(*) FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = 'app'",
+    )
+    .await;
+    assert_eq!(settings, 0, "after {after}: the freeze's setting was reset");
+}
+
+/// (5) The controller exits at every step of the Logical saga, before the step's effects
+/// and after them, and right after CREATE SUBSCRIPTION created the replication slot (its
+/// name derived from the Migration's UID, nothing recorded of it yet), while a writer
+/// commits through the connection Secret: each new process resumes, and the Migration
+/// ends Succeeded once, with every committed write on the target, nothing of the
+/// replication left on either server, and no DDL run twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_killed_at_every_logical_step_resumes_to_one_success() {
     let mut s = logical_setup("logical-crash").await;
     app_with_tables(&s).await;
+    // The test thread blocks while it waits for each exit; the writer runs on the other.
+    let writer = Writer::start(secrets(&s), "app-connection".into());
+    wait_for(
+        "the writer to commit 50 rows",
+        Duration::from_secs(30),
+        || async { Ok(writer.committed()) },
+        |n| *n >= 50,
+    )
+    .await
+    .unwrap();
     s.create_migration("app-move", "app", json!({"mode": "Logical"}))
         .await;
-    for point in [
-        "Replicate:started",
-        "Replicate:done",
-        "CatchUp:started",
-        "CatchUp:done",
-        "Cleanup:done",
-    ] {
+    let mut points = Vec::new();
+    for step in MigrationStep::LOGICAL {
+        points.push(format!("{}:started", step.as_str()));
+        if step == MigrationStep::Replicate {
+            points.push("Replicate:slot-created".to_string());
+        }
+        points.push(format!("{}:done", step.as_str()));
+    }
+    let mut slot_seen = false;
+    for point in &points {
         s.start_migration_controller(&[&format!("--debug-exit-at={point}")]);
         let code = s.wait_migration_controller_exit(SAGA);
         assert_eq!(code, Some(DEBUG_EXIT), "the process stopped at {point}");
+        if point == "Replicate:slot-created" {
+            let m = s.migrations().get("app-move").await.unwrap();
+            let slot = replication_name(&m);
+            assert!(
+                leftovers(&s).await.contains(&format!("source slot {slot}")),
+                "the slot exists at {point}"
+            );
+            assert_eq!(
+                m.status
+                    .as_ref()
+                    .and_then(|st| st.replication.as_ref())
+                    .and_then(|r| r.subscription_oid),
+                None,
+                "nothing of the subscription is recorded at {point}"
+            );
+            slot_seen = true;
+        }
     }
+    assert!(slot_seen);
     s.start_migration_controller(&[]);
     let m = s
         .wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
         .await;
+    // The writer follows the Secret to the target and commits there.
+    let before = writer.committed();
+    wait_for(
+        "the writer to commit on the target",
+        Duration::from_secs(60),
+        || async { Ok(writer.committed()) },
+        |n| *n >= before + 50,
+    )
+    .await
+    .unwrap();
+    let committed = writer.finish().await;
+    let (gap, after) = longest_gap(&committed);
+    println!(
+        "killed at {} points: {} commits, longest gap between two commits {:.3}s (after write {after})",
+        points.len(),
+        committed.len(),
+        gap.as_secs_f64()
+    );
+
     for step in MigrationStep::LOGICAL {
         assert_eq!(step_state(&m, step), Some(StepState::Succeeded), "{step:?}");
     }
+    assert_every_commit_in(&committed, &writes_on(&s.target).await);
     let items = Setup::superuser_scalar_i64(&s.target, "app", "SELECT count(*) FROM items").await;
     assert_eq!(items, 10_000);
+    let next =
+        Setup::superuser_scalar_i64(&s.target, "app", "SELECT nextval('items_id_seq')::bigint")
+            .await;
+    assert_eq!(next, 10_001, "the sequence value was copied");
     assert_eq!(leftovers(&s).await, Vec::<String>::new());
+    // Succeeded once: one process saw the end.
+    let events = s.events_about("Migration", "app-move").await;
+    let ends: Vec<_> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Succeeded"))
+        .collect();
+    assert_eq!(ends.len(), 1, "{ends:#?}");
+    assert!(ends[0].count.unwrap_or(1) <= 1, "{ends:#?}");
     // Each object was created once, whatever the crashes.
     let source_ddl = s.source.ddl_statements().unwrap();
-    let count = |needle: &str| source_ddl.iter().filter(|l| l.contains(needle)).count();
-    assert_eq!(count("CREATE PUBLICATION"), 1, "{source_ddl:#?}");
-    assert_eq!(count("CREATE ROLE \"dbops_mig_"), 1, "{source_ddl:#?}");
-    assert_eq!(count("CONNECTION LIMIT 0"), 1, "{source_ddl:#?}");
+    let target_ddl = s.target.ddl_statements().unwrap();
+    let count = |ddl: &[String], needle: &str| ddl.iter().filter(|l| l.contains(needle)).count();
+    for needle in [
+        "CREATE PUBLICATION",
+        "DROP PUBLICATION",
+        "CREATE ROLE \"dbops_mig_",
+        "DROP ROLE \"dbops_mig_",
+        "CONNECTION LIMIT 0",
+    ] {
+        assert_eq!(count(&source_ddl, needle), 1, "{needle}: {source_ddl:#?}");
+    }
+    for needle in [
+        "CREATE DATABASE \"app\"",
+        "CREATE TABLE public.items",
+        "DROP SUBSCRIPTION",
+    ] {
+        assert_eq!(count(&target_ddl, needle), 1, "{needle}: {target_ddl:#?}");
+    }
+}
+
+/// (6) A step before SwitchTraffic fails for good once its effects are done
+/// (`--debug-fail-at`), at each step of the Logical saga in turn, a new Migration of the
+/// same Database each time: every step that ran is compensated in reverse order, the
+/// Migration ends RolledBack, nothing of it is left on either server (no slot,
+/// publication, subscription, replication role, target database or role) and the
+/// source is writable with its settings as they were.
+#[tokio::test]
+async fn a_failure_at_each_step_before_the_switch_rolls_back_and_leaves_nothing() {
+    let mut s = logical_setup("logical-rollback").await;
+    let c = app_with_tables(&s).await;
+    let before_switch: Vec<MigrationStep> = MigrationStep::LOGICAL
+        .into_iter()
+        .take_while(|st| *st != MigrationStep::SwitchTraffic)
+        .collect();
+    assert_eq!(before_switch.len(), 7);
+    for (i, &failing) in before_switch.iter().enumerate() {
+        let name = format!("fail-at-{}", failing.as_str().to_lowercase());
+        s.start_migration_controller(&[&format!("--debug-fail-at={}", failing.as_str())]);
+        s.create_migration(&name, "app", json!({"mode": "Logical"}))
+            .await;
+        let m = s.wait_phase(&name, MigrationPhase::RolledBack, SAGA).await;
+        s.stop_migration_controller();
+        let status = m.status.clone().unwrap();
+        assert_eq!(status.failed_step, Some(failing));
+        assert_eq!(status.mode, Some(ChosenMode::Logical));
+        let failed = condition(&m, "Failed").unwrap();
+        assert_eq!(failed.reason, "InjectedFailure", "{failed:?}");
+        for (j, &step) in MigrationStep::LOGICAL.iter().enumerate() {
+            let want = match j.cmp(&i) {
+                std::cmp::Ordering::Less => StepState::Compensated,
+                std::cmp::Ordering::Equal => StepState::Failed,
+                std::cmp::Ordering::Greater => StepState::Pending,
+            };
+            assert_eq!(
+                step_state(&m, step),
+                Some(want),
+                "failed at {failing:?}: {step:?}"
+            );
+        }
+        let failed_step = status.steps.iter().find(|st| st.name == failing).unwrap();
+        assert!(
+            failed_step
+                .message
+                .as_deref()
+                .is_some_and(|msg| msg.contains("compensated:")),
+            "{failed_step:?}"
+        );
+        let after = format!("a failure at {failing:?}");
+        assert_eq!(leftovers(&s).await, Vec::<String>::new(), "{after}");
+        assert!(!s.target.database_exists("app").await.unwrap(), "{after}");
+        assert!(!s.target.role_exists(&c.user).await.unwrap(), "{after}");
+        assert_source_writable(&s, &c, -(i as i64) - 1, &after).await;
+        let db = s.databases().get("app").await.unwrap();
+        assert_eq!(db.spec.server_ref.name, s.server(SOURCE_ADMIN), "{after}");
+    }
+}
+
+/// (7) A Manual cutover in Logical mode, approved: while the Migration waits in
+/// AwaitingApproval the source takes the writer's commits and they arrive on the
+/// target; approved, it freezes, catches up and switches; every committed write (those
+/// accepted while it waited included) is on the target, and the writer goes on there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_manual_logical_cutover_keeps_the_writes_made_while_it_waited() {
+    let mut s = logical_setup("logical-approve").await;
+    s.start_migration_controller(&[]);
+    app_with_tables(&s).await;
+    let writer = Writer::start(secrets(&s), "app-connection".into());
+    s.create_migration(
+        "app-move",
+        "app",
+        json!({"mode": "Logical", "cutover": "Manual"}),
+    )
+    .await;
+    s.wait_phase("app-move", MigrationPhase::AwaitingApproval, SAGA)
+        .await;
+    let from = writer.committed();
+    wait_for(
+        "200 commits while the Migration awaits approval",
+        Duration::from_secs(60),
+        || async { Ok(writer.committed()) },
+        |n| *n >= from + 200,
+    )
+    .await
+    .unwrap();
+    let during = writer.numbers_from(from);
+    let m = s.migrations().get("app-move").await.unwrap();
+    assert_eq!(
+        m.status.as_ref().and_then(|st| st.phase),
+        Some(MigrationPhase::AwaitingApproval),
+        "still waiting"
+    );
+    assert_eq!(
+        step_state(&m, MigrationStep::FreezeSource),
+        Some(StepState::Pending)
+    );
+    let target = s.target.connect_as_superuser_to("app").await.unwrap();
+    wait_for(
+        "the writes accepted while waiting to arrive on the target",
+        Duration::from_secs(60),
+        || async {
+            Ok(target
+                .query_one("SELECT count(*) FROM writes WHERE n = ANY($1)", &[&during])
+                .await?
+                .get::<_, i64>(0))
+        },
+        |n| *n == during.len() as i64,
+    )
+    .await
+    .unwrap();
+    drop(target);
+
+    s.migrations()
+        .patch(
+            "app-move",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"approved": true}})),
+        )
+        .await
+        .unwrap();
+    let done = s
+        .wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
+        .await;
+    let before = writer.committed();
+    wait_for(
+        "the writer to commit on the target",
+        Duration::from_secs(60),
+        || async { Ok(writer.committed()) },
+        |n| *n >= before + 50,
+    )
+    .await
+    .unwrap();
+    let committed = writer.finish().await;
+    let (gap, after) = longest_gap(&committed);
+    println!(
+        "manual logical cutover: {} commits ({} while awaiting approval), longest gap between two commits {:.3}s (after write {after})",
+        committed.len(),
+        during.len(),
+        gap.as_secs_f64()
+    );
+    for step in MigrationStep::LOGICAL {
+        assert_eq!(
+            step_state(&done, step),
+            Some(StepState::Succeeded),
+            "{step:?}"
+        );
+    }
+    let rows = writes_on(&s.target).await;
+    assert!(during.iter().all(|n| rows.contains(n)));
+    assert_every_commit_in(&committed, &rows);
+    let db = s.databases().get("app").await.unwrap();
+    assert_eq!(db.spec.server_ref.name, s.server(TARGET_ADMIN));
+    assert_eq!(leftovers(&s).await, Vec::<String>::new());
+}
+
+/// (8) A crash between creating the replication slot and recording it: the controller
+/// exits right after CREATE SUBSCRIPTION made the slot on the source, before the status
+/// says anything of it; the Migration is then deleted, and the next process rolls it
+/// back by the slot's name alone: no slot (nor anything else) is left. Then the worst
+/// case of that window: a slot of the Migration's name without its subscription (as a
+/// CREATE SUBSCRIPTION that made the slot and never committed on the target leaves it)
+/// is dropped and made again, and the Migration succeeds with nothing left.
+#[tokio::test]
+async fn a_crash_between_creating_the_slot_and_recording_it_leaves_no_slot() {
+    let mut s = logical_setup("logical-slot").await;
+    let c = app_with_tables(&s).await;
+    s.create_migration("first", "app", json!({"mode": "Logical"}))
+        .await;
+    s.start_migration_controller(&["--debug-exit-at=Replicate:slot-created"]);
+    assert_eq!(s.wait_migration_controller_exit(SAGA), Some(DEBUG_EXIT));
+    let m = s.migrations().get("first").await.unwrap();
+    let slot = replication_name(&m);
+    assert!(
+        leftovers(&s).await.contains(&format!("source slot {slot}")),
+        "the slot exists"
+    );
+    assert_eq!(
+        m.status
+            .as_ref()
+            .and_then(|st| st.replication.as_ref())
+            .and_then(|r| r.subscription_oid),
+        None,
+        "nothing of it is recorded"
+    );
+    s.migrations()
+        .delete("first", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    s.start_migration_controller(&[]);
+    let api = s.migrations();
+    wait_for(
+        "Migration first rolled back and gone",
+        SAGA,
+        || async { Ok(api.get_opt("first").await?.is_none()) },
+        |gone| *gone,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", s.log("migration-controller", 8000)));
+    assert_eq!(leftovers(&s).await, Vec::<String>::new());
+    assert!(!s.target.database_exists("app").await.unwrap());
+    assert_source_writable(&s, &c, -1, "the rollback of first").await;
+    s.stop_migration_controller();
+
+    // A slot of the Migration's name, and no subscription anywhere.
+    s.create_migration("second", "app", json!({"mode": "Logical"}))
+        .await;
+    s.start_migration_controller(&["--debug-exit-at=Replicate:started"]);
+    assert_eq!(s.wait_migration_controller_exit(SAGA), Some(DEBUG_EXIT));
+    let m = s.migrations().get("second").await.unwrap();
+    let slot = replication_name(&m);
+    s.source
+        .connect_as_superuser_to("app")
+        .await
+        .unwrap()
+        .query_one(
+            "SELECT slot_name::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&slot],
+        )
+        .await
+        .unwrap();
+    s.start_migration_controller(&[]);
+    s.wait_phase("second", MigrationPhase::Succeeded, SAGA)
+        .await;
+    let items = Setup::superuser_scalar_i64(&s.target, "app", "SELECT count(*) FROM items").await;
+    assert_eq!(items, 10_000);
+    assert!(writes_on(&s.target).await.contains(&-1));
+    assert_eq!(leftovers(&s).await, Vec::<String>::new());
 }
