@@ -16,7 +16,9 @@
 //! restored from (`spec.restoreFrom`). Admin and CA Secrets are read from a cache of the
 //! controllers' own namespace (`--controller-namespace`) only.
 
+mod delete;
 mod error;
+mod plan;
 mod reconcile;
 mod restore;
 mod secret;

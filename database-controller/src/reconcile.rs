@@ -15,21 +15,20 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dbops_api::{
-    Backup, Database, DatabaseDeletionPolicy, DatabaseStatus, Migration, MigrationPhase,
-};
+use dbops_api::{Database, DatabaseDeletionPolicy, DatabaseStatus, Migration, MigrationPhase};
 use dbops_shared::controller::Context;
 use dbops_shared::events::Recorder;
-use dbops_shared::postgres::{ServerKey, Servers, Session};
+use dbops_shared::postgres::{Servers, Session};
 use dbops_shared::server::{Directory, Resolved, ServerError};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use serde_json::json;
 
+use crate::delete::cleanup;
 use crate::error::{Error, Result};
+use crate::plan::{self, Action as Step};
 use crate::{restore, secret, sql, status};
 
 pub const FINALIZER: &str = "dbops.dev/database-cleanup";
@@ -162,7 +161,7 @@ impl Written {
         *sweep_at = map.len() * 2;
     }
 
-    fn forget(&self, uid: &str) {
+    pub(crate) fn forget(&self, uid: &str) {
         let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         map.remove(uid);
     }
@@ -192,7 +191,7 @@ impl Verified {
         );
     }
 
-    fn forget(&self, uid: &str) {
+    pub(crate) fn forget(&self, uid: &str) {
         let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         map.remove(uid);
     }
@@ -279,7 +278,7 @@ fn needs_finalizer(db: &Database, migration_active: bool) -> bool {
     db.spec.deletion_policy != DatabaseDeletionPolicy::Retain || migration_active
 }
 
-fn has_finalizer(db: &Database) -> bool {
+pub(crate) fn has_finalizer(db: &Database) -> bool {
     db.finalizers().iter().any(|f| f == FINALIZER)
 }
 
@@ -289,7 +288,7 @@ async fn sync_finalizer(db: &Database, api: &Api<Database>, migration_active: bo
     Ok(dbops_shared::finalizer::set(db, api, FINALIZER, want).await?)
 }
 
-async fn remove_finalizer(db: &Database, api: &Api<Database>) -> Result<()> {
+pub(crate) async fn remove_finalizer(db: &Database, api: &Api<Database>) -> Result<()> {
     Ok(dbops_shared::finalizer::set(db, api, FINALIZER, false).await?)
 }
 
@@ -315,7 +314,7 @@ async fn cached_secret(
 
 /// A server problem as this Database reports it: waiting for the platform team (or the
 /// caches, which a retry cures).
-fn server_error(e: ServerError) -> Error {
+pub(crate) fn server_error(e: ServerError) -> Error {
     if e.is_transient() {
         Error::Retry {
             reason: e.reason(),
@@ -330,7 +329,7 @@ fn server_error(e: ServerError) -> Error {
 }
 
 /// The Database's DatabaseServer with its endpoint and admin credentials (from caches).
-async fn server_of(ctx: &Context<State>, db: &Database) -> Result<Resolved> {
+pub(crate) async fn server_of(ctx: &Context<State>, db: &Database) -> Result<Resolved> {
     let directory = &ctx.state.directory;
     directory.synced().await.map_err(server_error)?;
     directory
@@ -411,7 +410,11 @@ pub fn quota_place(db: &Database, peers: &[Arc<Database>], server: &str) -> (usi
 }
 
 /// A session as the server's admin role.
-async fn admin_session(ctx: &Context<State>, server: &Resolved, dbname: &str) -> Result<Session> {
+pub(crate) async fn admin_session(
+    ctx: &Context<State>,
+    server: &Resolved,
+    dbname: &str,
+) -> Result<Session> {
     Ok(ctx
         .state
         .servers
@@ -423,15 +426,6 @@ fn secret_conflict(message: String) -> Error {
     Error::Blocked {
         reason: "SecretConflict",
         message,
-    }
-}
-
-fn conflict(what: &str, name: &str, server: &ServerKey) -> Error {
-    Error::Blocked {
-        reason: "NameConflict",
-        message: format!(
-            "{what} {name:?} already exists on {server} and was not created by this Database; nothing was changed"
-        ),
     }
 }
 
@@ -483,7 +477,6 @@ async fn provision_in_postgres(
     admit(ctx, db, &target)?;
     let server = target.endpoint.key.clone();
     let uid = db.uid().unwrap_or_default();
-    let mark = sql::mark(&uid);
     let (database, role) = (db.database_name(), db.owner_role());
     let namespace = db.namespace().unwrap_or_default();
 
@@ -495,131 +488,61 @@ async fn provision_in_postgres(
         secret::check_ours(found, db).map_err(secret_conflict)?;
     }
 
+    // Observe.
     let mut session = admin_session(ctx, &target, "postgres").await?;
     let observed = sql::observe(&session, &role, &database).await?;
-
-    let role_is_ours = observed
-        .role
-        .as_ref()
-        .is_some_and(|r| sql::is_ours(r.comment.as_deref(), &uid));
-    if observed.role.is_some() && !role_is_ours {
-        return Err(conflict("role", &role, &server));
-    }
-    let db_is_ours = observed.database.as_ref().is_some_and(|d| {
-        sql::is_ours(d.comment.as_deref(), &uid)
-            // Created OWNER our marked role, crashed before its own mark.
-            || (d.comment.is_none() && role_is_ours && d.owner == role)
-    });
-    if observed.database.is_some() && !db_is_ours {
-        return Err(conflict("database", &database, &server));
-    }
-    if observed.database.is_none() && status::provider_id(db).is_some() {
-        return Err(Error::Blocked {
-            reason: "DatabaseMissing",
-            message: format!(
-                "database {database:?} was created on {server} but no longer exists; it is not re-created: restore it or delete this Database"
-            ),
-        });
-    }
-
-    // The password: kept while the Secret still holds the one written; otherwise new.
     let kept = existing.as_deref().and_then(secret::kept_password);
-    let password = kept
-        .clone()
-        .unwrap_or_else(dbops_shared::postgres::generate_password);
 
-    // Arriving on a server (a Migration's switch) the role exists with a password nobody
-    // knows: it gets the Secret's, once.
-    let arriving = !already_on(db, &target.name);
-    if observed.role.is_none() {
-        sql::create_role(&mut session, &role, &password, &mark).await?;
-    } else if kept.is_none() || arriving {
-        sql::set_password(&session, &role, &password).await?;
-    }
+    // Plan (pure, see `plan`).
+    let plan = plan::plan(
+        &plan::Inputs {
+            uid: &uid,
+            role: &role,
+            database: &database,
+            server: &server.to_string(),
+            connection_limit: db.spec.connection_limit,
+            restore_from: db.spec.restore_from.is_some(),
+            provisioned_before: status::provider_id(db).is_some(),
+            arriving: !already_on(db, &target.name),
+            migration_active,
+            password_kept: kept.is_some(),
+        },
+        &observed,
+    )?;
+    // The password: kept while the Secret still holds the one written; otherwise new.
+    let password = match kept {
+        Some(kept) if !plan.new_password => kept,
+        _ => dbops_shared::postgres::generate_password(),
+    };
 
-    // A database made for `spec.restoreFrom` carries "restore pending" until it is filled.
-    let new_mark = if db.spec.restore_from.is_some() {
-        sql::restore_pending_mark(&uid)
-    } else {
-        mark.clone()
-    };
-    let restore_pending = db.spec.restore_from.is_some()
-        && observed
-            .database
-            .as_ref()
-            .is_none_or(|d| d.comment.is_none() || sql::is_restore_pending(d.comment.as_deref()));
-    let mut oid = match &observed.database {
-        None => {
-            sql::create_database(
-                &session,
-                &database,
-                &role,
-                db.spec.connection_limit,
-                &new_mark,
-            )
-            .await?;
-            let again = sql::observe(&session, &role, &database).await?;
-            again
-                .database
-                .map(|d| d.oid)
-                .ok_or_else(|| Error::Blocked {
-                    reason: "DatabaseMissing",
-                    message: format!("database {database:?} vanished right after creation"),
-                })?
-        }
-        Some(found) => {
-            if found.comment.is_none() {
-                // Created, then a crash before its mark: marked and closed to PUBLIC now,
-                // exactly as a database created in one go.
-                sql::mark_database(&session, &database, &new_mark).await?;
-            }
-            if found.owner != role {
-                sql::set_owner(&session, &database, &role).await?;
-            }
-            // A Migration freezes the source with its own connection limit: not drift.
-            if found.connection_limit != db.spec.connection_limit && !migration_active {
-                sql::set_connection_limit(&session, &database, db.spec.connection_limit).await?;
-            }
-            found.oid
-        }
-    };
-    if restore_pending {
-        oid = restore(
-            db,
-            ctx,
-            &target,
-            &session,
-            observed.database.is_none(),
-            &password,
-        )
-        .await?;
-    }
+    // Apply, in order.
+    let oid = apply(
+        db,
+        ctx,
+        &target,
+        &mut session,
+        &plan.actions,
+        &password,
+        &observed,
+    )
+    .await?;
     drop(session);
 
     if !db.spec.extensions.is_empty() {
         let session = admin_session(ctx, &target, &database).await?;
         let installed = sql::installed_extensions(&session).await?;
-        for ext in db.spec.extensions.iter().filter(|e| !installed.contains(e)) {
+        for ext in plan::missing_extensions(&db.spec.extensions, &installed) {
             sql::create_extension(&session, ext).await?;
         }
     }
 
-    let desired = secret::desired(db, &target, &password);
-    match &existing {
-        Some(s) if secret::is_current(s, &desired) => {}
-        // A new Secret: a plain create costs the apiserver less than an apply.
-        None => match secrets.create(&PostParams::default(), &desired).await {
-            Ok(_) => {}
-            // Not in the cache, yet there: written only if it is this Database's own.
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                let found = secrets.get(&db.connection_secret_name()).await?;
-                secret::check_ours(&found, db).map_err(secret_conflict)?;
-                apply_secret(&secrets, db, &desired).await?
-            }
-            Err(e) => return Err(e.into()),
-        },
-        Some(_) => apply_secret(&secrets, db, &desired).await?,
-    }
+    write_secret(
+        &secrets,
+        db,
+        existing.as_deref(),
+        &secret::desired(db, &target, &password),
+    )
+    .await?;
 
     Ok(Provisioned {
         provider_id: format!("{server}/{oid}"),
@@ -667,6 +590,85 @@ async fn restore(
     })
 }
 
+/// Takes the plan's actions in order on the admin's session; returns the database's oid.
+async fn apply(
+    db: &Database,
+    ctx: &Context<State>,
+    target: &Resolved,
+    session: &mut Session,
+    actions: &[Step],
+    password: &str,
+    observed: &dbops_shared::postgres::ddl::Observed,
+) -> Result<u32> {
+    let uid = db.uid().unwrap_or_default();
+    let (database, role) = (db.database_name(), db.owner_role());
+    let server = &target.endpoint.key;
+    let mut oid = observed.database.as_ref().map(|d| d.oid);
+    for action in actions {
+        match action {
+            Step::CreateRole => {
+                sql::create_role(session, &role, password, &sql::mark(&uid)).await?
+            }
+            Step::SetPassword => sql::set_password(session, &role, password).await?,
+            Step::CreateDatabase { mark } => {
+                sql::create_database(session, &database, &role, db.spec.connection_limit, mark)
+                    .await?;
+                let again = sql::observe(session, &role, &database).await?;
+                oid = Some(
+                    again
+                        .database
+                        .map(|d| d.oid)
+                        .ok_or_else(|| Error::Blocked {
+                            reason: "DatabaseMissing",
+                            message: format!("database {database:?} vanished right after creation"),
+                        })?,
+                );
+            }
+            Step::MarkDatabase { mark } => {
+                // Created, then a crash before its mark: marked and closed to PUBLIC now,
+                // exactly as a database created in one go.
+                sql::mark_database(session, &database, mark).await?
+            }
+            Step::SetOwner => sql::set_owner(session, &database, &role).await?,
+            Step::SetConnectionLimit(limit) => {
+                sql::set_connection_limit(session, &database, *limit).await?
+            }
+            Step::Restore { fresh } => {
+                oid = Some(restore(db, ctx, target, session, *fresh, password).await?)
+            }
+        }
+    }
+    // Every plan without CreateDatabase starts from an observed database.
+    oid.ok_or_else(|| Error::Blocked {
+        reason: "DatabaseMissing",
+        message: format!("database {database:?} is not on {server}"),
+    })
+}
+
+/// Writes the connection Secret unless `existing` already carries `desired`.
+async fn write_secret(
+    secrets: &Api<Secret>,
+    db: &Database,
+    existing: Option<&Secret>,
+    desired: &Secret,
+) -> Result<()> {
+    match existing {
+        Some(s) if secret::is_current(s, desired) => Ok(()),
+        // A new Secret: a plain create costs the apiserver less than an apply.
+        None => match secrets.create(&PostParams::default(), desired).await {
+            Ok(_) => Ok(()),
+            // Not in the cache, yet there: written only if it is this Database's own.
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                let found = secrets.get(&db.connection_secret_name()).await?;
+                secret::check_ours(&found, db).map_err(secret_conflict)?;
+                apply_secret(secrets, db, desired).await
+            }
+            Err(e) => Err(e.into()),
+        },
+        Some(_) => apply_secret(secrets, db, desired).await,
+    }
+}
+
 /// Server-side apply of the Secret: takes back every field this controller sets.
 async fn apply_secret(secrets: &Api<Secret>, db: &Database, desired: &Secret) -> Result<()> {
     secrets
@@ -679,320 +681,9 @@ async fn apply_secret(secrets: &Api<Secret>, db: &Database, desired: &Secret) ->
     Ok(())
 }
 
-/// Deletion: what the policy asks for in PostgreSQL, then the finalizer goes.
-async fn cleanup(
-    db: &Database,
-    ctx: &Context<State>,
-    api: &Api<Database>,
-    migration: Option<&str>,
-) -> Result<Action> {
-    ctx.state.verified.forget(&db.uid().unwrap_or_default());
-    if !has_finalizer(db) {
-        return Ok(Action::await_change());
-    }
-    if let Some(migration) = migration {
-        let outcome = Err(Error::Blocked {
-            reason: "MigrationInProgress",
-            message: format!(
-                "deletion waits for Migration {migration} to end: it rolls back if it has not switched the server yet, and finishes if it has"
-            ),
-        });
-        status::publish_deleting(db, ctx, api, &outcome).await?;
-        return Ok(Action::requeue(ctx.resync_interval));
-    }
-    let namespace = db.namespace().unwrap_or_default();
-    ctx.state.directory.synced().await.map_err(server_error)?;
-    let mut note = deleted_note(db);
-    let outcome = match db.spec.deletion_policy {
-        DatabaseDeletionPolicy::Retain => Ok(()),
-        DatabaseDeletionPolicy::Delete => drop_owned(db, ctx).await,
-        // No Backup can be created in a namespace being deleted: the database is kept,
-        // as Retain would, never dropped without its final snapshot, and the platform team
-        // hears of it on the DatabaseServer.
-        DatabaseDeletionPolicy::Snapshot
-            if ctx.state.directory.namespace_terminating(&namespace) =>
-        {
-            note = kept_unsnapshotted(db, ctx).await;
-            Ok(())
-        }
-        // Deleted before it was ever provisioned: nothing of its own to snapshot (the
-        // backup-controller dumps only a provisioned database), so what it made is dropped.
-        DatabaseDeletionPolicy::Snapshot if nothing_to_snapshot(db, ctx).await? => {
-            note = format!(
-                "database {} was never provisioned: no final Backup (nothing of its own to keep); what it had made is dropped",
-                db.database_name()
-            );
-            drop_owned(db, ctx).await
-        }
-        DatabaseDeletionPolicy::Snapshot => match final_snapshot(db, ctx).await {
-            Ok(()) => drop_owned(db, ctx).await,
-            Err(Error::Kube(kube::Error::Api(e)))
-                if e.code == 403 && e.message.contains("being terminated") =>
-            {
-                note = kept_unsnapshotted(db, ctx).await;
-                Ok(())
-            }
-            Err(e) => Err(e),
-        },
-    };
-    match outcome {
-        Ok(()) => {
-            remove_finalizer(db, api).await?;
-            ctx.state.written.forget(&db.uid().unwrap_or_default());
-            status::event(ctx, db, true, "Deleted", &note).await;
-            Ok(Action::await_change())
-        }
-        Err(e) => {
-            status::publish_deleting(db, ctx, api, &Err::<(), _>(e.clone_for_status())).await?;
-            match e {
-                Error::Blocked { .. } => Ok(Action::requeue(ctx.resync_interval)),
-                e => Err(e),
-            }
-        }
-    }
-}
-
-fn deleted_note(db: &Database) -> String {
-    match db.spec.deletion_policy {
-        DatabaseDeletionPolicy::Retain => {
-            format!("database {} retained in PostgreSQL", db.database_name())
-        }
-        _ => format!(
-            "database {} and role {} dropped",
-            db.database_name(),
-            db.owner_role()
-        ),
-    }
-}
-
-/// A Snapshot-policy Database deleted with its namespace: its database is kept, and a
-/// Warning Event on its DatabaseServer says so (the namespace and its Events are going).
-async fn kept_unsnapshotted(db: &Database, ctx: &Context<State>) -> String {
-    let note = format!(
-        "Database {}/{} (deletionPolicy Snapshot) was deleted with its namespace, where no final Backup can be made: database {} and role {} are kept on the server (drop them by hand once they are not needed)",
-        db.namespace().unwrap_or_default(),
-        db.name_any(),
-        db.database_name(),
-        db.owner_role()
-    );
-    if let Some(server) = ctx.state.directory.get(&db.spec.server_ref.name) {
-        dbops_shared::events::publish(
-            &ctx.state.recorder,
-            server.as_ref(),
-            false,
-            "Delete",
-            "KeptWithoutFinalSnapshot",
-            &note,
-        )
-        .await;
-    }
-    tracing::warn!(database = db.database_name(), "{note}");
-    note
-}
-
-/// Whether a Snapshot-policy Database being deleted holds nothing a final Backup would
-/// keep: it was never provisioned (no `status.providerId`) and its server has no database
-/// of its own that is whole: none at all, one half made (created, not marked yet) or half
-/// restored (`restore=pending`), or one that is not its own. A database that is whole but
-/// whose provisioning was not recorded (a crash after the connection Secret was written)
-/// still gets its final Backup.
-async fn nothing_to_snapshot(db: &Database, ctx: &Context<State>) -> Result<bool> {
-    if status::provider_id(db).is_some() {
-        return Ok(false);
-    }
-    let target = match server_of(ctx, db).await {
-        // Refused (namespace, quota) or no such server: nothing was made there.
-        Err(Error::Blocked { .. }) => return Ok(true),
-        other => other?,
-    };
-    let uid = db.uid().unwrap_or_default();
-    let session = admin_session(ctx, &target, "postgres").await?;
-    let observed = sql::observe(&session, &db.owner_role(), &db.database_name()).await?;
-    Ok(match &observed.database {
-        None => true,
-        Some(found) => {
-            let comment = found.comment.as_deref();
-            comment.is_none() || !sql::is_ours(comment, &uid) || sql::is_restore_pending(comment)
-        }
-    })
-}
-
-/// Drops the database and role if (and only if) this Database created them. A Database
-/// that never got onto its server (refused, or its server is gone) has nothing there.
-async fn drop_owned(db: &Database, ctx: &Context<State>) -> Result<()> {
-    let provisioned = db.status.as_ref().is_some_and(|s| s.provider_id.is_some());
-    let target = match server_of(ctx, db).await {
-        Err(Error::Blocked { reason, message }) if !provisioned => {
-            tracing::info!(
-                reason,
-                message,
-                "nothing to drop: the database was never provisioned"
-            );
-            return Ok(());
-        }
-        other => other?,
-    };
-    let server = target.endpoint.key.clone();
-    let uid = db.uid().unwrap_or_default();
-    let (database, role) = (db.database_name(), db.owner_role());
-    let session = admin_session(ctx, &target, "postgres").await?;
-    let observed = sql::observe(&session, &role, &database).await?;
-    let role_is_ours = observed
-        .role
-        .as_ref()
-        .is_some_and(|r| sql::is_ours(r.comment.as_deref(), &uid));
-    if let Some(found) = &observed.database {
-        let ours = sql::is_ours(found.comment.as_deref(), &uid)
-            || (found.comment.is_none() && role_is_ours && found.owner == role);
-        if ours {
-            sql::drop_database(&session, &database).await?;
-        } else {
-            tracing::info!(%server, database, "not dropping a database this Database did not create");
-        }
-    }
-    if role_is_ours {
-        sql::drop_role(&session, &role).await?;
-    }
-    Ok(())
-}
-
-/// The name of a Database's final snapshot: `<name>-final-<first 8 characters of its
-/// UID>`, so a Database created again under the same name never finds the Backup of an
-/// earlier one in its place.
-pub fn final_snapshot_name(db: &Database) -> String {
-    let uid = db.uid().unwrap_or_default();
-    let suffix: String = uid.chars().filter(|c| *c != '-').take(8).collect();
-    let name = db.name_any();
-    // An object name has at most 253 characters; the suffix takes 15.
-    let mut head: String = name.chars().take(253 - 15).collect();
-    while head.ends_with(['-', '.']) {
-        head.pop();
-    }
-    format!("{head}-final-{suffix}")
-}
-
-/// What the Backup found under a Database's final snapshot name is to its deletion.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FinalSnapshot {
-    /// Made for this deletion and Ready: the dump of this very Database.
-    Ready,
-    /// Made for this deletion, not finished yet.
-    Pending,
-    /// Made for this deletion and Failed (the reason is given).
-    Failed(String),
-    /// Not provably a final snapshot of this Database (why is given): never trusted.
-    Foreign(String),
-}
-
-/// Judges `backup` as the final snapshot of `db` (pure). It is one only if it names this
-/// Database's UID (annotation and label), was created after the deletion began, refers to
-/// this Database, and, once Ready, says it dumped this UID (`status.databaseUID`).
-pub fn judge_final_snapshot(db: &Database, backup: &Backup) -> FinalSnapshot {
-    use dbops_api::marks;
-    let uid = db.uid().unwrap_or_default();
-    let name = backup.name_any();
-    if backup.annotations().get(marks::DATABASE_UID) != Some(&uid)
-        || backup.labels().get(marks::FINAL_SNAPSHOT_OF) != Some(&uid)
-    {
-        return FinalSnapshot::Foreign(format!(
-            "Backup {name} was not made as the final snapshot of this Database (UID {uid})"
-        ));
-    }
-    if backup.spec.database_ref.name != db.name_any() {
-        return FinalSnapshot::Foreign(format!(
-            "Backup {name} refers to Database {}",
-            backup.spec.database_ref.name
-        ));
-    }
-    let created = backup.creation_timestamp().map(|t| t.0);
-    let deleting = db.metadata.deletion_timestamp.as_ref().map(|t| t.0);
-    if let (Some(created), Some(deleting)) = (created, deleting)
-        && created < deleting
-    {
-        return FinalSnapshot::Foreign(format!(
-            "Backup {name} was created at {created}, before this Database's deletion began at {deleting}"
-        ));
-    }
-    let status = backup.status.clone().unwrap_or_default();
-    if dbops_shared::conditions::is_true(&status.conditions, dbops_api::condition::READY) {
-        return match status.database_uid.as_deref() {
-            Some(dumped) if dumped == uid => FinalSnapshot::Ready,
-            other => FinalSnapshot::Foreign(format!(
-                "Backup {name} is Ready but says it dumped the Database with UID {}, not {uid}",
-                other.unwrap_or("<none>")
-            )),
-        };
-    }
-    match dbops_shared::conditions::get(&status.conditions, dbops_api::condition::FAILED) {
-        Some(c) if c.status == "True" => {
-            FinalSnapshot::Failed(format!("{}: {}", c.reason, c.message))
-        }
-        _ => FinalSnapshot::Pending,
-    }
-}
-
-/// Ensures the final Backup of this deletion exists; Ok once it is Ready. A Backup of
-/// that name that is not provably this Database's final snapshot is never trusted: the
-/// database is kept and the Database says why.
-async fn final_snapshot(db: &Database, ctx: &Context<State>) -> Result<()> {
-    use dbops_api::marks;
-    let namespace = db.namespace().unwrap_or_default();
-    let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), &namespace);
-    let name = final_snapshot_name(db);
-    let uid = db.uid().unwrap_or_default();
-    let backup = match backups.get_opt(&name).await? {
-        Some(b) => b,
-        None => {
-            let mut b: Backup = serde_json::from_value(json!({
-                "apiVersion": "dbops.dev/v1alpha1",
-                "kind": "Backup",
-                "metadata": {
-                    "name": name,
-                    "namespace": namespace,
-                    "labels": {marks::FINAL_SNAPSHOT_OF: uid},
-                    "annotations": {marks::DATABASE_UID: uid},
-                },
-                "spec": {"databaseRef": {"name": db.name_any()}, "deletionPolicy": "Retain"},
-            }))
-            .map_err(|e| Error::Internal(e.to_string()))?;
-            // The backup-controller continues this reconcile's trace.
-            if let Some((key, value)) = dbops_shared::telemetry::trace_annotation() {
-                b.annotations_mut().insert(key, value);
-            }
-            match backups.create(&PostParams::default(), &b).await {
-                Ok(created) => created,
-                // Made by an earlier reconcile whose write the cache had not seen.
-                Err(kube::Error::Api(e)) if e.code == 409 => backups.get(&name).await?,
-                Err(e) => return Err(e.into()),
-            }
-        }
-    };
-    match judge_final_snapshot(db, &backup) {
-        FinalSnapshot::Ready => Ok(()),
-        FinalSnapshot::Pending => Err(Error::Blocked {
-            reason: "WaitingForFinalBackup",
-            message: format!(
-                "waiting for the final Backup {name} to be Ready before dropping the database"
-            ),
-        }),
-        FinalSnapshot::Failed(why) => Err(Error::Blocked {
-            reason: "WaitingForFinalBackup",
-            message: format!(
-                "final Backup {name} failed ({why}); the database is kept until a final Backup is Ready (delete Backup {name} to try again)"
-            ),
-        }),
-        FinalSnapshot::Foreign(why) => Err(Error::Blocked {
-            reason: "FinalSnapshotConflict",
-            message: format!(
-                "{why}; it is not trusted as this Database's final snapshot and the database is kept: delete or rename Backup {name} so that a final snapshot of this Database can be taken"
-            ),
-        }),
-    }
-}
-
 impl Error {
     /// A copy for the status (kube and SQL errors keep their message only).
-    fn clone_for_status(&self) -> Error {
+    pub(crate) fn clone_for_status(&self) -> Error {
         match self {
             Error::Blocked { reason, message } => Error::Blocked {
                 reason,
@@ -1048,102 +739,6 @@ mod tests {
             (1, 2)
         );
         assert!(already_on(&there, "pg-main") && !already_on(&there, "pg-other"));
-    }
-
-    fn deleting_database(uid: &str) -> Database {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
-            "metadata": {"name": "orders", "namespace": "shop", "uid": uid,
-                         "deletionTimestamp": "2026-11-23T10:00:00Z"},
-            "spec": {"serverRef": {"name": "pg-main"},
-                     "deletionPolicy": "Snapshot"}
-        }))
-        .unwrap()
-    }
-
-    fn final_backup(db_uid: &str, created: &str, status: serde_json::Value) -> Backup {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "dbops.dev/v1alpha1", "kind": "Backup",
-            "metadata": {"name": "orders-final-11112222", "namespace": "shop",
-                         "creationTimestamp": created,
-                         "labels": {"dbops.dev/final-snapshot-of": db_uid},
-                         "annotations": {"dbops.dev/database-uid": db_uid}},
-            "spec": {"databaseRef": {"name": "orders"}},
-            "status": status,
-        }))
-        .unwrap()
-    }
-
-    fn ready(uid: Option<&str>) -> serde_json::Value {
-        serde_json::json!({"databaseUID": uid, "conditions": [{"type": "Ready", "status": "True",
-            "reason": "Completed", "message": "", "lastTransitionTime": "2026-11-23T10:00:05Z"}]})
-    }
-
-    #[test]
-    fn the_final_snapshot_name_carries_the_uid_and_stays_an_object_name() {
-        let db = deleting_database("1111-2222-3333");
-        assert_eq!(final_snapshot_name(&db), "orders-final-11112222");
-        let mut long = db.clone();
-        long.metadata.name = Some(format!("{}.x", "a".repeat(236)));
-        let name = final_snapshot_name(&long);
-        assert!(name.len() <= 253, "{}", name.len());
-        assert!(name.ends_with("-final-11112222"));
-        assert!(!name.contains(".-"), "{name}");
-    }
-
-    #[test]
-    fn only_a_snapshot_made_for_this_deletion_of_this_database_is_trusted() {
-        let db = deleting_database("uid-now");
-        let after = "2026-11-23T10:00:01Z";
-        assert_eq!(
-            judge_final_snapshot(&db, &final_backup("uid-now", after, ready(Some("uid-now")))),
-            FinalSnapshot::Ready
-        );
-        assert_eq!(
-            judge_final_snapshot(&db, &final_backup("uid-now", after, serde_json::json!({}))),
-            FinalSnapshot::Pending
-        );
-        // Left by an earlier Database of the same name.
-        assert!(matches!(
-            judge_final_snapshot(
-                &db,
-                &final_backup("uid-before", after, ready(Some("uid-before")))
-            ),
-            FinalSnapshot::Foreign(_)
-        ));
-        // Made before this deletion began.
-        assert!(matches!(
-            judge_final_snapshot(
-                &db,
-                &final_backup("uid-now", "2026-11-23T09:59:59Z", ready(Some("uid-now")))
-            ),
-            FinalSnapshot::Foreign(_)
-        ));
-        // Ready, but of another Database (or saying nothing about it).
-        assert!(matches!(
-            judge_final_snapshot(
-                &db,
-                &final_backup("uid-now", after, ready(Some("uid-other")))
-            ),
-            FinalSnapshot::Foreign(_)
-        ));
-        assert!(matches!(
-            judge_final_snapshot(&db, &final_backup("uid-now", after, ready(None))),
-            FinalSnapshot::Foreign(_)
-        ));
-        // Made by hand under that name, without the marks.
-        let mut by_hand = final_backup("uid-now", after, ready(Some("uid-now")));
-        by_hand.metadata.annotations = None;
-        assert!(matches!(
-            judge_final_snapshot(&db, &by_hand),
-            FinalSnapshot::Foreign(_)
-        ));
-        let failed = serde_json::json!({"conditions": [{"type": "Failed", "status": "True",
-            "reason": "DumpFailed", "message": "boom", "lastTransitionTime": after}]});
-        assert!(matches!(
-            judge_final_snapshot(&db, &final_backup("uid-now", after, failed)),
-            FinalSnapshot::Failed(why) if why.contains("DumpFailed")
-        ));
     }
 
     #[test]
