@@ -1,5 +1,5 @@
 //! `dbops-bench backup`: see `backup.rs`; `dbops-bench secrets`: see `secrets.rs`;
-//! `dbops-bench outage`: see `outage.rs`.
+//! `dbops-bench outage`: see `outage.rs`; `dbops-bench migration`: see `migration.rs`.
 //!
 //! `dbops-bench databases`: N Databases applied at once on one PostgreSQL server, spread
 //! round-robin over `--namespaces` tenant namespaces, through the database-controller,
@@ -42,6 +42,7 @@ use tokio::sync::Mutex;
 
 mod backup;
 mod chaos;
+mod migration;
 mod outage;
 mod scale;
 mod secrets;
@@ -66,6 +67,9 @@ enum Command {
     /// Random SIGKILLs of leader-elected replicas and restarts of PostgreSQL and the
     /// apiserver under a random workload, then invariants (non-zero exit on a violation).
     Chaos(chaos::ChaosArgs),
+    /// Write unavailability, duration and lost writes of a Migration in Dump and Logical
+    /// mode, at a few database sizes, under a writer that follows the connection Secret.
+    Migration(migration::MigrationArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -142,6 +146,7 @@ async fn main() -> Result<()> {
         Command::Secrets(args) => secrets::run(args).await,
         Command::Outage(args) => outage::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,
+        Command::Migration(args) => migration::run(args).await,
     }
 }
 
@@ -599,7 +604,7 @@ impl BenchServer {
 }
 
 /// The label on a bench's DatabaseServer: its tenant namespace.
-const BENCH_LABEL: &str = "dbops.dev/bench";
+pub(crate) const BENCH_LABEL: &str = "dbops.dev/bench";
 
 /// What the controller does for a new Database, without the controller: the role (and
 /// its mark) in one transaction, the database and its mark, then the Secret.

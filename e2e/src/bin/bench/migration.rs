@@ -1,0 +1,698 @@
+//! `dbops-bench migration`: what a Migration costs the application, in each mode. For
+//! each `--sizes` entry and each `--modes` entry, a fresh Database on the source server
+//! gets `pgbench -i -s <scale>` (about 14.7 MB per scale: 7 ≈ 100 MB, 68 ≈ 1 GB), then a
+//! writer commits one small transaction at a time (an autocommit INSERT of 1, 2, 3, ...)
+//! through the Database's connection Secret, reading the Secret again after every
+//! failure, so it follows the switch to the target as an application would; meanwhile a
+//! Migration (`spec.mode` Dump or Logical, Automatic cutover, sourceRetention Keep)
+//! moves the Database to the target server.
+//!
+//! Reported, one markdown row per run: the database's size (pg_database_size), the
+//! write unavailability (the longest gap between two successful commits, over the
+//! whole run), the Migration's duration (created → Succeeded, seen by a watch), the
+//! commits, and the writes lost (committed, yet missing on the target after the
+//! cutover: must be 0; the command fails otherwise).
+//!
+//! The bed: its own control plane, two PostgreSQL servers of the machine's major with
+//! `wal_level=logical`, each a DatabaseServer (plain TCP) whose admin Secret is in
+//! `bench-migration-system`, and the three controllers (debug or release as
+//! `DBOPS_PROFILE` says, shipped defaults otherwise). pgbench_history has no primary
+//! key: it gets `REPLICA IDENTITY FULL` (both modes alike) so the Logical mode's
+//! Preflight accepts it. After each run the Database is deleted (deletionPolicy Delete:
+//! dropped on the target) and the frozen source copy dropped, to keep the disk small.
+
+use std::collections::HashSet;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use dbops_api::{Database, DatabaseServer, Migration, MigrationPhase};
+use dbops_e2e::controlplane::Options;
+use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, PostParams};
+
+use crate::{BENCH_LABEL, namespace};
+
+#[derive(clap::Args, Debug)]
+pub struct MigrationArgs {
+    /// Database sizes, comma-separated, in MB or GB (`15MB` is pgbench scale 1; `100MB`
+    /// scale 7; `1GB` scale 68).
+    #[arg(long, default_value = "100MB,1GB", value_parser = parse_sizes)]
+    sizes: Sizes,
+    /// Migration modes, comma-separated, in this order at each size: Dump, Logical.
+    #[arg(long, default_value = "Dump,Logical", value_parser = parse_modes)]
+    modes: Modes,
+    /// The writer's pause after each commit, in milliseconds (0: none).
+    #[arg(long, default_value_t = 1)]
+    writer_pause_ms: u64,
+}
+
+/// About this much of pg_database_size per pgbench scale (with its indexes).
+const BYTES_PER_SCALE: f64 = 14.7e6;
+/// The bench's name: its namespace, its servers' label value.
+const BENCH: &str = "bench-migration";
+/// The source's and target's settings: logical replication possible.
+const LOGICAL: &[(&str, &str)] = &[
+    ("wal_level", "logical"),
+    ("max_replication_slots", "10"),
+    ("max_wal_senders", "10"),
+];
+/// How long one pgbench load, one Migration, or one wait for the writer may take.
+const LONG: Duration = Duration::from_secs(3 * 3600);
+/// The writer's wait before it tries again after a failure (a refused login during the
+/// freeze): the resolution of the unavailability measured.
+const RETRY: Duration = Duration::from_millis(20);
+
+/// A size asked for: its label and pgbench scale.
+#[derive(Clone, Debug)]
+struct Size {
+    label: String,
+    scale: u32,
+}
+
+#[derive(Clone, Debug)]
+struct Sizes(Vec<Size>);
+
+fn parse_sizes(s: &str) -> Result<Sizes, String> {
+    let sizes = s
+        .split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(parse_size)
+        .collect::<Result<Vec<_>, _>>()?;
+    if sizes.is_empty() {
+        return Err("--sizes needs at least one size (for example 100MB)".into());
+    }
+    Ok(Sizes(sizes))
+}
+
+fn parse_size(s: &str) -> Result<Size, String> {
+    let upper = s.to_ascii_uppercase();
+    let (number, unit) = if let Some(n) = upper.strip_suffix("GB") {
+        (n, 1e9)
+    } else if let Some(n) = upper.strip_suffix("MB") {
+        (n, 1e6)
+    } else {
+        return Err(format!("a size is <n>MB or <n>GB, not {s:?}"));
+    };
+    let n: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("a size is <n>MB or <n>GB, not {s:?}"))?;
+    if !(n.is_finite() && n > 0.0) {
+        return Err(format!("a size must be positive, not {s:?}"));
+    }
+    let scale = (n * unit / BYTES_PER_SCALE).round().max(1.0);
+    if scale > 10_000.0 {
+        return Err(format!("{s} is too large for this bench"));
+    }
+    Ok(Size {
+        label: upper.trim().to_string(),
+        scale: scale as u32,
+    })
+}
+
+/// A mode asked for, as `spec.mode` spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Dump,
+    Logical,
+}
+
+impl Mode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Mode::Dump => "Dump",
+            Mode::Logical => "Logical",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Modes(Vec<Mode>);
+
+fn parse_modes(s: &str) -> Result<Modes, String> {
+    let modes = s
+        .split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(|m| match m.to_ascii_lowercase().as_str() {
+            "dump" => Ok(Mode::Dump),
+            "logical" => Ok(Mode::Logical),
+            other => Err(format!("--modes takes Dump and Logical, not {other:?}")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if modes.is_empty() {
+        return Err("--modes needs at least one mode".into());
+    }
+    Ok(Modes(modes))
+}
+
+/// The bed every run uses.
+struct World {
+    client: kube::Client,
+    ns: String,
+    source_server: String,
+    target_server: String,
+    source: PgServer,
+    target: PgServer,
+    bin: std::path::PathBuf,
+    pause: Duration,
+}
+
+/// One run's result.
+struct Row {
+    size: Size,
+    mode: Mode,
+    bytes: i64,
+    gap: Duration,
+    duration: Duration,
+    commits: usize,
+    lost: usize,
+}
+
+pub async fn run(args: MigrationArgs) -> Result<()> {
+    let tmp = tempfile::Builder::new()
+        .prefix("dbops-bench-migration-")
+        .tempdir()?;
+    let cp = ControlPlane::start(Options {
+        dir: tmp.path().join("cp"),
+        apiserver_port: None,
+    })
+    .await?;
+    let client = cp.client().await?;
+    let (source, target) = tokio::join!(
+        PgServer::start_with_settings("bench-migration-src", LOGICAL),
+        PgServer::start_with_settings("bench-migration-dst", LOGICAL),
+    );
+    let (source, target) = (source?, target?);
+    let ns = namespace(&client, BENCH).await?;
+    let system = namespace(&client, &format!("{BENCH}-system")).await?;
+    let source_server = format!("{BENCH}-source");
+    let target_server = format!("{BENCH}-target");
+    create_server(&client, &system, &source_server, &source).await?;
+    create_server(&client, &system, &target_server, &target).await?;
+
+    let store = tmp.path().join("store");
+    std::fs::create_dir_all(&store)?;
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let bin = dbops_e2e::paths::postgres_bin_dir()?;
+    let common = |extra: &[String]| {
+        let mut v = vec![
+            format!("--watch-namespace={ns}"),
+            format!("--controller-namespace={system}"),
+            format!("--server-selector={BENCH_LABEL}={BENCH}"),
+            "--log-filter=warn".to_string(),
+        ];
+        v.extend_from_slice(extra);
+        v
+    };
+    let store_arg = format!("--backup-store=file://{}", store.display());
+    let pg_dump = format!("--pg-dump={}", bin.join("pg_dump").display());
+    let pg_restore = format!("--pg-restore={}", bin.join("pg_restore").display());
+    let kubeconfig = cp.kubeconfig_for("dbops-bench-controllers", &["system:masters"])?;
+    let controllers = [
+        ControllerProcess::start(
+            "database-controller",
+            &kubeconfig,
+            &logs,
+            &common(&[store_arg.clone(), pg_restore.clone()]),
+        )?,
+        ControllerProcess::start(
+            "backup-controller",
+            &kubeconfig,
+            &logs,
+            &common(&[store_arg, pg_dump.clone()]),
+        )?,
+        ControllerProcess::start(
+            "migration-controller",
+            &kubeconfig,
+            &logs,
+            &common(&[pg_dump, pg_restore]),
+        )?,
+    ];
+    let w = World {
+        client,
+        ns,
+        source_server,
+        target_server,
+        source,
+        target,
+        bin,
+        pause: Duration::from_millis(args.writer_pause_ms),
+    };
+
+    let started = k8s_openapi::jiff::Timestamp::now();
+    let mut rows = Vec::new();
+    for size in &args.sizes.0 {
+        for &mode in &args.modes.0 {
+            let row = run_one(&w, size, mode)
+                .await
+                .with_context(|| format!("{} in mode {}", size.label, mode.as_str()))?;
+            eprintln!(
+                "{} {}: unavailability {:.2} s, Migration {:.1} s, {} commits, {} lost",
+                size.label,
+                mode.as_str(),
+                row.gap.as_secs_f64(),
+                row.duration.as_secs_f64(),
+                row.commits,
+                row.lost
+            );
+            rows.push(row);
+        }
+    }
+
+    println!(
+        "# migration benchmark ({}, {} cores, started {})\n",
+        std::env::var("DBOPS_PROFILE").unwrap_or_else(|_| "debug".into()),
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        started.strftime("%Y-%m-%d %H:%M UTC")
+    );
+    println!(
+        "| size (pgbench scale, pg_database_size) | mode | write unavailability (longest gap between two commits) | Migration duration | commits | writes lost |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} (scale {}, {:.0} MB) | {} | {:.2} s | {:.1} s | {} | {} |",
+            r.size.label,
+            r.size.scale,
+            r.bytes as f64 / 1e6,
+            r.mode.as_str(),
+            r.gap.as_secs_f64(),
+            r.duration.as_secs_f64(),
+            r.commits,
+            r.lost
+        );
+    }
+    println!(
+        "\nwriter: one autocommit INSERT at a time through the connection Secret (re-read after every failure, {} ms apart), {} ms pause after each commit; Migration: Automatic cutover, sourceRetention Keep; both servers PostgreSQL {} with wal_level=logical",
+        RETRY.as_millis(),
+        args.writer_pause_ms,
+        server_version(&w.source).await?
+    );
+    drop(controllers);
+    let lost: usize = rows.iter().map(|r| r.lost).sum();
+    if lost > 0 {
+        bail!("{lost} committed writes are missing on the target");
+    }
+    Ok(())
+}
+
+/// The admin Secret `<name>-admin` in the controllers' namespace, and the
+/// DatabaseServer `name` (plain TCP, every namespace allowed, labelled for this bench).
+async fn create_server(
+    client: &kube::Client,
+    system: &str,
+    name: &str,
+    pg: &PgServer,
+) -> Result<()> {
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{name}-admin")},
+        "stringData": {"username": "postgres", "password": pg.superuser_password()}
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), system)
+        .create(&PostParams::default(), &secret)
+        .await
+        .context("creating an admin Secret")?;
+    let server: DatabaseServer = serde_json::from_value(serde_json::json!({
+        "apiVersion": "dbops.dev/v1alpha1", "kind": "DatabaseServer",
+        "metadata": {"name": name, "labels": {BENCH_LABEL: BENCH}},
+        "spec": {
+            "host": pg.host(), "port": pg.port(),
+            "adminSecretRef": {"name": format!("{name}-admin")},
+            "tls": {"mode": "disable"},
+            "allowedNamespaces": {},
+        }
+    }))?;
+    Api::<DatabaseServer>::all(client.clone())
+        .create(&PostParams::default(), &server)
+        .await
+        .with_context(|| format!("creating DatabaseServer {name}"))?;
+    Ok(())
+}
+
+async fn run_one(w: &World, size: &Size, mode: Mode) -> Result<Row> {
+    let name = format!(
+        "db-{}-{}",
+        size.label.to_ascii_lowercase().replace('.', "-"),
+        mode.as_str().to_ascii_lowercase()
+    );
+    let databases: Api<Database> = Api::namespaced(w.client.clone(), &w.ns);
+    let secrets: Api<Secret> = Api::namespaced(w.client.clone(), &w.ns);
+    create_database(w, &databases, &name).await?;
+    let secret = format!("{name}-connection");
+    let conn = Conn::read(&secrets, &secret).await?;
+    let t = Instant::now();
+    pgbench(w, &conn, size.scale)?;
+    let owner = conn.connect().await?;
+    owner
+        .batch_execute(
+            "CREATE TABLE bench_writes (n bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT now()); \
+             ALTER TABLE pgbench_history REPLICA IDENTITY FULL",
+        )
+        .await
+        .context("preparing the writer's table")?;
+    drop(owner);
+    let bytes: i64 = w
+        .source
+        .connect_as_superuser()
+        .await?
+        .query_one("SELECT pg_database_size($1)", &[&conn.dbname])
+        .await?
+        .get(0);
+    eprintln!(
+        "{name}: pgbench -i -s {} ({:.0} MB) in {:.0} s",
+        size.scale,
+        bytes as f64 / 1e6,
+        t.elapsed().as_secs_f64()
+    );
+
+    let writer = Writer::start(secrets.clone(), secret.clone(), w.pause);
+    writer
+        .wait_commits(200, Duration::from_secs(60))
+        .await
+        .context("the writer's first commits on the source")?;
+    let migration = format!("{name}-move");
+    let migrations: Api<Migration> = Api::namespaced(w.client.clone(), &w.ns);
+    let m: Migration = serde_json::from_value(serde_json::json!({
+        "apiVersion": "dbops.dev/v1alpha1", "kind": "Migration",
+        "metadata": {"name": migration},
+        "spec": {
+            "databaseRef": {"name": name},
+            "target": {"serverRef": {"name": w.target_server}},
+            "mode": mode.as_str(),
+        },
+    }))?;
+    let t = Instant::now();
+    migrations.create(&PostParams::default(), &m).await?;
+    let ended = tokio::time::timeout(
+        LONG,
+        kube::runtime::wait::await_condition(
+            migrations.clone(),
+            &migration,
+            |m: Option<&Migration>| {
+                m.and_then(|m| m.status.as_ref())
+                    .and_then(|s| s.phase)
+                    .is_some_and(|p| {
+                        matches!(
+                            p,
+                            MigrationPhase::Succeeded
+                                | MigrationPhase::Failed
+                                | MigrationPhase::RolledBack
+                        )
+                    })
+            },
+        ),
+    )
+    .await
+    .with_context(|| format!("Migration {migration} did not end within {LONG:?}"))??;
+    let duration = t.elapsed();
+    let status = ended.and_then(|m| m.status).unwrap_or_default();
+    if status.phase != Some(MigrationPhase::Succeeded) {
+        bail!(
+            "Migration {migration} ended {:?}: {:?}",
+            status.phase,
+            status
+                .conditions
+                .iter()
+                .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+                .collect::<Vec<_>>()
+        );
+    }
+    // The writer commits on the target now (the Secret was rewritten before the switch
+    // was complete); 100 more commits there close the last gap.
+    let after = writer.commits();
+    writer
+        .wait_commits(after + 100, Duration::from_secs(300))
+        .await
+        .context("the writer's commits on the target")?;
+    let (committed, gap) = writer.finish().await;
+
+    let on_target: HashSet<i64> = w
+        .target
+        .connect_as_superuser_to(&conn.dbname)
+        .await?
+        .query("SELECT n FROM bench_writes", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let lost = committed.iter().filter(|n| !on_target.contains(n)).count();
+
+    // Room for the next run: the Database (deletionPolicy Delete) goes from the target,
+    // the frozen copy from the source.
+    let db = databases.get(&name).await?;
+    databases.delete(&name, &DeleteParams::default()).await?;
+    if let Some(uid) = db.metadata.uid.as_deref() {
+        dbops_e2e::wait::deleted(databases.clone(), &name, uid, Duration::from_secs(600))
+            .await
+            .with_context(|| format!("deleting Database {name}"))?;
+    }
+    w.source
+        .drop_database_force(&conn.dbname)
+        .await
+        .context("dropping the source's frozen copy")?;
+    Ok(Row {
+        size: size.clone(),
+        mode,
+        bytes,
+        gap,
+        duration,
+        commits: committed.len(),
+        lost,
+    })
+}
+
+/// A Database on the source (deletionPolicy Delete), waited for until Ready.
+async fn create_database(w: &World, api: &Api<Database>, name: &str) -> Result<()> {
+    let db: Database = serde_json::from_value(serde_json::json!({
+        "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
+        "metadata": {"name": name},
+        "spec": {"serverRef": {"name": w.source_server}, "deletionPolicy": "Delete"},
+    }))?;
+    api.create(&PostParams::default(), &db).await?;
+    dbops_e2e::wait::wait_for(
+        &format!("Database {name} Ready"),
+        Duration::from_secs(300),
+        || async { Ok(api.get_opt(name).await?) },
+        |db| {
+            db.as_ref().is_some_and(|d| {
+                dbops_e2e::wait::database_has(
+                    d,
+                    dbops_e2e::wait::Want::new("Ready", "True", Some("Provisioned")),
+                )
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// What the connection Secret says.
+struct Conn {
+    host: String,
+    port: u16,
+    user: String,
+    password: String,
+    dbname: String,
+}
+
+impl Conn {
+    async fn read(secrets: &Api<Secret>, name: &str) -> Result<Self> {
+        let data = secrets.get(name).await?.data.unwrap_or_default();
+        let value = |k: &str| -> Result<String> {
+            Ok(String::from_utf8(
+                data.get(k)
+                    .with_context(|| format!("Secret {name} has no {k}"))?
+                    .0
+                    .clone(),
+            )?)
+        };
+        Ok(Self {
+            host: value("PGHOST")?,
+            port: value("PGPORT")?.parse().context("PGPORT")?,
+            user: value("PGUSER")?,
+            password: value("PGPASSWORD")?,
+            dbname: value("PGDATABASE")?,
+        })
+    }
+
+    /// A session as this Secret says, each statement bounded.
+    async fn connect(&self) -> Result<tokio_postgres::Client> {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(&self.host)
+            .port(self.port)
+            .user(&self.user)
+            .password(&self.password)
+            .dbname(&self.dbname)
+            .options("-c statement_timeout=10000")
+            .connect_timeout(Duration::from_secs(5));
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(client)
+    }
+}
+
+/// `pgbench -i -s scale` as the Database's own role.
+fn pgbench(w: &World, c: &Conn, scale: u32) -> Result<()> {
+    let out = Command::new(w.bin.join("pgbench"))
+        .args(["-i", "-q", "-s", &scale.to_string()])
+        .env("PGHOST", &c.host)
+        .env("PGPORT", c.port.to_string())
+        .env("PGUSER", &c.user)
+        .env("PGPASSWORD", &c.password)
+        .env("PGDATABASE", &c.dbname)
+        .env("PGSSLMODE", "disable")
+        .output()
+        .context("running pgbench")?;
+    if !out.status.success() {
+        bail!(
+            "pgbench -i failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// What the writer has done so far.
+#[derive(Default)]
+struct Log {
+    committed: Vec<i64>,
+    last: Option<Instant>,
+    longest: Duration,
+}
+
+/// The application: inserts 1, 2, 3, ... one autocommit statement at a time through the
+/// connection Secret, reading it again after every failure (so it follows the switch);
+/// keeps every number it saw committed and the longest time between two commits.
+struct Writer {
+    log: Arc<Mutex<Log>>,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writer {
+    fn start(secrets: Api<Secret>, secret: String, pause: Duration) -> Self {
+        let log = Arc::new(Mutex::new(Log::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (l, st) = (log.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut client: Option<tokio_postgres::Client> = None;
+            let mut n: i64 = 0;
+            while !st.load(Ordering::Acquire) {
+                if client.as_ref().is_none_or(|c| c.is_closed()) {
+                    client = match Conn::read(&secrets, &secret).await {
+                        Ok(conn) => conn.connect().await.ok(),
+                        Err(_) => None,
+                    };
+                }
+                let Some(c) = client.as_ref() else {
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                };
+                n += 1;
+                match c
+                    .execute("INSERT INTO bench_writes (n) VALUES ($1)", &[&n])
+                    .await
+                {
+                    Ok(_) => {
+                        let now = Instant::now();
+                        let mut log = l.lock().unwrap_or_else(|p| p.into_inner());
+                        if let Some(last) = log.last {
+                            log.longest = log.longest.max(now - last);
+                        }
+                        log.last = Some(now);
+                        log.committed.push(n);
+                    }
+                    Err(_) => {
+                        client = None;
+                        tokio::time::sleep(RETRY).await;
+                        continue;
+                    }
+                }
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        });
+        Self { log, stop, task }
+    }
+
+    fn commits(&self) -> usize {
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .committed
+            .len()
+    }
+
+    async fn wait_commits(&self, at_least: usize, limit: Duration) -> Result<()> {
+        dbops_e2e::wait::wait_for(
+            &format!("{at_least} commits"),
+            limit,
+            || async { Ok(self.commits()) },
+            |n| *n >= at_least,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Stops the writer: every number committed, and the longest gap between commits.
+    async fn finish(self) -> (Vec<i64>, Duration) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.task.await;
+        let log = std::mem::take(&mut *self.log.lock().unwrap_or_else(|p| p.into_inner()));
+        (log.committed, log.longest)
+    }
+}
+
+async fn server_version(pg: &PgServer) -> Result<String> {
+    Ok(pg
+        .connect_as_superuser()
+        .await?
+        .query_one("SHOW server_version", &[])
+        .await?
+        .get(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_become_pgbench_scales() {
+        let scales = |s: &str| {
+            parse_sizes(s)
+                .unwrap()
+                .0
+                .iter()
+                .map(|x| x.scale)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(scales("100MB,1GB"), [7, 68]);
+        assert_eq!(scales("15MB"), [1]);
+        assert_eq!(scales("1mb"), [1], "at least scale 1");
+        assert!(parse_sizes("100").is_err());
+        assert!(parse_sizes("-1GB").is_err());
+        assert!(parse_sizes("").is_err());
+    }
+
+    #[test]
+    fn modes_are_dump_and_logical() {
+        assert_eq!(
+            parse_modes("Dump,logical").unwrap().0,
+            [Mode::Dump, Mode::Logical]
+        );
+        assert!(parse_modes("Auto").is_err());
+    }
+}
