@@ -174,14 +174,9 @@ async fn drop_owned(db: &Database, ctx: &Context<State>) -> Result<()> {
     let (database, role) = (db.database_name(), db.owner_role());
     let session = admin_session(ctx, &target, "postgres").await?;
     let observed = sql::observe(&session, &role, &database).await?;
-    let role_is_ours = observed
-        .role
-        .as_ref()
-        .is_some_and(|r| sql::is_ours(r.comment.as_deref(), &uid));
-    if let Some(found) = &observed.database {
-        let ours = sql::is_ours(found.comment.as_deref(), &uid)
-            || (found.comment.is_none() && role_is_ours && found.owner == role);
-        if ours {
+    let role_is_ours = observed.role_is_ours(&uid);
+    if observed.database.is_some() {
+        if observed.database_is_ours(&uid, &role) {
             sql::drop_database(&session, &database).await?;
         } else {
             tracing::info!(%server, database, "not dropping a database this Database did not create");

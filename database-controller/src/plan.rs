@@ -74,19 +74,11 @@ pub struct Plan {
 
 /// The actions that bring the server to the spec, or why none may be taken.
 pub fn plan(i: &Inputs<'_>, observed: &Observed) -> Result<Plan, Error> {
-    let role_is_ours = observed
-        .role
-        .as_ref()
-        .is_some_and(|r| sql::is_ours(r.comment.as_deref(), i.uid));
-    if observed.role.is_some() && !role_is_ours {
+    if observed.role.is_some() && !observed.role_is_ours(i.uid) {
         return Err(conflict("role", i.role, i.server));
     }
-    let db_is_ours = observed.database.as_ref().is_some_and(|d| {
-        sql::is_ours(d.comment.as_deref(), i.uid)
-            // Created OWNER our marked role, crashed before its own mark.
-            || (d.comment.is_none() && role_is_ours && d.owner == i.role)
-    });
-    if observed.database.is_some() && !db_is_ours {
+    // Ours also when created OWNER our marked role and a crash came before its own mark.
+    if observed.database.is_some() && !observed.database_is_ours(i.uid, i.role) {
         return Err(conflict("database", i.database, i.server));
     }
     if observed.database.is_none() && i.provisioned_before {

@@ -47,6 +47,24 @@ pub struct Observed {
     pub database: Option<DatabaseInfo>,
 }
 
+impl Observed {
+    /// The role exists and carries the mark of the object `uid`.
+    pub fn role_is_ours(&self, uid: &str) -> bool {
+        self.role
+            .as_ref()
+            .is_some_and(|r| is_marked(r.comment.as_deref(), uid))
+    }
+
+    /// The database exists and is the object `uid`'s: marked so, or created `OWNER` its
+    /// marked `role` by a process that crashed before it could mark the database itself.
+    pub fn database_is_ours(&self, uid: &str, role: &str) -> bool {
+        self.database.as_ref().is_some_and(|d| {
+            is_marked(d.comment.as_deref(), uid)
+                || (d.comment.is_none() && self.role_is_ours(uid) && d.owner == role)
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoleInfo {
     pub comment: Option<String>,
