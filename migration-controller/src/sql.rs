@@ -140,21 +140,21 @@ pub async fn freeze(
         .await
         .map_err(PgError::sql(format!("freezing database {database}")))?;
     }
+    let (version, _) = server_version(s).await?;
     let mut ended = 0;
     for _ in 0..5 {
         let rows = s
-            .query(
-                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity \
-                 WHERE datname = $1 AND pid <> pg_backend_pid() \
-                   AND ($2::text IS NULL OR usename IS NULL OR usename::text <> $2::text)",
-                &[&database, &spare_role],
-            )
+            .query(terminate_sessions(version), &[&database, &spare_role])
             .await
             .map_err(PgError::sql(format!("ending the sessions on {database}")))?;
         if rows.is_empty() {
             return Ok((ended, 0));
         }
         ended += rows.len();
+        if version < 140000 {
+            let pids: Vec<i32> = rows.iter().map(|r| r.get(1)).collect();
+            wait_gone(s, &pids, TERMINATE_WAIT).await?;
+        }
     }
     let left: i64 = s
         .query_one(
@@ -166,6 +166,44 @@ pub async fn freeze(
         .map_err(PgError::sql(format!("counting the sessions on {database}")))?
         .get(0);
     Ok((ended, left))
+}
+
+/// How long [`freeze`] waits for each ended session to go.
+const TERMINATE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Ends the sessions on database `$1` but this one and those of role `$2`, returning
+/// (ended, pid) for each: waiting up to [`TERMINATE_WAIT`] for each to go, where the server
+/// can (`pg_terminate_backend(pid, timeout)`, PostgreSQL 14 and newer); before 14 the
+/// caller waits ([`wait_gone`]).
+fn terminate_sessions(server_version_num: i32) -> &'static str {
+    if server_version_num >= 140000 {
+        "SELECT pg_terminate_backend(pid, 5000), pid FROM pg_stat_activity \
+         WHERE datname = $1 AND pid <> pg_backend_pid() \
+           AND ($2::text IS NULL OR usename IS NULL OR usename::text <> $2::text)"
+    } else {
+        "SELECT pg_terminate_backend(pid), pid FROM pg_stat_activity \
+         WHERE datname = $1 AND pid <> pg_backend_pid() \
+           AND ($2::text IS NULL OR usename IS NULL OR usename::text <> $2::text)"
+    }
+}
+
+/// Waits, at most `limit`, until no session has one of `pids`.
+async fn wait_gone(s: &Session, pids: &[i32], limit: std::time::Duration) -> Result<(), PgError> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let left: i64 = s
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)",
+                &[&pids],
+            )
+            .await
+            .map_err(PgError::sql("waiting for ended sessions to go"))?
+            .get(0);
+        if left == 0 || tokio::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// Restores exactly what [`freeze`] changed, from the record written before it.
@@ -280,5 +318,13 @@ mod tests {
             "db-1",
             "mig-1"
         ));
+    }
+
+    #[test]
+    fn sessions_are_ended_with_a_wait_only_where_the_server_has_one() {
+        assert!(terminate_sessions(140000).contains("pg_terminate_backend(pid, 5000)"));
+        assert!(terminate_sessions(180004).contains("pg_terminate_backend(pid, 5000)"));
+        // PostgreSQL 13 has only pg_terminate_backend(pid): freeze waits itself.
+        assert!(terminate_sessions(130023).contains("pg_terminate_backend(pid),"));
     }
 }
