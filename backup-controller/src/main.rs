@@ -74,6 +74,12 @@ struct Args {
     /// The pg_dump program (a path, or a name looked up in PATH).
     #[arg(long, env = "DBOPS_PG_DUMP", default_value = "pg_dump")]
     pg_dump: PathBuf,
+
+    /// Directories of more pg_dump programs, one major each (for example
+    /// `/usr/lib/postgresql/13/bin,...,/usr/lib/postgresql/18/bin`): each dump takes the
+    /// oldest major that dumps its server, so that the server's own major restores it.
+    #[arg(long = "pg-bin-dir", env = "DBOPS_PG_BIN_DIRS", value_delimiter = ',')]
+    pg_bin_dirs: Vec<PathBuf>,
 }
 
 #[tokio::main]
@@ -90,6 +96,7 @@ async fn main() -> ExitCode {
         backup_store = %args.store.backup_store,
         max_concurrent_backups = args.max_concurrent_backups,
         pg_dump = %args.pg_dump.display(),
+        pg_bin_dirs = ?args.pg_bin_dirs,
         "backup settings"
     );
     let backoff = Backoff {
@@ -97,14 +104,15 @@ async fn main() -> ExitCode {
         max: args.common.backoff_max,
     };
     let store = args.store.backup_store.clone();
-    let pg_dump = args.pg_dump.clone();
+    let clients =
+        dbops_shared::pg_tools::Clients::new(Some(args.pg_dump.clone()), None, &args.pg_bin_dirs);
     let max_concurrent = usize::from(args.max_concurrent_backups);
     let controller_namespace = args.common.controller_namespace.clone();
     let server_selector = args.common.server_selector.clone();
     let identity = dbops_shared::leader::identity();
     let state = move |client: kube::Client, reporter| State {
         store,
-        pg_dump,
+        clients,
         servers: args.postgres.servers(),
         directory: Directory::watch(&client, &controller_namespace, server_selector.as_deref()),
         slots: Slots::new(max_concurrent),
@@ -217,6 +225,22 @@ mod tests {
         );
         assert_eq!(args.max_concurrent_backups, 2);
         assert_eq!(args.pg_dump, PathBuf::from("pg_dump"));
+        assert!(args.pg_bin_dirs.is_empty());
+        let args = Args::try_parse_from([
+            "dbops-backup-controller",
+            "--pg-bin-dir=/usr/lib/postgresql/13/bin,/usr/lib/postgresql/18/bin",
+            "--pg-bin-dir",
+            "/opt/pg/bin",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.pg_bin_dirs,
+            [
+                PathBuf::from("/usr/lib/postgresql/13/bin"),
+                "/usr/lib/postgresql/18/bin".into(),
+                "/opt/pg/bin".into()
+            ]
+        );
         assert!(
             Args::try_parse_from(["dbops-backup-controller", "--max-concurrent-backups=0"])
                 .is_err()

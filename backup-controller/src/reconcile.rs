@@ -17,7 +17,6 @@
 //! attempt, into the same object key. One held by a live replica is left to it.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,6 +27,7 @@ use dbops_api::{
 use dbops_shared::backoff::Backoff;
 use dbops_shared::controller::Context;
 use dbops_shared::events::Recorder;
+use dbops_shared::pg_tools;
 use dbops_shared::postgres::{PgError, ServerKey, Servers};
 use dbops_shared::server::{Directory, Resolved};
 use kube::ResourceExt;
@@ -51,7 +51,9 @@ const SLOT_POLL: Duration = Duration::from_secs(2);
 /// The backup-controller's own state.
 pub struct State {
     pub store: BackupStore,
-    pub pg_dump: PathBuf,
+    /// The pg_dump programs (`--pg-dump`, `--pg-bin-dir`): each dump takes the oldest
+    /// major that dumps its server.
+    pub clients: pg_tools::Clients,
     pub servers: Servers,
     /// DatabaseServers and their admin and CA Secrets (the controllers' namespace only).
     pub directory: Directory,
@@ -540,13 +542,24 @@ async fn run_attempt(
         .try_get(1)
         .map_err(PgError::sql("reading server_version_num"))?;
     drop(session);
-    let pg_dump_version = dump::pg_dump_version(&state.pg_dump).await?;
-    dump::check_new_enough(
-        &state.pg_dump,
-        &pg_dump_version,
-        server_version_num,
-        &server_version,
-    )?;
+    let pg_dumps = state.clients.pg_dumps().await;
+    if pg_dumps.is_empty() {
+        return Err(Failure::transient(
+            "ClientProgramFailed",
+            "no pg_dump answered `--version` (the log says why)",
+        ));
+    }
+    let server_major = u32::try_from(server_version_num / 10000).unwrap_or(0);
+    let pg_dump = pg_tools::pick_dump(&pg_dumps, server_major, &server_version)
+        .map_err(|refusal| {
+            Failure::permanent(
+                refusal.reason,
+                format!("{refusal}: run the backup-controller with one (--pg-dump, --pg-bin-dir)"),
+            )
+        })?
+        .path
+        .clone();
+    let pg_dump_version = dump::pg_dump_version(&pg_dump).await?;
 
     let location = state.store.location(&key);
     let create = state.store.create_artifact(&key);
@@ -558,13 +571,9 @@ async fn run_attempt(
         lock_wait: state.servers.lock_timeout(),
     };
     let name = backup.name_any();
-    let dumped = dump::run(
-        &state.pg_dump,
-        &source,
-        &mut artifact,
-        PROGRESS_EVERY,
-        |bytes| status::progress(api, &name, bytes),
-    )
+    let dumped = dump::run(&pg_dump, &source, &mut artifact, PROGRESS_EVERY, |bytes| {
+        status::progress(api, &name, bytes)
+    })
     .await?;
     traced("commit", location.clone(), artifact.commit()).await?;
 

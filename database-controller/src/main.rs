@@ -73,6 +73,12 @@ struct Args {
     #[arg(long, env = "DBOPS_PG_RESTORE", default_value = "pg_restore")]
     pg_restore: std::path::PathBuf,
 
+    /// Directories of more pg_restore programs, one major each (for example
+    /// `/usr/lib/postgresql/13/bin,...,/usr/lib/postgresql/18/bin`): each restore takes
+    /// one that reads the artifact and whose settings the server has.
+    #[arg(long = "pg-bin-dir", env = "DBOPS_PG_BIN_DIRS", value_delimiter = ',')]
+    pg_bin_dirs: Vec<std::path::PathBuf>,
+
     /// How many DatabaseServers are probed at the same time (at least 1): the server
     /// controller's own concurrency (its backoff is its own too).
     #[arg(long, env = "DBOPS_SERVER_CONCURRENCY", default_value_t = 2,
@@ -143,7 +149,11 @@ async fn main() -> ExitCode {
         last_prune: std::sync::Mutex::new(None),
         restorer: restore::Restorer {
             store: args.store.backup_store.clone(),
-            pg_restore: args.pg_restore.clone(),
+            clients: dbops_shared::pg_tools::Clients::new(
+                None,
+                Some(args.pg_restore.clone()),
+                &args.pg_bin_dirs,
+            ),
         },
     };
     controller::exit_code(

@@ -10,14 +10,16 @@
 //! 3. a database that may hold half a restore (found marked `restore=pending` rather than
 //!    created just now) is dropped and created again, empty;
 //! 4. `pg_restore --single-transaction --exit-on-error`, connected as the owner role (so
-//!    every restored object belongs to it), reads the artifact from the store on stdin;
+//!    every restored object belongs to it), reads the artifact from the store on stdin:
+//!    of the `--pg-restore`/`--pg-bin-dir` programs, one that reads the archive of the
+//!    pg_dump its manifest names and whose settings the server has
+//!    (`pg_tools::pick_restore`);
 //! 5. the database's mark loses `restore=pending`: from then on it is an ordinary
 //!    database of this Database and is never restored over again.
 //!
 //! Store layout and checksums are the backup-controller's (`shared::backup_store`): the
 //! database-controller must run with the same `--backup-store`.
 
-use std::path::PathBuf;
 use std::process::Stdio;
 
 use dbops_api::{Backup, BackupPhase, Database};
@@ -35,10 +37,10 @@ use crate::sql;
 /// Read size from the store.
 const CHUNK: usize = 256 * 1024;
 
-/// Where artifacts are read from and with which program.
+/// Where artifacts are read from and with which programs.
 pub struct Restorer {
     pub store: BackupStore,
-    pub pg_restore: PathBuf,
+    pub clients: pg_tools::Clients,
 }
 
 /// A completed Backup's artifact, checked: its key and checksum.
@@ -46,6 +48,8 @@ pub struct Verified {
     pub key: ObjectKey,
     pub backup: String,
     pub checksum: String,
+    /// The major of the pg_dump that wrote it (`pgDumpVersion` in its manifest).
+    pub pg_dump_major: Option<u32>,
 }
 
 fn blocked(reason: &'static str, message: String) -> Error {
@@ -107,9 +111,15 @@ pub async fn verify(db: &Database, client: &kube::Client, restorer: &Restorer) -
         .get_manifest(&key)
         .await
         .map_err(store_error)?;
-    let in_manifest = serde_json::from_slice::<serde_json::Value>(&manifest)
-        .ok()
+    let manifest = serde_json::from_slice::<serde_json::Value>(&manifest).ok();
+    let in_manifest = manifest
+        .as_ref()
         .and_then(|m| m.get("checksum")?.as_str().map(str::to_owned));
+    let pg_dump_major = manifest
+        .as_ref()
+        .and_then(|m| m.get("pgDumpVersion")?.as_str())
+        .and_then(pg_tools::ClientVersion::parse)
+        .map(|v| v.major);
     let actual = sha256_of(restorer, &key).await?;
     let mismatch = |what: &str, want: &str| {
         blocked(
@@ -131,6 +141,7 @@ pub async fn verify(db: &Database, client: &kube::Client, restorer: &Restorer) -
         key,
         backup: format!("{namespace}/{name}"),
         checksum: actual,
+        pg_dump_major,
     })
 }
 
@@ -184,7 +195,8 @@ pub async fn restore(
         )
         .await?;
     }
-    run_pg_restore(db, server, restorer, artifact, owner, password).await?;
+    let pg_restore = pick_pg_restore(session, restorer, artifact).await?;
+    run_pg_restore(db, server, &pg_restore, restorer, artifact, owner, password).await?;
     sql::comment_database(session, &database, &sql::mark(&uid)).await?;
     tracing::info!(
         database,
@@ -195,15 +207,52 @@ pub async fn restore(
     Ok(())
 }
 
+/// The pg_restore for this artifact and server (`pg_tools::pick_restore`); an artifact
+/// whose manifest names no pg_dump is taken as written by the newest pg_restore's major.
+async fn pick_pg_restore(
+    session: &Session,
+    restorer: &Restorer,
+    artifact: &Verified,
+) -> Result<std::path::PathBuf> {
+    let row = session
+        .query_one(
+            "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
+            &[],
+        )
+        .await
+        .map_err(dbops_shared::postgres::PgError::sql(
+            "reading the server version",
+        ))?;
+    let (num, version): (i32, String) = (row.get(0), row.get(1));
+    let target_major = u32::try_from(num / 10000).unwrap_or(0);
+    let pg_restores = restorer.clients.pg_restores().await;
+    let archive_major = artifact
+        .pg_dump_major
+        .or_else(|| pg_restores.iter().map(|p| p.version.major).max())
+        .unwrap_or(0);
+    pg_tools::pick_restore(&pg_restores, archive_major, target_major, &version)
+        .map(|p| p.path.clone())
+        .map_err(|refusal| {
+            blocked(
+                refusal.reason,
+                format!(
+                    "Backup {}: {refusal}; run the database-controller with one (--pg-restore, --pg-bin-dir)",
+                    artifact.backup
+                ),
+            )
+        })
+}
+
 async fn run_pg_restore(
     db: &Database,
     server: &Endpoint,
+    pg_restore: &std::path::Path,
     restorer: &Restorer,
     artifact: &Verified,
     owner: &str,
     password: &str,
 ) -> Result<()> {
-    let program = restorer.pg_restore.display().to_string();
+    let program = pg_restore.display().to_string();
     let could_not_run = |e: std::io::Error| Error::Retry {
         reason: "RestoreFailed",
         message: format!("could not run {program}: {e}"),
@@ -211,7 +260,7 @@ async fn run_pg_restore(
     // The password goes through the environment only: never on a command line. The
     // server's CA file (`_root_cert`) lives until pg_restore has ended.
     let (mut command, _root_cert) = pg_tools::command(
-        &restorer.pg_restore,
+        pg_restore,
         &Connection {
             server,
             username: owner,

@@ -3,16 +3,22 @@
 #   docker build -f deploy/docker/dbops-database-controller.Dockerfile -t ghcr.io/dbops/dbops-database-controller:0.1.0 .
 #
 # Builder: the workspace's pinned toolchain floor (rust-version 1.89), a --locked release
-# build of this one binary. Runtime: Debian slim with postgresql-client
+# build of this one binary. Runtime: Debian slim with PostgreSQL's client programs of
+# every supported server major (13 to 18, PGDG's postgresql-client-<major>)
 # for pg_restore, which fills a Database created with spec.restoreFrom;
 # run as the unprivileged uid 65532 that the Deployment names too.
 ARG RUST_VERSION=1.89
 ARG DEBIAN_BUILD=bookworm
-# The runtime's Debian release decides the pg_dump/pg_restore major version (trixie: 17).
-# pg_dump must be at least the major version of the servers it dumps, and pg_restore at
-# least the pg_dump that wrote an artifact; use a newer release (or PGDG's packages) for
-# newer servers. Built on bookworm's older glibc, the binary runs on trixie.
+# Built on bookworm's older glibc, the binary runs on trixie.
 ARG DEBIAN_RUNTIME=trixie
+# The client programs of every supported server major, from PGDG's apt repository
+# (Debian's trixie has 17 only): pg_dump refuses servers newer than itself, pg_restore
+# reads no archive of a newer pg_dump, and pg_restore 17 and newer cannot restore into a
+# server older than 17 (SET transaction_timeout), so the controllers take the major that
+# suits each operation's servers (--pg-dump/--pg-restore: the newest; --pg-bin-dir: the
+# others; see the README's supported range). Keep the newest here >= the newest server.
+ARG PG_MAJORS="13 14 15 16 17 18"
+ARG PG_NEWEST=18
 
 FROM rust:${RUST_VERSION}-slim-${DEBIAN_BUILD} AS builder
 WORKDIR /src
@@ -23,13 +29,21 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && install -D -m 0755 target/release/dbops-database-controller /out/dbops-database-controller
 
 FROM debian:${DEBIAN_RUNTIME}-slim
+ARG PG_MAJORS
+ARG PG_NEWEST
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates postgresql-client \
+    && apt-get install -y --no-install-recommends ca-certificates postgresql-common \
+    && /usr/share/postgresql-common/pgdg/apt.postgresql.org.sh -y \
+    && apt-get install -y --no-install-recommends \
+       $(for major in ${PG_MAJORS}; do echo "postgresql-client-${major}"; done) \
+    && for major in ${PG_MAJORS}; do /usr/lib/postgresql/${major}/bin/pg_dump --version; done \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 65532 dbops \
     && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \
        --shell /usr/sbin/nologin dbops
 COPY --from=builder /out/dbops-database-controller /usr/local/bin/dbops-database-controller
+ENV DBOPS_PG_RESTORE=/usr/lib/postgresql/${PG_NEWEST}/bin/pg_restore \
+    DBOPS_PG_BIN_DIRS=/usr/lib/postgresql/13/bin,/usr/lib/postgresql/14/bin,/usr/lib/postgresql/15/bin,/usr/lib/postgresql/16/bin,/usr/lib/postgresql/17/bin,/usr/lib/postgresql/18/bin
 USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/dbops-database-controller"]

@@ -75,6 +75,13 @@ struct Args {
     #[arg(long, env = "DBOPS_PG_RESTORE", default_value = "pg_restore")]
     pg_restore: PathBuf,
 
+    /// Directories of more pg_dump and pg_restore programs, one major each (for example
+    /// `/usr/lib/postgresql/13/bin,...,/usr/lib/postgresql/18/bin`): a Dump mode copy
+    /// takes the target's major, else the nearest that dumps the source and restores into
+    /// the target.
+    #[arg(long = "pg-bin-dir", env = "DBOPS_PG_BIN_DIRS", value_delimiter = ',')]
+    pg_bin_dirs: Vec<PathBuf>,
+
     /// Failed attempts of a step before SwitchTraffic after which the Migration is rolled
     /// back (retries follow the --backoff-base/--backoff-max curve).
     #[arg(long, env = "DBOPS_STEP_MAX_ATTEMPTS", default_value_t = 3,
@@ -150,6 +157,11 @@ async fn main() -> ExitCode {
     let configure: Configure<Migration, State> =
         Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref(), databases_writer));
     let (pg_dump, pg_restore) = (args.pg_dump.clone(), args.pg_restore.clone());
+    let clients = dbops_shared::pg_tools::Clients::new(
+        Some(pg_dump.clone()),
+        Some(pg_restore.clone()),
+        &args.pg_bin_dirs,
+    );
     let (max_attempts, crash_at, fail_at) = (
         args.step_max_attempts,
         args.debug_exit_at,
@@ -165,6 +177,7 @@ async fn main() -> ExitCode {
         index: DatabaseIndex::default(),
         pg_dump,
         pg_restore,
+        clients,
         max_attempts,
         crash_at,
         fail_at,
@@ -319,6 +332,12 @@ mod tests {
         let args = Args::try_parse_from(["dbops-migration-controller"]).unwrap();
         assert_eq!(args.step_max_attempts, 3);
         assert_eq!(args.pg_dump, PathBuf::from("pg_dump"));
+        assert!(args.pg_bin_dirs.is_empty());
+        let dirs = Args::try_parse_from(["x", "--pg-bin-dir=/pg/15/bin,/pg/18/bin"]).unwrap();
+        assert_eq!(
+            dirs.pg_bin_dirs,
+            [PathBuf::from("/pg/15/bin"), PathBuf::from("/pg/18/bin")]
+        );
         assert!(args.debug_exit_at.is_none());
         assert!(
             Args::try_parse_from(["x", "--step-max-attempts=0"]).is_err(),

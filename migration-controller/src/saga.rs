@@ -86,8 +86,12 @@ pub struct State {
     pub databases: Store<Database>,
     pub recorder: Recorder,
     pub index: DatabaseIndex,
+    /// The `--pg-dump` and `--pg-restore` programs (the Logical mode's schema copy).
     pub pg_dump: PathBuf,
     pub pg_restore: PathBuf,
+    /// Those and the programs of each `--pg-bin-dir`: CopyData takes the pair that suits
+    /// the two servers (`pg_tools::pick_copy`).
+    pub clients: dbops_shared::pg_tools::Clients,
     pub max_attempts: i32,
     pub crash_at: Option<CrashPoint>,
     /// Testing only (`--debug-fail-at`): this step fails for good once its effects are

@@ -29,6 +29,7 @@ use dbops_api::{
     Backup, BackupPhase, ChosenMode, Database, DatabaseServer, MigrationMode, MigrationStep,
     ServerReference, SourceRetention, condition,
 };
+use dbops_shared::pg_tools;
 use dbops_shared::postgres::{PgError, Session};
 use dbops_shared::server::{Resolved, ServerError};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -315,11 +316,77 @@ async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome>
     }
     drop(t);
     let mode = choose_mode(saga, &source, &database).await?;
+    let (pg_dump, pg_restore) = copy_programs(
+        saga,
+        (source_num, &source_version),
+        (target_num, &target_version),
+        mode == ChosenMode::Dump,
+    )
+    .await
+    .map_err(|e| match e {
+        Error::Fatal { reason, message } => {
+            Error::fatal(reason, format!("{message}; nothing was changed"))
+        }
+        e => e,
+    })?;
     Ok(Outcome::Done(format!(
-        "source PostgreSQL {source_version} on {}, target PostgreSQL {target_version} on {}; extensions {extensions:?} available; no role or database {database:?} on the target; mode {mode:?}",
+        "source PostgreSQL {source_version} on {}, target PostgreSQL {target_version} on {}; extensions {extensions:?} available; no role or database {database:?} on the target; mode {mode:?}, copying with pg_dump {} and pg_restore {}",
         at(&source),
-        at(&target)
+        at(&target),
+        pg_dump.version.version,
+        pg_restore.version.version
     )))
+}
+
+/// The pg_dump and pg_restore that copy from a server of `source` (`server_version_num`,
+/// `server_version`) to one of `target` (`pg_tools::pick_copy`): of every program (`all`,
+/// the Dump mode's CopyData), or of `--pg-dump` and `--pg-restore` only (the Logical
+/// mode's schema copy). None fitting is fatal, naming the versions.
+pub(crate) async fn copy_programs(
+    saga: &Saga<'_>,
+    source: (i32, &str),
+    target: (i32, &str),
+    all: bool,
+) -> Result<(pg_tools::Program, pg_tools::Program)> {
+    let state = &saga.ctx.state;
+    let clients = if all {
+        state.clients.clone()
+    } else {
+        pg_tools::Clients::new(
+            Some(state.pg_dump.clone()),
+            Some(state.pg_restore.clone()),
+            &[],
+        )
+    };
+    let (dumps, restores) = (clients.pg_dumps().await, clients.pg_restores().await);
+    if dumps.is_empty() || restores.is_empty() {
+        return Err(Error::transient(
+            "ClientProgramFailed",
+            "no pg_dump or no pg_restore answered `--version` (the log says why)",
+        ));
+    }
+    let major = |num: i32| u32::try_from(major(num)).unwrap_or(0);
+    pg_tools::pick_copy(
+        &dumps,
+        &restores,
+        (major(source.0), source.1),
+        (major(target.0), target.1),
+    )
+    .map(|(dump, restore)| (dump.clone(), restore.clone()))
+    .map_err(|refusal| refused(refusal, all))
+}
+
+/// No client programs fit: fatal (retrying cannot help), saying which flags give others.
+fn refused(refusal: pg_tools::Refusal, all: bool) -> Error {
+    let flags = if all {
+        "--pg-dump, --pg-restore, --pg-bin-dir"
+    } else {
+        "--pg-dump, --pg-restore: the Logical mode's schema copy"
+    };
+    Error::fatal(
+        refusal.reason,
+        format!("{refusal}: run the migration-controller with one ({flags})"),
+    )
 }
 
 /// The mode the Migration runs in: recorded once (with the ModeChosen condition and an
@@ -728,17 +795,28 @@ async fn copy_data(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
     let database = db.database_name();
     let t = session(saga, &target, &database).await?;
     let already = sql::user_objects(&t).await?;
+    let (target_num, target_version) = sql::server_version(&t).await?;
     drop(t);
     if already > 0 {
         return Ok(Outcome::Done(format!(
             "already copied: {already} objects in the target database (the restore is one transaction)"
         )));
     }
+    let s = session(saga, &source, &database).await?;
+    let (source_num, source_version) = sql::server_version(&s).await?;
+    drop(s);
+    let (pg_dump, pg_restore) = copy_programs(
+        saga,
+        (source_num, &source_version),
+        (target_num, &target_version),
+        true,
+    )
+    .await?;
     let started = std::time::Instant::now();
     copy::copy(
         &Programs {
-            pg_dump: &saga.ctx.state.pg_dump,
-            pg_restore: &saga.ctx.state.pg_restore,
+            pg_dump: &pg_dump.path,
+            pg_restore: &pg_restore.path,
         },
         &Side {
             server: &source.endpoint,
@@ -755,8 +833,10 @@ async fn copy_data(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
     )
     .await?;
     Ok(Outcome::Done(format!(
-        "pg_dump of {database} on {} restored into {} in {:.1}s, owned by {}",
+        "pg_dump {} of {database} on {} restored by pg_restore {} into {} in {:.1}s, owned by {}",
+        pg_dump.version.version,
         at(&source),
+        pg_restore.version.version,
         at(&target),
         started.elapsed().as_secs_f64(),
         db.owner_role()
@@ -1017,5 +1097,33 @@ mod tests {
             preflight_error(Error::transient("SessionsRemain", "1 session")),
             Error::Transient { .. }
         ));
+    }
+
+    #[test]
+    fn client_programs_that_cannot_copy_end_the_migration_naming_the_versions() {
+        let program = |v: &str| pg_tools::Program {
+            path: format!("/pg/{v}/pg_dump").into(),
+            version: pg_tools::ClientVersion::parse(v).unwrap(),
+        };
+        let (dumps, restores) = ([program("15.14")], [program("15.14")]);
+        let refusal =
+            pg_tools::pick_copy(&dumps, &restores, (18, "18.4"), (18, "18.4")).unwrap_err();
+        match refused(refusal, true) {
+            Error::Fatal { reason, message } => {
+                assert_eq!(reason, "PgDumpTooOld");
+                assert!(
+                    message.contains("15.14") && message.contains("PostgreSQL 18.4"),
+                    "{message}"
+                );
+                assert!(message.contains("--pg-bin-dir"), "{message}");
+            }
+            other => panic!("not fatal: {other:?}"),
+        }
+        let (dumps, restores) = ([program("18.6")], [program("18.6")]);
+        let refusal =
+            pg_tools::pick_copy(&dumps, &restores, (13, "13.23"), (16, "16.14")).unwrap_err();
+        let e = refused(refusal, false);
+        assert_eq!(e.reason(), "PgRestoreTooNew");
+        assert!(e.to_string().contains("schema copy"), "{e}");
     }
 }
