@@ -22,6 +22,15 @@ use crate::process::{Spec, Supervised, free_port, is_root, log_tail};
 /// The superuser the harness creates.
 pub const SUPERUSER: &str = "postgres";
 
+/// Settings for a server that Migrations in Logical mode can replicate from
+/// ([`PgServer::start_with_settings`]): `wal_level=logical`, and room for the replication
+/// slots and WAL senders of several Migrations at once.
+pub const LOGICAL_REPLICATION: &[(&str, &str)] = &[
+    ("wal_level", "logical"),
+    ("max_replication_slots", "10"),
+    ("max_wal_senders", "10"),
+];
+
 /// Each server log line starts with time, pid, user@database and the session's
 /// application_name.
 const LOG_LINE_PREFIX: &str = "%m [%p] %q%u@%d app=%a ";
@@ -175,8 +184,24 @@ impl PgServer {
         port: Option<u16>,
         cert: Option<&crate::tls::ServerCert>,
     ) -> Result<Self> {
+        Self::start_in_with(name, dir, port, cert, &[]).await
+    }
+
+    /// [`PgServer::start_in_with_tls`] with extra settings, as
+    /// [`PgServer::start_with_settings`] (the dev environment's [`LOGICAL_REPLICATION`]).
+    pub async fn start_in_with(
+        name: &str,
+        dir: &Path,
+        port: Option<u16>,
+        cert: Option<&crate::tls::ServerCert>,
+        settings: &[(&str, &str)],
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         let mut server = Self::init_in(name, dir, port, paths::postgres_bin_dir()?)?;
+        server.settings = settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         if let Some(cert) = cert {
             server.install_tls(cert)?;
         }

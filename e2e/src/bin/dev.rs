@@ -110,13 +110,23 @@ async fn up(args: UpArgs) -> Result<()> {
     let cert = ca.server_cert(&[PG_HOST], &[std::net::Ipv4Addr::LOCALHOST.into()])?;
     std::fs::write(state.join("ca.crt"), ca.pem())?;
     let (main_dir, target_dir) = (state.join("pg-main"), state.join("pg-target"));
+    // Both with wal_level=logical: Migrations between them (deploy/examples/) run in
+    // Logical mode, the source writable until a short freeze.
+    let logical = dbops_e2e::postgres::LOGICAL_REPLICATION;
     let (main, target) = tokio::join!(
-        PgServer::start_in_with_tls("main", &main_dir, Some(args.pg_main_port), Some(&cert)),
-        PgServer::start_in_with_tls(
+        PgServer::start_in_with(
+            "main",
+            &main_dir,
+            Some(args.pg_main_port),
+            Some(&cert),
+            logical
+        ),
+        PgServer::start_in_with(
             "target",
             &target_dir,
             Some(args.pg_target_port),
-            Some(&cert)
+            Some(&cert),
+            logical
         ),
     );
     let (main, target) = (main?, target?);
@@ -173,7 +183,7 @@ async fn up(args: UpArgs) -> Result<()> {
          \n  export KUBECONFIG={kubeconfig}\n  kubectl apply -f deploy/examples/\n\n\
          kube-apiserver  {server}\n\
          PostgreSQL      DatabaseServer pg-main {host}:{main_port}, pg-target {host}:{target_port} \
-         (TLS verify-full; Secrets {ns}/pg-main-admin, {ns}/pg-target-admin, {ns}/{ca_secret}; CA also in {ca_file})\n\
+         (TLS verify-full, wal_level=logical; Secrets {ns}/pg-main-admin, {ns}/pg-target-admin, {ns}/{ca_secret}; CA also in {ca_file})\n\
          controllers     {controllers}\n\
          Jaeger          {jaeger} (API: {jaeger}/api/services, {jaeger}/api/traces?service=dbops-database-controller)\n\
          logs            {logs}\n",

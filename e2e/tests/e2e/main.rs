@@ -12,6 +12,7 @@ mod controllers;
 mod database;
 mod deploy;
 mod leader;
+mod majors;
 mod metrics;
 mod migration;
 mod migration_logical;
