@@ -323,6 +323,11 @@ impl PgServer {
                 "-c".to_string(),
                 format!("log_line_prefix={LOG_LINE_PREFIX}"),
             ])
+            // The server's own directory as HOME: run as `postgres` from root, it would
+            // otherwise keep root's, and libpq in its subscriptions' workers stops at
+            // "could not open certificate file /root/.postgresql/postgresql.crt:
+            // Permission denied" when it connects to a publisher with TLS.
+            .env("HOME", self.dir.display().to_string())
             // SIGINT is PostgreSQL's fast shutdown; SIGTERM would wait for clients.
             .stop_signal("INT")
             .run_as(is_root().then(|| "postgres".to_string()));
