@@ -144,17 +144,29 @@ pub async fn replicate(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
 async fn copy_schema(saga: &Saga<'_>, e: &Ends, owner: &str) -> Result<String> {
     let t = session(saga, &e.target, &e.database).await?;
     let already = sql::user_objects(&t).await?;
+    let (target_num, target_version) = sql::server_version(&t).await?;
     drop(t);
     if already > 0 {
         return Ok(format!(
             "schema already copied ({already} objects in the target database)"
         ));
     }
+    let s = session(saga, &e.source, &e.database).await?;
+    let (source_num, source_version) = sql::server_version(&s).await?;
+    drop(s);
+    // The programs that suit both majors, as the Dump mode's copy takes them.
+    let (pg_dump, pg_restore) = crate::steps::copy_programs(
+        saga,
+        (source_num, &source_version),
+        (target_num, &target_version),
+        true,
+    )
+    .await?;
     let started = Instant::now();
     copy::copy(
         &Programs {
-            pg_dump: &saga.ctx.state.pg_dump,
-            pg_restore: &saga.ctx.state.pg_restore,
+            pg_dump: &pg_dump.path,
+            pg_restore: &pg_restore.path,
         },
         &Side {
             server: &e.source.endpoint,

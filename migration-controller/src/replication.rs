@@ -237,6 +237,13 @@ pub async fn slots(
 /// 20 s.
 pub async fn drop_slot(s: &Session, slot: &str) -> Result<bool, PgError> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    // pg_terminate_backend(pid, timeout) is PostgreSQL 14's; on 13 the loop waits itself.
+    let (version, _) = crate::sql::server_version(s).await?;
+    let terminate = if version >= 140000 {
+        "SELECT pg_terminate_backend($1, 5000)"
+    } else {
+        "SELECT pg_terminate_backend($1)"
+    };
     loop {
         let row = s
             .query_opt(
@@ -251,7 +258,7 @@ pub async fn drop_slot(s: &Session, slot: &str) -> Result<bool, PgError> {
         let active: Option<i32> = row.get(0);
         let result = match active {
             Some(pid) => s
-                .query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid])
+                .query_one(terminate, &[&pid])
                 .await
                 .map(|_| ()),
             None => s

@@ -320,7 +320,9 @@ async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome>
         saga,
         (source_num, &source_version),
         (target_num, &target_version),
-        mode == ChosenMode::Dump,
+        // The Logical mode's schema copy picks from every program too: pg_restore 17+
+        // cannot restore into a server older than 17.
+        true,
     )
     .await
     .map_err(|e| match e {
