@@ -257,10 +257,7 @@ pub async fn drop_slot(s: &Session, slot: &str) -> Result<bool, PgError> {
         };
         let active: Option<i32> = row.get(0);
         let result = match active {
-            Some(pid) => s
-                .query_one(terminate, &[&pid])
-                .await
-                .map(|_| ()),
+            Some(pid) => s.query_one(terminate, &[&pid]).await.map(|_| ()),
             None => s
                 .query_one("SELECT pg_drop_replication_slot($1)", &[&slot])
                 .await
