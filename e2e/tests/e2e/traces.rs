@@ -323,7 +323,11 @@ async fn a_final_snapshot_is_one_trace_across_both_controllers() {
         .collect();
     assert!(
         sql.iter().any(
-            |s| s.tag("db.statement").as_deref() == Some("SHOW server_version")
+            // The server's version, which picks the pg_dump (one per major).
+            |s| s.tag("db.statement").as_deref()
+                == Some(
+                    "SELECT current_setting('server_version'), current_setting('server_version_num')::int"
+                )
                 && trace.service_of(s) == BACKUP_CONTROLLER
         ),
         "no SQL span of the backup-controller: {sql:#?}"
