@@ -5,12 +5,7 @@
 use dbops_api::{
     ChosenMode, MigrationPhase, MigrationStatus, MigrationStep, StepState, StepStatus, condition,
 };
-use dbops_shared::conditions::{ConditionSpec, ConditionStatus, set_condition};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
-pub fn now() -> Time {
-    Time(jiff::Timestamp::now())
-}
+use dbops_shared::conditions::{ConditionSpec, ConditionStatus, now, set_condition};
 
 /// The condition saying which mode Preflight chose and why.
 pub const MODE_CHOSEN: &str = "ModeChosen";

@@ -448,7 +448,7 @@ async fn choose_mode(saga: &mut Saga<'_>, source: &Resolved, database: &str) -> 
             message: message.clone(),
             observed_generation: saga.m.metadata.generation,
         },
-        crate::progress::now(),
+        dbops_shared::conditions::now(),
     );
     saga.save(status).await?;
     let fallback = saga.m.spec.mode == MigrationMode::Auto && mode == ChosenMode::Dump;
