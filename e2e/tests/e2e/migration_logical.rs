@@ -150,6 +150,24 @@ impl Writer {
             .collect()
     }
 
+    /// After the switch: waits (60 s at most) for 50 more commits, which can only land on
+    /// the target through the rewritten Secret, then stops; the commits, the longest gap
+    /// between two of them and the commit before that gap.
+    async fn finish_on_target(self) -> (Vec<(i64, Instant)>, Duration, i64) {
+        let before = self.committed();
+        wait_for(
+            "the writer to commit on the target",
+            Duration::from_secs(60),
+            || async { Ok(self.committed()) },
+            |n| *n >= before + 50,
+        )
+        .await
+        .unwrap();
+        let committed = self.finish().await;
+        let (gap, after) = longest_gap(&committed);
+        (committed, gap, after)
+    }
+
     async fn finish(self) -> Vec<(i64, Instant)> {
         self.stop.store(true, std::sync::atomic::Ordering::Release);
         self.task.await.unwrap();
@@ -220,17 +238,7 @@ async fn logical_migration_keeps_every_write_and_leaves_nothing_behind() {
         .await;
     let took = started.elapsed();
     // Writes reach the target through the rewritten Secret.
-    let before = writer.committed();
-    wait_for(
-        "the writer to commit on the target",
-        Duration::from_secs(60),
-        || async { Ok(writer.committed()) },
-        |n| *n >= before + 50,
-    )
-    .await
-    .unwrap();
-    let committed = writer.finish().await;
-    let (gap, after) = longest_gap(&committed);
+    let (committed, gap, after) = writer.finish_on_target().await;
     println!(
         "logical migration: {} commits, migration {:.1}s, longest gap between two commits {:.3}s (after write {after})",
         committed.len(),
@@ -593,17 +601,7 @@ async fn a_controller_killed_at_every_logical_step_resumes_to_one_success() {
         .wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
         .await;
     // The writer follows the Secret to the target and commits there.
-    let before = writer.committed();
-    wait_for(
-        "the writer to commit on the target",
-        Duration::from_secs(60),
-        || async { Ok(writer.committed()) },
-        |n| *n >= before + 50,
-    )
-    .await
-    .unwrap();
-    let committed = writer.finish().await;
-    let (gap, after) = longest_gap(&committed);
+    let (committed, gap, after) = writer.finish_on_target().await;
     println!(
         "killed at {} points: {} commits, longest gap between two commits {:.3}s (after write {after})",
         points.len(),
@@ -774,17 +772,7 @@ async fn an_approved_manual_logical_cutover_keeps_the_writes_made_while_it_waite
     let done = s
         .wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
         .await;
-    let before = writer.committed();
-    wait_for(
-        "the writer to commit on the target",
-        Duration::from_secs(60),
-        || async { Ok(writer.committed()) },
-        |n| *n >= before + 50,
-    )
-    .await
-    .unwrap();
-    let committed = writer.finish().await;
-    let (gap, after) = longest_gap(&committed);
+    let (committed, gap, after) = writer.finish_on_target().await;
     println!(
         "manual logical cutover: {} commits ({} while awaiting approval), longest gap between two commits {:.3}s (after write {after})",
         committed.len(),

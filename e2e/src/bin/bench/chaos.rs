@@ -77,9 +77,8 @@ use anyhow::{Context, Result, bail};
 use dbops_api::DatabaseServer;
 use dbops_e2e::controlplane::Options;
 use dbops_e2e::{ControlPlane, PgServer};
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 
 use crate::namespace;
 
@@ -399,7 +398,7 @@ pub async fn run_chaos(mut args: ChaosArgs) -> Result<Outcome> {
     let mut servers = Vec::new();
     for name in ["chaos-a", "chaos-b"] {
         let pg = PgServer::start(name).await?;
-        create_server(&client, name, &pg).await?;
+        crate::create_plain_server(&client, SYSTEM_NS, name, &pg, (SERVER_LABEL, NS)).await?;
         servers.push(ServerInfo {
             name: name.to_string(),
             port: pg.port(),
@@ -606,34 +605,6 @@ pub async fn run_chaos(mut args: ChaosArgs) -> Result<Outcome> {
         println!("run directory kept: {}", dir.display());
     }
     Ok(Outcome { violations, dir })
-}
-
-/// A DatabaseServer of the run: plain TCP, every namespace allowed, its admin Secret in
-/// the controllers' namespace, labelled for this run's `--server-selector`.
-async fn create_server(client: &kube::Client, name: &str, pg: &PgServer) -> Result<()> {
-    let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("{name}-admin")},
-        "stringData": {"username": "postgres", "password": pg.superuser_password()}
-    }))?;
-    Api::<Secret>::namespaced(client.clone(), SYSTEM_NS)
-        .create(&PostParams::default(), &secret)
-        .await
-        .context("creating an admin Secret")?;
-    let server: DatabaseServer = serde_json::from_value(serde_json::json!({
-        "apiVersion": "dbops.dev/v1alpha1", "kind": "DatabaseServer",
-        "metadata": {"name": name, "labels": {SERVER_LABEL: NS}},
-        "spec": {
-            "host": pg.host(), "port": pg.port(),
-            "adminSecretRef": {"name": format!("{name}-admin")},
-            "tls": {"mode": "disable"},
-            "allowedNamespaces": {},
-        }
-    }))?;
-    Api::<DatabaseServer>::all(client.clone())
-        .create(&PostParams::default(), &server)
-        .await
-        .with_context(|| format!("creating DatabaseServer {name}"))?;
-    Ok(())
 }
 
 /// `--controller-namespace` and `--server-selector` of every replica.

@@ -798,3 +798,38 @@ pub(crate) fn writes_by_kind(writes: impl IntoIterator<Item = dbops_e2e::AuditWr
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+/// A DatabaseServer for a bench run: plain TCP, every namespace allowed, its admin Secret
+/// (the server's superuser) in the controllers' namespace `system`, labelled `label` for
+/// the run's `--server-selector`.
+pub(crate) async fn create_plain_server(
+    client: &kube::Client,
+    system: &str,
+    name: &str,
+    pg: &PgServer,
+    label: (&str, &str),
+) -> Result<()> {
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{name}-admin")},
+        "stringData": {"username": "postgres", "password": pg.superuser_password()}
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), system)
+        .create(&PostParams::default(), &secret)
+        .await
+        .context("creating an admin Secret")?;
+    let server: DatabaseServer = serde_json::from_value(serde_json::json!({
+        "apiVersion": "dbops.dev/v1alpha1", "kind": "DatabaseServer",
+        "metadata": {"name": name, "labels": {label.0: label.1}},
+        "spec": {
+            "host": pg.host(), "port": pg.port(),
+            "adminSecretRef": {"name": format!("{name}-admin")},
+            "tls": {"mode": "disable"},
+            "allowedNamespaces": {},
+        }
+    }))?;
+    Api::<DatabaseServer>::all(client.clone())
+        .create(&PostParams::default(), &server)
+        .await
+        .with_context(|| format!("creating DatabaseServer {name}"))?;
+    Ok(())
+}

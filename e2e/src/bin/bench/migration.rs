@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use dbops_api::{Database, DatabaseServer, Migration, MigrationPhase};
+use dbops_api::{Database, Migration, MigrationPhase};
 use dbops_e2e::controlplane::Options;
 use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::Secret;
@@ -193,8 +193,9 @@ pub async fn run(args: MigrationArgs) -> Result<()> {
     let system = namespace(&client, &format!("{BENCH}-system")).await?;
     let source_server = format!("{BENCH}-source");
     let target_server = format!("{BENCH}-target");
-    create_server(&client, &system, &source_server, &source).await?;
-    create_server(&client, &system, &target_server, &target).await?;
+    for (name, pg) in [(&source_server, &source), (&target_server, &target)] {
+        crate::create_plain_server(&client, &system, name, pg, (BENCH_LABEL, BENCH)).await?;
+    }
 
     let store = tmp.path().join("store");
     std::fs::create_dir_all(&store)?;
@@ -302,39 +303,6 @@ pub async fn run(args: MigrationArgs) -> Result<()> {
     if lost > 0 {
         bail!("{lost} committed writes are missing on the target");
     }
-    Ok(())
-}
-
-/// The admin Secret `<name>-admin` in the controllers' namespace, and the
-/// DatabaseServer `name` (plain TCP, every namespace allowed, labelled for this bench).
-async fn create_server(
-    client: &kube::Client,
-    system: &str,
-    name: &str,
-    pg: &PgServer,
-) -> Result<()> {
-    let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("{name}-admin")},
-        "stringData": {"username": "postgres", "password": pg.superuser_password()}
-    }))?;
-    Api::<Secret>::namespaced(client.clone(), system)
-        .create(&PostParams::default(), &secret)
-        .await
-        .context("creating an admin Secret")?;
-    let server: DatabaseServer = serde_json::from_value(serde_json::json!({
-        "apiVersion": "dbops.dev/v1alpha1", "kind": "DatabaseServer",
-        "metadata": {"name": name, "labels": {BENCH_LABEL: BENCH}},
-        "spec": {
-            "host": pg.host(), "port": pg.port(),
-            "adminSecretRef": {"name": format!("{name}-admin")},
-            "tls": {"mode": "disable"},
-            "allowedNamespaces": {},
-        }
-    }))?;
-    Api::<DatabaseServer>::all(client.clone())
-        .create(&PostParams::default(), &server)
-        .await
-        .with_context(|| format!("creating DatabaseServer {name}"))?;
     Ok(())
 }
 
