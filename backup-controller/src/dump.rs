@@ -13,15 +13,10 @@ use std::time::{Duration, Instant};
 
 use dbops_shared::pg_tools::{self, Connection, is_auth_failure, is_connection_failure};
 use dbops_shared::postgres::{Credentials, Endpoint};
-use sha2::{Digest, Sha256};
-use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
 use dbops_shared::backup_store::{ArtifactWriter, StoreError};
-use dbops_shared::checksum::hex;
-
-/// Read size from pg_dump's stdout.
-const CHUNK: usize = 256 * 1024;
+use dbops_shared::checksum::HashingReader;
 
 /// Why a dump failed.
 #[derive(Debug, thiserror::Error)]
@@ -152,27 +147,18 @@ where
         .spawn()
         .map_err(spawn_error)?;
     let errors = pg_tools::keep_stderr(child.stderr.take());
-    let Some(mut stdout) = child.stdout.take() else {
+    let Some(stdout) = child.stdout.take() else {
         return Err(DumpError::Read(std::io::Error::other(
             "pg_dump's output is not piped",
         )));
     };
 
-    let mut hasher = Sha256::new();
-    let mut size: u64 = 0;
-    let mut buf = vec![0u8; CHUNK];
+    let mut dump = HashingReader::new(stdout);
     let mut reported = Instant::now();
-    loop {
-        let n = stdout.read(&mut buf).await.map_err(DumpError::Read)?;
-        if n == 0 {
-            break;
-        }
-        let chunk = &buf[..n];
-        hasher.update(chunk);
+    while let Some(chunk) = dump.next_chunk().await.map_err(DumpError::Read)? {
         artifact.write(chunk).await?;
-        size += n as u64;
         if reported.elapsed() >= progress_every {
-            progress(size).await;
+            progress(dump.size()).await;
             reported = Instant::now();
         }
     }
@@ -188,8 +174,8 @@ where
         return Err(DumpError::Failed { status, stderr });
     }
     Ok(Dumped {
-        size_bytes: size,
-        sha256: hex(&hasher.finalize()),
+        size_bytes: dump.size(),
+        sha256: dump.sha256_hex(),
     })
 }
 

@@ -24,18 +24,15 @@ use std::process::Stdio;
 
 use dbops_api::{Backup, BackupPhase, Database};
 use dbops_shared::backup_store::{BackupStore, ObjectKey, StoreError, traced};
-use dbops_shared::checksum::{Digest, Sha256, hex};
+use dbops_shared::checksum::HashingReader;
 use dbops_shared::pg_tools::{self, Connection};
 use dbops_shared::postgres::{Endpoint, Session};
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use crate::error::{Error, Result};
 use crate::sql;
-
-/// Read size from the store.
-const CHUNK: usize = 256 * 1024;
 
 /// Where artifacts are read from and with which programs.
 pub struct Restorer {
@@ -146,26 +143,20 @@ pub async fn verify(db: &Database, client: &kube::Client, restorer: &Restorer) -
 }
 
 async fn sha256_of(restorer: &Restorer, key: &ObjectKey) -> Result<String> {
-    let mut reader = traced(
+    let reader = traced(
         "open_artifact",
         restorer.store.location(key),
         restorer.store.open_artifact(key),
     )
     .await
     .map_err(store_error)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        let n = reader.read(&mut buf).await.map_err(|e| Error::Retry {
+    HashingReader::new(reader)
+        .sha256_hex_to_end()
+        .await
+        .map_err(|e| Error::Retry {
             reason: "StoreUnavailable",
             message: format!("reading {}: {e}", restorer.store.location(key)),
-        })?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex(&hasher.finalize()))
+        })
 }
 
 /// Steps 3 to 5: an empty database (dropped and created again unless `fresh`), the
@@ -288,7 +279,7 @@ async fn run_pg_restore(
         return Err(Error::Internal("pg_restore without pipes".into()));
     };
 
-    let mut reader = traced(
+    let reader = traced(
         "open_artifact",
         restorer.store.location(&artifact.key),
         restorer.store.open_artifact(&artifact.key),
@@ -298,27 +289,18 @@ async fn run_pg_restore(
     // The bytes restored are hashed again. If the artifact changed since `verify`, the
     // attempt fails and the database keeps its pending mark, so the next attempt starts
     // from an empty database and verifies again.
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; CHUNK];
-    let mut copy_error = None;
-    loop {
-        let n = match reader.read(&mut buf).await {
-            Ok(n) => n,
-            Err(e) => {
-                copy_error = Some(format!("reading the artifact: {e}"));
-                break;
-            }
+    let mut restored = HashingReader::new(reader);
+    let copy_error = loop {
+        let chunk = match restored.next_chunk().await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => break None,
+            Err(e) => break Some(format!("reading the artifact: {e}")),
         };
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        if let Err(e) = stdin.write_all(&buf[..n]).await {
+        if let Err(e) = stdin.write_all(chunk).await {
             // pg_restore stopped reading: its exit status and stderr say why.
-            copy_error = Some(format!("writing to pg_restore: {e}"));
-            break;
+            break Some(format!("writing to pg_restore: {e}"));
         }
-    }
+    };
     drop(stdin);
     let status = child.wait().await.map_err(|e| Error::Retry {
         reason: "RestoreFailed",
@@ -337,7 +319,7 @@ async fn run_pg_restore(
             message: e,
         });
     }
-    let restored = hex(&hasher.finalize());
+    let restored = restored.sha256_hex();
     if restored != artifact.checksum {
         return Err(Error::Retry {
             reason: "RestoreFailed",

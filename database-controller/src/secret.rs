@@ -180,7 +180,7 @@ const DIGEST_KEY: &str = "dbops.dev/own-keys-sha256";
 
 /// SHA-256 of the values of [`OWN_KEYS`] (an absent key counts, as absent).
 fn digest(data: Option<&BTreeMap<String, ByteString>>) -> Vec<u8> {
-    use sha2::{Digest, Sha256};
+    use dbops_shared::checksum::{Digest, Sha256};
     let mut h = Sha256::new();
     for key in OWN_KEYS {
         h.update(key.as_bytes());
