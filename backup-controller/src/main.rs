@@ -37,7 +37,7 @@ use dbops_shared::events::Recorder;
 use dbops_shared::{
     backoff::Backoff,
     cli::{BackupStoreArgs, CommonArgs, PostgresArgs},
-    controller::{self, Configure, Context},
+    controller::{self, Context, ControllerError, Process, Trigger},
     server::Directory,
     telemetry,
 };
@@ -99,67 +99,61 @@ async fn main() -> ExitCode {
         pg_bin_dirs = ?args.pg_bin_dirs,
         "backup settings"
     );
-    let backoff = Backoff {
-        base: args.common.backoff_base,
-        max: args.common.backoff_max,
-    };
-    let store = args.store.backup_store.clone();
-    let clients =
-        dbops_shared::pg_tools::Clients::new(Some(args.pg_dump.clone()), None, &args.pg_bin_dirs);
-    let max_concurrent = usize::from(args.max_concurrent_backups);
-    let controller_namespace = args.common.controller_namespace.clone();
-    let server_selector = args.common.server_selector.clone();
-    let identity = dbops_shared::leader::identity();
-    let state = move |client: kube::Client, reporter| State {
-        store,
-        clients,
-        servers: args.postgres.servers(),
-        directory: Directory::watch(&client, &controller_namespace, server_selector.as_deref()),
-        slots: Slots::new(max_concurrent),
-        backoff,
-        recorder: Recorder::new(client, reporter),
-        databases: DatabaseIndex::default(),
-        attempts: Attempts::default(),
-        identity: identity.clone(),
-    };
-    let namespace = args.common.watch_namespace.clone();
-    let configure: Configure<Backup, State> =
-        Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref()));
-    controller::exit_code(
-        controller::run_with::<Backup, _, _, _, _>(
-            CONTROLLER,
-            &args.common,
-            state,
-            controller::Trigger::AnyChange,
-            configure,
-            reconcile::reconcile,
-            controller::Options {
-                companions: vec![scheduler(args.common.watch_namespace.clone())],
-                // Writable, and the store the database-controller reads restores from.
-                backup_store: Some(args.store.backup_store.clone()),
-            },
-        )
-        .await,
-    )
+    controller::exit_code(run(args).await)
 }
 
-/// The scheduler of Databases with `spec.backup`: reconciled when their spec changes,
-/// when one of their scheduled Backups changes, and at each slot.
-fn scheduler(namespace: Option<String>) -> controller::Companion {
-    let (backups, writer) = reflector::store::<Backup>();
-    let state = move |client: kube::Client, reporter| {
-        schedule::State::new(backups, Recorder::new(client, reporter))
-    };
-    let configure: Configure<Database, schedule::State> =
-        Box::new(move |c, ctx| schedule::watches(c, ctx, namespace.as_deref(), writer));
-    controller::Companion::new(
-        schedule::CONTROLLER,
-        kube::runtime::watcher::Config::default(),
-        state,
-        controller::Trigger::GenerationChange,
-        configure,
-        schedule::reconcile,
-    )
+/// Two controllers, until SIGTERM: Backups (watching Databases and DatabaseServers), and
+/// the scheduler of Databases with `spec.backup`, reconciled when their spec changes, when
+/// one of their scheduled Backups changes, and at each slot.
+async fn run(args: Args) -> Result<(), ControllerError> {
+    let process = Process::start::<Backup>(CONTROLLER, &args.common).await?;
+    // Writable, and the store the database-controller reads restores from.
+    let store = args.store.backup_store.clone();
+    process
+        .run(Some(&store), |run| async move {
+            let client = run.client().clone();
+            let state = State {
+                store: args.store.backup_store,
+                clients: dbops_shared::pg_tools::Clients::new(
+                    Some(args.pg_dump),
+                    None,
+                    &args.pg_bin_dirs,
+                ),
+                servers: args.postgres.servers(),
+                directory: Directory::watch(
+                    &client,
+                    &args.common.controller_namespace,
+                    args.common.server_selector.as_deref(),
+                ),
+                slots: Slots::new(usize::from(args.max_concurrent_backups)),
+                backoff: Backoff {
+                    base: args.common.backoff_base,
+                    max: args.common.backoff_max,
+                },
+                recorder: Recorder::new(client.clone(), controller::reporter(CONTROLLER)),
+                databases: DatabaseIndex::default(),
+                attempts: Attempts::default(),
+                identity: dbops_shared::leader::identity(),
+            };
+            let ctx = run.context(CONTROLLER, state);
+            let backups = run.controller(watcher::Config::default(), Trigger::AnyChange);
+            let backups = watches(backups, &ctx, run.namespace());
+
+            let (scheduled, writer) = reflector::store::<Backup>();
+            let recorder = Recorder::new(client, controller::reporter(schedule::CONTROLLER));
+            let schedule_ctx = run.context(
+                schedule::CONTROLLER,
+                schedule::State::new(scheduled, recorder),
+            );
+            let databases = run.controller(watcher::Config::default(), Trigger::GenerationChange);
+            let databases = schedule::watches(databases, &schedule_ctx, run.namespace(), writer);
+
+            tokio::join!(
+                run.drive(backups, ctx, reconcile::reconcile),
+                run.drive(databases, schedule_ctx, schedule::reconcile),
+            );
+        })
+        .await
 }
 
 /// Databases, mapped to the unfinished Backups that refer to them.

@@ -1108,7 +1108,7 @@ mod tests {
             http::Response<kube::client::Body>,
         >();
         let client = kube::Client::new(service, "default");
-        let reporter = Context::<()>::reporter_for(CONTROLLER);
+        let reporter = dbops_shared::controller::reporter(CONTROLLER);
         let state = State::new(store, Recorder::new(client, reporter));
         assert!(state.first_warning("u", Some(1)));
         assert!(!state.first_warning("u", Some(1)));

@@ -27,12 +27,12 @@ mod sql;
 mod status;
 
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use clap::Parser;
 use dbops_api::{Backup, Database, DatabaseServer, Migration};
 use dbops_shared::cli::{BackupStoreArgs, CommonArgs, PostgresArgs};
-use dbops_shared::controller::{self, Configure, Context};
+use dbops_shared::controller::{self, Context, ControllerError, Process, Trigger};
 use dbops_shared::events::Recorder;
 use dbops_shared::telemetry;
 use dbops_shared::watch_health::WatchHealth;
@@ -96,80 +96,72 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let servers = Arc::new(args.postgres.servers());
-    let databases: Arc<std::sync::OnceLock<reflector::Store<Database>>> = Arc::default();
-    let migrations: Arc<std::sync::OnceLock<reflector::Store<Migration>>> = Arc::default();
-    // One Directory for both controllers, made with the process's client by whichever
-    // state is built first.
-    let directory: Arc<std::sync::OnceLock<Directory>> = Arc::default();
-    let directory_for = {
-        let cell = directory.clone();
-        let controller_namespace = args.common.controller_namespace.clone();
-        let selector = args.common.server_selector.clone();
-        move |client: &kube::Client| -> Directory {
-            cell.get_or_init(|| {
-                Directory::watch(client, &controller_namespace, selector.as_deref())
-            })
-            .clone()
-        }
-    };
-    let companion = {
-        let directory_for = directory_for.clone();
-        let servers = servers.clone();
-        let databases = databases.clone();
-        let migrations = migrations.clone();
-        server::companion(
-            move |client| directory_for(client),
-            args.common.server_selector.clone(),
-            servers,
-            databases,
-            migrations,
-            args.common.watch_namespace.clone(),
-        )
-        .with_concurrency(args.server_concurrency)
-    };
-    // Checked before the controller starts: the store restores read is writable and the
+    controller::exit_code(run(args).await)
+}
+
+/// Two controllers, until SIGTERM: Databases (with the watches of [`watches`]) and the
+/// server controller (`server`), which probes each DatabaseServer and keeps it while
+/// Databases are on it. Both read one Directory of the servers, the Database store and the
+/// Migration store.
+async fn run(args: Args) -> Result<(), ControllerError> {
+    let process = Process::start::<Database>(CONTROLLER, &args.common).await?;
+    // Checked before the controllers start: the store restores read is writable and the
     // one the backup-controller writes (registered in the ConfigMap dbops-backup-store).
-    let options = controller::Options {
-        backup_store: Some(args.store.backup_store.clone()),
-        companions: vec![companion],
-    };
-    let namespace = args.common.watch_namespace.clone();
-    let configure: Configure<Database, State> =
-        Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref()));
-    let state = move |client: kube::Client, reporter| State {
-        servers,
-        directory: directory_for(&client),
-        recorder: Recorder::new(client, reporter),
-        migrations,
-        verified: Verified::default(),
-        written: Written::default(),
-        databases,
-        secrets: std::sync::OnceLock::new(),
-        last_prune: std::sync::Mutex::new(None),
-        restorer: restore::Restorer {
-            store: args.store.backup_store.clone(),
-            clients: dbops_shared::pg_tools::Clients::new(
-                None,
-                Some(args.pg_restore.clone()),
-                &args.pg_bin_dirs,
-            ),
-        },
-    };
-    controller::exit_code(
-        controller::run_with::<Database, _, _, _, _>(
-            CONTROLLER,
-            &args.common,
-            state,
-            // Status writes are the controller's own; Secrets, admin Secrets, Migrations and
-            // final Backups have watches of their own, and the resync requeues.
-            controller::Trigger::GenerationChange,
-            configure,
-            reconcile::reconcile,
-            options,
-        )
-        .await,
-    )
+    let store = args.store.backup_store.clone();
+    process
+        .run(Some(&store), |run| async move {
+            let client = run.client().clone();
+            let servers = Arc::new(args.postgres.servers());
+            let selector = args.common.server_selector.as_deref();
+            let directory = Directory::watch(&client, &args.common.controller_namespace, selector);
+            // Filled by `watches` below.
+            let databases: Arc<OnceLock<reflector::Store<Database>>> = Arc::default();
+            let migrations: Arc<OnceLock<reflector::Store<Migration>>> = Arc::default();
+            let state = State {
+                servers: servers.clone(),
+                directory: directory.clone(),
+                recorder: Recorder::new(client.clone(), controller::reporter(CONTROLLER)),
+                migrations: migrations.clone(),
+                verified: Verified::default(),
+                written: Written::default(),
+                databases: databases.clone(),
+                secrets: OnceLock::new(),
+                last_prune: std::sync::Mutex::new(None),
+                restorer: restore::Restorer {
+                    store: args.store.backup_store,
+                    clients: dbops_shared::pg_tools::Clients::new(
+                        None,
+                        Some(args.pg_restore),
+                        &args.pg_bin_dirs,
+                    ),
+                },
+            };
+            let ctx = run.context(CONTROLLER, state);
+            // Status writes are the controller's own; Secrets, admin Secrets, Migrations
+            // and final Backups have watches of their own, and the resync requeues.
+            let dbs = run.controller(watcher::Config::default(), Trigger::GenerationChange);
+            let dbs = watches(dbs, &ctx, run.namespace());
+
+            let recorder = Recorder::new(client, controller::reporter(server::CONTROLLER));
+            let server_state =
+                server::State::new(directory.clone(), servers, recorder, databases, migrations);
+            let server_ctx = run.context(server::CONTROLLER, server_state);
+            let config = match selector {
+                Some(selector) => watcher::Config::default().labels(selector),
+                None => watcher::Config::default(),
+            };
+            let concurrency = args.server_concurrency;
+            let dbservers = run
+                .controller(config, Trigger::GenerationChange)
+                .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
+            let dbservers = server::watches(dbservers, &server_ctx, &directory, run.namespace());
+
+            tokio::join!(
+                run.drive(dbs, ctx, reconcile::reconcile),
+                run.drive(dbservers, server_ctx, server::reconcile),
+            );
+        })
+        .await
 }
 
 /// Owned connection Secrets, DatabaseServers, namespaces, Migrations and final snapshot

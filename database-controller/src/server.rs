@@ -23,7 +23,7 @@ use dbops_api::{
     TlsMode, condition,
 };
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, set_condition};
-use dbops_shared::controller::{Configure, Context, ErrorKind, ReconcileError};
+use dbops_shared::controller::{Context, ErrorKind, ReconcileError};
 use dbops_shared::events::Recorder;
 use dbops_shared::postgres::{PgError, Servers};
 use dbops_shared::server::{Directory, ServerError};
@@ -440,46 +440,9 @@ async fn write_status(
     Ok(())
 }
 
-/// The server controller as a companion of the Database controller; `namespace` is the
-/// `--watch-namespace` its Databases are watched in.
-pub fn companion(
-    directory: impl FnOnce(&kube::Client) -> Directory + Send + 'static,
-    server_selector: Option<String>,
-    servers: Arc<Servers>,
-    databases: Arc<OnceLock<Store<Database>>>,
-    migrations: Arc<OnceLock<Store<Migration>>>,
-    namespace: Option<String>,
-) -> dbops_shared::controller::Companion {
-    let config = match &server_selector {
-        Some(selector) => watcher::Config::default().labels(selector),
-        None => watcher::Config::default(),
-    };
-    let state = move |client: kube::Client, reporter| {
-        State::new(
-            directory(&client),
-            servers,
-            Recorder::new(client, reporter),
-            databases,
-            migrations,
-        )
-    };
-    let configure: Configure<DatabaseServer, State> = Box::new(move |c, ctx| {
-        let directory = ctx.state.directory.clone();
-        watches(c, ctx, &directory, namespace.as_deref())
-    });
-    dbops_shared::controller::Companion::new(
-        CONTROLLER,
-        config,
-        state,
-        dbops_shared::controller::Trigger::GenerationChange,
-        configure,
-        reconcile,
-    )
-}
-
 /// Secrets of the controllers' namespace → the servers naming them; Databases → their
 /// server (and the one they were provisioned on).
-fn watches(
+pub fn watches(
     c: kube::runtime::Controller<DatabaseServer>,
     ctx: &Arc<Context<State>>,
     directory: &Directory,

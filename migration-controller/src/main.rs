@@ -42,12 +42,12 @@ use std::sync::Arc;
 use clap::Parser;
 use dbops_api::{Backup, Database, DatabaseServer, Migration, MigrationStep};
 use dbops_shared::cli::{CommonArgs, PostgresArgs};
-use dbops_shared::controller::{self, Configure, Context};
+use dbops_shared::controller::{self, Context, ControllerError, Process, Trigger};
+use dbops_shared::events::Recorder;
 use dbops_shared::server::Directory;
 use dbops_shared::telemetry;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
@@ -151,50 +151,47 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let servers = args.postgres.servers();
-    let namespace = args.common.watch_namespace.clone();
-    let (databases, databases_writer) = reflector::store::<Database>();
-    let configure: Configure<Migration, State> =
-        Box::new(move |c, ctx| watches(c, ctx, namespace.as_deref(), databases_writer));
-    let (pg_dump, pg_restore) = (args.pg_dump.clone(), args.pg_restore.clone());
-    let clients = dbops_shared::pg_tools::Clients::new(
-        Some(pg_dump.clone()),
-        Some(pg_restore.clone()),
-        &args.pg_bin_dirs,
-    );
-    let (max_attempts, crash_at, fail_at) = (
-        args.step_max_attempts,
-        args.debug_exit_at,
-        args.debug_fail_at,
-    );
-    let controller_namespace = args.common.controller_namespace.clone();
-    let server_selector = args.common.server_selector.clone();
-    let state = move |client: kube::Client, reporter| State {
-        servers,
-        directory: Directory::watch(&client, &controller_namespace, server_selector.as_deref()),
-        databases,
-        recorder: Recorder::new(client, reporter),
-        index: DatabaseIndex::default(),
-        pg_dump,
-        pg_restore,
-        clients,
-        max_attempts,
-        crash_at,
-        fail_at,
-    };
-    controller::exit_code(
-        controller::run::<Migration, _, _, _, _>(
-            CONTROLLER,
-            &args.common,
-            state,
+    controller::exit_code(run(args).await)
+}
+
+/// The Migration controller, until SIGTERM. It watches the snapshot Backups its Migrations
+/// own, the DatabaseServers they move Databases between, and the Databases they move (in
+/// a store Preflight reads).
+async fn run(args: Args) -> Result<(), ControllerError> {
+    let process = Process::start::<Migration>(CONTROLLER, &args.common).await?;
+    process
+        .run(None, |run| async move {
+            let client = run.client().clone();
+            let (databases, databases_writer) = reflector::store::<Database>();
+            let state = State {
+                servers: args.postgres.servers(),
+                directory: Directory::watch(
+                    &client,
+                    &args.common.controller_namespace,
+                    args.common.server_selector.as_deref(),
+                ),
+                databases,
+                recorder: Recorder::new(client.clone(), controller::reporter(CONTROLLER)),
+                index: DatabaseIndex::default(),
+                clients: dbops_shared::pg_tools::Clients::new(
+                    Some(args.pg_dump.clone()),
+                    Some(args.pg_restore.clone()),
+                    &args.pg_bin_dirs,
+                ),
+                pg_dump: args.pg_dump,
+                pg_restore: args.pg_restore,
+                max_attempts: args.step_max_attempts,
+                crash_at: args.debug_exit_at,
+                fail_at: args.debug_fail_at,
+            };
+            let ctx = run.context(CONTROLLER, state);
             // Status writes are the controller's own; Backups and Databases have watches
             // of their own, and waits requeue after the resync interval.
-            controller::Trigger::GenerationChange,
-            configure,
-            saga::reconcile,
-        )
-        .await,
-    )
+            let migrations = run.controller(watcher::Config::default(), Trigger::GenerationChange);
+            let migrations = watches(migrations, &ctx, run.namespace(), databases_writer);
+            run.drive(migrations, ctx, saga::reconcile).await;
+        })
+        .await
 }
 
 /// The snapshot Backups the Migrations own, the Databases they move (into the store of

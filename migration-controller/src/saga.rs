@@ -29,12 +29,12 @@ use dbops_api::{
     ChosenMode, Cutover, Database, Migration, MigrationPhase, MigrationStatus, MigrationStep,
 };
 use dbops_shared::controller::{Context, ReconcileError};
+use dbops_shared::events::Recorder;
 use dbops_shared::postgres::Servers;
 use dbops_shared::server::Directory;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use serde_json::json;
 

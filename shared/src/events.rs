@@ -14,7 +14,6 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
 };
 
-use futures::future::BoxFuture;
 use k8s_openapi::{
     api::{
         core::v1::ObjectReference,
@@ -194,32 +193,12 @@ impl Recorder {
     }
 }
 
-/// What can send an Event: this module's [`Recorder`], or kube-runtime's (still used by
-/// code not moved over yet).
-pub trait Sink: Clone + Send + Sync + 'static {
-    fn send(&self, ev: Event, regarding: ObjectReference) -> BoxFuture<'static, kube::Result<()>>;
-}
-
-impl Sink for Recorder {
-    fn send(&self, ev: Event, regarding: ObjectReference) -> BoxFuture<'static, kube::Result<()>> {
-        let me = self.clone();
-        Box::pin(async move { me.publish(&ev, &regarding).await })
-    }
-}
-
-impl Sink for kube::runtime::events::Recorder {
-    fn send(&self, ev: Event, regarding: ObjectReference) -> BoxFuture<'static, kube::Result<()>> {
-        let me = self.clone();
-        Box::pin(async move { me.publish(&ev, &regarding).await })
-    }
-}
-
 /// Publishes a Normal (or Warning) Event about `obj` in the background: the reconcile does
 /// not wait for the API server (one request less on its path), and a failure is logged,
 /// never fatal: an Event is a report, not a step of the reconcile. The request stays in
 /// the reconcile's trace.
-pub async fn publish<K, R>(
-    recorder: &R,
+pub async fn publish<K>(
+    recorder: &Recorder,
     obj: &K,
     normal: bool,
     action: &str,
@@ -227,7 +206,6 @@ pub async fn publish<K, R>(
     note: &str,
 ) where
     K: Resource<DynamicType = ()>,
-    R: Sink,
 {
     let ev = Event {
         type_: if normal {
@@ -242,10 +220,10 @@ pub async fn publish<K, R>(
     };
     let reference = obj.object_ref(&());
     let reason = ev.reason.clone();
-    let sending = recorder.send(ev, reference);
+    let recorder = recorder.clone();
     tokio::spawn(
         async move {
-            if let Err(e) = sending.await {
+            if let Err(e) = recorder.publish(&ev, &reference).await {
                 tracing::warn!(error = %e, reason, "could not publish an Event");
             }
         }
