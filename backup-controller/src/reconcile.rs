@@ -27,6 +27,7 @@ use dbops_api::{
 use dbops_shared::backoff::Backoff;
 use dbops_shared::controller::Context;
 use dbops_shared::events::Recorder;
+use dbops_shared::memo::Memo;
 use dbops_shared::pg_tools;
 use dbops_shared::postgres::{PgError, ServerKey, Servers};
 use dbops_shared::server::{Directory, Resolved};
@@ -115,7 +116,7 @@ pub type DatabaseIndex = dbops_shared::ref_index::RefIndex;
 /// process (repeated), and holds the time before which a failed attempt is not retried.
 #[derive(Default)]
 pub struct Attempts {
-    inner: Mutex<HashMap<String, Written>>,
+    written: Memo<Written>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -127,9 +128,8 @@ struct Written {
 
 impl Attempts {
     fn wrote(&self, uid: &str, attempt: i32, phase: BackupPhase, retry_at: Option<Instant>) {
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.insert(
-            uid.to_string(),
+        self.written.insert(
+            uid,
             Written {
                 attempt,
                 phase,
@@ -140,24 +140,22 @@ impl Attempts {
 
     /// Whether `status` is older than what this process last wrote.
     fn is_stale(&self, uid: &str, status: &BackupStatus) -> bool {
-        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(w) = map.get(uid) else { return false };
         let seen = status.attempts.unwrap_or(0);
-        seen < w.attempt || (seen == w.attempt && status.phase != Some(w.phase))
+        self.written.is(uid, |w| {
+            seen < w.attempt || (seen == w.attempt && status.phase != Some(w.phase))
+        })
     }
 
     /// How long until the failed attempt of `uid` may be retried.
     fn retry_in(&self, uid: &str) -> Option<Duration> {
-        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(uid)?
-            .retry_at?
+        self.written
+            .get(uid, |w| w.retry_at)??
             .checked_duration_since(Instant::now())
             .filter(|d| !d.is_zero())
     }
 
     fn forget(&self, uid: &str) {
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.remove(uid);
+        self.written.forget(uid);
     }
 }
 

@@ -11,13 +11,14 @@
 //! 5. `status::publish`: the status derived from the outcome, written only if it differs,
 //!    and an Event for every condition transition.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dbops_api::{Database, DatabaseDeletionPolicy, DatabaseStatus, Migration, MigrationPhase};
 use dbops_shared::controller::Context;
 use dbops_shared::events::Recorder;
+use dbops_shared::memo::Memo;
 use dbops_shared::postgres::{Servers, Session};
 use dbops_shared::server::{Directory, Resolved, ServerError};
 use k8s_openapi::api::core::v1::Secret;
@@ -84,15 +85,9 @@ impl State {
             .collect();
         // An entry older than `every` (the resync interval) no longer spares a check.
         self.verified
-            .inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .checks
             .retain(|uid, (_, _, at)| live.contains(uid) && at.elapsed() < every);
-        self.written
-            .inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|uid, _| live.contains(uid));
+        self.written.statuses.retain(|uid, _| live.contains(uid));
     }
 }
 
@@ -106,7 +101,7 @@ impl State {
 /// writes the watch has not delivered yet rather than the number of Databases.
 #[derive(Default)]
 pub struct Written {
-    inner: Mutex<HashMap<String, DatabaseStatus>>,
+    statuses: Memo<DatabaseStatus>,
     /// The size at which `record` sweeps next.
     sweep_at: Mutex<usize>,
 }
@@ -120,50 +115,45 @@ impl Written {
     /// Once the cache has caught up (it holds what was written), the entry is dropped:
     /// memory is spent only on Databases whose last write the watch has not shown yet.
     pub fn latest(&self, db: &Database) -> DatabaseStatus {
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let uid = db.uid().unwrap_or_default();
-        match map.get(&uid) {
-            Some(written) if db.status.as_ref() == Some(written) => {
-                map.remove(&uid);
-                db.status.clone().unwrap_or_default()
-            }
-            Some(written) => written.clone(),
-            None => db.status.clone().unwrap_or_default(),
+        let cached = || db.status.clone().unwrap_or_default();
+        if self
+            .statuses
+            .forget_if(&uid, |written| db.status.as_ref() == Some(written))
+        {
+            return cached();
         }
+        self.statuses
+            .get(&uid, DatabaseStatus::clone)
+            .unwrap_or_else(cached)
     }
 
     pub fn is_current(&self, db: &Database, status: &DatabaseStatus) -> bool {
-        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(&db.uid().unwrap_or_default()) == Some(status)
+        self.statuses
+            .is(&db.uid().unwrap_or_default(), |written| written == status)
     }
 
     pub fn record(&self, db: &Database, status: &DatabaseStatus, cache: Option<&Store<Database>>) {
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.insert(db.uid().unwrap_or_default(), status.clone());
+        let len = self
+            .statuses
+            .insert(&db.uid().unwrap_or_default(), status.clone());
         let mut sweep_at = self.sweep_at.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() < (*sweep_at).max(WRITTEN_SWEEP_MIN) {
+        if len < (*sweep_at).max(WRITTEN_SWEEP_MIN) {
             return;
         }
         if let Some(cache) = cache {
-            let caught_up: Vec<String> = cache
-                .state()
-                .iter()
-                .filter_map(|cached| {
-                    let uid = cached.metadata.uid.as_deref()?;
-                    let written = map.get(uid)?;
-                    (cached.status.as_ref() == Some(written)).then(|| uid.to_owned())
-                })
-                .collect();
-            for uid in caught_up {
-                map.remove(&uid);
+            for cached in cache.state() {
+                if let Some(uid) = cached.metadata.uid.as_deref() {
+                    self.statuses
+                        .forget_if(uid, |written| cached.status.as_ref() == Some(written));
+                }
             }
         }
-        *sweep_at = map.len() * 2;
+        *sweep_at = self.statuses.len() * 2;
     }
 
     pub(crate) fn forget(&self, uid: &str) {
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.remove(uid);
+        self.statuses.forget(uid);
     }
 }
 
@@ -172,28 +162,25 @@ impl Written {
 /// PostgreSQL is read again at the latest one resync interval later.
 #[derive(Default)]
 pub struct Verified {
-    inner: Mutex<HashMap<String, (i64, Provisioned, Instant)>>,
+    checks: Memo<(i64, Provisioned, Instant)>,
 }
 
 impl Verified {
     fn recent(&self, uid: &str, generation: i64, within: Duration) -> Option<Provisioned> {
-        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(uid)
-            .filter(|(g, _, at)| *g == generation && at.elapsed() < within)
-            .map(|(_, p, _)| p.clone())
+        self.checks
+            .get(uid, |(g, p, at)| {
+                (*g == generation && at.elapsed() < within).then(|| p.clone())
+            })
+            .flatten()
     }
 
     fn record(&self, uid: &str, generation: i64, provisioned: &Provisioned) {
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.insert(
-            uid.to_string(),
-            (generation, provisioned.clone(), Instant::now()),
-        );
+        self.checks
+            .insert(uid, (generation, provisioned.clone(), Instant::now()));
     }
 
     pub(crate) fn forget(&self, uid: &str) {
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.remove(uid);
+        self.checks.forget(uid);
     }
 }
 
@@ -788,7 +775,7 @@ mod tests {
         caught_up.status = Some(mine.clone());
         assert_eq!(written.latest(&caught_up), mine);
         assert!(
-            written.inner.lock().unwrap().is_empty(),
+            written.statuses.is_empty(),
             "nothing kept once the cache holds it"
         );
     }
@@ -812,7 +799,7 @@ mod tests {
             }
             written.record(&db, &mine, Some(&cache));
         }
-        let left: Vec<String> = written.inner.lock().unwrap().keys().cloned().collect();
+        let left: Vec<String> = written.statuses.uids();
         assert_eq!(left, ["uid-db-0"], "only the write the cache has not shown");
     }
 }

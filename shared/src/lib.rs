@@ -12,6 +12,7 @@ pub mod events;
 pub mod finalizer;
 pub mod health;
 pub mod leader;
+pub mod memo;
 pub mod metrics;
 pub mod pg_tools;
 pub mod postgres;
