@@ -486,7 +486,7 @@ async fn teardown_target(
 ) -> Result<Option<String>> {
     let target = target_server(saga).await?;
     let tp = session(saga, &target, "postgres").await?;
-    let (_, found) = sql::observe(&tp, "", database).await?;
+    let found = sql::observe(&tp, "", database).await?.database;
     drop(tp);
     if found.is_none() {
         return Ok(None);
@@ -508,7 +508,7 @@ async fn teardown_target(
 async fn teardown_source(saga: &mut Saga<'_>, database: &str, name: &str) -> Result<Vec<String>> {
     let source = source_server(saga).await?;
     let sp = session(saga, &source, "postgres").await?;
-    let (_, found) = sql::observe(&sp, "", database).await?;
+    let found = sql::observe(&sp, "", database).await?.database;
     let mut done = Vec::new();
     let mark = replication::role_mark(&migration_uid(saga));
     let role_session = if found.is_some() {

@@ -20,6 +20,7 @@ pub use ddl::is_marked as is_databases;
 pub use ddl::mark as database_mark;
 pub use ddl::{
     create_database, create_extension, create_role, drop_database, drop_role, mark_database,
+    observe,
 };
 
 /// The mark of objects this Migration created on the target.
@@ -47,33 +48,6 @@ pub async fn server_version(s: &Session) -> Result<(i32, String), PgError> {
         .await
         .map_err(PgError::sql("reading the server version"))?;
     Ok((row.get(0), row.get(1)))
-}
-
-/// A role or database found under a name, with its comment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Found {
-    pub comment: Option<String>,
-    /// The database's owner (empty for a role).
-    pub owner: String,
-}
-
-/// The role and the database of those names, if they exist (no writes).
-pub async fn observe(
-    s: &Session,
-    role: &str,
-    database: &str,
-) -> Result<(Option<Found>, Option<Found>), PgError> {
-    let observed = ddl::observe(s, role, database).await?;
-    Ok((
-        observed.role.map(|r| Found {
-            comment: r.comment,
-            owner: String::new(),
-        }),
-        observed.database.map(|d| Found {
-            comment: d.comment,
-            owner: d.owner,
-        }),
-    ))
 }
 
 /// Extensions installed in the database the session is connected to (not plpgsql, which

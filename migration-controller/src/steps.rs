@@ -255,7 +255,7 @@ async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome>
 
     let s = session(saga, &source, "postgres").await?;
     let (source_num, source_version) = sql::server_version(&s).await?;
-    let (_, found) = sql::observe(&s, &role, &database).await?;
+    let found = sql::observe(&s, &role, &database).await?.database;
     drop(s);
     if !found.is_some_and(|d| sql::is_databases(d.comment.as_deref(), &uid)) {
         return Err(Error::fatal(
@@ -295,8 +295,9 @@ async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome>
         ));
     }
     let muid = migration_uid(saga);
-    let (role_found, db_found) = sql::observe(&t, &role, &database).await?;
-    if db_found.is_some_and(|d| !sql::is_migrations(d.comment.as_deref(), &uid, &muid)) {
+    let found = sql::observe(&t, &role, &database).await?;
+    let ours = |comment: Option<&str>| sql::is_migrations(comment, &uid, &muid);
+    if found.database.is_some_and(|d| !ours(d.comment.as_deref())) {
         return Err(Error::fatal(
             "NameConflict",
             format!(
@@ -305,7 +306,7 @@ async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome>
             ),
         ));
     }
-    if role_found.is_some_and(|r| !sql::is_migrations(r.comment.as_deref(), &uid, &muid)) {
+    if found.role.is_some_and(|r| !ours(r.comment.as_deref())) {
         return Err(Error::fatal(
             "NameConflict",
             format!(
@@ -690,22 +691,15 @@ async fn provision_target(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome>
     let (database, role) = (db.database_name(), db.owner_role());
 
     let mut t = session(saga, &target, "postgres").await?;
-    let (role_found, db_found) = sql::observe(&t, &role, &database).await?;
-    let role_ours = role_found
-        .as_ref()
-        .is_some_and(|r| sql::is_migrations(r.comment.as_deref(), &uid, &muid));
-    if role_found.is_some() && !role_ours {
+    let found = sql::observe(&t, &role, &database).await?;
+    let ours = |comment: Option<&str>| sql::is_migrations(comment, &uid, &muid);
+    if found.role.is_some() && !found.role_is(ours) {
         return Err(Error::fatal(
             "NameConflict",
             format!("role {role:?} appeared on {} meanwhile", at(&target)),
         ));
     }
-    let db_ours = db_found.as_ref().is_some_and(|d| {
-        sql::is_migrations(d.comment.as_deref(), &uid, &muid)
-            // Created OWNER our marked role, then a crash before its mark.
-            || (d.comment.is_none() && role_ours && d.owner == role)
-    });
-    if db_found.is_some() && !db_ours {
+    if found.database.is_some() && !found.database_is(ours, &role) {
         return Err(Error::fatal(
             "NameConflict",
             format!(
@@ -724,10 +718,10 @@ async fn provision_target(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome>
         status.target_touched = true;
         saga.save(status).await?;
     }
-    if role_found.is_none() {
+    if found.role.is_none() {
         sql::create_role(&mut t, &role, &password, &mark).await?;
     }
-    match &db_found {
+    match &found.database {
         None => {
             sql::create_database(&t, &database, &role, db.spec.connection_limit).await?;
             sql::mark_database(&t, &database, &mark).await?;
@@ -762,15 +756,12 @@ async fn clean_target(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<Stri
     let muid = migration_uid(saga);
     let (database, role) = names(saga, db)?;
     let t = session(saga, &target, "postgres").await?;
-    let (role_found, db_found) = sql::observe(&t, &role, &database).await?;
-    let role_ours = role_found
-        .as_ref()
-        .is_some_and(|r| sql::is_migrations(r.comment.as_deref(), &uid, &muid));
+    let found = sql::observe(&t, &role, &database).await?;
+    let ours = |comment: Option<&str>| sql::is_migrations(comment, &uid, &muid);
+    let role_ours = found.role_is(ours);
     let mut done = Vec::new();
-    if let Some(d) = db_found {
-        let ours = sql::is_migrations(d.comment.as_deref(), &uid, &muid)
-            || (d.comment.is_none() && role_ours && d.owner == role);
-        if ours {
+    if found.database.is_some() {
+        if found.database_is(ours, &role) {
             sql::drop_database(&t, &database).await?;
             done.push(format!("database {database} dropped"));
         } else {
@@ -990,12 +981,10 @@ pub async fn cleanup(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<Strin
     let source = resolve(saga, &source_ref).await?;
     let uid = database_uid(saga)?;
     let s = session(saga, &source, "postgres").await?;
-    let (role_found, db_found) = sql::observe(&s, &role, &database).await?;
-    let role_ours = role_found
-        .as_ref()
-        .is_some_and(|r| sql::is_databases(r.comment.as_deref(), &uid));
+    let found = sql::observe(&s, &role, &database).await?;
+    let role_ours = found.role_is_ours(&uid);
     let mut done = Vec::new();
-    if let Some(d) = db_found {
+    if let Some(d) = found.database {
         if sql::is_databases(d.comment.as_deref(), &uid) {
             sql::drop_database(&s, &database).await?;
             done.push(format!("database {database} dropped"));

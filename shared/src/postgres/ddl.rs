@@ -50,17 +50,28 @@ pub struct Observed {
 impl Observed {
     /// The role exists and carries the mark of the object `uid`.
     pub fn role_is_ours(&self, uid: &str) -> bool {
-        self.role
-            .as_ref()
-            .is_some_and(|r| is_marked(r.comment.as_deref(), uid))
+        self.role_is(|comment| is_marked(comment, uid))
     }
 
-    /// The database exists and is the object `uid`'s: marked so, or created `OWNER` its
-    /// marked `role` by a process that crashed before it could mark the database itself.
+    /// The database exists and is the object `uid`'s (see [`Observed::database_is`]).
     pub fn database_is_ours(&self, uid: &str, role: &str) -> bool {
+        self.database_is(|comment| is_marked(comment, uid), role)
+    }
+
+    /// The role exists and its comment is a mark `ours` takes as its own.
+    pub fn role_is(&self, ours: impl Fn(Option<&str>) -> bool) -> bool {
+        self.role
+            .as_ref()
+            .is_some_and(|r| ours(r.comment.as_deref()))
+    }
+
+    /// The database exists and is ours: its comment is a mark `ours` takes as its own, or
+    /// it has no comment and was created `OWNER` our marked `role` by a process that
+    /// crashed before it could mark the database itself.
+    pub fn database_is(&self, ours: impl Fn(Option<&str>) -> bool, role: &str) -> bool {
         self.database.as_ref().is_some_and(|d| {
-            is_marked(d.comment.as_deref(), uid)
-                || (d.comment.is_none() && self.role_is_ours(uid) && d.owner == role)
+            ours(d.comment.as_deref())
+                || (d.comment.is_none() && self.role_is(&ours) && d.owner == role)
         })
     }
 }
@@ -251,6 +262,42 @@ mod tests {
         assert!(!is_marked(Some("someone else's"), "u1"));
         assert!(!is_marked(Some(""), "u1"));
         assert!(!is_marked(None, "u1"));
+    }
+
+    #[test]
+    fn an_unmarked_database_is_ours_only_if_our_marked_role_owns_it() {
+        let observed = |role_comment: Option<&str>, owner: &str, comment: Option<&str>| Observed {
+            server_version: "17".into(),
+            role: Some(RoleInfo {
+                comment: role_comment.map(Into::into),
+            }),
+            database: Some(DatabaseInfo {
+                oid: 1,
+                owner: owner.into(),
+                connection_limit: -1,
+                comment: comment.map(Into::into),
+            }),
+        };
+        let ours = Some("dbops.dev/uid=u1");
+        assert!(observed(ours, "r", ours).database_is_ours("u1", "r"));
+        // A crash between CREATE DATABASE ... OWNER and its mark.
+        assert!(observed(ours, "r", None).database_is_ours("u1", "r"));
+        assert!(!observed(ours, "other", None).database_is_ours("u1", "r"));
+        assert!(!observed(None, "r", None).database_is_ours("u1", "r"));
+        assert!(!observed(ours, "r", Some("someone else's")).database_is_ours("u1", "r"));
+        assert!(!observed(ours, "r", ours).database_is_ours("u2", "r"));
+        // Any mark: a Migration's own, with the same fallback.
+        let migrations = |c: Option<&str>| has_note(c, "dbops.dev/migration=m1");
+        let marked = Some("dbops.dev/uid=u1 dbops.dev/migration=m1");
+        assert!(observed(marked, "r", None).database_is(migrations, "r"));
+        assert!(!observed(ours, "r", None).database_is(migrations, "r"));
+        assert!(observed(marked, "r", None).role_is(migrations));
+        let nothing = Observed {
+            role: None,
+            database: None,
+            ..observed(ours, "r", ours)
+        };
+        assert!(!nothing.role_is_ours("u1") && !nothing.database_is_ours("u1", "r"));
     }
 
     #[test]
