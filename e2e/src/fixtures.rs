@@ -226,23 +226,174 @@ pub async fn create_database(
     admin: &str,
     extra_spec: serde_json::Value,
 ) -> Result<dbops_api::Database> {
-    let mut spec = serde_json::json!({
+    let spec = serde_json::json!({
         "serverRef": {"name": server_name(ns, admin)},
     });
-    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
-        spec.extend(extra.clone());
+    create_namespaced(client, ns, "Database", name, merged(spec, extra_spec)).await
+}
+
+/// Creates Backup `ns/name` of Database `db` with the further spec fields in `extra_spec`
+/// (a JSON object: storage, …). Not waited for.
+pub async fn create_backup(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    db: &str,
+    extra_spec: serde_json::Value,
+) -> Result<dbops_api::Backup> {
+    let spec = serde_json::json!({"databaseRef": {"name": db}});
+    create_namespaced(client, ns, "Backup", name, merged(spec, extra_spec)).await
+}
+
+/// Creates Migration `ns/name` of Database `db` to the DatabaseServer
+/// [`server_name`]`(ns, target_admin)` with the further spec fields in `extra_spec` (a
+/// JSON object: mode, cutover, …). Not waited for.
+pub async fn create_migration(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    db: &str,
+    target_admin: &str,
+    extra_spec: serde_json::Value,
+) -> Result<dbops_api::Migration> {
+    let spec = serde_json::json!({
+        "databaseRef": {"name": db},
+        "target": {"serverRef": {"name": server_name(ns, target_admin)}},
+    });
+    create_namespaced(client, ns, "Migration", name, merged(spec, extra_spec)).await
+}
+
+/// `base` with the fields of `extra` (when both are JSON objects) put over its own.
+fn merged(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    if let (Some(base), Some(extra)) = (base.as_object_mut(), extra.as_object()) {
+        base.extend(extra.clone());
     }
-    let db: dbops_api::Database = serde_json::from_value(serde_json::json!({
+    base
+}
+
+/// Creates the dbops object `ns/name` of `kind` with `spec`.
+async fn create_namespaced<K>(
+    client: &kube::Client,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    spec: serde_json::Value,
+) -> Result<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let object: K = serde_json::from_value(serde_json::json!({
         "apiVersion": "dbops.dev/v1alpha1",
-        "kind": "Database",
+        "kind": kind,
         "metadata": {"name": name},
         "spec": spec,
     }))
-    .context("building a Database")?;
-    Api::<dbops_api::Database>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &db)
+    .with_context(|| format!("building a {kind}"))?;
+    Api::<K>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &object)
         .await
-        .with_context(|| format!("creating Database {ns}/{name}"))
+        .with_context(|| format!("creating {kind} {ns}/{name}"))
+}
+
+/// Merge-patches the object `name` with `patch` (`{"spec": {...}}`, …).
+pub async fn merge_patch<K>(api: &Api<K>, name: &str, patch: serde_json::Value) -> Result<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(patch),
+    )
+    .await
+    .with_context(|| format!("patching {name}"))
+}
+
+/// What a Database's connection Secret says: the libpq keys.
+#[derive(Clone)]
+pub struct Connection {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: String,
+    pub dbname: String,
+    /// `PGSSLMODE`, when the Secret has it.
+    pub sslmode: Option<String>,
+}
+
+impl Connection {
+    /// Reads the connection Secret `ns/<db>-connection` of Database `db`.
+    pub async fn of_database(client: &kube::Client, ns: &str, db: &str) -> Result<Self> {
+        Self::read(
+            &Api::namespaced(client.clone(), ns),
+            &format!("{db}-connection"),
+        )
+        .await
+    }
+
+    /// Reads Secret `name`.
+    pub async fn read(secrets: &Api<Secret>, name: &str) -> Result<Self> {
+        let secret = secrets
+            .get(name)
+            .await
+            .with_context(|| format!("reading Secret {name}"))?;
+        let data = secret.data.unwrap_or_default();
+        let value = |k: &str| -> Result<String> {
+            Ok(String::from_utf8(
+                data.get(k)
+                    .with_context(|| format!("Secret {name} has no {k}"))?
+                    .0
+                    .clone(),
+            )?)
+        };
+        Ok(Self {
+            host: value("PGHOST")?,
+            port: value("PGPORT")?.parse().context("PGPORT")?,
+            user: value("PGUSER")?,
+            password: value("PGPASSWORD")?,
+            dbname: value("PGDATABASE")?,
+            sslmode: value("PGSSLMODE").ok(),
+        })
+    }
+
+    /// A client configuration with these keys (no TLS asked for here).
+    pub fn config(&self) -> tokio_postgres::Config {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(&self.host)
+            .port(self.port)
+            .user(&self.user)
+            .password(&self.password)
+            .dbname(&self.dbname);
+        config
+    }
+
+    /// `pgbench -i -q -s <scale>` with the pgbench of `bin_dir`, as this role; `PGSSLMODE`
+    /// set when `sslmode` is given (libpq's default, `prefer`, otherwise).
+    pub fn pgbench_init(
+        &self,
+        bin_dir: &std::path::Path,
+        scale: u32,
+        sslmode: Option<&str>,
+    ) -> Result<std::process::Output> {
+        let mut command = std::process::Command::new(bin_dir.join("pgbench"));
+        command
+            .args(["-i", "-q", "-s", &scale.to_string()])
+            .env("PGHOST", &self.host)
+            .env("PGPORT", self.port.to_string())
+            .env("PGUSER", &self.user)
+            .env("PGPASSWORD", &self.password)
+            .env("PGDATABASE", &self.dbname);
+        if let Some(mode) = sslmode {
+            command.env("PGSSLMODE", mode);
+        }
+        command.output().context("running pgbench")
+    }
 }
 
 /// The name of the final snapshot Backup made for the Database with `db_uid`
@@ -272,6 +423,23 @@ pub async fn wait_final_snapshot(
     )
     .await?;
     found.into_iter().next().context("no final snapshot Backup")
+}
+
+/// Deletes Database `ns/name` (with `uid`, `deletionPolicy: Snapshot`) and returns the
+/// name of its final snapshot Backup once the database-controller made it
+/// ([`wait_final_snapshot`]).
+pub async fn delete_for_final_snapshot(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    uid: &str,
+    timeout: std::time::Duration,
+) -> Result<String> {
+    Api::<dbops_api::Database>::namespaced(client.clone(), ns)
+        .delete(name, &kube::api::DeleteParams::default())
+        .await
+        .with_context(|| format!("deleting Database {ns}/{name}"))?;
+    wait_final_snapshot(client, ns, uid, timeout).await
 }
 
 /// The core/v1 Events of namespace `ns` about the object `kind`/`name`.

@@ -133,6 +133,11 @@ impl<'a> Want<'a> {
         }
     }
 
+    /// Ready=True with reason Provisioned: a Database provisioned and serving.
+    pub fn provisioned() -> Want<'static> {
+        Want::new("Ready", "True", Some("Provisioned"))
+    }
+
     /// The same condition, whatever generation status.observedGeneration names.
     pub fn any_generation(self) -> Self {
         Self {
@@ -215,6 +220,22 @@ pub async fn expect_database_condition(
     match database_condition(client, namespace, name, want, timeout).await {
         Ok(db) => db,
         Err(e) => panic!("{e:#}"),
+    }
+}
+
+/// [`database_condition`] that panics with its message and `log()`, the
+/// database-controller's log (its tail, redacted): for tests.
+pub async fn database_condition_or_log(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    want: Want<'_>,
+    timeout: Duration,
+    log: impl FnOnce() -> String,
+) -> Database {
+    match database_condition(client, namespace, name, want, timeout).await {
+        Ok(db) => db,
+        Err(e) => panic!("{e:#}\n---- database-controller log ----\n{}", log()),
     }
 }
 

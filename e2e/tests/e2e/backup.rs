@@ -14,13 +14,14 @@ use std::process::Command;
 use std::time::Duration;
 
 use dbops_api::{Backup, BackupPhase, Database};
-use dbops_e2e::fixtures::create_admin_secret;
+use dbops_e2e::fixtures::merge_patch;
+use dbops_e2e::fixtures::{Connection, create_admin_secret};
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::s3::S3Server;
 use dbops_e2e::wait::Want;
 use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 
 use crate::{Bed, bed};
@@ -276,15 +277,15 @@ impl Setup {
     /// Waits for a condition of Database `name`; on timeout the panic shows the
     /// database-controller's log.
     async fn wait_database(&self, name: &str, want: Want<'_>, timeout: Duration) -> Database {
-        match dbops_e2e::wait::database_condition(&self.b.client, self.ns(), name, want, timeout)
-            .await
-        {
-            Ok(db) => db,
-            Err(e) => panic!(
-                "{e:#}\n---- database-controller log ----\n{}",
-                self.log("database-controller", 6000)
-            ),
-        }
+        dbops_e2e::wait::database_condition_or_log(
+            &self.b.client,
+            self.ns(),
+            name,
+            want,
+            timeout,
+            || self.log("database-controller", 6000),
+        )
+        .await
     }
 
     /// Every table of the public schema of `database` with its exact row count and owner.
@@ -321,42 +322,15 @@ impl Setup {
     }
 
     async fn wait_database_ready(&self, name: &str) -> Database {
-        match dbops_e2e::wait::database_condition(
-            &self.b.client,
-            self.ns(),
-            name,
-            Want::new("Ready", "True", Some("Provisioned")),
-            READY,
-        )
-        .await
-        {
-            Ok(db) => db,
-            Err(e) => panic!(
-                "{e:#}\n---- database-controller log ----\n{}",
-                self.log("database-controller", 6000)
-            ),
-        }
+        self.wait_database(name, Want::provisioned(), READY).await
     }
 
     /// `pgbench -i -s <scale>` into the Database, as its own role (the connection Secret).
     async fn pgbench(&self, db: &str, scale: u32) {
-        let secret = Api::<Secret>::namespaced(self.b.client.clone(), self.ns())
-            .get(&format!("{db}-connection"))
+        let out = Connection::of_database(&self.b.client, self.ns(), db)
             .await
-            .unwrap();
-        let data = secret.data.unwrap_or_default();
-        let value = |k: &str| String::from_utf8(data.get(k).unwrap().0.clone()).unwrap();
-        let pgbench = dbops_e2e::paths::postgres_bin_dir()
             .unwrap()
-            .join("pgbench");
-        let out = Command::new(pgbench)
-            .args(["-i", "-q", "-s", &scale.to_string()])
-            .env("PGHOST", value("PGHOST"))
-            .env("PGPORT", value("PGPORT"))
-            .env("PGUSER", value("PGUSER"))
-            .env("PGPASSWORD", value("PGPASSWORD"))
-            .env("PGDATABASE", value("PGDATABASE"))
-            .output()
+            .pgbench_init(&dbops_e2e::paths::postgres_bin_dir().unwrap(), scale, None)
             .unwrap();
         assert!(
             out.status.success(),
@@ -366,19 +340,7 @@ impl Setup {
     }
 
     async fn create_backup(&self, name: &str, db: &str, spec: serde_json::Value) -> Backup {
-        let mut full = json!({"databaseRef": {"name": db}});
-        if let (Some(full), Some(extra)) = (full.as_object_mut(), spec.as_object()) {
-            full.extend(extra.clone());
-        }
-        let backup: Backup = serde_json::from_value(json!({
-            "apiVersion": "dbops.dev/v1alpha1",
-            "kind": "Backup",
-            "metadata": {"name": name},
-            "spec": full,
-        }))
-        .unwrap();
-        self.backups()
-            .create(&PostParams::default(), &backup)
+        dbops_e2e::fixtures::create_backup(&self.b.client, self.ns(), name, db, spec)
             .await
             .unwrap()
     }
@@ -1004,14 +966,10 @@ async fn a_snapshot_policy_database_is_backed_up_before_it_is_dropped() {
     let s = Setup::new("bk-snapshot").await;
     let db = s.create_database("snap", "Snapshot").await;
     s.pgbench("snap", 1).await;
-    s.databases()
-        .delete("snap", &DeleteParams::default())
-        .await
-        .unwrap();
-
-    let final_name = dbops_e2e::fixtures::wait_final_snapshot(
+    let final_name = dbops_e2e::fixtures::delete_for_final_snapshot(
         &s.b.client,
         s.ns(),
+        "snap",
         db.metadata.uid.as_deref().unwrap(),
         READY,
     )
@@ -1081,13 +1039,15 @@ async fn a_final_snapshot_is_of_the_database_being_deleted_never_an_earlier_one(
             ),
         )
         .await;
-        s.databases()
-            .delete("orders", &DeleteParams::default())
-            .await
-            .unwrap();
-        let name = dbops_e2e::fixtures::wait_final_snapshot(&s.b.client, s.ns(), &uid, READY)
-            .await
-            .unwrap();
+        let name = dbops_e2e::fixtures::delete_for_final_snapshot(
+            &s.b.client,
+            s.ns(),
+            "orders",
+            &uid,
+            READY,
+        )
+        .await
+        .unwrap();
         assert!(
             !finals.contains(&name),
             "life {life} took {name}, the name of an earlier life's final snapshot"
@@ -1268,14 +1228,13 @@ async fn refused_credentials_fail_the_backup_at_once() {
     }
     let wrong = "not-the-password-4f1c9b";
     let secrets: Api<Secret> = Api::namespaced(s.b.client.clone(), s.ns());
-    secrets
-        .patch(
-            ADMIN_SECRET,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"stringData": {"password": wrong}})),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &secrets,
+        ADMIN_SECRET,
+        json!({"stringData": {"password": wrong}}),
+    )
+    .await
+    .unwrap();
     s.create_backup("app-1", "app", json!({"maxRetries": 5}))
         .await;
     let failed = s
@@ -1327,13 +1286,7 @@ async fn a_backup_restores_into_a_new_database_with_every_row() {
     s.wait_completed("source-1", READY).await;
 
     s.create_restored_database("copy", "source-1").await;
-    let copy = s
-        .wait_database(
-            "copy",
-            Want::new("Ready", "True", Some("Provisioned")),
-            BIG_DUMP,
-        )
-        .await;
+    let copy = s.wait_database("copy", Want::provisioned(), BIG_DUMP).await;
 
     let source = s.tables("source").await;
     let restored = s.tables("copy").await;
@@ -1491,12 +1444,7 @@ async fn a_restore_interrupted_by_a_crash_completes_after_restart() {
     );
 
     s.start_database_controller();
-    s.wait_database(
-        "copy",
-        Want::new("Ready", "True", Some("Provisioned")),
-        BIG_DUMP,
-    )
-    .await;
+    s.wait_database("copy", Want::provisioned(), BIG_DUMP).await;
     assert_eq!(
         counts(&s.tables("copy").await),
         counts(&s.tables("source").await)
@@ -1816,14 +1764,13 @@ async fn held_locks_are_reported_and_work_resumes_when_they_are_released() {
 
     s.create_backup("app-locked", "app", json!({"maxRetries": 20}))
         .await;
-    s.databases()
-        .patch(
-            "app",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"connectionLimit": 5}})),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &s.databases(),
+        "app",
+        json!({"spec": {"connectionLimit": 5}}),
+    )
+    .await
+    .unwrap();
 
     // Each says what it waits for, and neither is stuck.
     s.wait_backup(
@@ -1850,11 +1797,6 @@ async fn held_locks_are_reported_and_work_resumes_when_they_are_released() {
     app.batch_execute("ROLLBACK").await.unwrap();
     dba.batch_execute("ROLLBACK").await.unwrap();
     s.wait_completed("app-locked", READY).await;
-    s.wait_database(
-        "app",
-        Want::new("Ready", "True", Some("Provisioned")),
-        READY,
-    )
-    .await;
+    s.wait_database("app", Want::provisioned(), READY).await;
     assert_eq!(s.pg.connlimit("app").await.unwrap(), Some(5));
 }

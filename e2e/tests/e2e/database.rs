@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dbops_api::{Backup, Database, DatabaseServer};
+use dbops_e2e::fixtures::merge_patch;
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::wait::{Want, describe_database, eventually, holds_for};
 use dbops_e2e::{ControllerProcess, PgServer};
@@ -705,14 +706,13 @@ async fn connection_limit_follows_the_spec() {
     s.wait_ready("limits").await;
     assert_eq!(s.pg.connlimit("limits").await.unwrap(), Some(-1));
 
-    s.databases()
-        .patch(
-            "limits",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"connectionLimit": 5}})),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &s.databases(),
+        "limits",
+        json!({"spec": {"connectionLimit": 5}}),
+    )
+    .await
+    .unwrap();
     eventually(
         "datconnlimit 5 after spec.connectionLimit: 5",
         READY,
@@ -1137,14 +1137,13 @@ async fn the_connection_secret_is_restored_and_the_password_rotated() {
         "edited-{}",
         Alphanumeric.sample_string(&mut rand::rng(), 12)
     );
-    secrets
-        .patch(
-            "app-connection",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"stringData": {"password": edited, "host": "tampered.example"}})),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &secrets,
+        "app-connection",
+        json!({"stringData": {"password": edited, "host": "tampered.example"}}),
+    )
+    .await
+    .unwrap();
     let third = eventually(
         "Secret app-connection repaired after an edit",
         READY,
@@ -1915,14 +1914,13 @@ async fn a_server_serves_allowed_namespaces_within_its_quota_and_outlives_its_da
         .await;
     untouched("shut").await;
     untouched("foreign").await;
-    servers
-        .patch(
-            &s.server("closed"),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"allowedNamespaces": {}}})),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &servers,
+        &s.server("closed"),
+        json!({"spec": {"allowedNamespaces": {}}}),
+    )
+    .await
+    .unwrap();
     s.wait_ready("shut").await;
 
     // A quota of one Database per namespace: the first is served, the second refused.

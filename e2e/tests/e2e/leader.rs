@@ -21,12 +21,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dbops_api::{Backup, BackupPhase, Database, Migration, MigrationPhase, MigrationStep};
-use dbops_e2e::fixtures::server_name;
+use dbops_e2e::fixtures::{Connection, create_backup, create_migration, server_name};
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::wait::{Want, eventually};
 use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, PostParams};
@@ -811,20 +810,10 @@ impl Scenario {
 
     /// `pgbench -i -s <scale>` into Database `db`, as its own role (the connection Secret).
     async fn pgbench(&self, db: &str, scale: u32) {
-        let secret = Api::<Secret>::namespaced(self.b.client.clone(), self.ns())
-            .get(&format!("{db}-connection"))
+        let out = Connection::of_database(&self.b.client, self.ns(), db)
             .await
-            .unwrap();
-        let data = secret.data.unwrap_or_default();
-        let value = |k: &str| String::from_utf8(data.get(k).unwrap().0.clone()).unwrap();
-        let out = std::process::Command::new(pg_bin("pgbench"))
-            .args(["-i", "-q", "-s", &scale.to_string()])
-            .env("PGHOST", value("PGHOST"))
-            .env("PGPORT", value("PGPORT"))
-            .env("PGUSER", value("PGUSER"))
-            .env("PGPASSWORD", value("PGPASSWORD"))
-            .env("PGDATABASE", value("PGDATABASE"))
-            .output()
+            .unwrap()
+            .pgbench_init(&dbops_e2e::paths::postgres_bin_dir().unwrap(), scale, None)
             .unwrap();
         assert!(
             out.status.success(),
@@ -843,15 +832,7 @@ impl Scenario {
 
     /// Backup `name` of Database `db`, not waited for.
     async fn create_backup(&self, name: &str, db: &str) {
-        let backup: Backup = serde_json::from_value(json!({
-            "apiVersion": "dbops.dev/v1alpha1",
-            "kind": "Backup",
-            "metadata": {"name": name},
-            "spec": {"databaseRef": {"name": db}},
-        }))
-        .unwrap();
-        self.backups()
-            .create(&PostParams::default(), &backup)
+        create_backup(&self.b.client, self.ns(), name, db, json!({}))
             .await
             .unwrap();
     }
@@ -908,18 +889,7 @@ impl Scenario {
     /// Migration `name` of Database `db` to the target server, not waited for.
     async fn create_migration(&self, name: &str, db: &str) {
         assert!(self.target.is_some(), "a Migration needs a target server");
-        let m: Migration = serde_json::from_value(json!({
-            "apiVersion": "dbops.dev/v1alpha1",
-            "kind": "Migration",
-            "metadata": {"name": name},
-            "spec": {
-                "databaseRef": {"name": db},
-                "target": {"serverRef": {"name": server_name(self.ns(), TARGET_ADMIN)}},
-            },
-        }))
-        .unwrap();
-        self.migrations()
-            .create(&PostParams::default(), &m)
+        create_migration(&self.b.client, self.ns(), name, db, TARGET_ADMIN, json!({}))
             .await
             .unwrap();
     }

@@ -23,12 +23,14 @@ use std::time::{Duration, Instant};
 use dbops_api::{
     Backup, BackupPhase, ChosenMode, Database, Migration, MigrationPhase, MigrationStep, StepState,
 };
-use dbops_e2e::fixtures::{create_admin_secret, server_name};
+use dbops_e2e::fixtures::merge_patch;
+use dbops_e2e::fixtures::{
+    Connection, create_admin_secret, create_backup, create_migration, server_name,
+};
 use dbops_e2e::postgres::{LOGICAL_REPLICATION, client_bin_dir, redact_passwords, server_majors};
 use dbops_e2e::wait::{Want, wait_for};
 use dbops_e2e::{ControllerProcess, PgServer};
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::Api;
 use serde_json::json;
 
 use crate::migration::{READY, SAGA, condition, phase_of};
@@ -313,42 +315,20 @@ impl Majors {
 
     /// A session as the Database's own role, with what its connection Secret says now.
     async fn connect_as_app(&self, name: &str) -> tokio_postgres::Client {
-        let secret = Api::<Secret>::namespaced(self.b.client.clone(), self.ns())
-            .get(&format!("{name}-connection"))
+        let (client, connection) = Connection::of_database(&self.b.client, self.ns(), name)
+            .await
+            .unwrap()
+            .config()
+            .connect_timeout(Duration::from_secs(5))
+            .connect(tokio_postgres::NoTls)
             .await
             .unwrap();
-        let data = secret.data.unwrap_or_default();
-        let value = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
-        let mut config = tokio_postgres::Config::new();
-        config
-            .host(value("PGHOST"))
-            .port(value("PGPORT").parse().unwrap())
-            .user(value("PGUSER"))
-            .password(value("PGPASSWORD"))
-            .dbname(value("PGDATABASE"))
-            .connect_timeout(Duration::from_secs(5));
-        let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(connection);
         client
     }
 
     async fn create_migration(&self, name: &str, db: &str, target: u32, extra: serde_json::Value) {
-        let mut spec = json!({
-            "databaseRef": {"name": db},
-            "target": {"serverRef": {"name": self.server(target)}},
-        });
-        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
-            spec.extend(extra.clone());
-        }
-        let m: Migration = serde_json::from_value(json!({
-            "apiVersion": "dbops.dev/v1alpha1",
-            "kind": "Migration",
-            "metadata": {"name": name},
-            "spec": spec,
-        }))
-        .unwrap();
-        self.migrations()
-            .create(&PostParams::default(), &m)
+        create_migration(&self.b.client, self.ns(), name, db, &admin(target), extra)
             .await
             .unwrap();
     }
@@ -365,15 +345,7 @@ impl Majors {
     }
 
     async fn create_backup(&self, name: &str, db: &str) {
-        let backup: Backup = serde_json::from_value(json!({
-            "apiVersion": "dbops.dev/v1alpha1",
-            "kind": "Backup",
-            "metadata": {"name": name},
-            "spec": {"databaseRef": {"name": db}},
-        }))
-        .unwrap();
-        self.backups()
-            .create(&PostParams::default(), &backup)
+        create_backup(&self.b.client, self.ns(), name, db, json!({}))
             .await
             .unwrap();
     }
@@ -531,14 +503,13 @@ impl Majors {
             ))
             .await
             .expect("the source is writable while a Logical Migration awaits approval");
-            self.migrations()
-                .patch(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"approved": true}})),
-                )
-                .await
-                .unwrap();
+            merge_patch(
+                &self.migrations(),
+                &name,
+                json!({"spec": {"approved": true}}),
+            )
+            .await
+            .unwrap();
         }
         let m = self.wait_phase(&name, MigrationPhase::Succeeded).await;
         let status = m.status.clone().unwrap();

@@ -18,6 +18,7 @@ use std::time::Duration;
 use dbops_api::{
     Backup, BackupPhase, Database, Migration, MigrationPhase, MigrationStep, StepState,
 };
+use dbops_e2e::fixtures::merge_patch;
 use dbops_e2e::fixtures::{create_admin_secret, server_name};
 use dbops_e2e::jaeger::Jaeger;
 use dbops_e2e::postgres::redact_passwords;
@@ -26,7 +27,7 @@ use dbops_e2e::wait::{Want, wait_for};
 use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
 use crate::{Bed, bed};
@@ -319,54 +320,33 @@ impl Setup {
         dbops_e2e::fixtures::create_database(&self.b.client, self.ns(), name, SOURCE_ADMIN, spec)
             .await
             .unwrap();
-        match dbops_e2e::wait::database_condition(
+        dbops_e2e::wait::database_condition_or_log(
             &self.b.client,
             self.ns(),
             name,
-            Want::new("Ready", "True", Some("Provisioned")),
+            Want::provisioned(),
             READY,
+            || self.log("database-controller", 6000),
         )
         .await
-        {
-            Ok(db) => db,
-            Err(e) => panic!(
-                "{e:#}\n---- database-controller log ----\n{}",
-                self.log("database-controller", 6000)
-            ),
-        }
     }
 
     /// The connection Secret's values.
     pub(crate) async fn connection(&self, db: &str) -> Conn {
-        let secret = Api::<Secret>::namespaced(self.b.client.clone(), self.ns())
-            .get(&format!("{db}-connection"))
+        Conn::of_database(&self.b.client, self.ns(), db)
             .await
-            .unwrap();
-        let data = secret.data.unwrap_or_default();
-        let value = |k: &str| String::from_utf8(data.get(k).unwrap().0.clone()).unwrap();
-        Conn {
-            host: value("PGHOST"),
-            port: value("PGPORT").parse().unwrap(),
-            user: value("PGUSER"),
-            password: value("PGPASSWORD"),
-            dbname: value("PGDATABASE"),
-        }
+            .unwrap()
     }
 
     /// `pgbench -i -s <scale>` into the Database, as its own role.
     async fn pgbench(&self, db: &str, scale: u32) {
-        let c = self.connection(db).await;
-        let out = Command::new(bin("pgbench"))
-            .args(["-i", "-q", "-s", &scale.to_string()])
-            .env("PGHOST", &c.host)
-            .env("PGPORT", c.port.to_string())
-            .env("PGUSER", &c.user)
-            .env("PGPASSWORD", &c.password)
-            .env("PGDATABASE", &c.dbname)
-            // Whatever the Secret says (verify-full needs its ca.crt as a file): TLS
-            // whenever the server offers it.
-            .env("PGSSLMODE", "prefer")
-            .output()
+        let bin_dir = dbops_e2e::paths::postgres_bin_dir().unwrap();
+        // Whatever the Secret says (verify-full needs its ca.crt as a file): TLS whenever
+        // the server offers it.
+        let out = self
+            .connection(db)
+            .await
+            .pgbench_init(&bin_dir, scale, Some("prefer"))
             .unwrap();
         assert!(
             out.status.success(),
@@ -376,24 +356,16 @@ impl Setup {
     }
 
     pub(crate) async fn create_migration(&self, name: &str, db: &str, extra: serde_json::Value) {
-        let mut spec = json!({
-            "databaseRef": {"name": db},
-            "target": {"serverRef": {"name": self.server(TARGET_ADMIN)}},
-        });
-        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
-            spec.extend(extra.clone());
-        }
-        let m: Migration = serde_json::from_value(json!({
-            "apiVersion": "dbops.dev/v1alpha1",
-            "kind": "Migration",
-            "metadata": {"name": name},
-            "spec": spec,
-        }))
+        dbops_e2e::fixtures::create_migration(
+            &self.b.client,
+            self.ns(),
+            name,
+            db,
+            TARGET_ADMIN,
+            extra,
+        )
+        .await
         .unwrap();
-        self.migrations()
-            .create(&PostParams::default(), &m)
-            .await
-            .unwrap();
     }
 
     /// Waits for the Migration to satisfy `done`; on timeout the panic shows its status
@@ -478,14 +450,7 @@ impl Drop for Setup {
 }
 
 /// What a connection Secret says.
-#[derive(Clone)]
-pub(crate) struct Conn {
-    pub(crate) host: String,
-    pub(crate) port: u16,
-    pub(crate) user: String,
-    pub(crate) password: String,
-    pub(crate) dbname: String,
-}
+pub(crate) use dbops_e2e::fixtures::Connection as Conn;
 
 fn bin(name: &str) -> String {
     dbops_e2e::paths::postgres_bin_dir()
@@ -1118,14 +1083,13 @@ async fn a_manual_cutover_waits_for_approval() {
     );
     assert_eq!(s.connection("app").await.port, s.source.port());
 
-    s.migrations()
-        .patch(
-            "app-move",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"approved": true}})),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &s.migrations(),
+        "app-move",
+        json!({"spec": {"approved": true}}),
+    )
+    .await
+    .unwrap();
     s.wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
         .await;
     let db = s.databases().get("app").await.unwrap();
@@ -1303,14 +1267,13 @@ async fn deleting_a_database_awaiting_cutover_rolls_its_migration_back() {
         .delete("app", &DeleteParams::default())
         .await
         .unwrap();
-    s.migrations()
-        .patch(
-            "app-move",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"approved": true}})),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &s.migrations(),
+        "app-move",
+        json!({"spec": {"approved": true}}),
+    )
+    .await
+    .unwrap();
     let m = s
         .wait_phase("app-move", MigrationPhase::RolledBack, SAGA)
         .await;

@@ -15,13 +15,14 @@ use std::time::Duration;
 
 use dbops_api::{Backup, BackupPhase, Database};
 use dbops_e2e::fixtures::create_admin_secret;
+use dbops_e2e::fixtures::merge_patch;
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::wait::{Want, eventually, holds_for};
 use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use serde_json::json;
 
 use crate::{Bed, bed};
@@ -437,14 +438,13 @@ async fn after_downtime_one_catch_up_backup_then_retention_prunes_the_older_one(
     let replica = &w.replicas[USER];
     let reconciled = scheduler_metric(replica, "dbops_reconciles_total", r#"outcome="success""#);
     let before = w.writes(USER);
-    w.databases()
-        .patch(
-            "orders",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"connectionLimit": 7}})),
-        )
-        .await
-        .unwrap();
+    merge_patch(
+        &w.databases(),
+        "orders",
+        json!({"spec": {"connectionLimit": 7}}),
+    )
+    .await
+    .unwrap();
     eventually(
         "the scheduler to reconcile the changed Database",
         READY,

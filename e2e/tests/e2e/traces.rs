@@ -14,7 +14,7 @@ use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::wait::{Want, eventually};
 use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams};
+use kube::api::Api;
 use serde_json::json;
 
 use crate::{Bed, bed};
@@ -102,10 +102,6 @@ impl World {
         self.b.ns.name()
     }
 
-    pub fn databases(&self) -> Api<Database> {
-        Api::namespaced(self.b.client.clone(), self.ns())
-    }
-
     pub fn backups(&self) -> Api<Backup> {
         Api::namespaced(self.b.client.clone(), self.ns())
     }
@@ -130,21 +126,15 @@ impl World {
         )
         .await
         .unwrap();
-        match dbops_e2e::wait::database_condition(
+        dbops_e2e::wait::database_condition_or_log(
             &self.b.client,
             self.ns(),
             name,
-            Want::new("Ready", "True", Some("Provisioned")),
+            Want::provisioned(),
             SLOW,
+            || self.log("database-controller"),
         )
         .await
-        {
-            Ok(db) => db,
-            Err(e) => panic!(
-                "{e:#}\n---- database-controller log ----\n{}",
-                self.log("database-controller")
-            ),
-        }
     }
 
     /// The password in the Database's connection Secret.
@@ -215,13 +205,10 @@ async fn a_final_snapshot_is_one_trace_across_both_controllers() {
     let jaeger = w.jaeger.as_ref().unwrap();
     let db = w.create_ready_database("snap", "Snapshot").await;
     let owner_password = w.owner_password("snap").await;
-    w.databases()
-        .delete("snap", &DeleteParams::default())
-        .await
-        .unwrap();
-    let final_name = dbops_e2e::fixtures::wait_final_snapshot(
+    let final_name = dbops_e2e::fixtures::delete_for_final_snapshot(
         &w.b.client,
         w.ns(),
+        "snap",
         db.metadata.uid.as_deref().unwrap(),
         SLOW,
     )
