@@ -289,6 +289,31 @@ mod tests {
         server(dbops_api::TlsMode::Disable, None)
     }
 
+    /// A CA of the server's own (PEM), and the Secret desired with it and verify-ca.
+    fn own_ca() -> (String, Secret) {
+        let ca = rcgen::generate_simple_self_signed(vec!["pg.example".to_string()])
+            .unwrap()
+            .cert
+            .pem();
+        let secret = desired(
+            &db(),
+            &server(dbops_api::TlsMode::VerifyCa, Some(&ca)),
+            "pw",
+        );
+        (ca, secret)
+    }
+
+    /// `secret` with `key` set to `value`.
+    fn with(secret: &Secret, key: &str, value: &[u8]) -> Secret {
+        let mut changed = secret.clone();
+        changed
+            .data
+            .as_mut()
+            .unwrap()
+            .insert(key.into(), ByteString(value.to_vec()));
+        changed
+    }
+
     #[test]
     fn the_tls_mode_and_the_servers_ca_reach_the_application() {
         let get = |s: &Secret, k: &str| {
@@ -307,15 +332,7 @@ mod tests {
         assert_eq!(get(&system, "PGSSLMODE").unwrap(), "verify-full");
         assert_eq!(get(&system, "ca.crt"), None);
         // A CA of the server's own travels as ca.crt.
-        let ca = rcgen::generate_simple_self_signed(vec!["pg.example".to_string()])
-            .unwrap()
-            .cert
-            .pem();
-        let own = desired(
-            &db(),
-            &server(dbops_api::TlsMode::VerifyCa, Some(&ca)),
-            "pw",
-        );
+        let (ca, own) = own_ca();
         assert_eq!(get(&own, "ca.crt").unwrap(), ca);
         assert!(get(&own, "uri").unwrap().ends_with("?sslmode=verify-ca"));
         assert!(
@@ -330,33 +347,15 @@ mod tests {
 
     #[test]
     fn the_cache_keeps_the_password_and_a_digest_and_judges_alike() {
-        let ca = rcgen::generate_simple_self_signed(vec!["pg.example".to_string()])
-            .unwrap()
-            .cert
-            .pem();
-        let with_ca = desired(
-            &db(),
-            &server(dbops_api::TlsMode::VerifyCa, Some(&ca)),
-            "pw",
-        );
+        let (_, with_ca) = own_ca();
         // Every key written is one the digest covers.
         for key in with_ca.data.as_ref().unwrap().keys() {
             assert!(OWN_KEYS.contains(&key.as_str()), "{key} not in OWN_KEYS");
         }
         let other_pw = desired(&db(), &plain(), "other");
         let plain = desired(&db(), &plain(), "pw");
-        let mut extra = plain.clone();
-        extra
-            .data
-            .as_mut()
-            .unwrap()
-            .insert("extra".into(), ByteString(b"x".to_vec()));
-        let mut edited = plain.clone();
-        edited
-            .data
-            .as_mut()
-            .unwrap()
-            .insert("PGPORT".into(), ByteString(b"1".to_vec()));
+        let extra = with(&plain, "extra", b"x");
+        let edited = with(&plain, "PGPORT", b"1");
         let mut dropped = plain.clone();
         dropped.data.as_mut().unwrap().remove("uri");
         for actual in [&plain, &with_ca, &other_pw, &extra, &edited, &dropped] {

@@ -126,6 +126,13 @@ mod tests {
         }
     }
 
+    /// Conditions that hold only Ready (`status`, `reason`, generation 1), set at 10 s.
+    fn ready_since_10(status: ConditionStatus, reason: &str) -> Vec<Condition> {
+        let mut conditions = Vec::new();
+        set_condition(&mut conditions, ready(status, reason, 1), at(10));
+        conditions
+    }
+
     #[test]
     fn a_new_condition_is_appended_with_the_transition_time_now() {
         let mut conditions = Vec::new();
@@ -141,12 +148,7 @@ mod tests {
 
     #[test]
     fn the_same_condition_again_changes_nothing() {
-        let mut conditions = Vec::new();
-        set_condition(
-            &mut conditions,
-            ready(ConditionStatus::True, "Available", 1),
-            at(10),
-        );
+        let mut conditions = ready_since_10(ConditionStatus::True, "Available");
         let before = conditions.clone();
         assert!(!set_condition(
             &mut conditions,
@@ -158,12 +160,7 @@ mod tests {
 
     #[test]
     fn a_new_reason_keeps_the_transition_time() {
-        let mut conditions = Vec::new();
-        set_condition(
-            &mut conditions,
-            ready(ConditionStatus::False, "Creating", 1),
-            at(10),
-        );
+        let mut conditions = ready_since_10(ConditionStatus::False, "Creating");
         assert!(set_condition(
             &mut conditions,
             ready(ConditionStatus::False, "WaitingForServer", 2),
@@ -176,12 +173,7 @@ mod tests {
 
     #[test]
     fn a_status_flip_moves_the_transition_time() {
-        let mut conditions = Vec::new();
-        set_condition(
-            &mut conditions,
-            ready(ConditionStatus::False, "Creating", 1),
-            at(10),
-        );
+        let mut conditions = ready_since_10(ConditionStatus::False, "Creating");
         assert!(set_condition(
             &mut conditions,
             ready(ConditionStatus::True, "Available", 1),
@@ -193,12 +185,7 @@ mod tests {
 
     #[test]
     fn other_conditions_keep_their_order() {
-        let mut conditions = Vec::new();
-        set_condition(
-            &mut conditions,
-            ready(ConditionStatus::False, "Creating", 1),
-            at(10),
-        );
+        let mut conditions = ready_since_10(ConditionStatus::False, "Creating");
         let progressing = ConditionSpec {
             type_: "Progressing",
             ..ready(ConditionStatus::True, "Creating", 1)
@@ -215,12 +202,7 @@ mod tests {
 
     #[test]
     fn helpers_find_conditions_by_type() {
-        let mut conditions = Vec::new();
-        set_condition(
-            &mut conditions,
-            ready(ConditionStatus::True, "Available", 1),
-            at(10),
-        );
+        let conditions = ready_since_10(ConditionStatus::True, "Available");
         assert!(is_true(&conditions, "Ready"));
         assert!(!is_true(&conditions, "Degraded"));
         assert_eq!(

@@ -466,6 +466,21 @@ pub fn pick_copy<'a>(
 mod tests {
     use super::*;
 
+    /// `sh` as [`command`] sets it up to reach `server` as `u` (with `password`) in `db`.
+    fn sh(server: &Endpoint, password: &str) -> (Command, Option<RootCertFile>) {
+        command(
+            Path::new("sh"),
+            &Connection {
+                server,
+                username: "u",
+                password,
+                database: "db",
+                application: "test",
+            },
+        )
+        .unwrap()
+    }
+
     #[test]
     fn stderr_is_sorted_by_what_fixes_it() {
         let auth = "pg_dump: error: connection to server at \"127.0.0.1\", port 5432 failed: \
@@ -491,17 +506,7 @@ mod tests {
     #[tokio::test]
     async fn the_password_is_in_the_environment_never_on_the_command_line() {
         let server = Endpoint::new("127.0.0.1", 5432, dbops_api::TlsMode::Disable);
-        let (mut c, _) = command(
-            Path::new("sh"),
-            &Connection {
-                server: &server,
-                username: "u",
-                password: "s3cret",
-                database: "db",
-                application: "test",
-            },
-        )
-        .unwrap();
+        let (mut c, _) = sh(&server, "s3cret");
         let out = c
             .args([
                 "-c",
@@ -528,17 +533,7 @@ mod tests {
             .pem();
         let mut server = Endpoint::new("db.example", 5432, dbops_api::TlsMode::VerifyFull);
         server.tls.ca = Some(crate::postgres::CaBundle::from_pem(ca.as_bytes()).unwrap());
-        let (mut c, file) = command(
-            Path::new("sh"),
-            &Connection {
-                server: &server,
-                username: "u",
-                password: "p",
-                database: "db",
-                application: "test",
-            },
-        )
-        .unwrap();
+        let (mut c, file) = sh(&server, "p");
         let file = file.expect("a CA file");
         let path = file.path();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
@@ -560,17 +555,7 @@ mod tests {
 
         // Without a CA of its own, verify-full asks libpq for the system's roots.
         server.tls.ca = None;
-        let (c, file) = command(
-            Path::new("sh"),
-            &Connection {
-                server: &server,
-                username: "u",
-                password: "p",
-                database: "db",
-                application: "test",
-            },
-        )
-        .unwrap();
+        let (c, file) = sh(&server, "p");
         assert!(file.is_none());
         let root = c
             .as_std()
