@@ -147,47 +147,57 @@ pub fn connector(
 ) -> Result<MakeRustlsConnect, rustls::Error> {
     let builder =
         ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
+    let chain = || {
+        WebPkiServerVerifier::builder_with_provider(roots.unwrap_or_else(system_roots), provider())
+            .build()
+            .map_err(|e| rustls::Error::General(e.to_string()))
+    };
     let config = match verify {
-        Verify::Nothing => builder
+        Verify::ChainAndHost => builder.with_webpki_verifier(chain()?).with_no_client_auth(),
+        Verify::Nothing | Verify::Chain => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(SignaturesOnly(provider())))
+            .with_custom_certificate_verifier(Arc::new(Lenient {
+                chain: (verify == Verify::Chain).then(chain).transpose()?,
+                provider: provider(),
+            }))
             .with_no_client_auth(),
-        Verify::Chain | Verify::ChainAndHost => {
-            let roots = roots.unwrap_or_else(system_roots);
-            let verifier = WebPkiServerVerifier::builder_with_provider(roots, provider())
-                .build()
-                .map_err(|e| rustls::Error::General(e.to_string()))?;
-            if verify == Verify::Chain {
-                builder
-                    .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(AnyName(verifier)))
-                    .with_no_client_auth()
-            } else {
-                builder.with_webpki_verifier(verifier).with_no_client_auth()
-            }
-        }
     };
     Ok(MakeRustlsConnect::new(config))
 }
 
-/// `sslmode=require`: any certificate, as libpq without a root certificate; the
-/// handshake's signatures are still checked, so the session is encrypted to whoever holds
-/// the certificate's key.
+/// `sslmode=require` and `sslmode=verify-ca`: the handshake's signatures are checked as
+/// in every mode. `require` accepts any certificate, as libpq without a root certificate
+/// (the session is encrypted to whoever holds the certificate's key); `verify-ca`
+/// verifies the chain as `verify-full` does and accepts a certificate for another name.
 #[derive(Debug)]
-struct SignaturesOnly(Arc<rustls::crypto::CryptoProvider>);
+struct Lenient {
+    /// The chain's verifier (`verify-ca`); none for `require`.
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
 
-impl ServerCertVerifier for SignaturesOnly {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        // webpki checks the chain before the name, so a name error means a trusted chain.
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
     }
 
+    // The signatures as WebPkiServerVerifier checks them: with the provider's algorithms.
     fn verify_tls12_signature(
         &self,
         message: &[u8],
@@ -198,7 +208,7 @@ impl ServerCertVerifier for SignaturesOnly {
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
@@ -212,61 +222,14 @@ impl ServerCertVerifier for SignaturesOnly {
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-/// `sslmode=verify-ca`: the chain is verified as `verify-full` does; a certificate for
-/// another name is accepted.
-#[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyName {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        // webpki checks the chain before the name, so a name error means a trusted chain.
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
