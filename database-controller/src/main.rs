@@ -164,6 +164,21 @@ async fn run(args: Args) -> Result<(), ControllerError> {
         .await
 }
 
+/// Runs a watch that only fills a store, for the life of the process: a failure is
+/// logged and counted in the process's watch health, and retried with backoff.
+fn in_background<T: Send + 'static>(
+    watch: &'static str,
+    events: impl futures::Stream<Item = Result<T, watcher::Error>> + Send + 'static,
+) {
+    tokio::spawn(events.for_each(move |event| {
+        if let Err(error) = &event {
+            tracing::warn!(%error, watch, "watch failed; retrying with backoff");
+        }
+        WatchHealth::process().observe(watch, &event);
+        std::future::ready(())
+    }));
+}
+
 /// Owned connection Secrets, DatabaseServers, namespaces, Migrations and final snapshot
 /// Backups.
 fn watches(
@@ -186,17 +201,7 @@ fn watches(
         ),
     )
     .default_backoff();
-    tokio::spawn(async move {
-        migrations
-            .for_each(|event| {
-                if let Err(error) = &event {
-                    tracing::warn!(%error, "Migration watch failed; retrying with backoff");
-                }
-                WatchHealth::process().observe("Migration", &event);
-                std::future::ready(())
-            })
-            .await;
-    });
+    in_background("Migration", migrations);
     // The connection Secrets only (by their label): a cache the reconciles read, and the
     // trigger of their owner Database.
     let (secret_store, secret_writer) = reflector::store_shared::<Secret>(1024);
@@ -217,17 +222,7 @@ fn watches(
         secret::keep_in_cache(s);
     })
     .reflect_shared(secret_writer);
-    tokio::spawn(async move {
-        secrets
-            .for_each(|event| {
-                if let Err(error) = &event {
-                    tracing::warn!(%error, "Secret watch failed; retrying with backoff");
-                }
-                WatchHealth::process().observe("Secret (connection)", &event);
-                std::future::ready(())
-            })
-            .await;
-    });
+    in_background("Secret (connection)", secrets);
     let on_server = databases.clone();
     let seen = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
     let in_namespace = databases.clone();

@@ -45,7 +45,7 @@ const PROBE_EVERY: Duration = Duration::from_secs(60);
 /// How soon a server held by its Databases looks again whether they are gone.
 const HELD_RECHECK: Duration = Duration::from_secs(5);
 
-/// The companion's name: metrics label and Event reporter `dbops-server-controller`.
+/// The server controller's name: metrics label and Event reporter `dbops-server-controller`.
 pub const CONTROLLER: &str = "server-controller";
 
 /// The server controller's own state.
