@@ -13,9 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dbops_api::{Backup, BackupPhase, Database};
-use dbops_e2e::controlplane::Options;
-use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
-use k8s_openapi::api::core::v1::Secret;
+use dbops_e2e::fixtures::Connection;
+use dbops_e2e::{ControllerProcess, PgServer};
 use kube::api::{Api, PostParams};
 
 use crate::{BenchServer, namespace, proc_usage};
@@ -43,15 +42,7 @@ struct World {
 }
 
 pub async fn run(args: BackupArgs) -> Result<()> {
-    let tmp = tempfile::Builder::new()
-        .prefix("dbops-bench-backup-")
-        .tempdir()?;
-    let cp = ControlPlane::start(Options {
-        dir: tmp.path().join("cp"),
-        apiserver_port: None,
-    })
-    .await?;
-    let client = cp.client().await?;
+    let (tmp, cp, client) = crate::start_control_plane("dbops-bench-backup-").await?;
     let pg = PgServer::start("bench-backup").await?;
     let ns = namespace(&client, "bench-backup").await?;
     let server = BenchServer::create(&client, &ns, &pg).await?;
@@ -237,43 +228,14 @@ async fn create_database(w: &World, name: &str, restore_from: Option<&str>) -> R
     }))?;
     let api: Api<Database> = Api::namespaced(w.client.clone(), &w.ns);
     api.create(&PostParams::default(), &db).await?;
-    dbops_e2e::wait::wait_for(
-        &format!("Database {name} Ready"),
-        LONG,
-        || async { Ok(api.get_opt(name).await?) },
-        |db| {
-            db.as_ref().is_some_and(|d| {
-                dbops_e2e::wait::database_has(
-                    d,
-                    dbops_e2e::wait::Want::new("Ready", "True", Some("Provisioned")),
-                )
-            })
-        },
-    )
-    .await?;
-    Ok(())
+    crate::wait_provisioned(&api, name, LONG).await
 }
 
 /// `pgbench -i -s scale` as the Database's own role.
 async fn pgbench(w: &World, db: &str, scale: u32) -> Result<()> {
-    let secret = Api::<Secret>::namespaced(w.client.clone(), &w.ns)
-        .get(&format!("{db}-connection"))
-        .await?;
-    let data = secret.data.unwrap_or_default();
-    let value = |k: &str| -> Result<String> {
-        Ok(String::from_utf8(
-            data.get(k).context("connection Secret key")?.0.clone(),
-        )?)
-    };
-    let out = Command::new(w.bin.join("pgbench"))
-        .args(["-i", "-q", "-s", &scale.to_string()])
-        .env("PGHOST", value("PGHOST")?)
-        .env("PGPORT", value("PGPORT")?)
-        .env("PGUSER", value("PGUSER")?)
-        .env("PGPASSWORD", value("PGPASSWORD")?)
-        .env("PGDATABASE", value("PGDATABASE")?)
-        .env("PGSSLMODE", value("PGSSLMODE")?)
-        .output()?;
+    let c = Connection::of_database(&w.client, &w.ns, db).await?;
+    let sslmode = c.sslmode.clone().context("connection Secret key")?;
+    let out = c.pgbench_init(&w.bin, scale, Some(&sslmode))?;
     if !out.status.success() {
         bail!(
             "pgbench -i failed: {}",

@@ -150,14 +150,78 @@ async fn main() -> Result<()> {
     }
 }
 
-async fn databases(args: DatabasesArgs) -> Result<()> {
-    let tmp = tempfile::Builder::new().prefix("dbops-bench-").tempdir()?;
+/// A run's directory (a temporary one named `<prefix>…`), a control plane in its `cp/`
+/// and a client of it. Dropped in reverse order: the client, the control plane, then the
+/// directory.
+pub(crate) async fn start_control_plane(
+    prefix: &str,
+) -> Result<(tempfile::TempDir, ControlPlane, kube::Client)> {
+    let tmp = tempfile::Builder::new().prefix(prefix).tempdir()?;
     let cp = ControlPlane::start(Options {
         dir: tmp.path().join("cp"),
         apiserver_port: None,
     })
     .await?;
     let client = cp.client().await?;
+    Ok((tmp, cp, client))
+}
+
+/// Creates Databases `0..count` on DatabaseServer `server`, Database `i` named `name(i)`
+/// in `api(i)`'s namespace, `concurrency` at a time, while `ready` waits for them; fails
+/// when either does.
+pub(crate) async fn create_databases(
+    count: usize,
+    concurrency: usize,
+    server: &str,
+    api: impl Fn(usize) -> Api<Database>,
+    name: impl Fn(usize) -> String,
+    ready: impl std::future::Future<Output = Result<()>>,
+) -> Result<()> {
+    let create = stream::iter(0..count)
+        .map(|i| {
+            let (dbs, name) = (api(i), name(i));
+            async move {
+                let db: Database = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
+                    "metadata": {"name": name},
+                    "spec": {"serverRef": {"name": server}}
+                }))?;
+                dbs.create(&PostParams::default(), &db)
+                    .await
+                    .with_context(|| format!("creating Database {name}"))?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<_>>();
+    let (created, ready) = tokio::join!(create, ready);
+    created?;
+    ready
+}
+
+/// Waits until Database `name` of `api` is Ready=True (Provisioned), polling, for at most
+/// `limit`.
+pub(crate) async fn wait_provisioned(
+    api: &Api<Database>,
+    name: &str,
+    limit: Duration,
+) -> Result<()> {
+    dbops_e2e::wait::wait_for(
+        &format!("Database {name} Ready"),
+        limit,
+        || async { Ok(api.get_opt(name).await?) },
+        |db| {
+            db.as_ref().is_some_and(|d| {
+                dbops_e2e::wait::database_has(d, dbops_e2e::wait::Want::provisioned())
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn databases(args: DatabasesArgs) -> Result<()> {
+    let (tmp, cp, client) = start_control_plane("dbops-bench-").await?;
     let order: String = args
         .order
         .0
@@ -449,27 +513,15 @@ async fn run_controller(
         args.count,
         ready_limit(args.count),
     );
-    let create = stream::iter(0..args.count)
-        .map(|i| {
-            let dbs = apis[i % apis.len()].clone();
-            let server = server.name.clone();
-            async move {
-                let db: Database = serde_json::from_value(serde_json::json!({
-                    "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
-                    "metadata": {"name": format!("db-{i:05}")},
-                    "spec": {"serverRef": {"name": server}}
-                }))?;
-                dbs.create(&PostParams::default(), &db)
-                    .await
-                    .with_context(|| format!("creating Database db-{i:05}"))?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(32)
-        .try_collect::<Vec<_>>();
-    let (created, ready) = tokio::join!(create, all_ready);
-    created?;
-    ready?;
+    create_databases(
+        args.count,
+        32,
+        &server.name,
+        |i| apis[i % apis.len()].clone(),
+        |i| format!("db-{i:05}"),
+        all_ready,
+    )
+    .await?;
     let secs = t0.elapsed().as_secs_f64();
     let writes = api_writes(client).await? - w0 - args.count as f64;
     let (cpu1, _) = proc_usage(pid)?;

@@ -22,15 +22,14 @@
 //! dropped on the target) and the frozen source copy dropped, to keep the disk small.
 
 use std::collections::HashSet;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dbops_api::{Database, Migration, MigrationPhase};
-use dbops_e2e::controlplane::Options;
-use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
+use dbops_e2e::fixtures::Connection;
+use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, PostParams};
 
@@ -175,15 +174,7 @@ struct Row {
 }
 
 pub async fn run(args: MigrationArgs) -> Result<()> {
-    let tmp = tempfile::Builder::new()
-        .prefix("dbops-bench-migration-")
-        .tempdir()?;
-    let cp = ControlPlane::start(Options {
-        dir: tmp.path().join("cp"),
-        apiserver_port: None,
-    })
-    .await?;
-    let client = cp.client().await?;
+    let (tmp, cp, client) = crate::start_control_plane("dbops-bench-migration-").await?;
     let (source, target) = tokio::join!(
         PgServer::start_with_settings("bench-migration-src", LOGICAL),
         PgServer::start_with_settings("bench-migration-dst", LOGICAL),
@@ -316,10 +307,10 @@ async fn run_one(w: &World, size: &Size, mode: Mode) -> Result<Row> {
     let secrets: Api<Secret> = Api::namespaced(w.client.clone(), &w.ns);
     create_database(w, &databases, &name).await?;
     let secret = format!("{name}-connection");
-    let conn = Conn::read(&secrets, &secret).await?;
+    let conn = Connection::read(&secrets, &secret).await?;
     let t = Instant::now();
     pgbench(w, &conn, size.scale)?;
-    let owner = conn.connect().await?;
+    let owner = connect(&conn).await?;
     owner
         .batch_execute(
             "CREATE TABLE bench_writes (n bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT now()); \
@@ -446,83 +437,26 @@ async fn create_database(w: &World, api: &Api<Database>, name: &str) -> Result<(
         "spec": {"serverRef": {"name": w.source_server}, "deletionPolicy": "Delete"},
     }))?;
     api.create(&PostParams::default(), &db).await?;
-    dbops_e2e::wait::wait_for(
-        &format!("Database {name} Ready"),
-        Duration::from_secs(300),
-        || async { Ok(api.get_opt(name).await?) },
-        |db| {
-            db.as_ref().is_some_and(|d| {
-                dbops_e2e::wait::database_has(
-                    d,
-                    dbops_e2e::wait::Want::new("Ready", "True", Some("Provisioned")),
-                )
-            })
-        },
-    )
-    .await?;
-    Ok(())
+    crate::wait_provisioned(api, name, Duration::from_secs(300)).await
 }
 
-/// What the connection Secret says.
-struct Conn {
-    host: String,
-    port: u16,
-    user: String,
-    password: String,
-    dbname: String,
-}
-
-impl Conn {
-    async fn read(secrets: &Api<Secret>, name: &str) -> Result<Self> {
-        let data = secrets.get(name).await?.data.unwrap_or_default();
-        let value = |k: &str| -> Result<String> {
-            Ok(String::from_utf8(
-                data.get(k)
-                    .with_context(|| format!("Secret {name} has no {k}"))?
-                    .0
-                    .clone(),
-            )?)
-        };
-        Ok(Self {
-            host: value("PGHOST")?,
-            port: value("PGPORT")?.parse().context("PGPORT")?,
-            user: value("PGUSER")?,
-            password: value("PGPASSWORD")?,
-            dbname: value("PGDATABASE")?,
-        })
-    }
-
-    /// A session as this Secret says, each statement bounded.
-    async fn connect(&self) -> Result<tokio_postgres::Client> {
-        let mut config = tokio_postgres::Config::new();
-        config
-            .host(&self.host)
-            .port(self.port)
-            .user(&self.user)
-            .password(&self.password)
-            .dbname(&self.dbname)
-            .options("-c statement_timeout=10000")
-            .connect_timeout(Duration::from_secs(5));
-        let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(client)
-    }
+/// A session as the connection Secret says, each statement bounded.
+async fn connect(c: &Connection) -> Result<tokio_postgres::Client> {
+    let (client, connection) = c
+        .config()
+        .options("-c statement_timeout=10000")
+        .connect_timeout(Duration::from_secs(5))
+        .connect(tokio_postgres::NoTls)
+        .await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
 }
 
 /// `pgbench -i -s scale` as the Database's own role.
-fn pgbench(w: &World, c: &Conn, scale: u32) -> Result<()> {
-    let out = Command::new(w.bin.join("pgbench"))
-        .args(["-i", "-q", "-s", &scale.to_string()])
-        .env("PGHOST", &c.host)
-        .env("PGPORT", c.port.to_string())
-        .env("PGUSER", &c.user)
-        .env("PGPASSWORD", &c.password)
-        .env("PGDATABASE", &c.dbname)
-        .env("PGSSLMODE", "disable")
-        .output()
-        .context("running pgbench")?;
+fn pgbench(w: &World, c: &Connection, scale: u32) -> Result<()> {
+    let out = c.pgbench_init(&w.bin, scale, Some("disable"))?;
     if !out.status.success() {
         bail!(
             "pgbench -i failed: {}",
@@ -559,8 +493,8 @@ impl Writer {
             let mut n: i64 = 0;
             while !st.load(Ordering::Acquire) {
                 if client.as_ref().is_none_or(|c| c.is_closed()) {
-                    client = match Conn::read(&secrets, &secret).await {
-                        Ok(conn) => conn.connect().await.ok(),
+                    client = match Connection::read(&secrets, &secret).await {
+                        Ok(conn) => connect(&conn).await.ok(),
                         Err(_) => None,
                     };
                 }

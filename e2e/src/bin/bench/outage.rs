@@ -15,10 +15,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dbops_api::Database;
-use dbops_e2e::controlplane::Options;
-use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
-use futures::{StreamExt, TryStreamExt, stream};
-use kube::api::{Api, PostParams};
+use dbops_e2e::{ControllerProcess, PgServer};
+use futures::TryStreamExt;
+use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -82,15 +81,7 @@ async fn wait_all_ready_again(api: Api<Database>, count: usize, limit: Duration)
 }
 
 pub async fn run(args: OutageArgs) -> Result<()> {
-    let tmp = tempfile::Builder::new()
-        .prefix("dbops-bench-outage-")
-        .tempdir()?;
-    let cp = ControlPlane::start(Options {
-        dir: tmp.path().join("cp"),
-        apiserver_port: None,
-    })
-    .await?;
-    let client = cp.client().await?;
+    let (tmp, cp, client) = crate::start_control_plane("dbops-bench-outage-").await?;
     let mut pg = PgServer::start("bench-outage").await?;
     let (proxy_port, attempts) = counting_proxy(pg.port()).await?;
     let ns = namespace(&client, "bench-outage").await?;
@@ -113,25 +104,15 @@ pub async fn run(args: OutageArgs) -> Result<()> {
 
     let dbs: Api<Database> = Api::namespaced(client.clone(), &ns);
     let all_ready = wait_all_ready(dbs.clone(), args.databases);
-    let create = stream::iter(0..args.databases)
-        .map(|i| {
-            let dbs = dbs.clone();
-            let server = server.name.clone();
-            async move {
-                let db: Database = serde_json::from_value(serde_json::json!({
-                    "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
-                    "metadata": {"name": format!("db-{i:04}")},
-                    "spec": {"serverRef": {"name": server}}
-                }))?;
-                dbs.create(&PostParams::default(), &db).await?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<_>>();
-    let (created, ready) = tokio::join!(create, all_ready);
-    created?;
-    ready?;
+    crate::create_databases(
+        args.databases,
+        16,
+        &server.name,
+        |_| dbs.clone(),
+        |i| format!("db-{i:04}"),
+        all_ready,
+    )
+    .await?;
 
     // The outage.
     let user = "dbops-database-controller";

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dbops_api::Database;
-use dbops_e2e::controlplane::Options;
 use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -50,15 +49,7 @@ fn rss(pid: u32) -> Result<(u64, u64)> {
 }
 
 pub async fn run(args: SecretsArgs) -> Result<()> {
-    let tmp = tempfile::Builder::new()
-        .prefix("dbops-bench-secrets-")
-        .tempdir()?;
-    let cp = ControlPlane::start(Options {
-        dir: tmp.path().join("cp"),
-        apiserver_port: None,
-    })
-    .await?;
-    let client = cp.client().await?;
+    let (tmp, cp, client) = crate::start_control_plane("dbops-bench-secrets-").await?;
     let pg = PgServer::start("bench-secrets").await?;
     println!(
         "# secrets benchmark: the database-controller (all namespaces, {} Databases) with and without {} unrelated Secrets of {} KiB\n",
@@ -117,25 +108,15 @@ async fn one_run(
         ControllerProcess::start("database-controller", &kubeconfig, &log_dir, &extra)?;
     let dbs: Api<Database> = Api::namespaced(client.clone(), &ns);
     let all_ready = wait_all_ready(dbs.clone(), args.databases);
-    let create = stream::iter(0..args.databases)
-        .map(|i| {
-            let dbs = dbs.clone();
-            let server = server.name.clone();
-            async move {
-                let db: Database = serde_json::from_value(serde_json::json!({
-                    "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
-                    "metadata": {"name": format!("{label}-{i:04}")},
-                    "spec": {"serverRef": {"name": server}}
-                }))?;
-                dbs.create(&PostParams::default(), &db).await?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<_>>();
-    let (created, ready) = tokio::join!(create, all_ready);
-    created?;
-    ready?;
+    crate::create_databases(
+        args.databases,
+        16,
+        &server.name,
+        |_| dbs.clone(),
+        |i| format!("{label}-{i:04}"),
+        all_ready,
+    )
+    .await?;
     // Two resyncs: every Database reconciled again, the caches settled.
     tokio::time::sleep(Duration::from_secs(12)).await;
     let usage = rss(controller.process.pid())?;
