@@ -158,18 +158,15 @@ impl ControllerProcess {
 /// ServiceAccounts there what `deploy/` grants them in `dbops-system`.
 pub fn controller_namespace_arg<'a>(
     args: &[String],
-    mut env_names: impl Iterator<Item = &'a str>,
+    env_names: impl Iterator<Item = &'a str>,
 ) -> Option<String> {
-    let named = args
-        .iter()
-        .any(|a| a == "--controller-namespace" || a.starts_with("--controller-namespace="))
-        || env_names.any(|name| name == "POD_NAMESPACE");
-    if named {
-        return None;
-    }
-    args.iter()
-        .find_map(|a| a.strip_prefix("--watch-namespace="))
-        .map(|ns| format!("--controller-namespace={ns}"))
+    watched_namespace_arg(
+        args,
+        env_names,
+        "--controller-namespace",
+        "POD_NAMESPACE",
+        |ns| ns.to_string(),
+    )
 }
 
 /// `--server-selector=dbops.dev/test-namespace=<ns>` for a controller started with
@@ -180,23 +177,35 @@ pub fn controller_namespace_arg<'a>(
 /// ([`crate::fixtures::create_server`]).
 pub fn server_selector_arg<'a>(
     args: &[String],
-    mut env_names: impl Iterator<Item = &'a str>,
+    env_names: impl Iterator<Item = &'a str>,
 ) -> Option<String> {
-    let named = args
-        .iter()
-        .any(|a| a == "--server-selector" || a.starts_with("--server-selector="))
-        || env_names.any(|name| name == "DBOPS_SERVER_SELECTOR");
+    watched_namespace_arg(
+        args,
+        env_names,
+        "--server-selector",
+        "DBOPS_SERVER_SELECTOR",
+        |ns| format!("{}={ns}", crate::fixtures::TEST_NAMESPACE_LABEL),
+    )
+}
+
+/// `<flag>=<value(ns)>` for a controller started with `--watch-namespace=<ns>` and neither
+/// `flag` (`--flag=v` or `--flag v`) nor `env` (among `env_names`) of its own.
+fn watched_namespace_arg<'a>(
+    args: &[String],
+    mut env_names: impl Iterator<Item = &'a str>,
+    flag: &str,
+    env: &str,
+    value: impl FnOnce(&str) -> String,
+) -> Option<String> {
+    let with_value = format!("{flag}=");
+    let named = args.iter().any(|a| a == flag || a.starts_with(&with_value))
+        || env_names.any(|name| name == env);
     if named {
         return None;
     }
     args.iter()
         .find_map(|a| a.strip_prefix("--watch-namespace="))
-        .map(|ns| {
-            format!(
-                "--server-selector={}={ns}",
-                crate::fixtures::TEST_NAMESPACE_LABEL
-            )
-        })
+        .map(|ns| format!("{with_value}{}", value(ns)))
 }
 
 /// The test bed's `$POD_NAME` for a controller that was given none: one log directory is
@@ -237,24 +246,33 @@ mod tests {
         list.iter().map(|a| a.to_string()).collect()
     }
 
+    /// What both `*_arg`s do: `expected` for a watched namespace; nothing when `flag`
+    /// (with `own` as its value, in either form) or `env` is named, or nothing is watched.
+    fn assert_watched_namespace_arg(
+        arg: impl Fn(&[String], &[&str]) -> Option<String>,
+        flag: &str,
+        env: &str,
+        own: &str,
+        expected: &str,
+    ) {
+        let watched = args(&["--watch-namespace=t-1", "--resync-interval=3s"]);
+        assert_eq!(arg(&watched, &[]).as_deref(), Some(expected));
+        assert_eq!(arg(&watched, &[env]), None);
+        let named = args(&["--watch-namespace=t-1", &format!("{flag}={own}")]);
+        assert_eq!(arg(&named, &[]), None);
+        let named = args(&["--watch-namespace=t-1", flag, own]);
+        assert_eq!(arg(&named, &[]), None);
+        assert_eq!(arg(&args(&["--resync-interval=3s"]), &[]), None);
+    }
+
     #[test]
     fn a_watched_namespace_is_the_controller_namespace_unless_one_is_named() {
-        let watched = args(&["--watch-namespace=t-1", "--resync-interval=3s"]);
-        assert_eq!(
-            controller_namespace_arg(&watched, std::iter::empty()).as_deref(),
-            Some("--controller-namespace=t-1")
-        );
-        assert_eq!(
-            controller_namespace_arg(&watched, ["POD_NAMESPACE"].into_iter()),
-            None
-        );
-        let named = args(&["--watch-namespace=t-1", "--controller-namespace=other"]);
-        assert_eq!(controller_namespace_arg(&named, std::iter::empty()), None);
-        let named = args(&["--watch-namespace=t-1", "--controller-namespace", "other"]);
-        assert_eq!(controller_namespace_arg(&named, std::iter::empty()), None);
-        assert_eq!(
-            controller_namespace_arg(&args(&["--resync-interval=3s"]), std::iter::empty()),
-            None
+        assert_watched_namespace_arg(
+            |a, env| controller_namespace_arg(a, env.iter().copied()),
+            "--controller-namespace",
+            "POD_NAMESPACE",
+            "other",
+            "--controller-namespace=t-1",
         );
     }
 
@@ -268,22 +286,12 @@ mod tests {
 
     #[test]
     fn a_watched_namespace_selects_its_servers_unless_a_selector_is_named() {
-        let watched = args(&["--watch-namespace=t-1", "--resync-interval=3s"]);
-        assert_eq!(
-            server_selector_arg(&watched, std::iter::empty()).as_deref(),
-            Some("--server-selector=dbops.dev/test-namespace=t-1")
-        );
-        assert_eq!(
-            server_selector_arg(&watched, ["DBOPS_SERVER_SELECTOR"].into_iter()),
-            None
-        );
-        let named = args(&["--watch-namespace=t-1", "--server-selector=tier=gold"]);
-        assert_eq!(server_selector_arg(&named, std::iter::empty()), None);
-        let named = args(&["--watch-namespace=t-1", "--server-selector", "tier=gold"]);
-        assert_eq!(server_selector_arg(&named, std::iter::empty()), None);
-        assert_eq!(
-            server_selector_arg(&args(&["--resync-interval=3s"]), std::iter::empty()),
-            None
+        assert_watched_namespace_arg(
+            |a, env| server_selector_arg(a, env.iter().copied()),
+            "--server-selector",
+            "DBOPS_SERVER_SELECTOR",
+            "tier=gold",
+            "--server-selector=dbops.dev/test-namespace=t-1",
         );
     }
 }

@@ -112,6 +112,60 @@ where
     }
 }
 
+/// Polls object `name` of `api` until it exists and satisfies `done` (`what` says what that
+/// is); returns it. On timeout panics with the object as last seen ([`ObjectView`]) and
+/// `logs()` (the controllers' logs, redacted): for tests.
+pub async fn object_or_logs<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    done: impl Fn(&K) -> bool,
+    logs: impl FnOnce() -> String,
+) -> K
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + Debug,
+{
+    let found = wait_for(
+        &format!("{} {name}: {what}", K::kind(&())),
+        timeout,
+        || async { Ok(api.get_opt(name).await?.map(ObjectView)) },
+        |o| o.as_ref().is_some_and(|o| done(&o.0)),
+    )
+    .await;
+    match found {
+        Ok(Some(o)) => o.0,
+        Ok(None) => unreachable!("done held for an object"),
+        Err(e) => panic!("{e:#}\n{}", logs()),
+    }
+}
+
+/// An object shown in failure messages by its kind, name, finalizers, whether it is being
+/// deleted, and its status.
+pub struct ObjectView<K>(pub K);
+
+impl<K: kube::Resource<DynamicType = ()> + serde::Serialize> Debug for ObjectView<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let meta = self.0.meta();
+        let status = serde_json::to_value(&self.0)
+            .ok()
+            .and_then(|v| v.get("status").cloned())
+            .unwrap_or_default();
+        write!(
+            f,
+            "{} {:?} finalizers {:?} deleting {} status {status}",
+            K::kind(&()),
+            meta.name,
+            meta.finalizers,
+            meta.deletion_timestamp.is_some(),
+        )
+    }
+}
+
 /// A condition a test waits for: type and status, and the reason when given. By default
 /// the status must also describe the object's current generation.
 #[derive(Debug, Clone, Copy)]

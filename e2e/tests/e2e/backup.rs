@@ -18,6 +18,7 @@ use dbops_e2e::fixtures::merge_patch;
 use dbops_e2e::fixtures::{Connection, create_admin_secret};
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::s3::S3Server;
+use dbops_e2e::wait::ObjectView;
 use dbops_e2e::wait::Want;
 use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::Secret;
@@ -354,22 +355,13 @@ impl Setup {
         timeout: Duration,
         done: impl Fn(&Backup) -> bool,
     ) -> Backup {
-        let backups = self.backups();
-        let found = dbops_e2e::wait::wait_for(
-            &format!("Backup {name}: {what}"),
-            timeout,
-            || async { Ok(backups.get_opt(name).await?.map(BackupView)) },
-            |b| b.as_ref().is_some_and(|b| done(&b.0)),
-        )
-        .await;
-        match found {
-            Ok(Some(b)) => b.0,
-            Ok(None) => unreachable!(),
-            Err(e) => panic!(
-                "{e:#}\n---- backup-controller log ----\n{}",
+        dbops_e2e::wait::object_or_logs(&self.backups(), name, what, timeout, done, || {
+            format!(
+                "---- backup-controller log ----\n{}",
                 self.log("backup-controller", 8000)
-            ),
-        }
+            )
+        })
+        .await
     }
 
     /// Mid-dump: Running, and pg_dump's output is reaching the store.
@@ -470,22 +462,6 @@ impl Drop for Setup {
                 eprintln!("---- s3s-fs log tail ----\n{}", s3.log_tail(3000));
             }
         }
-    }
-}
-
-/// A Backup shown by its status only, for failure messages.
-struct BackupView(Backup);
-
-impl std::fmt::Debug for BackupView {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Backup {:?} finalizers {:?} deleting {} status {}",
-            self.0.metadata.name,
-            self.0.metadata.finalizers,
-            self.0.metadata.deletion_timestamp.is_some(),
-            serde_json::to_string(&self.0.status).unwrap_or_default()
-        )
     }
 }
 
@@ -709,7 +685,7 @@ async fn two_replicas_run_each_attempt_once_and_take_over_from_a_dead_runner() {
         attempts(&done),
         1,
         "one attempt by one replica: {:?}",
-        BackupView(done.clone())
+        ObjectView(done.clone())
     );
     let started: Vec<String> =
         dbops_e2e::fixtures::events_about(&s.b.client, s.ns(), "Backup", "big-1")
@@ -747,7 +723,7 @@ async fn two_replicas_run_each_attempt_once_and_take_over_from_a_dead_runner() {
         "the dump should have been interrupted mid-way; choose a bigger pgbench scale"
     );
     let done = s.wait_completed("big-2", BIG_DUMP).await;
-    assert_eq!(attempts(&done), 2, "{:?}", BackupView(done.clone()));
+    assert_eq!(attempts(&done), 2, "{:?}", ObjectView(done.clone()));
     assert_eq!(runner_of(&done).as_deref(), Some(survivor.as_str()));
     verify_artifact(&s, &done);
     let mut expected: Vec<String> = ["big-1", "big-2"]
@@ -797,7 +773,7 @@ async fn a_backup_created_in_an_outage_waits_without_spending_retries() {
     dbops_e2e::wait::holds_for(
         "the Backup waits without an attempt",
         Duration::from_secs(15),
-        || async { Ok(BackupView(backups.get("app-1").await?)) },
+        || async { Ok(ObjectView(backups.get("app-1").await?)) },
         |b| {
             phase(&b.0) == Some(BackupPhase::Pending)
                 && attempts(&b.0) == 0
@@ -812,7 +788,7 @@ async fn a_backup_created_in_an_outage_waits_without_spending_retries() {
 
     s.pg.start_again().await.unwrap();
     let done = s.wait_completed("app-1", READY).await;
-    assert_eq!(attempts(&done), 1, "{:?}", BackupView(done.clone()));
+    assert_eq!(attempts(&done), 1, "{:?}", ObjectView(done.clone()));
     verify_artifact(&s, &done);
 }
 
@@ -849,7 +825,7 @@ async fn an_unwritable_store_is_retried_then_failed() {
             Want::new("Failed", "True", Some("StoreUnavailable"))
         ),
         "{:?}",
-        BackupView(failed.clone())
+        ObjectView(failed.clone())
     );
     assert!(has(&failed, Want::new("Progressing", "False", None)));
     assert!(has(
@@ -1154,7 +1130,7 @@ async fn a_backup_waits_for_its_database_to_be_ready() {
     dbops_e2e::wait::holds_for(
         "the Backup keeps waiting while its Database is not Ready",
         Duration::from_secs(6),
-        || async { Ok(s.backups().get("late-1").await.map(BackupView)?) },
+        || async { Ok(s.backups().get("late-1").await.map(ObjectView)?) },
         |b| phase(&b.0) == Some(BackupPhase::Pending) && attempts(&b.0) == 0,
     )
     .await
@@ -1186,8 +1162,8 @@ async fn one_dump_per_server_at_a_time() {
         assert!(
             !(phase(&a) == Some(BackupPhase::Running) && phase(&b) == Some(BackupPhase::Running)),
             "two dumps of one server ran at once: {:?} {:?}",
-            BackupView(a),
-            BackupView(b)
+            ObjectView(a),
+            ObjectView(b)
         );
         saw_waiting |= [&a, &b]
             .iter()
@@ -1203,8 +1179,8 @@ async fn one_dump_per_server_at_a_time() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "both Backups did not complete within {READY:?}: {:?} {:?}\n{}",
-            BackupView(a),
-            BackupView(b),
+            ObjectView(a),
+            ObjectView(b),
             s.log("backup-controller", 6000)
         );
         tokio::time::sleep(dbops_e2e::wait::POLL_INTERVAL).await;
@@ -1248,7 +1224,7 @@ async fn refused_credentials_fail_the_backup_at_once() {
             Want::new("Failed", "True", Some("AuthenticationFailed"))
         ),
         "{:?}",
-        BackupView(failed.clone())
+        ObjectView(failed.clone())
     );
     assert_eq!(attempts(&failed), 1, "a permanent failure is not retried");
     assert!(s.store_files().is_empty(), "{:?}", s.store_files());

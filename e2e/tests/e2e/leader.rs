@@ -845,45 +845,10 @@ impl Scenario {
         timeout: Duration,
         done: impl Fn(&Backup) -> bool,
     ) -> Backup {
-        let status = |b: &Backup| b.status.clone();
-        self.wait_object(self.backups(), "Backup", name, what, timeout, status, done)
-            .await
-    }
-
-    /// Waits until object `name` satisfies `done`, showing its status while it does not;
-    /// on timeout the panic shows the logs.
-    #[allow(clippy::too_many_arguments)]
-    async fn wait_object<K, S>(
-        &self,
-        api: Api<K>,
-        kind: &str,
-        name: &str,
-        what: &str,
-        timeout: Duration,
-        status: impl Fn(&K) -> Option<S>,
-        done: impl Fn(&K) -> bool,
-    ) -> K
-    where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-        S: serde::Serialize,
-    {
-        let found = dbops_e2e::wait::wait_for(
-            &format!("{kind} {name}: {what}"),
-            timeout,
-            || async {
-                Ok(api
-                    .get_opt(name)
-                    .await?
-                    .map(|o| StatusView(o.meta().name.clone(), status(&o), o)))
-            },
-            |o| o.as_ref().is_some_and(|o| done(&o.2)),
-        )
-        .await;
-        match found {
-            Ok(Some(o)) => o.2,
-            Ok(None) => unreachable!(),
-            Err(e) => panic!("{e:#}\n{}", self.logs_text()),
-        }
+        dbops_e2e::wait::object_or_logs(&self.backups(), name, what, timeout, done, || {
+            self.logs_text()
+        })
+        .await
     }
 
     /// Migration `name` of Database `db` to the target server, not waited for.
@@ -902,30 +867,10 @@ impl Scenario {
         timeout: Duration,
         done: impl Fn(&Migration) -> bool,
     ) -> Migration {
-        let status = |m: &Migration| m.status.clone();
-        self.wait_object(
-            self.migrations(),
-            "Migration",
-            name,
-            what,
-            timeout,
-            status,
-            done,
-        )
+        dbops_e2e::wait::object_or_logs(&self.migrations(), name, what, timeout, done, || {
+            self.logs_text()
+        })
         .await
-    }
-}
-
-struct StatusView<S, K>(Option<String>, Option<S>, K);
-
-impl<S: serde::Serialize, K> std::fmt::Debug for StatusView<S, K> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{:?} status {}",
-            self.0,
-            serde_json::to_string(&self.1).unwrap_or_default()
-        )
     }
 }
 

@@ -28,7 +28,7 @@ use dbops_e2e::fixtures::{
     Connection, create_admin_secret, create_backup, create_migration, server_name,
 };
 use dbops_e2e::postgres::{LOGICAL_REPLICATION, client_bin_dir, redact_passwords, server_majors};
-use dbops_e2e::wait::{Want, wait_for};
+use dbops_e2e::wait::Want;
 use dbops_e2e::{ControllerProcess, PgServer};
 use kube::api::Api;
 use serde_json::json;
@@ -261,24 +261,14 @@ impl Majors {
         done: impl Fn(&K) -> bool,
     ) -> K
     where
-        K: kube::Resource
+        K: kube::Resource<DynamicType = ()>
             + Clone
             + serde::de::DeserializeOwned
             + serde::Serialize
             + std::fmt::Debug,
     {
-        let found = wait_for(
-            &format!("{name}: {what}"),
-            timeout,
-            || async { Ok(api.get_opt(name).await?.map(StatusView)) },
-            |k| k.as_ref().is_some_and(|k| done(&k.0)),
-        )
-        .await;
-        match found {
-            Ok(Some(k)) => k.0,
-            Ok(None) => unreachable!("done held for an object"),
-            Err(e) => panic!("{e:#}\n{}", self.logs_of_all()),
-        }
+        dbops_e2e::wait::object_or_logs(&api, name, what, timeout, done, || self.logs_of_all())
+            .await
     }
 
     fn databases(&self) -> Api<Database> {
@@ -682,25 +672,6 @@ fn assert_major(version: Option<&str>, major: u32, what: &str) {
         version.is_some_and(|v| v.starts_with(&format!("{major}."))),
         "{what}: server version {version:?}, not PostgreSQL {major}"
     );
-}
-
-/// An object shown by its status only, for failure messages.
-struct StatusView<K>(K);
-
-impl<K: serde::Serialize> std::fmt::Debug for StatusView<K> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let value = serde_json::to_value(&self.0).unwrap_or_default();
-        write!(
-            f,
-            "{} {} status {}",
-            value["kind"].as_str().unwrap_or("object"),
-            value["metadata"]["name"].as_str().unwrap_or_default(),
-            value
-                .get("status")
-                .map(|s| s.to_string())
-                .unwrap_or_default()
-        )
-    }
 }
 
 /// 13 → 18, the oldest supported major to the newest, in Dump and in Logical mode, side by

@@ -23,6 +23,7 @@ use dbops_e2e::fixtures::{create_admin_secret, server_name};
 use dbops_e2e::jaeger::Jaeger;
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::tls::TestCa;
+use dbops_e2e::wait::ObjectView;
 use dbops_e2e::wait::{Want, wait_for};
 use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::{Event, Secret};
@@ -377,22 +378,13 @@ impl Setup {
         timeout: Duration,
         done: impl Fn(&Migration) -> bool,
     ) -> Migration {
-        let api = self.migrations();
-        let found = wait_for(
-            &format!("Migration {name}: {what}"),
-            timeout,
-            || async { Ok(api.get_opt(name).await?.map(MigrationView)) },
-            |m| m.as_ref().is_some_and(|m| done(&m.0)),
-        )
-        .await;
-        match found {
-            Ok(Some(m)) => m.0,
-            Ok(None) => unreachable!(),
-            Err(e) => panic!(
-                "{e:#}\n---- migration-controller log ----\n{}",
+        dbops_e2e::wait::object_or_logs(&self.migrations(), name, what, timeout, done, || {
+            format!(
+                "---- migration-controller log ----\n{}",
                 self.log("migration-controller", 12000)
-            ),
-        }
+            )
+        })
+        .await
     }
 
     pub(crate) async fn wait_phase(
@@ -460,22 +452,6 @@ fn bin(name: &str) -> String {
         .to_string()
 }
 
-/// A Migration shown by its status only, for failure messages.
-struct MigrationView(Migration);
-
-impl std::fmt::Debug for MigrationView {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Migration {:?} finalizers {:?} deleting {} status {}",
-            self.0.metadata.name,
-            self.0.metadata.finalizers,
-            self.0.metadata.deletion_timestamp.is_some(),
-            serde_json::to_string(&self.0.status).unwrap_or_default()
-        )
-    }
-}
-
 pub(crate) fn phase_of(m: &Migration) -> Option<MigrationPhase> {
     m.status.as_ref().and_then(|s| s.phase)
 }
@@ -487,6 +463,23 @@ pub(crate) fn condition<'a>(
     m.status
         .as_ref()
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+}
+
+/// Asserts that one of `events` has `reason`; the message lists the reasons there are.
+pub(crate) fn assert_has_event(events: &[Event], reason: &str) {
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some(reason)),
+        "no {reason} Event: {:?}",
+        events.iter().map(|e| e.reason.clone()).collect::<Vec<_>>()
+    );
+}
+
+/// Each of `needles` stands in exactly one statement of `ddl` (a server's DDL log).
+pub(crate) fn assert_each_once(ddl: &[String], needles: &[&str]) {
+    for needle in needles {
+        let n = ddl.iter().filter(|l| l.contains(needle)).count();
+        assert_eq!(n, 1, "{needle}: {ddl:#?}");
+    }
 }
 
 pub(crate) fn step_state(m: &Migration, step: MigrationStep) -> Option<StepState> {
@@ -761,14 +754,7 @@ async fn a_database_moves_with_every_committed_write() {
     // An Event per step, and the step durations in the metrics.
     let events = s.events_about("Migration", "app-move").await;
     for step in MigrationStep::DUMP {
-        let reason = format!("{}Succeeded", step.as_str());
-        assert!(
-            events
-                .iter()
-                .any(|e| e.reason.as_deref() == Some(reason.as_str())),
-            "no {reason} Event: {:?}",
-            events.iter().map(|e| e.reason.clone()).collect::<Vec<_>>()
-        );
+        assert_has_event(&events, &format!("{}Succeeded", step.as_str()));
     }
     let (_, metrics) = s
         .migration_controller
@@ -862,11 +848,7 @@ async fn a_failed_snapshot_rolls_back() {
     assert!(!s.target.database_exists("app").await.unwrap());
     assert!(!s.target.role_exists("app").await.unwrap());
     let events = s.events_about("Migration", "app-move").await;
-    assert!(
-        events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("RolledBack"))
-    );
+    assert_has_event(&events, "RolledBack");
 }
 
 /// (2c) The target goes away after the freeze: ProvisionTarget fails its attempts, the
@@ -1017,31 +999,17 @@ async fn a_controller_killed_at_every_step_resumes_to_succeeded() {
     // No side effect was repeated: each DDL of the saga ran once.
     let target_ddl = s.target.ddl_statements().unwrap();
     let source_ddl = s.source.ddl_statements().unwrap();
-    let count = |ddl: &[String], needle: &str| ddl.iter().filter(|l| l.contains(needle)).count();
-    assert_eq!(
-        count(&target_ddl, "CREATE ROLE \"app\""),
-        1,
-        "{target_ddl:#?}"
+    assert_each_once(
+        &target_ddl,
+        &[
+            "CREATE ROLE \"app\"",
+            "CREATE DATABASE \"app\"",
+            "CREATE TABLE public.pgbench_accounts",
+        ],
     );
-    assert_eq!(
-        count(&target_ddl, "CREATE DATABASE \"app\""),
-        1,
-        "{target_ddl:#?}"
-    );
-    assert_eq!(
-        count(&target_ddl, "CREATE TABLE public.pgbench_accounts"),
-        1,
-        "{target_ddl:#?}"
-    );
-    assert_eq!(
-        count(&source_ddl, "CONNECTION LIMIT 0"),
-        1,
-        "{source_ddl:#?}"
-    );
-    assert_eq!(
-        count(&source_ddl, "DROP DATABASE IF EXISTS \"app\""),
-        1,
-        "{source_ddl:#?}"
+    assert_each_once(
+        &source_ddl,
+        &["CONNECTION LIMIT 0", "DROP DATABASE IF EXISTS \"app\""],
     );
     // sourceRetention Drop: the source database and role are gone; the Database lives on
     // the target.
@@ -1138,7 +1106,7 @@ async fn a_second_migration_is_refused_and_a_deleted_one_rolls_back() {
     wait_for(
         "Migration first to be gone",
         SAGA,
-        || async { Ok(api.get_opt("first").await?.map(MigrationView)) },
+        || async { Ok(api.get_opt("first").await?.map(ObjectView)) },
         |m| m.is_none(),
     )
     .await
@@ -1400,7 +1368,7 @@ async fn an_extension_schema_on_the_target_does_not_pass_for_copied_data() {
         phase_of(&m),
         Some(MigrationPhase::Succeeded),
         "{:?}",
-        MigrationView(m.clone())
+        ObjectView(m.clone())
     );
     let accounts =
         Setup::superuser_scalar_i64(&s.target, "app", "SELECT count(*) FROM pgbench_accounts")

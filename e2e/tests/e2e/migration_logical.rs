@@ -25,7 +25,8 @@ use kube::api::Api;
 use serde_json::json;
 
 use crate::migration::{
-    Conn, DEBUG_EXIT, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, condition, step_state,
+    Conn, DEBUG_EXIT, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, assert_each_once, assert_has_event,
+    condition, step_state,
 };
 
 /// The source's settings for logical replication.
@@ -176,24 +177,35 @@ impl Writer {
     }
 }
 
+/// Migration `name`, stopped right after its slot was created: the slot is on the source
+/// and nothing of the subscription is recorded in its status (`at` says when).
+async fn assert_slot_without_subscription(s: &Setup, name: &str, at: &str) {
+    let m = s.migrations().get(name).await.unwrap();
+    let slot = replication_name(&m);
+    assert!(
+        leftovers(s).await.contains(&format!("source slot {slot}")),
+        "the slot exists {at}"
+    );
+    assert_eq!(
+        m.status
+            .as_ref()
+            .and_then(|st| st.replication.as_ref())
+            .and_then(|r| r.subscription_oid),
+        None,
+        "nothing of the subscription is recorded {at}"
+    );
+}
+
 /// A session as the connection Secret says now (`None` when it cannot log in).
 async fn connect(secrets: &Api<Secret>, name: &str) -> Option<tokio_postgres::Client> {
-    let secret = secrets.get(name).await.ok()?;
-    let data = secret.data.unwrap_or_default();
-    let value = |k: &str| {
-        data.get(k)
-            .and_then(|v| String::from_utf8(v.0.clone()).ok())
-            .unwrap_or_default()
-    };
-    let mut config = tokio_postgres::Config::new();
-    config
-        .host(value("PGHOST"))
-        .port(value("PGPORT").parse().ok()?)
-        .user(value("PGUSER"))
-        .password(value("PGPASSWORD"))
-        .dbname(value("PGDATABASE"))
-        .connect_timeout(Duration::from_secs(5));
-    let (client, connection) = config.connect(tokio_postgres::NoTls).await.ok()?;
+    let (client, connection) = Conn::read(secrets, name)
+        .await
+        .ok()?
+        .config()
+        .connect_timeout(Duration::from_secs(5))
+        .connect(tokio_postgres::NoTls)
+        .await
+        .ok()?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -304,19 +316,9 @@ async fn logical_migration_keeps_every_write_and_leaves_nothing_behind() {
     }
     let events = s.events_about("Migration", "app-move").await;
     for step in MigrationStep::LOGICAL {
-        let reason = format!("{}Succeeded", step.as_str());
-        assert!(
-            events
-                .iter()
-                .any(|e| e.reason.as_deref() == Some(reason.as_str())),
-            "no {reason} Event"
-        );
+        assert_has_event(&events, &format!("{}Succeeded", step.as_str()));
     }
-    assert!(
-        events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("LogicalModeChosen"))
-    );
+    assert_has_event(&events, "LogicalModeChosen");
 }
 
 /// (2) A source without `wal_level=logical`: `Logical` is refused at Preflight (nothing
@@ -579,20 +581,7 @@ async fn a_controller_killed_at_every_logical_step_resumes_to_one_success() {
         let code = s.wait_migration_controller_exit(SAGA);
         assert_eq!(code, Some(DEBUG_EXIT), "the process stopped at {point}");
         if point == "Replicate:slot-created" {
-            let m = s.migrations().get("app-move").await.unwrap();
-            let slot = replication_name(&m);
-            assert!(
-                leftovers(&s).await.contains(&format!("source slot {slot}")),
-                "the slot exists at {point}"
-            );
-            assert_eq!(
-                m.status
-                    .as_ref()
-                    .and_then(|st| st.replication.as_ref())
-                    .and_then(|r| r.subscription_oid),
-                None,
-                "nothing of the subscription is recorded at {point}"
-            );
+            assert_slot_without_subscription(&s, "app-move", &format!("at {point}")).await;
             slot_seen = true;
         }
     }
@@ -632,23 +621,24 @@ async fn a_controller_killed_at_every_logical_step_resumes_to_one_success() {
     // Each object was created once, whatever the crashes.
     let source_ddl = s.source.ddl_statements().unwrap();
     let target_ddl = s.target.ddl_statements().unwrap();
-    let count = |ddl: &[String], needle: &str| ddl.iter().filter(|l| l.contains(needle)).count();
-    for needle in [
-        "CREATE PUBLICATION",
-        "DROP PUBLICATION",
-        "CREATE ROLE \"dbops_mig_",
-        "DROP ROLE \"dbops_mig_",
-        "CONNECTION LIMIT 0",
-    ] {
-        assert_eq!(count(&source_ddl, needle), 1, "{needle}: {source_ddl:#?}");
-    }
-    for needle in [
-        "CREATE DATABASE \"app\"",
-        "CREATE TABLE public.items",
-        "DROP SUBSCRIPTION",
-    ] {
-        assert_eq!(count(&target_ddl, needle), 1, "{needle}: {target_ddl:#?}");
-    }
+    assert_each_once(
+        &source_ddl,
+        &[
+            "CREATE PUBLICATION",
+            "DROP PUBLICATION",
+            "CREATE ROLE \"dbops_mig_",
+            "DROP ROLE \"dbops_mig_",
+            "CONNECTION LIMIT 0",
+        ],
+    );
+    assert_each_once(
+        &target_ddl,
+        &[
+            "CREATE DATABASE \"app\"",
+            "CREATE TABLE public.items",
+            "DROP SUBSCRIPTION",
+        ],
+    );
 }
 
 /// (6) A step before SwitchTraffic fails for good once its effects are done
@@ -809,20 +799,7 @@ async fn a_crash_between_creating_the_slot_and_recording_it_leaves_no_slot() {
         .await;
     s.start_migration_controller(&["--debug-exit-at=Replicate:slot-created"]);
     assert_eq!(s.wait_migration_controller_exit(SAGA), Some(DEBUG_EXIT));
-    let m = s.migrations().get("first").await.unwrap();
-    let slot = replication_name(&m);
-    assert!(
-        leftovers(&s).await.contains(&format!("source slot {slot}")),
-        "the slot exists"
-    );
-    assert_eq!(
-        m.status
-            .as_ref()
-            .and_then(|st| st.replication.as_ref())
-            .and_then(|r| r.subscription_oid),
-        None,
-        "nothing of it is recorded"
-    );
+    assert_slot_without_subscription(&s, "first", "after the crash").await;
     s.migrations()
         .delete("first", &kube::api::DeleteParams::default())
         .await
