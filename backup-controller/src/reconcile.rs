@@ -29,7 +29,7 @@ use dbops_shared::controller::Context;
 use dbops_shared::events::Recorder;
 use dbops_shared::memo::Memo;
 use dbops_shared::pg_tools;
-use dbops_shared::postgres::{PgError, ServerKey, Servers};
+use dbops_shared::postgres::{ServerKey, Servers, ddl};
 use dbops_shared::server::{Directory, Resolved};
 use kube::ResourceExt;
 use kube::api::Api;
@@ -526,19 +526,7 @@ async fn run_attempt(
         .servers
         .connect(&endpoint, &credentials, &dbname)
         .await?;
-    let row = session
-        .query_one(
-            "SELECT current_setting('server_version'), current_setting('server_version_num')::int",
-            &[],
-        )
-        .await
-        .map_err(PgError::sql("reading server_version"))?;
-    let server_version: String = row
-        .try_get(0)
-        .map_err(PgError::sql("reading server_version"))?;
-    let server_version_num: i32 = row
-        .try_get(1)
-        .map_err(PgError::sql("reading server_version_num"))?;
+    let (server_version_num, server_version) = ddl::server_version(&session).await?;
     drop(session);
     let pg_dumps = state.clients.pg_dumps().await;
     if pg_dumps.is_empty() {

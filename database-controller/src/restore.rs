@@ -26,7 +26,7 @@ use dbops_api::{Backup, BackupPhase, Database};
 use dbops_shared::backup_store::{BackupStore, ObjectKey, StoreError, traced};
 use dbops_shared::checksum::HashingReader;
 use dbops_shared::pg_tools::{self, Connection};
-use dbops_shared::postgres::{Endpoint, Session};
+use dbops_shared::postgres::{Endpoint, Session, ddl};
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 use tokio::io::AsyncWriteExt;
@@ -205,16 +205,7 @@ async fn pick_pg_restore(
     restorer: &Restorer,
     artifact: &Verified,
 ) -> Result<std::path::PathBuf> {
-    let row = session
-        .query_one(
-            "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
-            &[],
-        )
-        .await
-        .map_err(dbops_shared::postgres::PgError::sql(
-            "reading the server version",
-        ))?;
-    let (num, version): (i32, String) = (row.get(0), row.get(1));
+    let (num, version) = ddl::server_version(session).await?;
     let target_major = u32::try_from(num / 10000).unwrap_or(0);
     let pg_restores = restorer.clients.pg_restores().await;
     let archive_major = artifact

@@ -13,7 +13,7 @@ use dbops_shared::postgres::{PgError, Session, password_verifier, quote_ident, q
 
 pub use ddl::{
     comment_database, create_extension, create_role, drop_database, drop_role,
-    is_marked as is_ours, mark, mark_database, observe,
+    installed_extensions, is_marked as is_ours, mark, mark_database, observe,
 };
 
 /// The second word of a database's mark while `spec.restoreFrom` has not been restored
@@ -78,13 +78,4 @@ pub async fn set_connection_limit(s: &Session, database: &str, limit: i32) -> Re
         format!("setting the connection limit of {database}"),
     )
     .await
-}
-
-/// Extensions installed in the database the session is connected to.
-pub async fn installed_extensions(s: &Session) -> Result<Vec<String>, PgError> {
-    let rows = s
-        .query("SELECT extname::text FROM pg_extension", &[])
-        .await
-        .map_err(PgError::sql("reading pg_extension"))?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
 }

@@ -20,7 +20,7 @@ pub use ddl::is_marked as is_databases;
 pub use ddl::mark as database_mark;
 pub use ddl::{
     create_database, create_extension, create_role, drop_database, drop_role, mark_database,
-    observe,
+    observe, server_version,
 };
 
 /// The mark of objects this Migration created on the target.
@@ -38,29 +38,12 @@ pub fn is_migrations(comment: Option<&str>, database_uid: &str, migration_uid: &
         && ddl::has_note(comment, &format!("dbops.dev/migration={migration_uid}"))
 }
 
-/// The server's version: `server_version_num` (for example 150014) and the text.
-pub async fn server_version(s: &Session) -> Result<(i32, String), PgError> {
-    let row = s
-        .query_one(
-            "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
-            &[],
-        )
-        .await
-        .map_err(PgError::sql("reading the server version"))?;
-    Ok((row.get(0), row.get(1)))
-}
-
 /// Extensions installed in the database the session is connected to (not plpgsql, which
 /// every database has).
 pub async fn installed_extensions(s: &Session) -> Result<Vec<String>, PgError> {
-    let rows = s
-        .query(
-            "SELECT extname::text FROM pg_extension WHERE extname <> 'plpgsql' ORDER BY 1",
-            &[],
-        )
-        .await
-        .map_err(PgError::sql("reading pg_extension"))?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    let mut installed = ddl::installed_extensions(s).await?;
+    installed.retain(|e| e != "plpgsql");
+    Ok(installed)
 }
 
 /// Extensions the server can install.

@@ -1,6 +1,6 @@
-//! The statements both the database-controller and the migration-controller run on a
-//! server: observing a Database's role and database, creating and marking them, and
-//! dropping them. What only one controller needs stays in its own `sql` module.
+//! The statements more than one controller runs on a server: reading its version and a
+//! database's extensions, observing a Database's role and database, creating and marking
+//! them, and dropping them. What only one controller needs stays in its own `sql` module.
 //!
 //! Every identifier and literal goes through [`quote_ident`]/[`quote_literal`] or a bind
 //! parameter; passwords reach the server only as SCRAM verifiers ([`password_verifier`]).
@@ -87,6 +87,26 @@ pub struct DatabaseInfo {
     pub owner: String,
     pub connection_limit: i32,
     pub comment: Option<String>,
+}
+
+/// The server's version: `server_version_num` (for example 150014) and the text (for
+/// example `15.14 (Debian 15.14-0+deb12u1)`).
+pub async fn server_version(s: &Session) -> Result<(i32, String), PgError> {
+    let row = s
+        .query_one(
+            // The statement the e2e traces test looks for in the backup-controller's trace.
+            "SELECT current_setting('server_version'), current_setting('server_version_num')::int",
+            &[],
+        )
+        .await
+        .map_err(PgError::sql("reading the server version"))?;
+    let text = row
+        .try_get(0)
+        .map_err(PgError::sql("reading the server version"))?;
+    let num = row
+        .try_get(1)
+        .map_err(PgError::sql("reading the server version"))?;
+    Ok((num, text))
 }
 
 /// Reads the server version, the role and the database in one round trip (no writes).
@@ -195,6 +215,15 @@ pub async fn create_extension(s: &Session, extension: &str) -> Result<(), PgErro
         format!("creating extension {extension}"),
     )
     .await
+}
+
+/// Extensions installed in the database the session is connected to, by name.
+pub async fn installed_extensions(s: &Session) -> Result<Vec<String>, PgError> {
+    let rows = s
+        .query("SELECT extname::text FROM pg_extension ORDER BY 1", &[])
+        .await
+        .map_err(PgError::sql("reading pg_extension"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
 /// Ends every session on the database and drops it; a missing database is success.
