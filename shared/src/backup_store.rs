@@ -927,21 +927,7 @@ impl BackupStore {
             }
         }
         let probe = root.join(format!(".dbops-probe-{:016x}", rand::random::<u64>()));
-        let written = async {
-            let mut file = tokio::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&probe)
-                .await
-                .map_err(self.io(format!("creating {}", probe.display())))?;
-            file.write_all(b"dbops write probe\n")
-                .await
-                .map_err(self.io(format!("writing {}", probe.display())))?;
-            file.sync_all()
-                .await
-                .map_err(self.io(format!("syncing {}", probe.display())))
-        }
-        .await;
+        let written = self.write_synced(&probe, b"dbops write probe\n").await;
         let removed = tokio::fs::remove_file(&probe).await;
         written?;
         match removed {
