@@ -278,6 +278,13 @@ pub enum MigrationPhase {
     RolledBack,
 }
 
+impl MigrationPhase {
+    /// Whether the Migration has ended: Succeeded, Failed or RolledBack.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::RolledBack)
+    }
+}
+
 /// A step of the migration saga. The order of the steps depends on the mode
 /// ([`MigrationStep::DUMP`], [`MigrationStep::LOGICAL`]).
 #[derive(

@@ -249,14 +249,11 @@ async fn active_migration(ctx: &Context<State>, db: &Database) -> Result<Option<
         .find(|m| {
             m.metadata.namespace.as_deref() == Some(namespace.as_str())
                 && m.spec.database_ref.name == name
-                && !matches!(
-                    m.status.as_ref().and_then(|s| s.phase),
-                    Some(
-                        MigrationPhase::Succeeded
-                            | MigrationPhase::Failed
-                            | MigrationPhase::RolledBack
-                    )
-                )
+                && !m
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .is_some_and(MigrationPhase::is_final)
         })
         .map(|m| m.name_any()))
 }

@@ -94,10 +94,7 @@ pub fn any_started(status: &MigrationStatus) -> bool {
 
 /// Whether the phase is final.
 pub fn is_terminal(status: &MigrationStatus) -> bool {
-    matches!(
-        status.phase,
-        Some(MigrationPhase::Succeeded | MigrationPhase::Failed | MigrationPhase::RolledBack)
-    )
+    status.phase.is_some_and(MigrationPhase::is_final)
 }
 
 /// Sets the three conditions at once.
