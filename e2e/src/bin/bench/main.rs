@@ -199,6 +199,20 @@ pub(crate) async fn create_databases(
     ready
 }
 
+/// [`create_databases`] of `count` Databases named `name(i)` on `server` in namespace `ns`,
+/// 16 at a time, until all are Ready ([`wait_all_ready`]).
+pub(crate) async fn create_all_ready(
+    client: &kube::Client,
+    ns: &str,
+    server: &str,
+    count: usize,
+    name: impl Fn(usize) -> String,
+) -> Result<()> {
+    let dbs: Api<Database> = Api::namespaced(client.clone(), ns);
+    let all_ready = wait_all_ready(dbs.clone(), count);
+    create_databases(count, 16, server, |_| dbs.clone(), name, all_ready).await
+}
+
 /// Waits until Database `name` of `api` is Ready=True (Provisioned), polling, for at most
 /// `limit`.
 pub(crate) async fn wait_provisioned(
@@ -617,28 +631,16 @@ impl BenchServer {
         port: u16,
     ) -> Result<Self> {
         let controller_namespace = namespace(client, &format!("{tenant}-system")).await?;
-        let secret: Secret = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "pg-admin"},
-            "stringData": {"username": "postgres", "password": pg.superuser_password()}
-        }))?;
-        Api::<Secret>::namespaced(client.clone(), &controller_namespace)
-            .create(&PostParams::default(), &secret)
-            .await
-            .context("creating the admin Secret")?;
-        let server: DatabaseServer = serde_json::from_value(serde_json::json!({
-            "apiVersion": "dbops.dev/v1alpha1", "kind": "DatabaseServer",
-            "metadata": {"name": tenant, "labels": {BENCH_LABEL: tenant}},
-            "spec": {
-                "host": host, "port": port,
-                "adminSecretRef": {"name": "pg-admin"},
-                "tls": {"mode": "disable"},
-                "allowedNamespaces": {},
-            }
-        }))?;
-        Api::<DatabaseServer>::all(client.clone())
-            .create(&PostParams::default(), &server)
-            .await
-            .with_context(|| format!("creating DatabaseServer {tenant}"))?;
+        create_server_with_admin(
+            client,
+            &controller_namespace,
+            "pg-admin",
+            tenant,
+            (host, port),
+            pg,
+            (BENCH_LABEL, tenant),
+        )
+        .await?;
         Ok(Self {
             name: tenant.to_string(),
             controller_namespace,
@@ -861,8 +863,32 @@ pub(crate) async fn create_plain_server(
     pg: &PgServer,
     label: (&str, &str),
 ) -> Result<()> {
+    let admin = format!("{name}-admin");
+    create_server_with_admin(
+        client,
+        system,
+        &admin,
+        name,
+        (pg.host(), pg.port()),
+        pg,
+        label,
+    )
+    .await
+}
+
+/// The admin Secret `system/admin` (the superuser of `pg`) and the DatabaseServer `name`
+/// with it, reached at `host:port`: plain TCP, every namespace allowed, labelled `label`.
+async fn create_server_with_admin(
+    client: &kube::Client,
+    system: &str,
+    admin: &str,
+    name: &str,
+    (host, port): (&str, u16),
+    pg: &PgServer,
+    label: (&str, &str),
+) -> Result<()> {
     let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("{name}-admin")},
+        "metadata": {"name": admin},
         "stringData": {"username": "postgres", "password": pg.superuser_password()}
     }))?;
     Api::<Secret>::namespaced(client.clone(), system)
@@ -873,8 +899,8 @@ pub(crate) async fn create_plain_server(
         "apiVersion": "dbops.dev/v1alpha1", "kind": "DatabaseServer",
         "metadata": {"name": name, "labels": {label.0: label.1}},
         "spec": {
-            "host": pg.host(), "port": pg.port(),
-            "adminSecretRef": {"name": format!("{name}-admin")},
+            "host": host, "port": port,
+            "adminSecretRef": {"name": admin},
             "tls": {"mode": "disable"},
             "allowedNamespaces": {},
         }

@@ -21,7 +21,7 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::{BenchServer, namespace, wait_all_ready};
+use crate::{BenchServer, namespace};
 
 #[derive(clap::Args, Debug)]
 pub struct OutageArgs {
@@ -102,16 +102,9 @@ pub async fn run(args: OutageArgs) -> Result<()> {
         args.databases, args.outage_secs
     );
 
-    let dbs: Api<Database> = Api::namespaced(client.clone(), &ns);
-    let all_ready = wait_all_ready(dbs.clone(), args.databases);
-    crate::create_databases(
-        args.databases,
-        16,
-        &server.name,
-        |_| dbs.clone(),
-        |i| format!("db-{i:04}"),
-        all_ready,
-    )
+    crate::create_all_ready(&client, &ns, &server.name, args.databases, |i| {
+        format!("db-{i:04}")
+    })
     .await?;
 
     // The outage.
@@ -125,6 +118,7 @@ pub async fn run(args: OutageArgs) -> Result<()> {
     let writes: Vec<_> = cp.audit_writes(user, None)?.split_off(writes_before);
     pg.start_again().await?;
     let back_at = Instant::now();
+    let dbs: Api<Database> = Api::namespaced(client.clone(), &ns);
     wait_all_ready_again(dbs, args.databases, Duration::from_secs(600))
         .await
         .context("all Ready again after the outage")?;

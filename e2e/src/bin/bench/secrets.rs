@@ -13,13 +13,12 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use dbops_api::Database;
 use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
 
-use crate::{BenchServer, namespace, wait_all_ready};
+use crate::{BenchServer, namespace};
 
 #[derive(clap::Args, Debug)]
 pub struct SecretsArgs {
@@ -106,16 +105,9 @@ async fn one_run(
     std::fs::create_dir_all(&log_dir)?;
     let controller =
         ControllerProcess::start("database-controller", &kubeconfig, &log_dir, &extra)?;
-    let dbs: Api<Database> = Api::namespaced(client.clone(), &ns);
-    let all_ready = wait_all_ready(dbs.clone(), args.databases);
-    crate::create_databases(
-        args.databases,
-        16,
-        &server.name,
-        |_| dbs.clone(),
-        |i| format!("{label}-{i:04}"),
-        all_ready,
-    )
+    crate::create_all_ready(client, &ns, &server.name, args.databases, |i| {
+        format!("{label}-{i:04}")
+    })
     .await?;
     // Two resyncs: every Database reconciled again, the caches settled.
     tokio::time::sleep(Duration::from_secs(12)).await;
