@@ -374,13 +374,14 @@ impl Connection {
     }
 
     /// `pgbench -i -q -s <scale>` with the pgbench of `bin_dir`, as this role; `PGSSLMODE`
-    /// set when `sslmode` is given (libpq's default, `prefer`, otherwise).
+    /// set when `sslmode` is given (libpq's default, `prefer`, otherwise). Fails with
+    /// pgbench's stderr when it does.
     pub fn pgbench_init(
         &self,
         bin_dir: &std::path::Path,
         scale: u32,
         sslmode: Option<&str>,
-    ) -> Result<std::process::Output> {
+    ) -> Result<()> {
         let mut command = std::process::Command::new(bin_dir.join("pgbench"));
         command
             .args(["-i", "-q", "-s", &scale.to_string()])
@@ -392,8 +393,30 @@ impl Connection {
         if let Some(mode) = sslmode {
             command.env("PGSSLMODE", mode);
         }
-        command.output().context("running pgbench")
+        let out = command.output().context("running pgbench")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "pgbench -i failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
     }
+}
+
+/// [`Connection::pgbench_init`] into Database `ns/db` as its own role (its connection
+/// Secret), with the pgbench of [`crate::paths::postgres_bin_dir`].
+pub async fn pgbench_database(
+    client: &kube::Client,
+    ns: &str,
+    db: &str,
+    scale: u32,
+    sslmode: Option<&str>,
+) -> Result<()> {
+    Connection::of_database(client, ns, db).await?.pgbench_init(
+        &crate::paths::postgres_bin_dir()?,
+        scale,
+        sslmode,
+    )
 }
 
 /// The name of the final snapshot Backup made for the Database with `db_uid`

@@ -448,7 +448,7 @@ impl PgServer {
 
     /// Whether a database of this name exists.
     pub async fn database_exists(&self, name: &str) -> Result<bool> {
-        self.query_bool(
+        self.query_one_value(
             "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)",
             name,
         )
@@ -457,17 +457,58 @@ impl PgServer {
 
     /// Whether a role of this name exists.
     pub async fn role_exists(&self, name: &str) -> Result<bool> {
-        self.query_bool(
+        self.query_one_value(
             "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)",
             name,
         )
         .await
     }
 
+    /// What a Migration's replication might leave behind on this server, as (what, name):
+    /// replication slots, subscriptions and roles named `dbops_mig_*`.
+    pub async fn replication_leftovers(&self) -> Result<Vec<(&'static str, String)>> {
+        let admin = self.connect_as_superuser().await?;
+        let mut found = Vec::new();
+        for (what, sql) in [
+            ("slot", "SELECT slot_name::text FROM pg_replication_slots"),
+            ("subscription", "SELECT subname::text FROM pg_subscription"),
+            (
+                "role",
+                "SELECT rolname::text FROM pg_roles WHERE rolname LIKE 'dbops\\_mig\\_%'",
+            ),
+        ] {
+            for row in admin.query(sql, &[]).await? {
+                found.push((what, row.get::<_, String>(0)));
+            }
+        }
+        Ok(found)
+    }
+
+    /// The publications in database `dbname`.
+    pub async fn publications(&self, dbname: &str) -> Result<Vec<String>> {
+        let client = self.connect_as_superuser_to(dbname).await?;
+        let rows = client
+            .query("SELECT pubname::text FROM pg_publication", &[])
+            .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    /// Panics unless both the database and the role `name` are gone: for tests.
+    pub async fn assert_dropped(&self, name: &str) {
+        assert!(
+            !self.database_exists(name).await.expect("pg_database"),
+            "database {name} still exists"
+        );
+        assert!(
+            !self.role_exists(name).await.expect("pg_roles"),
+            "role {name} still exists"
+        );
+    }
+
     /// How many roles have a name matching the SQL `LIKE` pattern (`_` and `%` are
     /// wildcards; a backslash escapes them).
     pub async fn count_roles_like(&self, pattern: &str) -> Result<i64> {
-        self.query_count(
+        self.query_one_value(
             "SELECT count(*) FROM pg_roles WHERE rolname LIKE $1",
             pattern,
         )
@@ -476,7 +517,7 @@ impl PgServer {
 
     /// How many databases have a name matching the SQL `LIKE` pattern.
     pub async fn count_databases_like(&self, pattern: &str) -> Result<i64> {
-        self.query_count(
+        self.query_one_value(
             "SELECT count(*) FROM pg_database WHERE datname LIKE $1",
             pattern,
         )
@@ -513,26 +554,18 @@ impl PgServer {
 
     /// The OID of a database, `None` when it does not exist.
     pub async fn database_oid(&self, name: &str) -> Result<Option<u32>> {
-        let client = self.connect_as_superuser().await?;
-        let row = client
-            .query_opt("SELECT oid FROM pg_database WHERE datname = $1", &[&name])
+        self.query_opt_value("SELECT oid FROM pg_database WHERE datname = $1", name)
             .await
-            .with_context(|| format!("looking up database {name}"))?;
-        Ok(row.map(|r| r.get::<_, u32>(0)))
     }
 
     /// `pg_database.datconnlimit` of a database (-1: no limit), `None` when it does not
     /// exist.
     pub async fn connlimit(&self, name: &str) -> Result<Option<i32>> {
-        let client = self.connect_as_superuser().await?;
-        let row = client
-            .query_opt(
-                "SELECT datconnlimit FROM pg_database WHERE datname = $1",
-                &[&name],
-            )
-            .await
-            .with_context(|| format!("reading the connection limit of {name}"))?;
-        Ok(row.map(|r| r.get::<_, i32>(0)))
+        self.query_opt_value(
+            "SELECT datconnlimit FROM pg_database WHERE datname = $1",
+            name,
+        )
+        .await
     }
 
     /// `DROP DATABASE IF EXISTS <name> WITH (FORCE)`: drops it even with sessions open,
@@ -549,31 +582,36 @@ impl PgServer {
         Ok(())
     }
 
-    async fn query_bool(&self, sql: &str, arg: &str) -> Result<bool> {
-        let client = self.connect_as_superuser().await?;
-        let row = client
-            .query_one(sql, &[&arg])
-            .await
-            .with_context(|| format!("{sql} [{arg}]"))?;
-        Ok(row.get(0))
-    }
-
-    async fn query_count(&self, sql: &str, arg: &str) -> Result<i64> {
-        let client = self.connect_as_superuser().await?;
-        let row = client
-            .query_one(sql, &[&arg])
-            .await
-            .with_context(|| format!("{sql} [{arg}]"))?;
-        Ok(row.get(0))
-    }
-
     async fn query_opt_string(&self, sql: &str, arg: &str) -> Result<Option<String>> {
+        Ok(self
+            .query_opt_value::<Option<String>>(sql, arg)
+            .await?
+            .flatten())
+    }
+
+    /// The first column of the one row `sql` returns for `$1 = arg`.
+    async fn query_one_value<T: tokio_postgres::types::FromSqlOwned>(
+        &self,
+        sql: &str,
+        arg: &str,
+    ) -> Result<T> {
+        self.query_opt_value(sql, arg)
+            .await?
+            .with_context(|| format!("{sql} [{arg}]: no row"))
+    }
+
+    /// The first column of the row `sql` returns for `$1 = arg`, `None` without a row.
+    async fn query_opt_value<T: tokio_postgres::types::FromSqlOwned>(
+        &self,
+        sql: &str,
+        arg: &str,
+    ) -> Result<Option<T>> {
         let client = self.connect_as_superuser().await?;
         let row = client
             .query_opt(sql, &[&arg])
             .await
             .with_context(|| format!("{sql} [{arg}]"))?;
-        Ok(row.and_then(|r| r.get::<_, Option<String>>(0)))
+        Ok(row.map(|r| r.get::<_, T>(0)))
     }
 }
 

@@ -62,6 +62,11 @@ fn accepted(b: &Bed, yaml: &str) {
     expect_accepted(&b.kubectl.apply(b.ns.name(), yaml).unwrap(), yaml);
 }
 
+/// [`refused`] of the Database [`database`]`(name, extra_spec)`.
+fn database_refused(b: &Bed, name: &str, extra_spec: &str, needles: &[&str]) {
+    refused(b, &database(name, extra_spec), needles);
+}
+
 /// `kubectl apply` of `yaml` failed, saying each of `needles`.
 fn expect_refused(out: &Output, yaml: &str, needles: &[&str]) {
     assert!(
@@ -92,34 +97,34 @@ fn assert_mentions(message: &str, needles: &[&str]) {
 #[tokio::test]
 async fn database_name_must_be_an_identifier() {
     let b = bed("dbname").await;
-    refused(
+    database_refused(
         &b,
-        &database("orders", "  databaseName: 'orders; drop table x'"),
+        "orders",
+        "  databaseName: 'orders; drop table x'",
         &["spec.databaseName", "PostgreSQL identifier"],
     );
 
-    refused(
+    database_refused(
         &b,
-        &database("orders", "  owner: Orders"),
+        "orders",
+        "  owner: Orders",
         &["spec.owner", "PostgreSQL identifier"],
     );
 
-    refused(
-        &b,
-        &database("orders", "  owner: pg_owner"),
-        &["spec.owner", "pg_"],
-    );
+    database_refused(&b, "orders", "  owner: pg_owner", &["spec.owner", "pg_"]);
 
-    refused(
+    database_refused(
         &b,
-        &database("orders", "  extensions: [pgcrypto, 'x;y']"),
+        "orders",
+        "  extensions: [pgcrypto, 'x;y']",
         &["spec.extensions", "extension name"],
     );
 
     // metadata.name stands in for databaseName only when it can be one.
-    refused(
+    database_refused(
         &b,
-        &database("9orders", ""),
+        "9orders",
+        "",
         &["spec.databaseName", "is required when metadata.name"],
     );
     accepted(&b, &database("9orders", "  databaseName: orders9"));
@@ -129,15 +134,17 @@ async fn database_name_must_be_an_identifier() {
 #[tokio::test]
 async fn enums_ports_and_cron_are_checked() {
     let b = bed("enums").await;
-    refused(
+    database_refused(
         &b,
-        &database("orders", "  deletionPolicy: Sometimes"),
+        "orders",
+        "  deletionPolicy: Sometimes",
         &["spec.deletionPolicy", "Unsupported value"],
     );
 
-    refused(
+    database_refused(
         &b,
-        &database("orders", "  backup: {schedule: 'every night'}"),
+        "orders",
+        "  backup: {schedule: 'every night'}",
         &["spec.backup.schedule", "cron"],
     );
     accepted(
@@ -279,30 +286,31 @@ async fn immutable_database_fields_cannot_change() {
         &database("orders", "  databaseName: orders\n  owner: orders_owner"),
     );
 
-    refused(
+    database_refused(
         &b,
-        &database("orders", "  databaseName: orders2\n  owner: orders_owner"),
+        "orders",
+        "  databaseName: orders2\n  owner: orders_owner",
         &["spec.databaseName", "immutable"],
     );
 
-    refused(
+    database_refused(
         &b,
-        &database("orders", "  owner: orders_owner"),
+        "orders",
+        "  owner: orders_owner",
         &["spec.databaseName", "immutable"],
     );
 
-    refused(
+    database_refused(
         &b,
-        &database("orders", "  databaseName: orders\n  owner: someone_else"),
+        "orders",
+        "  databaseName: orders\n  owner: someone_else",
         &["spec.owner", "immutable"],
     );
 
-    refused(
+    database_refused(
         &b,
-        &database(
-            "orders",
-            "  databaseName: orders\n  owner: orders_owner\n  restoreFrom: {backupRef: {name: nightly}}",
-        ),
+        "orders",
+        "  databaseName: orders\n  owner: orders_owner\n  restoreFrom: {backupRef: {name: nightly}}",
         &[
             "spec.restoreFrom",
             "only be set when the Database is created",

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use dbops_api::{Backup, BackupPhase, Database};
 use dbops_e2e::fixtures::merge_patch;
-use dbops_e2e::fixtures::{Connection, create_admin_secret};
+use dbops_e2e::fixtures::{create_admin_secret, pgbench_database};
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::s3::S3Server;
 use dbops_e2e::wait::ObjectView;
@@ -69,10 +69,7 @@ impl Setup {
     /// on an S3-compatible server of this test's own (credentials in its environment).
     /// With `secret_key`, the controller signs with that instead of the server's secret.
     async fn with_s3(prefix: &str, s3_prefix: &str, secret_key: Option<&str>) -> Self {
-        let logs = tempfile::Builder::new()
-            .prefix(&format!("dbops-{prefix}-s3-logs-"))
-            .tempdir()
-            .unwrap();
+        let logs = crate::test_dir(prefix, "s3-logs");
         let server = S3Server::start("s3s-fs", logs.path()).await.unwrap();
         server.create_bucket(S3_BUCKET).unwrap();
         let mut env = server.env();
@@ -99,24 +96,14 @@ impl Setup {
     ) -> Self {
         let b = bed(prefix).await;
         let pg = PgServer::start(prefix).await.unwrap();
-        let store = tempfile::Builder::new()
-            .prefix(&format!("dbops-{prefix}-store-"))
-            .tempdir()
-            .unwrap();
+        let store = crate::test_dir(prefix, "store");
         let store_url = match store_url {
             Some(f) => f(store.path()),
             None => format!("file://{}", store.path().display()),
         };
         let (s3, s3_env, logs) = match s3 {
             Some((server, env, logs)) => (Some(server), env, logs),
-            None => (
-                None,
-                vec![],
-                tempfile::Builder::new()
-                    .prefix(&format!("dbops-{prefix}-logs-"))
-                    .tempdir()
-                    .unwrap(),
-            ),
+            None => (None, vec![], crate::test_dir(prefix, "logs")),
         };
         let identities = crate::controller_identities(b.cp).await;
         let mut s = Self {
@@ -151,12 +138,7 @@ impl Setup {
     }
 
     fn common_args(&self) -> Vec<String> {
-        let mut args = vec![
-            format!("--watch-namespace={}", self.ns()),
-            "--resync-interval=5s".to_string(),
-            "--backoff-base=1s".to_string(),
-            "--backoff-max=5s".to_string(),
-        ];
+        let mut args = crate::watch_args(self.ns(), "5s");
         args.extend(self.extra_args.iter().cloned());
         args
     }
@@ -328,16 +310,10 @@ impl Setup {
 
     /// `pgbench -i -s <scale>` into the Database, as its own role (the connection Secret).
     async fn pgbench(&self, db: &str, scale: u32) {
-        let out = Connection::of_database(&self.b.client, self.ns(), db)
-            .await
-            .unwrap()
-            .pgbench_init(&dbops_e2e::paths::postgres_bin_dir().unwrap(), scale, None)
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "pgbench -i failed: {}",
-            self.redact(&String::from_utf8_lossy(&out.stderr))
-        );
+        let done = pgbench_database(&self.b.client, self.ns(), db, scale, None).await;
+        if let Err(e) = done {
+            panic!("{}", self.redact(&format!("{e:#}")));
+        }
     }
 
     async fn create_backup(&self, name: &str, db: &str, spec: serde_json::Value) -> Backup {
@@ -970,14 +946,7 @@ async fn a_snapshot_policy_database_is_backed_up_before_it_is_dropped() {
         READY,
     )
     .await;
-    assert!(
-        !s.pg.database_exists("snap").await.unwrap(),
-        "database snap still exists"
-    );
-    assert!(
-        !s.pg.role_exists("snap").await.unwrap(),
-        "role snap still exists"
-    );
+    s.pg.assert_dropped("snap").await;
 
     // The final Backup outlives its Database and stays Completed.
     let after = s.backups().get(&final_name).await.unwrap();

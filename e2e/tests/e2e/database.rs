@@ -92,10 +92,7 @@ impl Setup {
             b,
             kubeconfig,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
-            logs: tempfile::Builder::new()
-                .prefix(&format!("dbops-{prefix}-logs-"))
-                .tempdir()
-                .unwrap(),
+            logs: crate::test_dir(prefix, "logs"),
         };
         let password = setup.pg.superuser_password().to_string();
         setup
@@ -111,12 +108,7 @@ impl Setup {
     }
 
     fn start_controller(&mut self) {
-        let mut args = vec![
-            format!("--watch-namespace={}", self.ns()),
-            format!("--resync-interval={}s", RESYNC.as_secs()),
-            "--backoff-base=1s".to_string(),
-            "--backoff-max=5s".to_string(),
-        ];
+        let mut args = crate::watch_args(self.ns(), &format!("{}s", RESYNC.as_secs()));
         args.extend(self.extra_args.iter().cloned());
         let controller = ControllerProcess::start(
             "database-controller",
@@ -794,14 +786,7 @@ async fn delete_policy_drops_the_database_and_role() {
 
     s.delete("dropped").await;
     s.wait_gone(&db, READY).await;
-    assert!(
-        !s.pg.database_exists("dropped").await.unwrap(),
-        "database dropped still exists"
-    );
-    assert!(
-        !s.pg.role_exists("dropped").await.unwrap(),
-        "role dropped still exists"
-    );
+    s.pg.assert_dropped("dropped").await;
     assert!(
         app.simple_query("SELECT 1").await.is_err(),
         "the open session was terminated"
@@ -890,14 +875,7 @@ async fn snapshot_policy_waits_for_the_final_backup_then_drops() {
         .await
         .unwrap();
     s.wait_gone(&db, READY).await;
-    assert!(
-        !s.pg.database_exists("snap").await.unwrap(),
-        "database snap still exists"
-    );
-    assert!(
-        !s.pg.role_exists("snap").await.unwrap(),
-        "role snap still exists"
-    );
+    s.pg.assert_dropped("snap").await;
     assert!(
         backups.get_opt(&final_name).await.unwrap().is_some(),
         "the final Backup stays"
@@ -1066,14 +1044,7 @@ async fn an_unreachable_server_is_reported_and_work_resumes_when_it_returns() {
     .unwrap();
     s.pg.start_again().await.unwrap();
     s.wait_gone(&patient, Duration::from_secs(90)).await;
-    assert!(
-        !s.pg.database_exists("patient").await.unwrap(),
-        "database patient still exists"
-    );
-    assert!(
-        !s.pg.role_exists("patient").await.unwrap(),
-        "role patient still exists"
-    );
+    s.pg.assert_dropped("patient").await;
 }
 
 /// 6. The connection Secret: deleted → re-created with a rotated password; a key edited

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dbops_api::{Backup, BackupPhase, Database, Migration, MigrationPhase, MigrationStep};
-use dbops_e2e::fixtures::{Connection, create_backup, create_migration, server_name};
+use dbops_e2e::fixtures::{create_backup, create_migration, pgbench_database, server_name};
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::wait::{Want, eventually};
 use dbops_e2e::{ControllerProcess, PgServer};
@@ -700,12 +700,7 @@ impl Scenario {
     /// The flags every controller of a scenario gets: this namespace, quick resync and
     /// backoff.
     fn common_args(&self) -> Vec<String> {
-        vec![
-            format!("--watch-namespace={}", self.ns()),
-            "--resync-interval=5s".to_string(),
-            "--backoff-base=1s".to_string(),
-            "--backoff-max=5s".to_string(),
-        ]
+        crate::watch_args(self.ns(), "5s")
     }
 
     /// Starts one process of `dbops-<controller>` without leader election, identity
@@ -739,10 +734,7 @@ impl Scenario {
 
     /// A `file://` backup store in a temporary directory; returns its URL.
     fn create_store(&mut self) -> String {
-        let store = tempfile::Builder::new()
-            .prefix(&format!("dbops-{}-store-", self.prefix))
-            .tempdir()
-            .unwrap();
+        let store = crate::test_dir(&self.prefix, "store");
         let url = format!("file://{}", store.path().display());
         self.store = Some(store);
         url
@@ -810,16 +802,10 @@ impl Scenario {
 
     /// `pgbench -i -s <scale>` into Database `db`, as its own role (the connection Secret).
     async fn pgbench(&self, db: &str, scale: u32) {
-        let out = Connection::of_database(&self.b.client, self.ns(), db)
-            .await
-            .unwrap()
-            .pgbench_init(&dbops_e2e::paths::postgres_bin_dir().unwrap(), scale, None)
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "pgbench -i failed: {}",
-            redact_passwords(&String::from_utf8_lossy(&out.stderr))
-        );
+        let done = pgbench_database(&self.b.client, self.ns(), db, scale, None).await;
+        if let Err(e) = done {
+            panic!("{}", redact_passwords(&format!("{e:#}")));
+        }
     }
 
     fn backups(&self) -> Api<Backup> {

@@ -47,6 +47,26 @@ pub async fn control_plane() -> &'static ControlPlane {
     .await
 }
 
+/// A temporary directory `dbops-<prefix>-<what>-…` of one test (its store, its logs, …),
+/// removed when dropped.
+pub fn test_dir(prefix: &str, what: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("dbops-{prefix}-{what}-"))
+        .tempdir()
+        .unwrap()
+}
+
+/// A test controller's first flags: only namespace `ns` watched, a resync every `resync`
+/// (`5s`, …) and a backoff of 1 s to 5 s.
+pub fn watch_args(ns: &str, resync: &str) -> Vec<String> {
+    vec![
+        format!("--watch-namespace={ns}"),
+        format!("--resync-interval={resync}"),
+        "--backoff-base=1s".to_string(),
+        "--backoff-max=5s".to_string(),
+    ]
+}
+
 /// A client, kubectl and a fresh namespace for one test.
 pub struct Bed {
     pub cp: &'static ControlPlane,

@@ -93,14 +93,8 @@ impl Majors {
             (major, pg)
         }))
         .await;
-        let store = tempfile::Builder::new()
-            .prefix(&format!("dbops-{prefix}-store-"))
-            .tempdir()
-            .unwrap();
-        let logs = tempfile::Builder::new()
-            .prefix(&format!("dbops-{prefix}-logs-"))
-            .tempdir()
-            .unwrap();
+        let store = crate::test_dir(prefix, "store");
+        let logs = crate::test_dir(prefix, "logs");
         let identities = crate::controller_identities(b.cp).await;
         let (clients, other_clients) = clients();
         let mut m = Self {
@@ -175,12 +169,7 @@ impl Majors {
     }
 
     fn start_controller(&self, name: &str, extra: Vec<String>) -> ControllerProcess {
-        let mut args = vec![
-            format!("--watch-namespace={}", self.ns()),
-            "--resync-interval=5s".to_string(),
-            "--backoff-base=1s".to_string(),
-            "--backoff-max=5s".to_string(),
-        ];
+        let mut args = crate::watch_args(self.ns(), "5s");
         args.extend(extra);
         ControllerProcess::start(name, &self.identities[name], self.logs.path(), &args)
             .unwrap_or_else(|e| panic!("starting the {name}: {}", self.redact(&format!("{e:#}"))))
@@ -596,22 +585,10 @@ impl Majors {
     async fn leftovers(&self) -> Vec<String> {
         let mut found = Vec::new();
         for (major, pg) in &self.servers {
-            let admin = pg.connect_as_superuser().await.unwrap();
-            for (what, sql) in [
-                ("slot", "SELECT slot_name::text FROM pg_replication_slots"),
-                ("subscription", "SELECT subname::text FROM pg_subscription"),
-                (
-                    "role",
-                    "SELECT rolname::text FROM pg_roles WHERE rolname LIKE 'dbops\\_mig\\_%'",
-                ),
-            ] {
-                for row in admin.query(sql, &[]).await.unwrap() {
-                    found.push(format!(
-                        "PostgreSQL {major}: {what} {}",
-                        row.get::<_, String>(0)
-                    ));
-                }
+            for (what, name) in pg.replication_leftovers().await.unwrap() {
+                found.push(format!("PostgreSQL {major}: {what} {name}"));
             }
+            let admin = pg.connect_as_superuser().await.unwrap();
             let databases: Vec<String> = admin
                 .query(
                     "SELECT datname::text FROM pg_database WHERE datallowconn AND NOT datistemplate",
@@ -623,15 +600,9 @@ impl Majors {
                 .map(|r| r.get(0))
                 .collect();
             for database in databases {
-                let client = pg.connect_as_superuser_to(&database).await.unwrap();
-                for row in client
-                    .query("SELECT pubname::text FROM pg_publication", &[])
-                    .await
-                    .unwrap()
-                {
+                for name in pg.publications(&database).await.unwrap() {
                     found.push(format!(
-                        "PostgreSQL {major}: publication {} in {database}",
-                        row.get::<_, String>(0)
+                        "PostgreSQL {major}: publication {name} in {database}"
                     ));
                 }
             }

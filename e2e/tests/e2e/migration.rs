@@ -19,7 +19,7 @@ use dbops_api::{
     Backup, BackupPhase, Database, Migration, MigrationPhase, MigrationStep, StepState,
 };
 use dbops_e2e::fixtures::merge_patch;
-use dbops_e2e::fixtures::{create_admin_secret, server_name};
+use dbops_e2e::fixtures::{create_admin_secret, pgbench_database, server_name};
 use dbops_e2e::jaeger::Jaeger;
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::tls::TestCa;
@@ -105,15 +105,9 @@ impl Setup {
         let target = PgServer::start_with_tls(&format!("{prefix}-dst"), cert.as_ref())
             .await
             .unwrap();
-        let store = tempfile::Builder::new()
-            .prefix(&format!("dbops-{prefix}-store-"))
-            .tempdir()
-            .unwrap();
+        let store = crate::test_dir(prefix, "store");
         let store_url = format!("file://{}", store.path().display());
-        let logs = tempfile::Builder::new()
-            .prefix(&format!("dbops-{prefix}-logs-"))
-            .tempdir()
-            .unwrap();
+        let logs = crate::test_dir(prefix, "logs");
         let jaeger = traced.then(|| Jaeger::start(logs.path()).unwrap());
         let identities = crate::controller_identities(b.cp).await;
         let mut s = Self {
@@ -214,12 +208,7 @@ impl Setup {
 
     /// The flags every controller of a test gets.
     fn common_args(&self) -> Vec<String> {
-        let mut args = vec![
-            format!("--watch-namespace={}", self.ns()),
-            "--resync-interval=5s".to_string(),
-            "--backoff-base=1s".to_string(),
-            "--backoff-max=5s".to_string(),
-        ];
+        let mut args = crate::watch_args(self.ns(), "5s");
         if let Some(jaeger) = &self.jaeger {
             args.push(format!("--otlp-endpoint={}", jaeger.otlp_endpoint()));
         }
@@ -332,6 +321,14 @@ impl Setup {
         .await
     }
 
+    /// After a rollback: nothing of Database `db` on the target, and the Database on the
+    /// source server again.
+    async fn assert_back_on_source(&self, db: &str) {
+        self.target.assert_dropped(db).await;
+        let got = self.databases().get(db).await.unwrap();
+        assert_eq!(got.spec.server_ref.name, self.server(SOURCE_ADMIN));
+    }
+
     /// The connection Secret's values.
     pub(crate) async fn connection(&self, db: &str) -> Conn {
         Conn::of_database(&self.b.client, self.ns(), db)
@@ -341,19 +338,12 @@ impl Setup {
 
     /// `pgbench -i -s <scale>` into the Database, as its own role.
     async fn pgbench(&self, db: &str, scale: u32) {
-        let bin_dir = dbops_e2e::paths::postgres_bin_dir().unwrap();
         // Whatever the Secret says (verify-full needs its ca.crt as a file): TLS whenever
         // the server offers it.
-        let out = self
-            .connection(db)
-            .await
-            .pgbench_init(&bin_dir, scale, Some("prefer"))
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "pgbench -i failed: {}",
-            self.redact(&String::from_utf8_lossy(&out.stderr))
-        );
+        let done = pgbench_database(&self.b.client, self.ns(), db, scale, Some("prefer")).await;
+        if let Err(e) = done {
+            panic!("{}", self.redact(&format!("{e:#}")));
+        }
     }
 
     pub(crate) async fn create_migration(&self, name: &str, db: &str, extra: serde_json::Value) {
@@ -480,6 +470,11 @@ pub(crate) fn assert_each_once(ddl: &[String], needles: &[&str]) {
         let n = ddl.iter().filter(|l| l.contains(needle)).count();
         assert_eq!(n, 1, "{needle}: {ddl:#?}");
     }
+}
+
+/// Asserts that `step` of Migration `m` is in `state`.
+pub(crate) fn assert_step(m: &Migration, step: MigrationStep, state: StepState) {
+    assert_eq!(step_state(m, step), Some(state), "{step:?}");
 }
 
 pub(crate) fn step_state(m: &Migration, step: MigrationStep) -> Option<StepState> {
@@ -801,10 +796,7 @@ async fn a_name_conflict_on_the_target_fails_preflight_and_changes_nothing() {
         failed.message
     );
     assert!(status.snapshot_ref.is_none(), "no snapshot was taken");
-    assert_eq!(
-        step_state(&m, MigrationStep::Snapshot),
-        Some(StepState::Pending)
-    );
+    assert_step(&m, MigrationStep::Snapshot, StepState::Pending);
     // Nothing changed: the foreign database keeps its comment, no role appeared, the
     // source stays writable.
     assert_eq!(
@@ -839,14 +831,10 @@ async fn a_failed_snapshot_rolls_back() {
     let failed = condition(&m, "Failed").unwrap();
     assert_eq!(failed.reason, "SnapshotFailed", "{failed:?}");
     assert!(status.freeze.is_none(), "the source was never frozen");
-    assert_eq!(
-        step_state(&m, MigrationStep::FreezeSource),
-        Some(StepState::Pending)
-    );
+    assert_step(&m, MigrationStep::FreezeSource, StepState::Pending);
     let c = s.connection("app").await;
     s.source_writable("app", &c).await.unwrap();
-    assert!(!s.target.database_exists("app").await.unwrap());
-    assert!(!s.target.role_exists("app").await.unwrap());
+    s.target.assert_dropped("app").await;
     let events = s.events_about("Migration", "app-move").await;
     assert_has_event(&events, "RolledBack");
 }
@@ -875,10 +863,7 @@ async fn the_target_stopped_after_the_freeze_rolls_back_and_unfreezes() {
     let status = m.status.clone().unwrap();
     assert_eq!(status.failed_step, Some(MigrationStep::ProvisionTarget));
     assert_eq!(condition(&m, "Failed").unwrap().reason, "ServerUnreachable");
-    assert_eq!(
-        step_state(&m, MigrationStep::FreezeSource),
-        Some(StepState::Compensated)
-    );
+    assert_step(&m, MigrationStep::FreezeSource, StepState::Compensated);
     // Exactly what was frozen is undone: the limit and the setting as they were.
     s.source_writable("app", &c).await.unwrap();
     let limit = Setup::superuser_scalar_i64(
@@ -899,8 +884,7 @@ async fn the_target_stopped_after_the_freeze_rolls_back_and_unfreezes() {
         "default_transaction_read_only was reset, not set off"
     );
     s.target.start_again().await.unwrap();
-    assert!(!s.target.database_exists("app").await.unwrap());
-    assert!(!s.target.role_exists("app").await.unwrap());
+    s.target.assert_dropped("app").await;
 }
 
 /// (2d) The target goes away after ProvisionTarget created the role and database there:
@@ -945,14 +929,8 @@ async fn a_target_down_during_the_copy_holds_up_only_its_own_compensation() {
     let m = s
         .wait_phase("app-move", MigrationPhase::RolledBack, SAGA)
         .await;
-    assert_eq!(
-        step_state(&m, MigrationStep::ProvisionTarget),
-        Some(StepState::Compensated)
-    );
-    assert!(!s.target.database_exists("app").await.unwrap());
-    assert!(!s.target.role_exists("app").await.unwrap());
-    let db = s.databases().get("app").await.unwrap();
-    assert_eq!(db.spec.server_ref.name, s.server(SOURCE_ADMIN));
+    assert_step(&m, MigrationStep::ProvisionTarget, StepState::Compensated);
+    s.assert_back_on_source("app").await;
 }
 
 /// (3) The controller exits at every step, after the step's effects and before its record
@@ -981,7 +959,7 @@ async fn a_controller_killed_at_every_step_resumes_to_succeeded() {
         .wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
         .await;
     for step in MigrationStep::DUMP {
-        assert_eq!(step_state(&m, step), Some(StepState::Succeeded), "{step:?}");
+        assert_step(&m, step, StepState::Succeeded);
     }
     // Exactly one snapshot, dumped once.
     let backups = Api::<Backup>::namespaced(s.b.client.clone(), s.ns())
@@ -1013,8 +991,7 @@ async fn a_controller_killed_at_every_step_resumes_to_succeeded() {
     );
     // sourceRetention Drop: the source database and role are gone; the Database lives on
     // the target.
-    assert!(!s.source.database_exists("app").await.unwrap());
-    assert!(!s.source.role_exists("app").await.unwrap());
+    s.source.assert_dropped("app").await;
     let c = s.connection("app").await;
     assert_eq!(c.port, s.target.port());
     s.target
@@ -1035,14 +1012,8 @@ async fn a_manual_cutover_waits_for_approval() {
     let m = s
         .wait_phase("app-move", MigrationPhase::AwaitingApproval, SAGA)
         .await;
-    assert_eq!(
-        step_state(&m, MigrationStep::Verify),
-        Some(StepState::Succeeded)
-    );
-    assert_eq!(
-        step_state(&m, MigrationStep::SwitchTraffic),
-        Some(StepState::Pending)
-    );
+    assert_step(&m, MigrationStep::Verify, StepState::Succeeded);
+    assert_step(&m, MigrationStep::SwitchTraffic, StepState::Pending);
     let db = s.databases().get("app").await.unwrap();
     assert_eq!(
         db.spec.server_ref.name,
@@ -1112,10 +1083,7 @@ async fn a_second_migration_is_refused_and_a_deleted_one_rolls_back() {
     .await
     .unwrap_or_else(|e| panic!("{e:#}\n{}", s.log("migration-controller", 8000)));
     s.source_writable("app", &c).await.unwrap();
-    assert!(!s.target.database_exists("app").await.unwrap());
-    assert!(!s.target.role_exists("app").await.unwrap());
-    let db = s.databases().get("app").await.unwrap();
-    assert_eq!(db.spec.server_ref.name, s.server(SOURCE_ADMIN));
+    s.assert_back_on_source("app").await;
 }
 
 /// (6) A whole Migration is one trace in a real Jaeger: the migration-controller's

@@ -26,7 +26,7 @@ use serde_json::json;
 
 use crate::migration::{
     Conn, DEBUG_EXIT, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, assert_each_once, assert_has_event,
-    condition, step_state,
+    assert_step, condition, step_state,
 };
 
 /// The source's settings for logical replication.
@@ -64,27 +64,12 @@ async fn app_with_tables(s: &Setup) -> Conn {
 async fn leftovers(s: &Setup) -> Vec<String> {
     let mut found = Vec::new();
     for (side, pg) in [("source", &s.source), ("target", &s.target)] {
-        let admin = pg.connect_as_superuser().await.unwrap();
-        for (what, sql) in [
-            ("slot", "SELECT slot_name::text FROM pg_replication_slots"),
-            ("subscription", "SELECT subname::text FROM pg_subscription"),
-            (
-                "role",
-                "SELECT rolname::text FROM pg_roles WHERE rolname LIKE 'dbops\\_mig\\_%'",
-            ),
-        ] {
-            for row in admin.query(sql, &[]).await.unwrap() {
-                found.push(format!("{side} {what} {}", row.get::<_, String>(0)));
-            }
+        for (what, name) in pg.replication_leftovers().await.unwrap() {
+            found.push(format!("{side} {what} {name}"));
         }
         if pg.database_exists("app").await.unwrap() {
-            let app = pg.connect_as_superuser_to("app").await.unwrap();
-            for row in app
-                .query("SELECT pubname::text FROM pg_publication", &[])
-                .await
-                .unwrap()
-            {
-                found.push(format!("{side} publication {}", row.get::<_, String>(0)));
+            for name in pg.publications("app").await.unwrap() {
+                found.push(format!("{side} publication {name}"));
             }
         }
     }
@@ -341,10 +326,7 @@ async fn without_wal_level_logical_auto_dumps_and_logical_is_refused() {
         Some(MigrationStep::Preflight)
     );
     assert_eq!(mode_of(&m), None, "no mode was chosen");
-    assert_eq!(
-        step_state(&m, MigrationStep::Snapshot),
-        Some(StepState::Pending)
-    );
+    assert_step(&m, MigrationStep::Snapshot, StepState::Pending);
     assert!(!s.target.database_exists("app").await.unwrap());
 
     s.create_migration("app-auto", "app", json!({})).await;
@@ -426,14 +408,8 @@ async fn a_manual_cutover_replicates_until_a_schema_change_rolls_it_back() {
     let m = s
         .wait_phase("app-move", MigrationPhase::AwaitingApproval, SAGA)
         .await;
-    assert_eq!(
-        step_state(&m, MigrationStep::Replicate),
-        Some(StepState::Succeeded)
-    );
-    assert_eq!(
-        step_state(&m, MigrationStep::FreezeSource),
-        Some(StepState::Pending)
-    );
+    assert_step(&m, MigrationStep::Replicate, StepState::Succeeded);
+    assert_step(&m, MigrationStep::FreezeSource, StepState::Pending);
     // The source is writable, and what is written there arrives on the target.
     let owner = s.source.connect(&c.user, &c.password, "app").await.unwrap();
     owner
@@ -600,7 +576,7 @@ async fn a_controller_killed_at_every_logical_step_resumes_to_one_success() {
     );
 
     for step in MigrationStep::LOGICAL {
-        assert_eq!(step_state(&m, step), Some(StepState::Succeeded), "{step:?}");
+        assert_step(&m, step, StepState::Succeeded);
     }
     assert_every_commit_in(&committed, &writes_on(&s.target).await);
     let items = Setup::superuser_scalar_i64(&s.target, "app", "SELECT count(*) FROM items").await;
@@ -732,10 +708,7 @@ async fn an_approved_manual_logical_cutover_keeps_the_writes_made_while_it_waite
         Some(MigrationPhase::AwaitingApproval),
         "still waiting"
     );
-    assert_eq!(
-        step_state(&m, MigrationStep::FreezeSource),
-        Some(StepState::Pending)
-    );
+    assert_step(&m, MigrationStep::FreezeSource, StepState::Pending);
     let target = s.target.connect_as_superuser_to("app").await.unwrap();
     wait_for(
         "the writes accepted while waiting to arrive on the target",

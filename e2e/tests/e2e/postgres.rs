@@ -338,16 +338,8 @@ async fn databases_on_tls_servers_name_each_tls_failure() {
     }
 
     let kubeconfig = crate::controller_kubeconfig(b.cp, "database-controller").await;
-    let logs = tempfile::Builder::new()
-        .prefix("dbops-pg-tls-logs-")
-        .tempdir()
-        .unwrap();
-    let args = [
-        format!("--watch-namespace={ns}"),
-        "--resync-interval=3s".to_string(),
-        "--backoff-base=1s".to_string(),
-        "--backoff-max=5s".to_string(),
-    ];
+    let logs = crate::test_dir("pg-tls", "logs");
+    let args = crate::watch_args(&ns, "3s");
     let controller =
         ControllerProcess::start("database-controller", &kubeconfig, logs.path(), &args).unwrap();
     let log = || {

@@ -51,12 +51,7 @@ impl World {
     async fn new(prefix: &str) -> Self {
         let b = bed(prefix).await;
         let pg = PgServer::start(prefix).await.unwrap();
-        let temp = |what: &str| {
-            tempfile::Builder::new()
-                .prefix(&format!("dbops-{prefix}-{what}-"))
-                .tempdir()
-                .unwrap()
-        };
+        let temp = |what: &str| crate::test_dir(prefix, what);
         let mut w = Self {
             replicas: BTreeMap::new(),
             database_controller: None,
@@ -86,12 +81,7 @@ impl World {
     /// (`<logs>/<user>/<binary>.log`, appended to across restarts).
     fn start(&self, binary: &str, user: &str, extra: Vec<String>) -> ControllerProcess {
         let kubeconfig = self.b.cp.kubeconfig_for(user, &["system:masters"]).unwrap();
-        let mut args = vec![
-            format!("--watch-namespace={}", self.ns()),
-            "--resync-interval=5s".to_string(),
-            "--backoff-base=1s".to_string(),
-            "--backoff-max=5s".to_string(),
-        ];
+        let mut args = crate::watch_args(self.ns(), "5s");
         args.extend(extra);
         let dir = self.log_dir(user);
         std::fs::create_dir_all(&dir).unwrap();

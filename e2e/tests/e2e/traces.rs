@@ -43,26 +43,15 @@ impl World {
     pub async fn new(prefix: &str, traced: bool) -> Self {
         let b = bed(prefix).await;
         let pg = PgServer::start(prefix).await.unwrap();
-        let store = tempfile::Builder::new()
-            .prefix(&format!("dbops-{prefix}-store-"))
-            .tempdir()
-            .unwrap();
-        let logs = tempfile::Builder::new()
-            .prefix(&format!("dbops-{prefix}-logs-"))
-            .tempdir()
-            .unwrap();
+        let store = crate::test_dir(prefix, "store");
+        let logs = crate::test_dir(prefix, "logs");
         let jaeger = traced.then(|| Jaeger::start(logs.path()).unwrap());
         create_admin_secret(&b.client, b.ns.name(), ADMIN_SECRET, &pg)
             .await
             .unwrap();
 
-        let mut common = vec![
-            format!("--watch-namespace={}", b.ns.name()),
-            "--resync-interval=5s".to_string(),
-            "--backoff-base=1s".to_string(),
-            "--backoff-max=5s".to_string(),
-            format!("--backup-store=file://{}", store.path().display()),
-        ];
+        let mut common = crate::watch_args(b.ns.name(), "5s");
+        common.push(format!("--backup-store=file://{}", store.path().display()));
         if let Some(jaeger) = &jaeger {
             common.push(format!("--otlp-endpoint={}", jaeger.otlp_endpoint()));
         }
