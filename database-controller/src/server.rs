@@ -150,14 +150,11 @@ pub fn users(
                 .iter()
                 .filter(|m| {
                     m.spec.target.server_ref.name == server
-                        && !matches!(
-                            m.status.as_ref().and_then(|s| s.phase),
-                            Some(
-                                MigrationPhase::Succeeded
-                                    | MigrationPhase::Failed
-                                    | MigrationPhase::RolledBack
-                            )
-                        )
+                        && !m
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.phase)
+                            .is_some_and(MigrationPhase::is_final)
                 })
                 .map(|m| {
                     format!(
