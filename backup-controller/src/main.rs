@@ -109,6 +109,12 @@ async fn run(args: Args) -> Result<(), ControllerError> {
     let process = Process::start::<Backup>(CONTROLLER, &args.common).await?;
     // Writable, and the store the database-controller reads restores from.
     let store = args.store.backup_store.clone();
+    // The servers' caches fill while the backup store is checked and the Lease is taken.
+    let directory = Directory::watch(
+        process.client(),
+        &args.common.controller_namespace,
+        args.common.server_selector.as_deref(),
+    );
     process
         .run(Some(&store), |run| async move {
             let client = run.client().clone();
@@ -120,11 +126,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                     &args.pg_bin_dirs,
                 ),
                 servers: args.postgres.servers(),
-                directory: Directory::watch(
-                    &client,
-                    &args.common.controller_namespace,
-                    args.common.server_selector.as_deref(),
-                ),
+                directory,
                 slots: Slots::new(usize::from(args.max_concurrent_backups)),
                 backoff: Backoff {
                     base: args.common.backoff_base,

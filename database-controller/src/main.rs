@@ -108,12 +108,17 @@ async fn run(args: Args) -> Result<(), ControllerError> {
     // Checked before the controllers start: the store restores read is writable and the
     // one the backup-controller writes (registered in the ConfigMap dbops-backup-store).
     let store = args.store.backup_store.clone();
+    // The servers' caches fill while the backup store is checked and the Lease is taken.
+    let directory = Directory::watch(
+        process.client(),
+        &args.common.controller_namespace,
+        args.common.server_selector.as_deref(),
+    );
     process
         .run(Some(&store), |run| async move {
             let client = run.client().clone();
             let servers = Arc::new(args.postgres.servers());
             let selector = args.common.server_selector.as_deref();
-            let directory = Directory::watch(&client, &args.common.controller_namespace, selector);
             // Filled by `watches` below.
             let databases: Arc<OnceLock<reflector::Store<Database>>> = Arc::default();
             let migrations: Arc<OnceLock<reflector::Store<Migration>>> = Arc::default();

@@ -159,17 +159,19 @@ async fn main() -> ExitCode {
 /// a store Preflight reads).
 async fn run(args: Args) -> Result<(), ControllerError> {
     let process = Process::start::<Migration>(CONTROLLER, &args.common).await?;
+    // The servers' caches fill while the Lease is taken.
+    let directory = Directory::watch(
+        process.client(),
+        &args.common.controller_namespace,
+        args.common.server_selector.as_deref(),
+    );
     process
         .run(None, |run| async move {
             let client = run.client().clone();
             let (databases, databases_writer) = reflector::store::<Database>();
             let state = State {
                 servers: args.postgres.servers(),
-                directory: Directory::watch(
-                    &client,
-                    &args.common.controller_namespace,
-                    args.common.server_selector.as_deref(),
-                ),
+                directory,
                 databases,
                 recorder: Recorder::new(client.clone(), controller::reporter(CONTROLLER)),
                 index: DatabaseIndex::default(),

@@ -122,6 +122,13 @@ impl Process {
         })
     }
 
+    /// The process's rate-limited client, for what starts before the controllers (the
+    /// DatabaseServer directory: its caches fill while the backup store is checked and the
+    /// Lease is taken, as the first reconciles read them).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Steps 2 and 3: runs `controllers` (only while leader with `--leader-elect`, and
     /// after `backup_store` passed its check) until SIGTERM or SIGINT.
     pub async fn run<F, Fut>(
