@@ -110,11 +110,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
     // Writable, and the store the database-controller reads restores from.
     let store = args.store.backup_store.clone();
     // The servers' caches fill while the backup store is checked and the Lease is taken.
-    let directory = Directory::watch(
-        process.client(),
-        &args.common.controller_namespace,
-        args.common.server_selector.as_deref(),
-    );
+    let directory = Directory::for_process(process.client(), &args.common);
     process
         .run(Some(&store), |run| async move {
             let client = run.client().clone();

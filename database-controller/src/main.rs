@@ -109,11 +109,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
     // one the backup-controller writes (registered in the ConfigMap dbops-backup-store).
     let store = args.store.backup_store.clone();
     // The servers' caches fill while the backup store is checked and the Lease is taken.
-    let directory = Directory::watch(
-        process.client(),
-        &args.common.controller_namespace,
-        args.common.server_selector.as_deref(),
-    );
+    let directory = Directory::for_process(process.client(), &args.common);
     process
         .run(Some(&store), |run| async move {
             let client = run.client().clone();

@@ -160,11 +160,7 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> Result<(), ControllerError> {
     let process = Process::start::<Migration>(CONTROLLER, &args.common).await?;
     // The servers' caches fill while the Lease is taken.
-    let directory = Directory::watch(
-        process.client(),
-        &args.common.controller_namespace,
-        args.common.server_selector.as_deref(),
-    );
+    let directory = Directory::for_process(process.client(), &args.common);
     process
         .run(None, |run| async move {
             let client = run.client().clone();

@@ -148,6 +148,16 @@ impl Directory {
         }
     }
 
+    /// [`Directory::watch`] with the process's `--controller-namespace` and
+    /// `--server-selector`.
+    pub fn for_process(client: &kube::Client, args: &crate::cli::CommonArgs) -> Self {
+        Self::watch(
+            client,
+            &args.controller_namespace,
+            args.server_selector.as_deref(),
+        )
+    }
+
     /// The watch config for DatabaseServers: the `--server-selector`, if any.
     pub fn server_config(&self) -> watcher::Config {
         server_watch_config(self.selector.as_deref())
