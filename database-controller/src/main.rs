@@ -114,7 +114,6 @@ async fn run(args: Args) -> Result<(), ControllerError> {
         .run(Some(&store), |run| async move {
             let client = run.client().clone();
             let servers = Arc::new(args.postgres.servers());
-            let selector = args.common.server_selector.as_deref();
             // Filled by `watches` below.
             let databases: Arc<OnceLock<reflector::Store<Database>>> = Arc::default();
             let migrations: Arc<OnceLock<reflector::Store<Migration>>> = Arc::default();
@@ -147,13 +146,9 @@ async fn run(args: Args) -> Result<(), ControllerError> {
             let server_state =
                 server::State::new(directory.clone(), servers, recorder, databases, migrations);
             let server_ctx = run.context(server::CONTROLLER, server_state);
-            let config = match selector {
-                Some(selector) => watcher::Config::default().labels(selector),
-                None => watcher::Config::default(),
-            };
             let concurrency = args.server_concurrency;
             let dbservers = run
-                .controller(config, Trigger::GenerationChange)
+                .controller(directory.server_config(), Trigger::GenerationChange)
                 .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
             let dbservers = server::watches(dbservers, &server_ctx, &directory, run.namespace());
 
