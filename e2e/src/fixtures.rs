@@ -314,6 +314,14 @@ where
     .with_context(|| format!("patching {name}"))
 }
 
+/// Approves the Migration `name` waiting for a manual cutover (`spec.approved: true`).
+pub async fn approve_migration(
+    api: &Api<dbops_api::Migration>,
+    name: &str,
+) -> Result<dbops_api::Migration> {
+    merge_patch(api, name, serde_json::json!({"spec": {"approved": true}})).await
+}
+
 /// What a Database's connection Secret says: the libpq keys.
 #[derive(Clone)]
 pub struct Connection {

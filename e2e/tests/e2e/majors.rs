@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use dbops_api::{
     Backup, BackupPhase, ChosenMode, Database, Migration, MigrationPhase, MigrationStep, StepState,
 };
-use dbops_e2e::fixtures::merge_patch;
+use dbops_e2e::fixtures::approve_migration;
 use dbops_e2e::fixtures::{
     Connection, create_admin_secret, create_backup, create_migration, server_name,
 };
@@ -482,13 +482,7 @@ impl Majors {
             ))
             .await
             .expect("the source is writable while a Logical Migration awaits approval");
-            merge_patch(
-                &self.migrations(),
-                &name,
-                json!({"spec": {"approved": true}}),
-            )
-            .await
-            .unwrap();
+            approve_migration(&self.migrations(), &name).await.unwrap();
         }
         let m = self.wait_phase(&name, MigrationPhase::Succeeded).await;
         let status = m.status.clone().unwrap();

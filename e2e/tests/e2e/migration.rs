@@ -18,7 +18,7 @@ use std::time::Duration;
 use dbops_api::{
     Backup, BackupPhase, Database, Migration, MigrationPhase, MigrationStep, StepState,
 };
-use dbops_e2e::fixtures::merge_patch;
+use dbops_e2e::fixtures::approve_migration;
 use dbops_e2e::fixtures::{create_admin_secret, pgbench_database, server_name};
 use dbops_e2e::jaeger::Jaeger;
 use dbops_e2e::postgres::redact_passwords;
@@ -1022,13 +1022,9 @@ async fn a_manual_cutover_waits_for_approval() {
     );
     assert_eq!(s.connection("app").await.port, s.source.port());
 
-    merge_patch(
-        &s.migrations(),
-        "app-move",
-        json!({"spec": {"approved": true}}),
-    )
-    .await
-    .unwrap();
+    approve_migration(&s.migrations(), "app-move")
+        .await
+        .unwrap();
     s.wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
         .await;
     let db = s.databases().get("app").await.unwrap();
@@ -1203,13 +1199,9 @@ async fn deleting_a_database_awaiting_cutover_rolls_its_migration_back() {
         .delete("app", &DeleteParams::default())
         .await
         .unwrap();
-    merge_patch(
-        &s.migrations(),
-        "app-move",
-        json!({"spec": {"approved": true}}),
-    )
-    .await
-    .unwrap();
+    approve_migration(&s.migrations(), "app-move")
+        .await
+        .unwrap();
     let m = s
         .wait_phase("app-move", MigrationPhase::RolledBack, SAGA)
         .await;

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dbops_api::{ChosenMode, Migration, MigrationPhase, MigrationStep, StepState};
-use dbops_e2e::fixtures::merge_patch;
+use dbops_e2e::fixtures::approve_migration;
 use dbops_e2e::wait::wait_for;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
@@ -725,13 +725,9 @@ async fn an_approved_manual_logical_cutover_keeps_the_writes_made_while_it_waite
     .unwrap();
     drop(target);
 
-    merge_patch(
-        &s.migrations(),
-        "app-move",
-        json!({"spec": {"approved": true}}),
-    )
-    .await
-    .unwrap();
+    approve_migration(&s.migrations(), "app-move")
+        .await
+        .unwrap();
     let done = s
         .wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
         .await;
