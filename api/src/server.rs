@@ -96,6 +96,18 @@ pub struct DatabaseServerSpec {
     /// Limits on what the allowed namespaces may hold on this server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<ServerLimits>,
+
+    /// The extensions a Database on this server may ask for (`spec.extensions`), and a
+    /// Migration may bring here. Absent: only those PostgreSQL marks trusted
+    /// (`pg_available_extension_versions.trusted`), which a database owner could create
+    /// on its own. A listed extension that is not trusted is created by the admin, so
+    /// list one only if its install script is safe to run as a superuser in a schema the
+    /// tenant owns. An extension not allowed is refused (`ExtensionNotAllowed`, naming it)
+    /// before anything runs on the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256), inner(length(max = 63)), extend("x-kubernetes-list-type" = "set"))]
+    #[x_kube(validation = Rule::new("self.all(e, e.matches('^[a-z_][a-z0-9_-]{0,62}$'))").message("every allowed extension must be an extension name: 1 to 63 characters of a-z, 0-9, _ and -"))]
+    pub allowed_extensions: Option<Vec<String>>,
 }
 
 fn default_port() -> i32 {

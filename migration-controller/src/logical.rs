@@ -5,6 +5,7 @@
 //!
 //! | reason | refused when |
 //! |---|---|
+//! | `LogicalUnsafeBefore16` | the target runs PostgreSQL older than 16 (checked on the target) |
 //! | `WalLevelNotLogical` | `wal_level` is not `logical` |
 //! | `NoFreeReplicationSlot` | `max_replication_slots` minus the slots in `pg_replication_slots` is 0 |
 //! | `NoFreeWalSender` | `max_wal_senders` minus the running `walsender` backends is 0 |
@@ -73,9 +74,21 @@ impl TableIdentity {
     }
 }
 
-/// A prerequisite of the Logical mode the source does not meet.
+/// The oldest target (`server_version_num`) a subscription is made on: 16, the first
+/// major whose logical replication applies changes as each table's owner
+/// (`run_as_owner = false`). Before it, the apply and the initial copy run as the
+/// subscription's owner, which must be a superuser (15 refuses any other owner), so a
+/// tenant's trigger, index expression, check constraint or column default would run with
+/// the admin's privileges on the target.
+pub const MIN_SAFE_TARGET: i32 = 160000;
+
+/// A prerequisite of the Logical mode the source or target does not meet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unmet {
+    /// The target is older than 16 ([`MIN_SAFE_TARGET`]).
+    LogicalUnsafeBefore16 {
+        target_version: String,
+    },
     WalLevelNotLogical {
         wal_level: String,
     },
@@ -100,6 +113,7 @@ impl Unmet {
     /// The CamelCase condition reason, one per check.
     pub fn reason(&self) -> &'static str {
         match self {
+            Unmet::LogicalUnsafeBefore16 { .. } => "LogicalUnsafeBefore16",
             Unmet::WalLevelNotLogical { .. } => "WalLevelNotLogical",
             Unmet::NoFreeReplicationSlot { .. } => "NoFreeReplicationSlot",
             Unmet::NoFreeWalSender { .. } => "NoFreeWalSender",
@@ -111,6 +125,14 @@ impl Unmet {
     /// What is wrong and what to change on the source.
     pub fn message(&self) -> String {
         match self {
+            Unmet::LogicalUnsafeBefore16 { target_version } => format!(
+                "the target server runs PostgreSQL {target_version}: before 16, logical \
+                 replication applies every change as the subscription's owner, a superuser, \
+                 so the database's triggers, index expressions, check constraints and \
+                 defaults would run with the admin's privileges there; migrate with mode \
+                 Dump (restored as the database's owner) or to a server of PostgreSQL 16 or \
+                 newer (which applies as each table's owner)"
+            ),
             Unmet::WalLevelNotLogical { wal_level } => format!(
                 "wal_level is {wal_level} on the source server, logical replication needs \
                  logical: run ALTER SYSTEM SET wal_level = logical and restart the server"
@@ -166,10 +188,16 @@ fn plural(n: i64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-/// Every prerequisite the source does not meet, in the order of the table above; empty
-/// when the Logical mode can run.
-pub fn unmet(facts: &SourceFacts) -> Vec<Unmet> {
+/// Every prerequisite the source (`facts`) and the target (`target_version_num`,
+/// `target_version`) do not meet, in the order of the table above; empty when the Logical
+/// mode can run.
+pub fn unmet(facts: &SourceFacts, target_version_num: i32, target_version: &str) -> Vec<Unmet> {
     let mut unmet = Vec::new();
+    if target_version_num < MIN_SAFE_TARGET {
+        unmet.push(Unmet::LogicalUnsafeBefore16 {
+            target_version: target_version.to_string(),
+        });
+    }
     if facts.wal_level != "logical" {
         unmet.push(Unmet::WalLevelNotLogical {
             wal_level: facts.wal_level.clone(),
@@ -287,8 +315,16 @@ pub async fn observe(s: &Session) -> Result<SourceFacts, PgError> {
 }
 
 /// [`observe`], then [`unmet`].
-pub async fn preflight(s: &Session) -> Result<Vec<Unmet>, PgError> {
-    Ok(unmet(&observe(s).await?))
+pub async fn preflight(
+    s: &Session,
+    target_version_num: i32,
+    target_version: &str,
+) -> Result<Vec<Unmet>, PgError> {
+    Ok(unmet(
+        &observe(s).await?,
+        target_version_num,
+        target_version,
+    ))
 }
 
 #[cfg(test)]
@@ -317,10 +353,24 @@ mod tests {
     }
 
     #[test]
+    fn a_target_before_16_is_unsafe_for_logical_replication_whatever_the_source() {
+        let unmet = unmet(&ready(), 150018, "15.18");
+        assert_eq!(unmet.len(), 1, "{unmet:?}");
+        assert_eq!(unmet[0].reason(), "LogicalUnsafeBefore16");
+        assert!(
+            unmet[0].message().contains("15.18"),
+            "{}",
+            unmet[0].message()
+        );
+        assert!(matches!(auto_mode(unmet), Mode::Dump { .. }));
+        assert_eq!(super::unmet(&ready(), 160000, "16.0"), []);
+    }
+
+    #[test]
     fn a_ready_source_meets_everything_and_auto_picks_logical() {
-        assert_eq!(unmet(&ready()), []);
+        assert_eq!(unmet(&ready(), 170000, "17.0"), []);
         assert_eq!(condition(&[]), None);
-        assert_eq!(auto_mode(unmet(&ready())), Mode::Logical);
+        assert_eq!(auto_mode(unmet(&ready(), 170000, "17.0")), Mode::Logical);
     }
 
     #[test]
@@ -350,7 +400,7 @@ mod tests {
             ],
             large_objects: 3,
         };
-        let unmet = unmet(&facts);
+        let unmet = unmet(&facts, 170000, "17.0");
         let reasons: Vec<_> = unmet.iter().map(Unmet::reason).collect();
         assert_eq!(
             reasons,
@@ -389,7 +439,7 @@ mod tests {
         let mut facts = ready();
         facts.replication_slots = 10;
         assert_eq!(
-            unmet(&facts),
+            unmet(&facts, 170000, "17.0"),
             [Unmet::NoFreeReplicationSlot {
                 max: 10,
                 in_use: 10
@@ -399,11 +449,11 @@ mod tests {
         facts.max_wal_senders = 0;
         facts.wal_senders = 0;
         assert_eq!(
-            unmet(&facts),
+            unmet(&facts, 170000, "17.0"),
             [Unmet::NoFreeWalSender { max: 0, active: 0 }]
         );
         assert!(
-            unmet(&facts)[0]
+            unmet(&facts, 170000, "17.0")[0]
                 .message()
                 .contains("max_wal_senders = 1 and")
         );
@@ -415,7 +465,7 @@ mod tests {
         facts.tables = (0..25)
             .map(|i| table(&format!("public.t{i:02}"), 'd', false, false))
             .collect();
-        let unmet = unmet(&facts);
+        let unmet = unmet(&facts, 170000, "17.0");
         let Unmet::TablesWithoutReplicaIdentity { tables } = &unmet[0] else {
             panic!("{unmet:?}");
         };

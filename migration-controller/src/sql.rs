@@ -19,8 +19,7 @@ pub use ddl::is_marked as is_databases;
 /// The database-controller's mark: the first word of the comment.
 pub use ddl::mark as database_mark;
 pub use ddl::{
-    create_database, create_extension, create_role, drop_database, drop_role, mark_database,
-    observe, server_version,
+    create_database, create_role, drop_database, drop_role, mark_database, observe, server_version,
 };
 
 /// The mark of objects this Migration created on the target.
@@ -44,15 +43,6 @@ pub async fn installed_extensions(s: &Session) -> Result<Vec<String>, PgError> {
     let mut installed = ddl::installed_extensions(s).await?;
     installed.retain(|e| e != "plpgsql");
     Ok(installed)
-}
-
-/// Extensions the server can install.
-pub async fn available_extensions(s: &Session) -> Result<Vec<String>, PgError> {
-    let rows = s
-        .query("SELECT name::text FROM pg_available_extensions", &[])
-        .await
-        .map_err(PgError::sql("reading pg_available_extensions"))?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
 /// What FreezeSource is about to change: the connection limit and the database-level

@@ -30,7 +30,7 @@ use dbops_api::{
     ServerReference, SourceRetention, condition,
 };
 use dbops_shared::pg_tools;
-use dbops_shared::postgres::{PgError, Session};
+use dbops_shared::postgres::{PgError, Session, extensions};
 use dbops_shared::server::{Resolved, ServerError};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
@@ -280,17 +280,16 @@ async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome>
             ),
         ));
     }
-    let available = sql::available_extensions(&t).await?;
-    let missing: Vec<&String> = extensions
-        .iter()
-        .filter(|e| !available.contains(e))
-        .collect();
-    if !missing.is_empty() {
+    // Every extension of the source database must be allowed on the target too (its
+    // allowedExtensions, or trusted when it has none) and available there.
+    let offered = extensions::available(&t, &extensions).await?;
+    let allowed = target.server.spec.allowed_extensions.as_deref();
+    if let Some(refused) = extensions::refusal(&extensions, allowed, &offered, &target.name) {
         return Err(Error::fatal(
-            "ExtensionUnavailable",
+            refused.reason,
             format!(
-                "extensions {missing:?} used by the database are not available on {}",
-                at(&target)
+                "the database uses extensions the target does not take: {}",
+                refused.message
             ),
         ));
     }
@@ -316,7 +315,7 @@ async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome>
         ));
     }
     drop(t);
-    let mode = choose_mode(saga, &source, &database).await?;
+    let mode = choose_mode(saga, &source, &database, (target_num, &target_version)).await?;
     let (pg_dump, pg_restore) = copy_programs(
         saga,
         (source_num, &source_version),
@@ -395,7 +394,12 @@ fn refused(refusal: pg_tools::Refusal, all: bool) -> Error {
 /// The mode the Migration runs in: recorded once (with the ModeChosen condition and an
 /// Event) and never changed afterwards. `Logical` refuses a source that cannot replicate
 /// (the Logical Preflight's reason); `Auto` then falls back to Dump, saying why.
-async fn choose_mode(saga: &mut Saga<'_>, source: &Resolved, database: &str) -> Result<ChosenMode> {
+async fn choose_mode(
+    saga: &mut Saga<'_>,
+    source: &Resolved,
+    database: &str,
+    (target_num, target_version): (i32, &str),
+) -> Result<ChosenMode> {
     if let Some(mode) = saga.status().mode {
         return Ok(mode);
     }
@@ -407,7 +411,7 @@ async fn choose_mode(saga: &mut Saga<'_>, source: &Resolved, database: &str) -> 
         ),
         requested => {
             let s = session(saga, source, database).await?;
-            let unmet = crate::logical::preflight(&s).await?;
+            let unmet = crate::logical::preflight(&s, target_num, target_version).await?;
             drop(s);
             match crate::logical::auto_mode(unmet) {
                 crate::logical::Mode::Logical => (
@@ -737,8 +741,14 @@ async fn provision_target(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome>
     if !extensions.is_empty() {
         let t = session(saga, &target, &database).await?;
         let there = sql::installed_extensions(&t).await?;
-        for extension in extensions.iter().filter(|e| !there.contains(e)) {
-            sql::create_extension(&t, extension).await?;
+        let missing: Vec<String> = extensions
+            .iter()
+            .filter(|e| !there.contains(e))
+            .cloned()
+            .collect();
+        // Preflight checked that the target allows and offers each of them.
+        for extension in extensions::available(&t, &missing).await? {
+            extensions::create(&t, &extension).await?;
         }
     }
     Ok(Outcome::Done(format!(

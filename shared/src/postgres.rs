@@ -7,6 +7,14 @@
 //! SCRAM-SHA-256 verifier before `CREATE/ALTER ROLE ... PASSWORD`, the same as psql's
 //! `\password`, so neither the server log nor a trace can show them.
 //!
+//! Every admin session starts with `search_path` pinned to [`ADMIN_SEARCH_PATH`]
+//! (`pg_catalog, pg_temp`), in its startup packet, before any statement: no schema a
+//! tenant can write is ever searched, so an unqualified function, operator, type or
+//! table name in the controllers' SQL always means the system's, and a tenant's
+//! `public.lower(varchar)` or `public.=` can never be picked instead (the class of bug
+//! CloudNativePG fixed for database owners reaching superuser). `pg_temp` comes last
+//! explicitly, so even the session's own temporary objects cannot shadow a system one.
+//!
 //! Every statement sent through a [`Session`] (or a [`Transaction`] of one) is a
 //! `sql` span (`db.statement` with the text, never the parameters; string literals
 //! masked in any statement that mentions a password) and one
@@ -31,6 +39,7 @@ use tracing::{Instrument, field};
 use crate::metrics::{Target, record_external_request};
 
 pub mod ddl;
+pub mod extensions;
 pub mod tls;
 
 /// Which server: host and port.
@@ -351,6 +360,9 @@ impl fmt::Debug for Idle {
 }
 
 /// How long a session may wait in the pool before it is closed.
+/// The `search_path` of every admin session (see the module's documentation).
+pub const ADMIN_SEARCH_PATH: &str = "pg_catalog,pg_temp";
+
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Closed while the server answers; open (no attempts) for `open_for` after
@@ -976,7 +988,7 @@ impl Servers {
             .ssl_mode(ssl_mode)
             .application_name("dbops")
             .options(format!(
-                "-c statement_timeout={} -c lock_timeout={}",
+                "-c statement_timeout={} -c lock_timeout={} -c search_path={ADMIN_SEARCH_PATH}",
                 self.statement_timeout.as_millis(),
                 self.lock_timeout.as_millis()
             ))

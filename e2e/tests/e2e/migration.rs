@@ -61,20 +61,31 @@ pub(crate) struct Setup {
     logs: tempfile::TempDir,
 }
 
+/// The major of the Logical tests' target: the newest the Debian-built clients here
+/// restore into (pg_restore 17 and newer cannot restore into older servers).
+pub(crate) const LOGICAL_TARGET_MAJOR: u32 = 17;
+
 impl Setup {
     pub(crate) async fn new(prefix: &str) -> Self {
-        Self::build(prefix, false, None, &[]).await
+        Self::build(prefix, false, None, &[], None).await
+    }
+
+    /// [`Setup::new`] with a target of [`LOGICAL_TARGET_MAJOR`] (a Logical mode's
+    /// prerequisite on the target side), the source as in [`Setup::new`].
+    pub(crate) async fn with_logical_target(prefix: &str) -> Self {
+        Self::build(prefix, false, None, &[], Some(LOGICAL_TARGET_MAJOR)).await
     }
 
     /// [`Setup::new`] with a source server started with these settings (for example
-    /// `wal_level=logical`).
+    /// `wal_level=logical`), and a target of [`LOGICAL_TARGET_MAJOR`]: the Logical mode
+    /// subscribes only on PostgreSQL 16 and newer (`LogicalUnsafeBefore16`).
     pub(crate) async fn with_source_settings(prefix: &str, settings: &[(&str, &str)]) -> Self {
-        Self::build(prefix, false, None, settings).await
+        Self::build(prefix, false, None, settings, Some(LOGICAL_TARGET_MAJOR)).await
     }
 
     /// [`Setup::new`] with a real Jaeger that every controller exports its spans to.
     async fn traced(prefix: &str) -> Self {
-        Self::build(prefix, true, None, &[]).await
+        Self::build(prefix, true, None, &[], None).await
     }
 
     /// [`Setup::new`] with both servers speaking TLS with a certificate for `localhost`
@@ -82,7 +93,7 @@ impl Setup {
     /// every login but the harness's superuser refused without TLS (the admin Secrets hold
     /// a role `dbops_admin` of their own).
     async fn over_tls(prefix: &str, ca: &TestCa) -> Self {
-        Self::build(prefix, false, Some(ca), &[]).await
+        Self::build(prefix, false, Some(ca), &[], None).await
     }
 
     async fn build(
@@ -90,6 +101,7 @@ impl Setup {
         traced: bool,
         tls: Option<&TestCa>,
         source_settings: &[(&str, &str)],
+        target_major: Option<u32>,
     ) -> Self {
         let b = bed(prefix).await;
         let cert = tls.map(|ca| {
@@ -102,9 +114,13 @@ impl Setup {
             PgServer::start_with_settings(&format!("{prefix}-src"), source_settings).await
         }
         .unwrap();
-        let target = PgServer::start_with_tls(&format!("{prefix}-dst"), cert.as_ref())
-            .await
-            .unwrap();
+        let target = match target_major {
+            None => PgServer::start_with_tls(&format!("{prefix}-dst"), cert.as_ref()).await,
+            Some(major) => {
+                PgServer::start_major_with_tls(&format!("{prefix}-dst"), major, cert.as_ref()).await
+            }
+        }
+        .unwrap();
         let store = crate::test_dir(prefix, "store");
         let store_url = format!("file://{}", store.path().display());
         let logs = crate::test_dir(prefix, "logs");
@@ -1476,7 +1492,8 @@ async fn logical_preflight(pg: &PgServer, dbname: &str) -> Vec<logical::Unmet> {
         .connect(&endpoint, &credentials, dbname)
         .await
         .unwrap();
-    let unmet = logical::preflight(&session).await.unwrap();
+    // A target of 17: what these tests look at is the source.
+    let unmet = logical::preflight(&session, 170000, "17").await.unwrap();
     println!(
         "{dbname} on {}: {:?}",
         pg.port(),

@@ -310,7 +310,7 @@ async fn logical_migration_keeps_every_write_and_leaves_nothing_behind() {
 /// changed), `Auto` falls back to Dump and says why in a condition and an Event.
 #[tokio::test]
 async fn without_wal_level_logical_auto_dumps_and_logical_is_refused() {
-    let mut s = Setup::new("logical-nowal").await;
+    let mut s = Setup::with_logical_target("logical-nowal").await;
     s.start_migration_controller(&[]);
     s.create_database("app").await;
     s.create_migration("app-logical", "app", json!({"mode": "Logical"}))

@@ -177,7 +177,8 @@ pub async fn run(args: MigrationArgs) -> Result<()> {
     let (tmp, cp, client) = crate::start_control_plane("dbops-bench-migration-").await?;
     let (source, target) = tokio::join!(
         PgServer::start_with_settings("bench-migration-src", LOGICAL),
-        PgServer::start_with_settings("bench-migration-dst", LOGICAL),
+        // 17: the Logical mode subscribes only on 16 and newer (LogicalUnsafeBefore16).
+        PgServer::start_major_with_settings("bench-migration-dst", 17, LOGICAL),
     );
     let (source, target) = (source?, target?);
     let ns = namespace(&client, BENCH).await?;
