@@ -14,6 +14,7 @@ pub mod postgres;
 pub mod process;
 pub mod s3;
 pub mod tls;
+pub mod traps;
 pub mod wait;
 
 pub use controllers::ControllerProcess;

@@ -11,6 +11,7 @@ mod control_plane;
 mod controllers;
 mod database;
 mod deploy;
+mod isolation;
 mod leader;
 mod majors;
 mod metrics;
