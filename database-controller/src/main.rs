@@ -7,7 +7,9 @@
 //! probes each DatabaseServer and keeps it while Databases are on it.
 //!
 //! Watches: Databases; the connection Secrets it owns (label
-//! `app.kubernetes.io/managed-by=dbops`: no other tenant Secret is cached); DatabaseServers
+//! `app.kubernetes.io/managed-by=dbops`: no other tenant Secret is cached), one watch per
+//! namespace where a Database needs them, through a RoleBinding it makes there
+//! (`tenant_secrets`: its token reads no Secret anywhere else); DatabaseServers
 //! (`--server-selector`; a change of generation or readiness maps to the server's
 //! Databases); namespaces' labels (a change maps to the namespace's Databases that are not
 //! Ready, for `allowedNamespaces`); Migrations (their Database gets `MigrationInProgress`
@@ -25,6 +27,7 @@ mod secret;
 mod server;
 mod sql;
 mod status;
+mod tenant_secrets;
 
 use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
@@ -37,7 +40,6 @@ use dbops_shared::events::Recorder;
 use dbops_shared::telemetry;
 use dbops_shared::watch_health::WatchHealth;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -84,6 +86,15 @@ struct Args {
     #[arg(long, env = "DBOPS_SERVER_CONCURRENCY", default_value_t = 2,
           value_parser = clap::value_parser!(u16).range(1..))]
     server_concurrency: u16,
+
+    /// The ServiceAccount this process runs as, `<namespace>/<name>` or `<name>` (in
+    /// `--controller-namespace`): the subject of the RoleBindings
+    /// `dbops-database-controller-tenant-secrets` that let it reach the connection Secrets
+    /// of the namespaces where Databases need them. When absent, the apiserver is asked
+    /// who the process's credentials are; credentials that are no ServiceAccount (a
+    /// user's kubeconfig) get no RoleBinding.
+    #[arg(long, env = "DBOPS_SERVICE_ACCOUNT", value_parser = tenant_secrets::ServiceAccountArg::parse)]
+    service_account: Option<tenant_secrets::ServiceAccountArg>,
 }
 
 #[tokio::main]
@@ -110,6 +121,10 @@ async fn run(args: Args) -> Result<(), ControllerError> {
     let store = args.store.backup_store.clone();
     // The servers' caches fill while the backup store is checked and the Lease is taken.
     let directory = Directory::for_process(process.client(), &args.common);
+    let service_account = args
+        .service_account
+        .as_ref()
+        .map(|a| a.in_namespace(&args.common.controller_namespace));
     process
         .run(Some(&store), |run| async move {
             let client = run.client().clone();
@@ -117,6 +132,14 @@ async fn run(args: Args) -> Result<(), ControllerError> {
             // Filled by `watches` below.
             let databases: Arc<OnceLock<reflector::Store<Database>>> = Arc::default();
             let migrations: Arc<OnceLock<reflector::Store<Migration>>> = Arc::default();
+            // Only while leading: the state (and the watches in it) goes with the lead.
+            let tenants = tenant_secrets::TenantSecrets::new(
+                client.clone(),
+                directory.clone(),
+                databases.clone(),
+                run.namespace(),
+                service_account,
+            );
             let state = State {
                 servers: servers.clone(),
                 directory: directory.clone(),
@@ -125,7 +148,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                 verified: Verified::default(),
                 written: Written::default(),
                 databases: databases.clone(),
-                secrets: OnceLock::new(),
+                tenants: tenants.clone(),
                 last_prune: std::sync::Mutex::new(None),
                 restorer: restore::Restorer {
                     store: args.store.backup_store,
@@ -152,10 +175,17 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                 .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
             let dbservers = server::watches(dbservers, &server_ctx, &directory, run.namespace());
 
-            tokio::join!(
-                run.drive(dbs, ctx, reconcile::reconcile),
-                run.drive(dbservers, server_ctx, server::reconcile),
-            );
+            // The tenant namespaces' set-ups follow the Databases for as long as the two
+            // controllers run (they end on SIGTERM or a lost Lease).
+            tokio::select! {
+                _ = async {
+                    tokio::join!(
+                        run.drive(dbs, ctx, reconcile::reconcile),
+                        run.drive(dbservers, server_ctx, server::reconcile),
+                    )
+                } => {}
+                () = tenants.follow() => {}
+            }
         })
         .await
 }
@@ -175,8 +205,8 @@ fn in_background<T: Send + 'static>(
     }));
 }
 
-/// Owned connection Secrets, DatabaseServers, namespaces, Migrations and final snapshot
-/// Backups.
+/// Owned connection Secrets (the watches of `tenant_secrets`), DatabaseServers,
+/// namespaces, Migrations and final snapshot Backups.
 fn watches(
     c: kube::runtime::Controller<Database>,
     ctx: &Arc<Context<State>>,
@@ -198,33 +228,13 @@ fn watches(
     )
     .default_backoff();
     in_background("Migration", migrations);
-    // The connection Secrets only (by their label): a cache the reconciles read, and the
-    // trigger of their owner Database.
-    let (secret_store, secret_writer) = reflector::store_shared::<Secret>(1024);
-    let _ = ctx.state.secrets.set(secret_store);
-    let Some(owned_secrets) = secret_writer.subscribe() else {
-        unreachable!("a shared store can be subscribed to");
-    };
-    let (key, value) = secret::MANAGED_BY;
-    let secrets = watcher(
-        controller::scoped_api::<Secret>(client.clone(), namespace),
-        watcher::Config::default()
-            .labels(&format!("{key}={value}"))
-            .page_size(controller::LIST_PAGE_SIZE),
-    )
-    .default_backoff()
-    .modify(|s| {
-        s.managed_fields_mut().clear();
-        secret::keep_in_cache(s);
-    })
-    .reflect_shared(secret_writer);
-    in_background("Secret (connection)", secrets);
     let on_server = databases.clone();
     let seen = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
     let in_namespace = databases.clone();
     let waiting = databases.clone();
     let over_quota = databases.clone();
-    c.owns_shared_stream(owned_secrets)
+    // The connection Secrets, watched in each namespace where Databases need them.
+    c.owns_stream(ctx.state.tenants.triggers())
         .watches(
             Api::<DatabaseServer>::all(client.clone()),
             ctx.state.directory.server_config(),

@@ -56,9 +56,10 @@ pub struct State {
     /// what is remembered about Databases that are gone, count a server's Databases and
     /// apply its quota. Shared with the DatabaseServer controller.
     pub databases: Arc<std::sync::OnceLock<Store<Database>>>,
-    /// The connection Secrets (label `app.kubernetes.io/managed-by=dbops`), kept by their
-    /// watch (set up with the watches); no other Secret of a tenant is cached.
-    pub secrets: std::sync::OnceLock<Store<Secret>>,
+    /// The connection Secrets (label `app.kubernetes.io/managed-by=dbops`), one cache per
+    /// namespace where Databases need them, reached through a RoleBinding made there; no
+    /// other Secret of a tenant is cached.
+    pub tenants: crate::tenant_secrets::TenantSecrets,
     pub last_prune: Mutex<Option<Instant>>,
     /// The backup store and pg_restore, for `spec.restoreFrom`.
     pub restorer: restore::Restorer,
@@ -276,24 +277,19 @@ pub(crate) async fn remove_finalizer(db: &Database, api: &Api<Database>) -> Resu
     Ok(dbops_shared::finalizer::set(db, api, FINALIZER, false).await?)
 }
 
-/// A Secret from the watch's cache or, when the cache does not hold it (not synced yet,
-/// or newer than the cache), from the API. A cached copy may be a little old; every change
+/// The Database's connection Secret from its namespace's watch cache (set up at once when
+/// the namespace is not yet, see `tenant_secrets`) or, when the cache does not hold it
+/// (newer than the cache), from the API. A cached copy may be a little old; every change
 /// to it is a watch event that reconciles the Database again.
-async fn cached_secret(
-    ctx: &Context<State>,
-    namespace: &str,
-    name: &str,
-) -> Result<Option<Arc<Secret>>> {
-    if let Some(found) = ctx
-        .state
-        .secrets
-        .get()
-        .and_then(|store| store.get(&ObjectRef::new(name).within(namespace)))
-    {
+async fn cached_secret(ctx: &Context<State>, db: &Database) -> Result<Option<Arc<Secret>>> {
+    let namespace = db.namespace().unwrap_or_default();
+    let name = db.connection_secret_name();
+    let store = ctx.state.tenants.secrets_for(db).await?;
+    if let Some(found) = store.get(&ObjectRef::new(&name).within(&namespace)) {
         return Ok(Some(found));
     }
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    Ok(secrets.get_opt(name).await?.map(Arc::new))
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    Ok(secrets.get_opt(&name).await?.map(Arc::new))
 }
 
 /// A server problem as this Database reports it: waiting for the platform team (or the
@@ -439,8 +435,8 @@ async fn provision(
 
 /// Whether the connection Secret holds the password written and everything else current.
 async fn secret_is_current(db: &Database, ctx: &Context<State>) -> Result<bool> {
-    let namespace = db.namespace().unwrap_or_default();
-    let Some(existing) = cached_secret(ctx, &namespace, &db.connection_secret_name()).await? else {
+    // Not reachable (yet): the full check says why.
+    let Ok(Some(existing)) = cached_secret(ctx, db).await else {
         return Ok(false);
     };
     let Ok(target) = server_of(ctx, db).await else {
@@ -467,7 +463,7 @@ async fn provision_in_postgres(
     // A Secret of that name that this Database did not create is never written, and
     // nothing happens on the server either.
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let existing = cached_secret(ctx, &namespace, &db.connection_secret_name()).await?;
+    let existing = cached_secret(ctx, db).await?;
     if let Some(found) = &existing {
         secret::check_ours(found, db).map_err(secret_conflict)?;
     }

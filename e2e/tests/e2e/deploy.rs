@@ -18,7 +18,7 @@ use dbops_e2e::controllers::{controller_namespace_arg, http_get, server_selector
 use dbops_e2e::controlplane::{client_from_kubeconfig, service_account_user};
 use dbops_e2e::postgres::redact_passwords;
 use dbops_e2e::process::{Spec, Supervised, free_port};
-use dbops_e2e::wait::{Want, eventually, wait_for};
+use dbops_e2e::wait::{Want, eventually, holds_for, wait_for};
 use dbops_e2e::{ControlPlane, ControllerProcess, Kubectl, PgServer, paths};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
@@ -32,6 +32,15 @@ use crate::bed;
 
 /// Where the controllers, their ServiceAccounts and their Leases live.
 pub const SYSTEM_NAMESPACE: &str = "dbops-system";
+/// The ClusterRole of the Secret verbs the database-controller needs in a tenant
+/// namespace, and the RoleBinding of it it makes there.
+const TENANT_ROLE: &str =
+    "clusterroles.rbac.authorization.k8s.io/dbops-database-controller-tenant-secrets";
+const TENANT_BINDING: &str =
+    "rolebindings.rbac.authorization.k8s.io/dbops-database-controller-tenant-secrets";
+const TENANT_BINDING_NAME: &str = "dbops-database-controller-tenant-secrets";
+/// How often the database-controller compares the namespaces it reaches with those needed.
+const TENANT_TICK: Duration = Duration::from_secs(5);
 const CONTROLLERS: [&str; 3] = [
     "database-controller",
     "backup-controller",
@@ -40,9 +49,11 @@ const CONTROLLERS: [&str; 3] = [
 /// Objects `kubectl apply -k deploy/` sends: the Namespace, 4 CRDs, the backup store's
 /// PersistentVolumeClaim, per controller a ServiceAccount, ClusterRole,
 /// ClusterRoleBinding, two Roles and RoleBindings (its Lease; the DatabaseServers' admin
-/// and CA Secrets), Deployment, PodDisruptionBudget and Service, and for the backup- and
-/// database-controller a Role and RoleBinding (the backup store's registration ConfigMap).
-const DEPLOY_OBJECTS: usize = 1 + 4 + 1 + 3 * 10 + 2 * 2;
+/// and CA Secrets), Deployment, PodDisruptionBudget and Service, for the backup- and
+/// database-controller a Role and RoleBinding (the backup store's registration ConfigMap),
+/// and the database-controller's ClusterRole of the Secret verbs it binds in tenant
+/// namespaces.
+const DEPLOY_OBJECTS: usize = 1 + 4 + 1 + 3 * 10 + 2 * 2 + 1;
 
 fn deploy_dir() -> PathBuf {
     paths::repo_root().join("deploy")
@@ -123,6 +134,38 @@ pub async fn start_controller(
         process,
         metrics_port: port,
     })
+}
+
+async fn rules_of(
+    cluster_roles: &Api<ClusterRole>,
+    name: &str,
+) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
+    cluster_roles
+        .get(name)
+        .await
+        .unwrap()
+        .rules
+        .unwrap_or_default()
+}
+
+/// `kubectl auth can-i <verb> <resource> -n <namespace> --as=<user>` (as the admin).
+fn can_i_as(kubectl: &Kubectl, user: &str, verb: &str, resource: &str, namespace: &str) -> bool {
+    let out = kubectl
+        .run(
+            &[
+                "auth", "can-i", verb, resource, "-n", namespace, "--as", user,
+            ],
+            None,
+        )
+        .unwrap();
+    match out.stdout.split_whitespace().next() {
+        Some("yes") => true,
+        Some("no") => false,
+        _ => panic!(
+            "can-i {verb} {resource} -n {namespace} --as {user}: {}",
+            out.text()
+        ),
+    }
 }
 
 /// Waits until the replica's `/readyz` says it is the ready leader.
@@ -324,6 +367,29 @@ async fn each_controller_is_deployed_hardened_with_two_leader_elected_replicas()
                 "{name} may delete or replace Secrets: {rule:?}"
             );
         }
+        if controller == "database-controller" {
+            // What it binds in tenant namespaces: the Secret verbs it needs, nothing else.
+            let tenant = cluster_roles.get(TENANT_BINDING_NAME).await.unwrap();
+            let rules = tenant.rules.unwrap_or_default();
+            let [rule] = rules.as_slice() else {
+                panic!("{TENANT_BINDING_NAME}: one rule expected: {rules:?}");
+            };
+            assert_eq!(rule.resources, Some(vec!["secrets".to_string()]));
+            assert_eq!(rule.api_groups, Some(vec![String::new()]));
+            assert_eq!(
+                rule.verbs,
+                ["get", "list", "watch", "create", "patch"].map(String::from),
+            );
+            // No Secret rule of its own beyond dbops-system's Role.
+            assert!(
+                !rules_of(&cluster_roles, &name).await.iter().any(|r| r
+                    .resources
+                    .iter()
+                    .flatten()
+                    .any(|r| r == "secrets")),
+                "{name} grants Secrets cluster-wide"
+            );
+        }
         let lease_rules = roles
             .get(&format!("{name}-leader-election"))
             .await
@@ -459,10 +525,14 @@ async fn each_controller_does_its_job_with_a_token_of_its_own_service_account() 
             ]),
         }
         let pod = format!("{account}-sa-test");
-        let env = [
+        let mut env = vec![
             ("POD_NAMESPACE", SYSTEM_NAMESPACE),
             ("POD_NAME", pod.as_str()),
         ];
+        if controller == "database-controller" {
+            // As the Deployment sets it (from the pod's spec.serviceAccountName).
+            env.push(("DBOPS_SERVICE_ACCOUNT", account.as_str()));
+        }
         let c = start_controller(
             controller,
             controller,
@@ -575,6 +645,8 @@ async fn each_controller_does_its_job_with_a_token_of_its_own_service_account() 
     let database_user = service_account_user(SYSTEM_NAMESPACE, "dbops-database-controller");
     let backup_user = service_account_user(SYSTEM_NAMESPACE, "dbops-backup-controller");
     assert!(wrote(&database_user, "secrets", "create"));
+    // Through the RoleBinding it made for the Database's namespace.
+    assert!(wrote(&database_user, "rolebindings", "create"));
     assert!(wrote(&database_user, "events", "create"));
     assert!(wrote(&backup_user, "backups", "patch"));
     assert!(wrote(&backup_user, "events", "create"));
@@ -624,7 +696,7 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
     let lease = "leases/dbops-database-controller";
     // (The test's namespace stands in for dbops-system in the other tests, so it was granted
     // the Secrets Roles: the tenant namespace here is `default`.)
-    let cases: [(&Kubectl, &str, &str, Option<&str>, bool); 24] = [
+    let cases: [(&Kubectl, &str, &str, Option<&str>, bool); 35] = [
         // The backup-controller reads the admin and CA Secrets in its own namespace, no
         // tenant's, and writes none.
         (&as_backup, "get", "secrets", Some(SYSTEM_NAMESPACE), true),
@@ -663,9 +735,61 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
             Some(&ns),
             false,
         ),
-        // The database-controller writes its connection Secrets, but never deletes one.
-        (&as_database, "create", "secrets", Some(&ns), true),
+        // The database-controller reads the admin and CA Secrets in its own namespace and
+        // no tenant's Secret: it writes connection Secrets only where a Database needs
+        // them, through a RoleBinding it makes there (none here: no Database is served),
+        // and never deletes one.
+        (&as_database, "get", "secrets", Some(SYSTEM_NAMESPACE), true),
+        (&as_database, "get", "secrets", Some("default"), false),
+        (&as_database, "list", "secrets", None, false),
+        (&as_database, "create", "secrets", Some(&ns), false),
         (&as_database, "delete", "secrets", Some(&ns), false),
+        // Those RoleBindings: it may bind the one ClusterRole holding the Secret verbs,
+        // and delete only RoleBindings of that name; no other role, no escalation.
+        (
+            &as_database,
+            "create",
+            "rolebindings.rbac.authorization.k8s.io",
+            Some(&ns),
+            true,
+        ),
+        (&as_database, "delete", TENANT_BINDING, Some(&ns), true),
+        (
+            &as_database,
+            "delete",
+            "rolebindings.rbac.authorization.k8s.io/other",
+            Some(&ns),
+            false,
+        ),
+        (
+            &as_database,
+            "update",
+            "rolebindings.rbac.authorization.k8s.io/other",
+            Some(&ns),
+            false,
+        ),
+        (&as_database, "bind", TENANT_ROLE, None, true),
+        (
+            &as_database,
+            "bind",
+            "clusterroles.rbac.authorization.k8s.io/cluster-admin",
+            None,
+            false,
+        ),
+        (
+            &as_database,
+            "escalate",
+            "clusterroles.rbac.authorization.k8s.io",
+            None,
+            false,
+        ),
+        (
+            &as_database,
+            "create",
+            "clusterrolebindings.rbac.authorization.k8s.io",
+            None,
+            false,
+        ),
         // It keeps the DatabaseServers' status and finalizer, and never deletes one.
         (
             &as_database,
@@ -717,6 +841,18 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
                 "the database-controller's token"
             }
         );
+    }
+
+    // No controller may read a Secret in a namespace where no Database is served (the
+    // test's namespace stands in for dbops-system: it was granted the Secrets Roles).
+    for controller in CONTROLLERS {
+        let user = service_account_user(SYSTEM_NAMESPACE, &format!("dbops-{controller}"));
+        for namespace in ["default", "kube-system"] {
+            assert!(
+                !can_i_as(&b.kubectl, &user, "get", "secrets", namespace),
+                "{user} may read the Secrets of namespace {namespace}"
+            );
+        }
     }
 
     // And real requests with the backup-controller's token: 403, nothing changed.
@@ -797,6 +933,310 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
         "{refused:?} (after {:?})",
         started.elapsed()
     );
+}
+
+/// A namespace of the test's own that is no `TestNamespace`: no controller is granted
+/// anything in it by the test bed, as in a tenant's namespace of a real cluster. Deleted
+/// when dropped.
+struct TenantNamespace {
+    name: String,
+    kubectl: Kubectl,
+}
+
+impl TenantNamespace {
+    async fn create(b: &crate::Bed, suffix: &str) -> Self {
+        let name = format!("{}-{suffix}", b.ns.name());
+        let mut ns = k8s_openapi::api::core::v1::Namespace::default();
+        ns.metadata.name = Some(name.clone());
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(b.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+        Self {
+            name,
+            kubectl: b.kubectl.clone(),
+        }
+    }
+}
+
+impl Drop for TenantNamespace {
+    fn drop(&mut self) {
+        let _ = self
+            .kubectl
+            .run(&["delete", "namespace", &self.name, "--wait=false"], None);
+    }
+}
+
+/// The database-controller's own token reaches a tenant namespace's Secrets only while a
+/// Database there needs them: not while no DatabaseServer allows the namespace, then
+/// (once a server allows it) through the RoleBinding the controller makes there, kept
+/// while a Database provisioned there stays, and gone with the last one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_controller_reaches_a_tenant_namespaces_secrets_only_while_a_database_needs_them()
+ {
+    let b = bed("sa-tenant").await;
+    // The controllers' namespace (admin Secret) is the bed's; the tenant's and an idle
+    // one are plain namespaces.
+    let ctl = b.ns.name().to_string();
+    let tenant = TenantNamespace::create(&b, "tenant").await;
+    let idle = TenantNamespace::create(&b, "idle").await;
+    let pg = PgServer::start("sa-tenant").await.unwrap();
+    let admin = "pg-admin";
+    dbops_e2e::fixtures::create_secret(
+        &b.client,
+        &ctl,
+        admin,
+        &[
+            ("username", dbops_e2e::postgres::SUPERUSER),
+            ("password", pg.superuser_password()),
+        ],
+    )
+    .await
+    .unwrap();
+    // The server allows the namespaces labelled as this test's tenants.
+    let tenant_label = "dbops.dev/tenant-of";
+    let server = dbops_e2e::fixtures::server_name(&ctl, admin);
+    let mut spec = dbops_e2e::fixtures::server_spec(&pg, admin);
+    spec["allowedNamespaces"] = json!({"matchLabels": {tenant_label: ctl}});
+    dbops_e2e::fixtures::create_server(&b.client, &ctl, &server, spec)
+        .await
+        .unwrap();
+
+    let kubeconfig = crate::controller_kubeconfig(b.cp, "database-controller").await;
+    let logs = tempfile::tempdir().unwrap();
+    let args = [
+        format!("--watch-namespace={}", tenant.name),
+        format!("--controller-namespace={ctl}"),
+        format!(
+            "--server-selector={}={ctl}",
+            dbops_e2e::fixtures::TEST_NAMESPACE_LABEL
+        ),
+        "--resync-interval=5s".to_string(),
+        "--backoff-base=1s".to_string(),
+        "--backoff-max=5s".to_string(),
+    ];
+    let controller =
+        ControllerProcess::start("database-controller", &kubeconfig, logs.path(), &args).unwrap();
+    let log = || {
+        redact_passwords(
+            &controller
+                .process
+                .log_tail(8000)
+                .replace(pg.superuser_password(), "<superuser-password>"),
+        )
+    };
+
+    let users: Vec<String> = CONTROLLERS
+        .iter()
+        .map(|c| service_account_user(SYSTEM_NAMESPACE, &format!("dbops-{c}")))
+        .collect();
+    let database_user = users[0].clone();
+    let can = |verb: &str, namespace: &str| {
+        can_i_as(&b.kubectl, &database_user, verb, "secrets", namespace)
+    };
+    let bindings: Api<k8s_openapi::api::rbac::v1::RoleBinding> =
+        Api::namespaced(b.client.clone(), &tenant.name);
+
+    // 1. No server allows either namespace: no controller may read a Secret there.
+    for user in &users {
+        for namespace in [&tenant.name, &idle.name] {
+            assert!(
+                !can_i_as(&b.kubectl, user, "get", "secrets", namespace),
+                "{user} may read the Secrets of {namespace}, which no server allows"
+            );
+        }
+    }
+
+    // 2. A Database in the tenant namespace, which its server does not allow (yet): refused,
+    // and still no access to the namespace's Secrets.
+    let databases: Api<Database> = Api::namespaced(b.client.clone(), &tenant.name);
+    let db: Database = serde_json::from_value(json!({
+        "apiVersion": "dbops.dev/v1alpha1",
+        "kind": "Database",
+        "metadata": {"name": "app"},
+        "spec": {"serverRef": {"name": server}, "deletionPolicy": "Retain"},
+    }))
+    .unwrap();
+    databases.create(&PostParams::default(), &db).await.unwrap();
+    let refused = Want::new("Ready", "False", Some("NamespaceNotAllowed"));
+    if let Err(e) = dbops_e2e::wait::database_condition(
+        &b.client,
+        &tenant.name,
+        "app",
+        refused,
+        Duration::from_secs(60),
+    )
+    .await
+    {
+        panic!("{e:#}\n---- controller log ----\n{}", log());
+    }
+    assert!(
+        bindings
+            .get_opt(TENANT_BINDING_NAME)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(!can("get", &tenant.name));
+
+    // 3. The server allows the namespace: the Database gets Ready with its connection
+    // Secret, written through the RoleBinding the controller made, which grants exactly
+    // the Secret verbs it needs, there only.
+    let out = b
+        .kubectl
+        .run(
+            &[
+                "label",
+                "namespace",
+                &tenant.name,
+                &format!("{tenant_label}={ctl}"),
+            ],
+            None,
+        )
+        .unwrap();
+    assert!(out.success, "{}", out.text());
+    if let Err(e) = dbops_e2e::wait::database_condition(
+        &b.client,
+        &tenant.name,
+        "app",
+        Want::new("Ready", "True", Some("Provisioned")),
+        Duration::from_secs(90),
+    )
+    .await
+    {
+        panic!("{e:#}\n---- controller log ----\n{}", log());
+    }
+    let secrets: Api<Secret> = Api::namespaced(b.client.clone(), &tenant.name);
+    assert!(secrets.get_opt("app-connection").await.unwrap().is_some());
+    let binding = bindings.get(TENANT_BINDING_NAME).await.unwrap();
+    assert_eq!(
+        (
+            binding.role_ref.kind.as_str(),
+            binding.role_ref.name.as_str()
+        ),
+        ("ClusterRole", TENANT_BINDING_NAME)
+    );
+    let subjects: Vec<String> = binding
+        .subjects
+        .iter()
+        .flatten()
+        .map(|s| {
+            format!(
+                "{}:{}:{}",
+                s.kind,
+                s.namespace.as_deref().unwrap_or(""),
+                s.name
+            )
+        })
+        .collect();
+    assert_eq!(
+        subjects,
+        ["ServiceAccount:dbops-system:dbops-database-controller"]
+    );
+    assert_eq!(
+        binding
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app.kubernetes.io/managed-by"))
+            .map(String::as_str),
+        Some("dbops")
+    );
+    for verb in ["get", "list", "watch", "create", "patch"] {
+        assert!(can(verb, &tenant.name), "{verb} secrets in {}", tenant.name);
+    }
+    for verb in ["delete", "update"] {
+        assert!(
+            !can(verb, &tenant.name),
+            "{verb} secrets in {}",
+            tenant.name
+        );
+    }
+    assert!(!can("get", &idle.name));
+    assert!(!can("get", "kube-system"));
+    let created =
+        b.cp.audit_writes(&database_user, Some(&tenant.name))
+            .unwrap();
+    assert!(
+        created
+            .iter()
+            .any(|w| w.resource == "rolebindings" && w.verb == "create" && w.code == 201),
+        "{created:#?}"
+    );
+
+    // 4. The server stops allowing the namespace: the Database, provisioned there, stays
+    // admitted and Ready, and so does the access its connection Secret needs.
+    let servers: Api<dbops_api::DatabaseServer> = Api::all(b.client.clone());
+    let changed = dbops_e2e::fixtures::merge_patch(
+        &servers,
+        &server,
+        json!({"spec": {"allowedNamespaces": {"matchLabels": {tenant_label: "nobody"}}}}),
+    )
+    .await
+    .unwrap();
+    let generation = changed.metadata.generation;
+    dbops_e2e::wait::eventually(
+        "the server controller to see the server's new generation",
+        Duration::from_secs(30),
+        || async {
+            Ok(servers
+                .get(&server)
+                .await?
+                .status
+                .and_then(|s| s.observed_generation))
+        },
+        |seen| *seen >= generation,
+    )
+    .await;
+    let kept = holds_for(
+        "the RoleBinding and the Database's readiness",
+        2 * TENANT_TICK + Duration::from_secs(2),
+        || async {
+            let binding = bindings.get_opt(TENANT_BINDING_NAME).await?.is_some();
+            let ready = dbops_e2e::wait::database_has(
+                &databases.get("app").await?,
+                Want::new("Ready", "True", Some("Provisioned")),
+            );
+            Ok((binding, ready))
+        },
+        |(binding, ready)| *binding && *ready,
+    )
+    .await;
+    if let Err(e) = kept {
+        panic!("{e:#}\n---- controller log ----\n{}", log());
+    }
+    assert!(can("get", &tenant.name));
+
+    // 5. The Database goes (Retain: at once): nothing there needs the Secrets any more,
+    // the RoleBinding goes and the namespace's Secrets are out of reach again.
+    databases
+        .delete("app", &DeleteParams::default())
+        .await
+        .unwrap();
+    let gone = wait_for(
+        "the RoleBinding to go with the last Database",
+        Duration::from_secs(30),
+        || async { Ok(bindings.get_opt(TENANT_BINDING_NAME).await?.is_none()) },
+        |gone| *gone,
+    )
+    .await;
+    if let Err(e) = gone {
+        panic!("{e:#}\n---- controller log ----\n{}", log());
+    }
+    for user in &users {
+        assert!(
+            !can_i_as(&b.kubectl, user, "get", "secrets", &tenant.name),
+            "{user} may still read the Secrets of {}",
+            tenant.name
+        );
+    }
+    // Its watch stopped before its RoleBinding went: no refusal anywhere in the log.
+    let text = log();
+    assert!(
+        !text.to_lowercase().contains("forbidden"),
+        "the controller was refused something:\n{text}"
+    );
+    drop(controller);
 }
 
 /// The shipped alert rules (deploy/components/prometheus-rules) pass their unit tests:
