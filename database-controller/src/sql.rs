@@ -2,14 +2,14 @@
 //! migration-controller (observing, creating, marking and dropping the role and the
 //! database) is `dbops_shared::postgres::ddl`, re-exported here. Every identifier and
 //! literal goes through `quote_ident`/`quote_literal` (or a bind parameter); passwords only
-//! as SCRAM verifiers.
+//! as SCRAM verifiers, sent with statement logging off (`ddl::execute_unlogged`).
 //!
 //! Ownership: the role is created and marked in one transaction (`COMMENT ON ROLE`), and
 //! the database is created `OWNER` that marked role and then marked itself, so after a
 //! crash at any point the controller can tell its own objects from anyone else's.
 
 use dbops_shared::postgres::ddl;
-use dbops_shared::postgres::{PgError, Session, password_verifier, quote_ident, quote_literal};
+use dbops_shared::postgres::{PgError, Session, quote_ident};
 
 pub use ddl::{
     comment_database, create_extension, create_role, drop_database, drop_role,
@@ -42,17 +42,9 @@ pub async fn create_database(
     ddl::mark_database(s, database, mark).await
 }
 
-pub async fn set_password(s: &Session, role: &str, password: &str) -> Result<(), PgError> {
-    ddl::execute(
-        s,
-        &format!(
-            "ALTER ROLE {} PASSWORD {}",
-            quote_ident(role),
-            quote_literal(&password_verifier(password)),
-        ),
-        format!("setting the password of {role}"),
-    )
-    .await
+/// A new password for the role: its SCRAM verifier, with statement logging off.
+pub async fn set_password(s: &mut Session, role: &str, password: &str) -> Result<(), PgError> {
+    ddl::set_password(s, role, password).await
 }
 
 pub async fn set_owner(s: &Session, database: &str, owner: &str) -> Result<(), PgError> {

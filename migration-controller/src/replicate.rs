@@ -104,13 +104,22 @@ pub async fn replicate(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
             Some(p) => p,
             None => {
                 let p = dbops_shared::postgres::generate_password();
-                replication::set_password(&s, &e.name, &p).await?;
+                replication::set_password(&mut s, &e.name, &p).await?;
                 p
             }
         };
         let conninfo = replication::conninfo(&e.source.endpoint, &e.database, &e.name, &password);
-        let (target_num, _) = sql::server_version(&t).await?;
-        replication::create_subscription(&mut t, &e.name, &conninfo, target_num >= 150000)
+        let (target_num, target_version) = sql::server_version(&t).await?;
+        if target_num < crate::logical::MIN_SAFE_TARGET {
+            // Preflight refuses such a target; a Migration that chose Logical before that
+            // rule (an older controller) ends here, before anything runs as the admin.
+            let unsafe_target = crate::logical::Unmet::LogicalUnsafeBefore16 { target_version };
+            return Err(Error::fatal(
+                unsafe_target.reason(),
+                unsafe_target.message(),
+            ));
+        }
+        replication::create_subscription(&mut t, &e.name, &conninfo)
             .await
             .map_err(|err| subscription_error(err, &e))?;
         // The slot exists on the source; the status knows nothing of it yet.

@@ -10,13 +10,12 @@
 //!
 //! Identifiers and literals go through `quote_ident`/`quote_literal` or bind parameters;
 //! the replication role's password reaches the source only as a SCRAM verifier, and the
-//! target only inside CREATE SUBSCRIPTION's connection string, sent untraced with the
-//! session's statement logging off.
+//! target only inside CREATE SUBSCRIPTION's connection string; both statements run with
+//! the session's statement logging off (`ddl::execute_unlogged`), their spans masked.
 
 use dbops_api::TlsMode;
-use dbops_shared::postgres::{
-    Endpoint, PgError, Session, password_verifier, quote_ident, quote_literal,
-};
+use dbops_shared::postgres::ddl::{self, Unlogged};
+use dbops_shared::postgres::{Endpoint, PgError, Session, quote_ident, quote_literal};
 
 /// The replication slot, subscription, publication and role of the Migration `uid`.
 pub fn name(migration_uid: &str) -> String {
@@ -167,10 +166,7 @@ pub async fn create_role(
     };
     let r = quote_ident(name);
     let mut statements = vec![
-        format!(
-            "CREATE ROLE {r} LOGIN REPLICATION PASSWORD {}",
-            quote_literal(&password_verifier(password))
-        ),
+        format!("CREATE ROLE {r} LOGIN REPLICATION"),
         format!("COMMENT ON ROLE {r} IS {}", quote_literal(mark)),
         format!("GRANT CONNECT ON DATABASE {} TO {r}", quote_ident(database)),
     ];
@@ -182,22 +178,19 @@ pub async fn create_role(
         statements.push(format!("GRANT USAGE ON SCHEMA {n} TO {r}"));
         statements.push(format!("GRANT SELECT ON ALL TABLES IN SCHEMA {n} TO {r}"));
     }
-    let tx = s.transaction().await.map_err(PgError::sql("BEGIN"))?;
-    tx.batch_execute(&statements.join("; "))
-        .await
-        .map_err(PgError::sql(format!("creating replication role {name}")))?;
-    tx.commit().await.map_err(PgError::sql("COMMIT"))
+    // The verifier in a statement of its own, unlogged, in the same transaction.
+    ddl::execute_unlogged(
+        s,
+        Unlogged::InTransactionAfter(&statements.join("; ")),
+        &ddl::password_statement(name, password),
+        format!("creating replication role {name}"),
+    )
+    .await
 }
 
-/// A new password for the role (its verifier only).
-pub async fn set_password(s: &Session, name: &str, password: &str) -> Result<(), PgError> {
-    s.batch_execute(&format!(
-        "ALTER ROLE {} PASSWORD {}",
-        quote_ident(name),
-        quote_literal(&password_verifier(password))
-    ))
-    .await
-    .map_err(PgError::sql(format!("setting the password of {name}")))
+/// A new password for the role (its verifier only, with statement logging off).
+pub async fn set_password(s: &mut Session, name: &str, password: &str) -> Result<(), PgError> {
+    ddl::set_password(s, name, password).await
 }
 
 /// A replication slot on the source.
@@ -413,45 +406,34 @@ pub async fn subscription(s: &Session, name: &str) -> Result<Option<Subscription
 }
 
 /// Creates the subscription, which creates the slot `name` on the source and starts the
-/// initial copy. The statement carries the password: it is sent untraced, with the
-/// session's statement logging turned off for it (when the admin may), and never
-/// appears in an error (`PgError` keeps the server's message, not the statement).
+/// initial copy. The statement carries the password in its connection string: it runs
+/// alone with the session's statement logging off ([`ddl::execute_unlogged`], best effort
+/// when the admin may not), its span masks the string, and it never appears in an error
+/// (`PgError` keeps the server's message, not the statement).
 pub async fn create_subscription(
     s: &mut Session,
     name: &str,
     conninfo: &str,
-    disable_on_error: bool,
 ) -> Result<(), PgError> {
-    let client = s.client_mut();
-    // Superuser-only settings: without them the server may log the statement.
-    let quiet = client
-        .batch_execute("SET log_statement = 'none'; SET log_min_error_statement = 'panic'")
-        .await
-        .is_ok();
-    let options = if disable_on_error {
-        format!(
-            "slot_name = {}, create_slot = true, copy_data = true, disable_on_error = true",
-            quote_literal(name)
-        )
-    } else {
-        format!(
-            "slot_name = {}, create_slot = true, copy_data = true",
-            quote_literal(name)
-        )
-    };
-    let created = client
-        .batch_execute(&format!(
+    // `run_as_owner = false` (16's default, said out loud): the initial copy and the apply
+    // run each table's triggers, index expressions, checks and defaults as the table's
+    // owner, never as the subscription's (the admin). Only servers of 16 and newer have
+    // it, and only they are ever subscribed to (`MIN_SAFE_TARGET`).
+    let options = format!(
+        "slot_name = {}, create_slot = true, copy_data = true, disable_on_error = true, run_as_owner = false",
+        quote_literal(name)
+    );
+    ddl::execute_unlogged(
+        s,
+        Unlogged::Alone,
+        &format!(
             "CREATE SUBSCRIPTION {n} CONNECTION {} PUBLICATION {n} WITH ({options})",
             quote_literal(conninfo),
             n = quote_ident(name),
-        ))
-        .await;
-    if quiet {
-        let _ = client
-            .batch_execute("RESET log_statement; RESET log_min_error_statement")
-            .await;
-    }
-    created.map_err(PgError::sql(format!("creating subscription {name}")))
+        ),
+        format!("creating subscription {name}"),
+    )
+    .await
 }
 
 /// Disables the subscription, detaches it from its slot (dropped on the source

@@ -335,14 +335,24 @@ async fn a_final_snapshot_is_one_trace_across_both_controllers() {
         assert!(span.tag("store.location").unwrap().starts_with("file://"));
     }
 
-    // The role was created in a trace of its own, its verifier masked.
+    // The role was created in a trace of its own, then given its verifier in a statement
+    // of its own (unlogged on the server), masked.
     let db_tags = all_tag_values(jaeger, DATABASE_CONTROLLER);
-    let create_role: Vec<_> = db_tags
-        .iter()
-        .filter(|(op, key, _)| op == "CREATE ROLE" && key == "db.statement")
-        .collect();
+    let statements = |kind: &str| -> Vec<&String> {
+        db_tags
+            .iter()
+            .filter(|(op, key, _)| op == kind && key == "db.statement")
+            .map(|(_, _, statement)| statement)
+            .collect()
+    };
+    let create_role = statements("CREATE ROLE");
     assert!(!create_role.is_empty(), "no CREATE ROLE span");
-    for (_, _, statement) in &create_role {
+    for statement in &create_role {
+        assert!(!statement.contains("PASSWORD"), "{statement}");
+    }
+    let alter_role = statements("ALTER ROLE");
+    assert!(!alter_role.is_empty(), "no ALTER ROLE span");
+    for statement in &alter_role {
         assert!(statement.contains("PASSWORD '***'"), "{statement}");
     }
 
