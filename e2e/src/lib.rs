@@ -13,6 +13,7 @@ pub mod paths;
 pub mod postgres;
 pub mod process;
 pub mod s3;
+pub mod secret_audit;
 pub mod tls;
 pub mod traps;
 pub mod wait;

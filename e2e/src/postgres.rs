@@ -31,6 +31,38 @@ pub const LOGICAL_REPLICATION: &[(&str, &str)] = &[
     ("max_wal_senders", "10"),
 ];
 
+/// Settings for a server whose every statement is recorded, to show that none carries a
+/// secret (the dev environment's servers, [`statement_recording`]): every statement and
+/// every connection with its authentication method in the log.
+pub const LOG_EVERYTHING: &[(&str, &str)] = &[("log_statement", "all"), ("log_connections", "on")];
+
+/// `pg_stat_statements`, loaded at start and keeping every statement, utility statements
+/// included ([`statement_recording`], where the server's installation has the module).
+pub const PG_STAT_STATEMENTS: &[(&str, &str)] = &[
+    ("shared_preload_libraries", "pg_stat_statements"),
+    ("pg_stat_statements.track", "all"),
+    ("pg_stat_statements.track_utility", "on"),
+];
+
+/// [`LOG_EVERYTHING`], and [`PG_STAT_STATEMENTS`] when the installation of `bin` ships the
+/// module ([`ships_library`]).
+pub fn statement_recording(bin: &Path) -> Vec<(&'static str, &'static str)> {
+    let mut settings = LOG_EVERYTHING.to_vec();
+    if ships_library(bin, "pg_stat_statements") {
+        settings.extend_from_slice(PG_STAT_STATEMENTS);
+    }
+    settings
+}
+
+/// Whether the installation whose programs are in `bin` has the loadable module `library`
+/// (Debian's `lib/`, the cached packages' `lib/postgresql/`).
+pub fn ships_library(bin: &Path, library: &str) -> bool {
+    let file = format!("{library}.so");
+    ["lib", "lib/postgresql"]
+        .iter()
+        .any(|dir| bin.join("..").join(dir).join(&file).is_file())
+}
+
 /// Each server log line starts with time, pid, user@database and the session's
 /// application_name.
 const LOG_LINE_PREFIX: &str = "%m [%p] %q%u@%d app=%a ";
@@ -196,8 +228,33 @@ impl PgServer {
         cert: Option<&crate::tls::ServerCert>,
         settings: &[(&str, &str)],
     ) -> Result<Self> {
+        Self::start_in_bin(name, dir, port, cert, settings, paths::postgres_bin_dir()?).await
+    }
+
+    /// [`PgServer::start_in_with`] with a server of this major version ([`bin_dir`]), as
+    /// [`PgServer::start_major`] (the dev environment's migration target).
+    pub async fn start_major_in_with(
+        name: &str,
+        major: u32,
+        dir: &Path,
+        port: Option<u16>,
+        cert: Option<&crate::tls::ServerCert>,
+        settings: &[(&str, &str)],
+    ) -> Result<Self> {
+        let bin = runnable_by_postgres(&bin_dir(major)?)?;
+        Self::start_in_bin(name, dir, port, cert, settings, bin).await
+    }
+
+    async fn start_in_bin(
+        name: &str,
+        dir: &Path,
+        port: Option<u16>,
+        cert: Option<&crate::tls::ServerCert>,
+        settings: &[(&str, &str)],
+        bin: PathBuf,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let mut server = Self::init_in(name, dir, port, paths::postgres_bin_dir()?)?;
+        let mut server = Self::init_in(name, dir, port, bin)?;
         server.settings = settings
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -299,7 +356,6 @@ impl PgServer {
             .flat_map(|(k, v)| ["-c".to_string(), format!("{k}={v}")]);
         let spec = Spec::new(format!("postgres-{}", self.name), self.bin.join("postgres"))
             .args(tls)
-            .args(settings)
             .args([
                 "-D".to_string(),
                 self.dir.join("data").display().to_string(),
@@ -323,6 +379,9 @@ impl PgServer {
                 "-c".to_string(),
                 format!("log_line_prefix={LOG_LINE_PREFIX}"),
             ])
+            // The server's own settings last: the last `-c` of a name wins (for example
+            // `log_statement=all` over the `ddl` above).
+            .args(settings)
             // The server's own directory as HOME: run as `postgres` from root, it would
             // otherwise keep root's, and libpq in its subscriptions' workers stops at
             // "could not open certificate file /root/.postgresql/postgresql.crt:

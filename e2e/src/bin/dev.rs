@@ -1,12 +1,22 @@
 //! `dbops-dev`: the process behind `e2e/dev`. `dbops-dev up` starts the control plane;
 //! two PostgreSQL servers speaking TLS with certificates for `localhost` signed by a CA of
-//! its own; in `dbops-system`, the controllers' namespace, the servers' admin Secrets and
-//! the CA Secret; the DatabaseServers of `deploy/examples/databaseserver.yaml`; Jaeger;
-//! and the three controllers exporting their traces to it, all under `<state-dir>`, then
-//! stays in the foreground until SIGTERM or Ctrl-C stops everything.
+//! its own (pg-main Debian's 15, pg-target [`TARGET_MAJOR`]), both logging every statement
+//! and keeping them in `pg_stat_statements` too; in `dbops-system`, the controllers'
+//! namespace, the servers' admin Secrets and the CA Secret; the DatabaseServers of
+//! `deploy/examples/databaseserver.yaml`; Jaeger; and the three controllers exporting
+//! their traces to it, all under `<state-dir>`, then stays in the foreground until
+//! SIGTERM or Ctrl-C stops everything.
+//!
+//! `dbops-dev audit` looks for every password the environment handed out (admin and
+//! connection Secrets, subscriptions' connection strings) in the servers' and the
+//! controllers' logs and in `pg_stat_statements`, and checks that the servers keep SCRAM
+//! verifiers only (`e2e/tour` runs it beside the tour, with `--watch`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+#[path = "dev/audit.rs"]
+mod audit;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -31,6 +41,14 @@ const CA_SECRET: &str = "pg-ca";
 /// The DatabaseServers the dev environment creates, from this file.
 const SERVERS_EXAMPLE: &str = "deploy/examples/databaseserver.yaml";
 
+/// The major of the migration target, pg-target (pg-main is Debian's, 15): Logical
+/// Migrations go only to 16 and newer, whose subscriptions apply as each table's owner.
+const TARGET_MAJOR: u32 = 17;
+
+/// Each DatabaseServer and its PostgreSQL server's name (`<state-dir>/<DatabaseServer>/`
+/// holds its data and its log `postgres-<name>.log`).
+const SERVERS: [(&str, &str); 2] = [("pg-main", "main"), ("pg-target", "target")];
+
 #[derive(Parser, Debug)]
 #[command(
     name = "dbops-dev",
@@ -45,6 +63,28 @@ struct Cli {
 enum Command {
     /// Start everything and stay in the foreground.
     Up(UpArgs),
+    /// Look for the environment's passwords where none may be (the servers' and the
+    /// controllers' logs, pg_stat_statements) and for passwords kept otherwise than as
+    /// SCRAM verifiers; exit 1 on any finding. Never prints a password.
+    Audit(AuditArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct AuditArgs {
+    /// The dev environment's state directory.
+    #[arg(long, default_value = ".dev")]
+    state_dir: PathBuf,
+    /// Gather passwords until SIGTERM or Ctrl-C (every version of every Secret, every
+    /// subscription's connection string), then audit: for short-lived secrets.
+    #[arg(long)]
+    watch: bool,
+    /// With --watch: created once the watch has started.
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
+    /// Fail unless secrets of this kind were gathered (repeatable): `connection-secret`
+    /// (a Database's `<name>-connection`), `subscription` (a Logical Migration's).
+    #[arg(long = "expect")]
+    expect: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -83,6 +123,13 @@ async fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Up(args) => up(args).await,
+        Command::Audit(args) => {
+            if audit::run(args).await? {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
+        }
     }
 }
 
@@ -109,27 +156,39 @@ async fn up(args: UpArgs) -> Result<()> {
     let ca = TestCa::new("dbops dev CA")?;
     let cert = ca.server_cert(&[PG_HOST], &[std::net::Ipv4Addr::LOCALHOST.into()])?;
     std::fs::write(state.join("ca.crt"), ca.pem())?;
-    let (main_dir, target_dir) = (state.join("pg-main"), state.join("pg-target"));
+    let (main_dir, target_dir) = (state.join(SERVERS[0].0), state.join(SERVERS[1].0));
     // Both with wal_level=logical: Migrations between them (deploy/examples/) run in
-    // Logical mode, the source writable until a short freeze.
-    let logical = dbops_e2e::postgres::LOGICAL_REPLICATION;
+    // Logical mode, the source writable until a short freeze. Both record every
+    // statement (the log, pg_stat_statements): `dbops-dev audit` finds no password there.
+    let settings = |bin: &Path| {
+        let mut settings = dbops_e2e::postgres::LOGICAL_REPLICATION.to_vec();
+        settings.extend(dbops_e2e::postgres::statement_recording(bin));
+        settings
+    };
+    let main_settings = settings(&dbops_e2e::paths::postgres_bin_dir()?);
+    let target_settings = settings(&dbops_e2e::postgres::bin_dir(TARGET_MAJOR)?);
     let (main, target) = tokio::join!(
         PgServer::start_in_with(
-            "main",
+            SERVERS[0].1,
             &main_dir,
             Some(args.pg_main_port),
             Some(&cert),
-            logical
+            &main_settings
         ),
-        PgServer::start_in_with(
-            "target",
+        PgServer::start_major_in_with(
+            SERVERS[1].1,
+            TARGET_MAJOR,
             &target_dir,
             Some(args.pg_target_port),
             Some(&cert),
-            logical
+            &target_settings
         ),
     );
     let (main, target) = (main?, target?);
+    let mut versions = Vec::new();
+    for server in [&main, &target] {
+        versions.push(prepare_server(server).await?);
+    }
     let client = cp.client().await?;
     apply_namespace(&client, CONTROLLER_NAMESPACE).await?;
     for (name, server) in [("pg-main-admin", &main), ("pg-target-admin", &target)] {
@@ -182,8 +241,8 @@ async fn up(args: UpArgs) -> Result<()> {
         "dbops dev environment is up ({:.0}s)\n\
          \n  export KUBECONFIG={kubeconfig}\n  kubectl apply -f deploy/examples/\n\n\
          kube-apiserver  {server}\n\
-         PostgreSQL      DatabaseServer pg-main {host}:{main_port}, pg-target {host}:{target_port} \
-         (TLS verify-full, wal_level=logical; Secrets {ns}/pg-main-admin, {ns}/pg-target-admin, {ns}/{ca_secret}; CA also in {ca_file})\n\
+         PostgreSQL      DatabaseServer pg-main {host}:{main_port} ({main_version}), pg-target {host}:{target_port} ({target_version}) \
+         (TLS verify-full, wal_level=logical, every statement logged; Secrets {ns}/pg-main-admin, {ns}/pg-target-admin, {ns}/{ca_secret}; CA also in {ca_file})\n\
          controllers     {controllers}\n\
          Jaeger          {jaeger} (API: {jaeger}/api/services, {jaeger}/api/traces?service=dbops-database-controller)\n\
          logs            {logs}\n",
@@ -193,6 +252,8 @@ async fn up(args: UpArgs) -> Result<()> {
         host = PG_HOST,
         main_port = main.port(),
         target_port = target.port(),
+        main_version = versions[0],
+        target_version = versions[1],
         ns = CONTROLLER_NAMESPACE,
         ca_secret = CA_SECRET,
         ca_file = state.join("ca.crt").display(),
@@ -222,6 +283,27 @@ async fn up(args: UpArgs) -> Result<()> {
     drop((main, target));
     drop(cp);
     Ok(())
+}
+
+/// Creates `pg_stat_statements` in the `postgres` database where the server loads it;
+/// returns the server's version (`PostgreSQL 17.10`).
+async fn prepare_server(server: &PgServer) -> Result<String> {
+    let client = server.connect_as_superuser().await?;
+    let row = client
+        .query_one(
+            "SELECT current_setting('server_version'), \
+                    current_setting('shared_preload_libraries') LIKE '%pg_stat_statements%'",
+            &[],
+        )
+        .await?;
+    let (version, pgss): (String, bool) = (row.get(0), row.get(1));
+    if pgss {
+        client
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .await
+            .context("creating pg_stat_statements")?;
+    }
+    Ok(format!("PostgreSQL {version}"))
 }
 
 fn start_controllers(
