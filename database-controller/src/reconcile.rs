@@ -19,7 +19,7 @@ use dbops_api::{Database, DatabaseDeletionPolicy, DatabaseStatus, Migration, Mig
 use dbops_shared::controller::Context;
 use dbops_shared::events::Recorder;
 use dbops_shared::memo::Memo;
-use dbops_shared::postgres::{Servers, Session};
+use dbops_shared::postgres::{Servers, Session, extensions};
 use dbops_shared::server::{Directory, Resolved, ServerError};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -489,6 +489,8 @@ async fn provision_in_postgres(
         },
         &observed,
     )?;
+    // Extensions: one the server does not allow is refused before anything changes there.
+    let extensions = allowed_extensions(db, &target, &session).await?;
     // The password: kept while the Secret still holds the one written; otherwise new.
     let password = match kept {
         Some(kept) if !plan.new_password => kept,
@@ -508,11 +510,13 @@ async fn provision_in_postgres(
     .await?;
     drop(session);
 
-    if !db.spec.extensions.is_empty() {
+    if !extensions.is_empty() {
         let session = admin_session(ctx, &target, &database).await?;
         let installed = sql::installed_extensions(&session).await?;
-        for ext in plan::missing_extensions(&db.spec.extensions, &installed) {
-            sql::create_extension(&session, ext).await?;
+        for name in plan::missing_extensions(&db.spec.extensions, &installed) {
+            if let Some(ext) = extensions.iter().find(|e| &e.name == name) {
+                extensions::create(&session, ext).await?;
+            }
         }
     }
 
@@ -530,6 +534,27 @@ async fn provision_in_postgres(
         server: target.name.clone(),
         endpoint: server.to_string(),
     })
+}
+
+/// The server's word on each extension of the spec, once every one is allowed there
+/// (`dbops_shared::postgres::extensions`); a refusal blocks the Database, naming them.
+async fn allowed_extensions(
+    db: &Database,
+    target: &Resolved,
+    session: &Session,
+) -> Result<Vec<extensions::Available>> {
+    if db.spec.extensions.is_empty() {
+        return Ok(Vec::new());
+    }
+    let offered = extensions::available(session, &db.spec.extensions).await?;
+    let allowed = target.server.spec.allowed_extensions.as_deref();
+    match extensions::refusal(&db.spec.extensions, allowed, &offered, &target.name) {
+        Some(refused) => Err(Error::Blocked {
+            reason: refused.reason,
+            message: refused.message,
+        }),
+        None => Ok(offered),
+    }
 }
 
 /// Fills a database made for `spec.restoreFrom` (see `restore`); returns its oid, which

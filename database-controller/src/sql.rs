@@ -12,8 +12,8 @@ use dbops_shared::postgres::ddl;
 use dbops_shared::postgres::{PgError, Session, quote_ident};
 
 pub use ddl::{
-    comment_database, create_extension, create_role, drop_database, drop_role,
-    installed_extensions, is_marked as is_ours, mark, mark_database, observe,
+    comment_database, create_role, drop_database, drop_role, installed_extensions,
+    is_marked as is_ours, mark, mark_database, observe,
 };
 
 /// The second word of a database's mark while `spec.restoreFrom` has not been restored

@@ -421,16 +421,6 @@ pub async fn comment_database(s: &Session, database: &str, mark: &str) -> Result
     .await
 }
 
-/// Creates the extension in the database the session is connected to, if missing.
-pub async fn create_extension(s: &Session, extension: &str) -> Result<(), PgError> {
-    execute(
-        s,
-        &format!("CREATE EXTENSION IF NOT EXISTS {}", quote_ident(extension)),
-        format!("creating extension {extension}"),
-    )
-    .await
-}
-
 /// Extensions installed in the database the session is connected to, by name.
 pub async fn installed_extensions(s: &Session) -> Result<Vec<String>, PgError> {
     let rows = s
