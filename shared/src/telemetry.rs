@@ -53,13 +53,31 @@ impl Drop for TelemetryGuard {
     }
 }
 
+/// tokio-postgres logs, at `debug` and through the `log` crate (which this subscriber
+/// receives), every statement it sends as written (a `CREATE SUBSCRIPTION`'s connection
+/// string with the replication role's password, SCRAM verifiers) and every bound
+/// parameter: it is held to `info` whenever the filter would let anything past that.
+const POSTGRES_CLIENT_CAP: &str = "tokio_postgres=info";
+
+/// `--log-filter`, with [`POSTGRES_CLIENT_CAP`] when the filter enables `debug` anywhere.
+pub fn log_filter(spec: &str) -> Result<EnvFilter, TelemetryError> {
+    let filter = EnvFilter::try_new(spec)?;
+    if filter
+        .max_level_hint()
+        .is_some_and(|max| max > tracing_subscriber::filter::LevelFilter::INFO)
+    {
+        return Ok(filter.add_directive(POSTGRES_CLIENT_CAP.parse()?));
+    }
+    Ok(filter)
+}
+
 /// Installs the global subscriber. Must run inside the Tokio runtime when an OTLP endpoint
 /// is set (the gRPC client runs on it).
 pub fn init(
     service_name: &'static str,
     args: &CommonArgs,
 ) -> Result<TelemetryGuard, TelemetryError> {
-    let filter = EnvFilter::try_new(&args.log_filter)?;
+    let filter = log_filter(&args.log_filter)?;
     let fmt_layer = match args.log_format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
@@ -148,6 +166,25 @@ pub fn remote_parent(traceparent: &str) -> Option<Context> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_postgres_client_never_logs_statements_whatever_the_filter() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let enabled = |spec: &str| {
+            let subscriber = tracing_subscriber::registry().with(log_filter(spec).unwrap());
+            tracing::subscriber::with_default(subscriber, || {
+                (
+                    tracing::enabled!(target: "tokio_postgres::simple_query", tracing::Level::DEBUG),
+                    tracing::enabled!(target: "tokio_postgres::connection", tracing::Level::INFO),
+                    tracing::enabled!(target: "kube_client", tracing::Level::DEBUG),
+                )
+            })
+        };
+        assert_eq!(enabled("debug"), (false, true, true));
+        assert_eq!(enabled("info,tokio_postgres=trace"), (false, true, false));
+        assert_eq!(enabled("info"), (false, true, false));
+        assert_eq!(enabled("warn"), (false, false, false));
+    }
 
     #[test]
     fn a_valid_traceparent_is_a_remote_parent_and_round_trips() {
