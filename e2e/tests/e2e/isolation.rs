@@ -427,6 +427,16 @@ async fn to_17_a_logical_migration_applies_as_the_owner() {
     w.create_migration("app-move", "app", "target", spec).await;
     w.wait_phase("app-move", MigrationPhase::AwaitingApproval)
         .await;
+    // Before SwitchTraffic the tenant cannot reach the target database, where it could
+    // add a trigger for the apply to run: its Secret's password does not log in there.
+    let c = Connection::of_database(&w.b.client, w.ns(), "app")
+        .await
+        .unwrap();
+    let early = w.pg("target").connect(&c.user, &c.password, "app").await;
+    assert!(
+        early.is_err(),
+        "the owner logged into the target before SwitchTraffic"
+    );
     let (_, source) = w.owner("app").await;
     source
         .batch_execute("INSERT INTO public.trapped (id, v) VALUES (4, 4), (5, 5)")
