@@ -504,9 +504,10 @@ impl TenantSecrets {
         if identity.is_some() {
             wait_ready(self.bindings()?, "RoleBinding").await?;
         }
-        let wanted = needed(&databases.state(), &inner.directory);
-
+        // Under the lock: a reconcile's set-up before it was for a Database already in the
+        // cache read here, so it is never undone as unneeded.
         let _one = inner.changes.lock().await;
+        let wanted = needed(&databases.state(), &inner.directory);
         for namespace in self.running_namespaces().difference(&wanted) {
             self.tear_down(namespace);
         }
