@@ -20,52 +20,53 @@ ARG DEBIAN_RUNTIME=trixie
 ARG PG_MAJORS="13 14 15 16 17 18"
 ARG PG_NEWEST=18
 ARG PG_BIN_DIRS=/usr/lib/postgresql/13/bin,/usr/lib/postgresql/14/bin,/usr/lib/postgresql/15/bin,/usr/lib/postgresql/16/bin,/usr/lib/postgresql/17/bin,/usr/lib/postgresql/18/bin
-# Substitutes for a build that reaches no Docker Hub, crates.io or PGDG (e2e/images, see
-# docs/development.md "Images built here"); the defaults are the build above, unchanged.
-#   RUNTIME_IMAGE: the runtime's base image.
-#   BINARY_FROM=prebuilt: take bin/<binary> from the build context instead of the
-#     builder stage (a context made for it: the repository's ignore file excludes target/).
-#   PG_CLIENTS_FROM=context: take the client programs from the context's pg-clients/
-#     (copied to /) or the base image instead of PGDG; PG_MAJORS, PG_NEWEST and
-#     PG_BIN_DIRS then name the majors it holds.
+# Substitutes for a build that reaches no Docker Hub, crates.io or PGDG (e2e/images; see
+# docs/development.md, "Images built here"). The defaults are the build described above.
+#   BUILDER_IMAGE, RUNTIME_IMAGE: the two stages' base images.
+#   BINARY_FROM=context: install the context's bin/<binary> (built outside) instead of
+#     running cargo (a context made for it: the ignore file beside this excludes target/).
+#   PG_CLIENTS_FROM=context: no PGDG; the client programs are the runtime image's and the
+#     context's pg-clients/ (copied to /); PG_MAJORS, PG_NEWEST, PG_BIN_DIRS name them.
+ARG BUILDER_IMAGE=rust:${RUST_VERSION}-slim-${DEBIAN_BUILD}
 ARG RUNTIME_IMAGE=debian:${DEBIAN_RUNTIME}-slim
-ARG BINARY_FROM=builder
+ARG BINARY_FROM=cargo
 ARG PG_CLIENTS_FROM=pgdg
 
-FROM rust:${RUST_VERSION}-slim-${DEBIAN_BUILD} AS builder
+FROM ${BUILDER_IMAGE} AS builder
+ARG BINARY_FROM
+ARG PG_CLIENTS_FROM
 WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --package dbops-backup-controller --bin dbops-backup-controller \
-    && install -D -m 0755 target/release/dbops-backup-controller /out/dbops-backup-controller
+    if [ "${BINARY_FROM}" = context ]; then \
+      install -D -m 0755 bin/dbops-backup-controller /out/dbops-backup-controller; \
+    else \
+      cargo build --release --locked --package dbops-backup-controller --bin dbops-backup-controller \
+      && install -D -m 0755 target/release/dbops-backup-controller /out/dbops-backup-controller; \
+    fi \
+    && mkdir -p /out/root \
+    && if [ "${PG_CLIENTS_FROM}" = context ]; then cp -a pg-clients/. /out/root/; fi
 
-FROM scratch AS prebuilt
-COPY bin/dbops-backup-controller /out/dbops-backup-controller
-
-FROM ${BINARY_FROM} AS binary
-
-FROM ${RUNTIME_IMAGE} AS runtime-pgdg
-ARG PG_MAJORS
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates postgresql-common \
-    && /usr/share/postgresql-common/pgdg/apt.postgresql.org.sh -y \
-    && apt-get install -y --no-install-recommends \
-       $(for major in ${PG_MAJORS}; do echo "postgresql-client-${major}"; done) \
-    && rm -rf /var/lib/apt/lists/*
-
-FROM ${RUNTIME_IMAGE} AS runtime-context
-COPY pg-clients/ /
-
-FROM runtime-${PG_CLIENTS_FROM}
+FROM ${RUNTIME_IMAGE}
 ARG PG_MAJORS
 ARG PG_NEWEST
 ARG PG_BIN_DIRS
-RUN for major in ${PG_MAJORS}; do /usr/lib/postgresql/${major}/bin/pg_dump --version; done \
+ARG PG_CLIENTS_FROM
+COPY --from=builder /out/root/ /
+RUN if [ "${PG_CLIENTS_FROM}" = pgdg ]; then \
+      apt-get update \
+      && apt-get install -y --no-install-recommends ca-certificates postgresql-common \
+      && /usr/share/postgresql-common/pgdg/apt.postgresql.org.sh -y \
+      && apt-get install -y --no-install-recommends \
+         $(for major in ${PG_MAJORS}; do echo "postgresql-client-${major}"; done); \
+    fi \
+    && for major in ${PG_MAJORS}; do /usr/lib/postgresql/${major}/bin/pg_dump --version; done \
+    && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 65532 dbops \
     && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \
        --shell /usr/sbin/nologin dbops
-COPY --from=binary /out/dbops-backup-controller /usr/local/bin/dbops-backup-controller
+COPY --from=builder /out/dbops-backup-controller /usr/local/bin/dbops-backup-controller
 ENV DBOPS_PG_DUMP=/usr/lib/postgresql/${PG_NEWEST}/bin/pg_dump \
     DBOPS_PG_BIN_DIRS=${PG_BIN_DIRS}
 USER 65532:65532
