@@ -188,16 +188,19 @@ fn plural(n: i64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
+/// The target's prerequisite ([`MIN_SAFE_TARGET`]), unmet by a server older than 16.
+pub fn unsafe_target(target_version_num: i32, target_version: &str) -> Option<Unmet> {
+    (target_version_num < MIN_SAFE_TARGET).then(|| Unmet::LogicalUnsafeBefore16 {
+        target_version: target_version.to_string(),
+    })
+}
+
 /// Every prerequisite the source (`facts`) and the target (`target_version_num`,
 /// `target_version`) do not meet, in the order of the table above; empty when the Logical
 /// mode can run.
 pub fn unmet(facts: &SourceFacts, target_version_num: i32, target_version: &str) -> Vec<Unmet> {
     let mut unmet = Vec::new();
-    if target_version_num < MIN_SAFE_TARGET {
-        unmet.push(Unmet::LogicalUnsafeBefore16 {
-            target_version: target_version.to_string(),
-        });
-    }
+    unmet.extend(unsafe_target(target_version_num, target_version));
     if facts.wal_level != "logical" {
         unmet.push(Unmet::WalLevelNotLogical {
             wal_level: facts.wal_level.clone(),

@@ -110,10 +110,9 @@ pub async fn replicate(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
         };
         let conninfo = replication::conninfo(&e.source.endpoint, &e.database, &e.name, &password);
         let (target_num, target_version) = sql::server_version(&t).await?;
-        if target_num < crate::logical::MIN_SAFE_TARGET {
-            // Preflight refuses such a target; a Migration that chose Logical before that
-            // rule (an older controller) ends here, before anything runs as the admin.
-            let unsafe_target = crate::logical::Unmet::LogicalUnsafeBefore16 { target_version };
+        // Preflight refuses such a target; a Migration that chose Logical before that rule
+        // (an older controller) ends here, before anything runs as the admin.
+        if let Some(unsafe_target) = crate::logical::unsafe_target(target_num, &target_version) {
             return Err(Error::fatal(
                 unsafe_target.reason(),
                 unsafe_target.message(),
