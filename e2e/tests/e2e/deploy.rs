@@ -49,11 +49,11 @@ const CONTROLLERS: [&str; 3] = [
 /// Objects `kubectl apply -k deploy/` sends: the Namespace, 4 CRDs, the backup store's
 /// PersistentVolumeClaim, per controller a ServiceAccount, ClusterRole,
 /// ClusterRoleBinding, two Roles and RoleBindings (its Lease; the DatabaseServers' admin
-/// and CA Secrets), Deployment, PodDisruptionBudget and Service, for the backup- and
-/// database-controller a Role and RoleBinding (the backup store's registration ConfigMap),
-/// and the database-controller's ClusterRole of the Secret verbs it binds in tenant
-/// namespaces.
-const DEPLOY_OBJECTS: usize = 1 + 4 + 1 + 3 * 10 + 2 * 2 + 1;
+/// and CA Secrets), Deployment, PodDisruptionBudget, Service and NetworkPolicy, for the
+/// backup- and database-controller a Role and RoleBinding (the backup store's registration
+/// ConfigMap), and the database-controller's ClusterRole of the Secret verbs it binds in
+/// tenant namespaces.
+const DEPLOY_OBJECTS: usize = 1 + 4 + 1 + 3 * 11 + 2 * 2 + 1;
 
 fn deploy_dir() -> PathBuf {
     paths::repo_root().join("deploy")
@@ -402,6 +402,139 @@ async fn each_controller_is_deployed_hardened_with_two_leader_elected_replicas()
         {
             assert_eq!(rule.resource_names, Some(vec![name.clone()]), "{rule:?}");
         }
+    }
+}
+
+/// Each controller's NetworkPolicy, as the apiserver stored it, selects that controller's
+/// pods and lets through what the controller talks to and nothing more: in, only the
+/// health and metrics port; out, the apiserver, DNS, PostgreSQL, Jaeger, and the S3
+/// endpoint for the two controllers with a backup store only. (Nothing here enforces it:
+/// the control plane has no network plugin; this checks what a plugin would enforce.)
+#[tokio::test]
+async fn each_controller_has_a_network_policy_for_what_it_talks_to() {
+    use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use std::collections::BTreeSet;
+
+    let b = bed("deploy-netpol").await;
+    deployed(b.cp).await;
+    let deployments: Api<Deployment> = Api::namespaced(b.client.clone(), SYSTEM_NAMESPACE);
+    let policies: Api<NetworkPolicy> = Api::namespaced(b.client.clone(), SYSTEM_NAMESPACE);
+
+    // A peer as a short word: `any` (no `to`), `kube-dns`, `jaeger`, or what it is.
+    let peer = |p: &NetworkPolicyPeer| -> String {
+        let labels = |s: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>| {
+            s.as_ref()
+                .and_then(|s| s.match_labels.clone())
+                .unwrap_or_default()
+        };
+        let pods = labels(&p.pod_selector);
+        let namespaces = labels(&p.namespace_selector);
+        let in_kube_system =
+            namespaces.get("kubernetes.io/metadata.name") == Some(&"kube-system".to_string());
+        if in_kube_system && pods.get("k8s-app").map(String::as_str) == Some("kube-dns") {
+            "kube-dns".into()
+        } else if p.namespace_selector.is_none()
+            && p.ip_block.is_none()
+            && pods.get("app.kubernetes.io/name").map(String::as_str) == Some("jaeger")
+        {
+            "jaeger".into()
+        } else {
+            format!("{p:?}")
+        }
+    };
+    let port = |p: &IntOrString| match p {
+        IntOrString::Int(n) => n.to_string(),
+        IntOrString::String(s) => s.clone(),
+    };
+
+    for controller in CONTROLLERS {
+        let name = format!("dbops-{controller}");
+        let pod_labels = deployments
+            .get(&name)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .template
+            .metadata
+            .unwrap()
+            .labels
+            .unwrap_or_default();
+        let policy = policies.get(&name).await.unwrap().spec.unwrap();
+        let selector = policy
+            .pod_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone())
+            .unwrap_or_default();
+        assert!(
+            !selector.is_empty() && selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v)),
+            "{name}: the policy's selector {selector:?} does not pick the pods {pod_labels:?}"
+        );
+        assert_eq!(
+            policy.policy_types,
+            Some(vec!["Ingress".to_string(), "Egress".to_string()]),
+            "{name}"
+        );
+
+        // In: the container port `http` (8080), from anywhere, and nothing else.
+        let ingress = policy.ingress.clone().unwrap_or_default();
+        let [rule] = ingress.as_slice() else {
+            panic!("{name}: one ingress rule expected: {ingress:?}");
+        };
+        assert!(
+            rule.from.as_ref().is_none_or(Vec::is_empty),
+            "{name}: {rule:?}"
+        );
+        let ports: Vec<(String, String)> = rule
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| {
+                (
+                    p.port.as_ref().map(port).unwrap_or_default(),
+                    p.protocol.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(ports, [("http".to_string(), "TCP".to_string())], "{name}");
+
+        // Out: (peer, port/protocol) pairs.
+        let mut egress = BTreeSet::new();
+        for rule in policy.egress.iter().flatten() {
+            let peers: Vec<String> = match rule.to.as_deref() {
+                None | Some([]) => vec!["any".to_string()],
+                Some(to) => to.iter().map(peer).collect(),
+            };
+            for p in peers {
+                for ports in rule.ports.iter().flatten() {
+                    let number = ports
+                        .port
+                        .as_ref()
+                        .map(port)
+                        .unwrap_or_else(|| "all".into());
+                    let protocol = ports.protocol.clone().unwrap_or_default();
+                    egress.insert(format!("{p} {number}/{protocol}"));
+                }
+            }
+        }
+        let mut wanted: BTreeSet<String> = [
+            "any 443/TCP",
+            "any 6443/TCP",
+            "kube-dns 53/UDP",
+            "kube-dns 53/TCP",
+            "any 53/UDP",
+            "any 53/TCP",
+            "any 5432/TCP",
+            "jaeger 4317/TCP",
+        ]
+        .map(String::from)
+        .into();
+        if controller != "migration-controller" {
+            // The S3 endpoint of the s3:// backup store (443 is there already).
+            wanted.insert("any 9000/TCP".into());
+        }
+        assert_eq!(egress, wanted, "{name}: egress");
     }
 }
 
