@@ -1,0 +1,310 @@
+//! The work the disruption tests run through: a Logical Migration with a live writer, a
+//! Backup, and 20 Databases being created; then what must hold once it settles.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dbops_api::{Backup, Database, Migration, MigrationPhase};
+use dbops_e2e::fixtures::Connection;
+use dbops_e2e::wait::{Want, database_has, wait_for};
+use dbops_shared::postgres::tls::{Verify, connector, roots_from_pem};
+use futures::future::try_join_all;
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+use crate::bed::{Bed, MAIN, SYSTEM, TARGET, Tenant};
+use crate::runtime::ready_database;
+
+const SETTLE: Duration = Duration::from_secs(300);
+pub const DATABASES: usize = 20;
+
+/// Work under way in a tenant namespace.
+pub struct Work {
+    pub tenant: Tenant,
+    writer: Writer,
+}
+
+/// Starts the work: Database `src` with a live writer and a Logical Migration of it to
+/// pg-target (approved: it cuts over by itself), Database `kept` and a Backup of it, and
+/// 20 Databases `d00`..`d19` (not waited for).
+pub async fn start(bed: &Bed, prefix: &str) -> Work {
+    let tenant = Tenant::create(bed, prefix).await.unwrap();
+    let ns = tenant.name.clone();
+    ready_database(bed, &ns, "src").await;
+    ready_database(bed, &ns, "kept").await;
+    let ca = ca_pem(bed).await;
+    let c = Connection::of_database(&bed.client, &ns, "src")
+        .await
+        .unwrap();
+    let (client, conn) = tls_config(&c).connect(tls(&ca)).await.unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(
+            "CREATE TABLE writes (n bigint PRIMARY KEY); \
+             CREATE TABLE kept_rows AS SELECT g AS id FROM generate_series(1, 1000) g",
+        )
+        .await
+        .unwrap();
+    let writer = Writer::start(bed.client.clone(), ns.clone(), ca.clone());
+    wait_for(
+        "the writer's first commits",
+        Duration::from_secs(60),
+        || async { Ok(writer.committed()) },
+        |n: &usize| *n >= 10,
+    )
+    .await
+    .unwrap();
+
+    let create = |kind: &str, name: &str, spec: serde_json::Value| json!({"apiVersion": "dbops.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec});
+    let migrations: Api<Migration> = bed.api(&ns);
+    migrations
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(create(
+                "Migration",
+                "move",
+                json!({"databaseRef": {"name": "src"}, "target": {"serverRef": {"name": TARGET}},
+                       "mode": "Logical", "cutover": "Manual", "approved": true}),
+            ))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let backups: Api<Backup> = bed.api(&ns);
+    backups
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(create(
+                "Backup",
+                "kept-1",
+                json!({"databaseRef": {"name": "kept"}}),
+            ))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let databases: Api<Database> = bed.api(&ns);
+    try_join_all((0..DATABASES).map(|i| {
+        let db: Database = serde_json::from_value(create(
+            "Database",
+            &format!("d{i:02}"),
+            json!({"serverRef": {"name": MAIN}}),
+        ))
+        .unwrap();
+        let databases = databases.clone();
+        async move { databases.create(&PostParams::default(), &db).await }
+    }))
+    .await
+    .unwrap();
+    Work { tenant, writer }
+}
+
+impl Work {
+    pub fn ns(&self) -> &str {
+        &self.tenant.name
+    }
+
+    /// Waits for everything to settle, then checks: every Database Ready, the Backup Ready
+    /// with one artifact and one manifest in the store, the Migration Succeeded with every
+    /// write the writer saw committed on the target.
+    pub async fn settles(self, bed: &Bed, store: Option<&std::path::Path>) {
+        let ns = self.ns().to_owned();
+        let migrations: Api<Migration> = bed.api(&ns);
+        let moved = wait_for(
+            "Migration move Succeeded",
+            SETTLE,
+            || async { Ok(migrations.get("move").await?) },
+            |m: &Migration| {
+                m.status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .is_some_and(MigrationPhase::is_final)
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            moved.status.as_ref().and_then(|s| s.phase),
+            Some(MigrationPhase::Succeeded),
+            "{:?}",
+            moved.status
+        );
+        let (committed, failed) = self.writer.finish().await;
+        assert!(
+            committed.len() >= 10,
+            "the writer committed {}",
+            committed.len()
+        );
+
+        let databases: Api<Database> = bed.api(&ns);
+        let all = wait_for(
+            "every Database Ready",
+            SETTLE,
+            || async { Ok(databases.list(&Default::default()).await?.items) },
+            |ds: &Vec<Database>| {
+                ds.len() == DATABASES + 2
+                    && ds
+                        .iter()
+                        .all(|d| database_has(d, Want::new("Ready", "True", None)))
+            },
+        )
+        .await
+        .unwrap();
+        let src = all.iter().find(|d| d.name_any() == "src").unwrap();
+        let server = serde_json::to_value(&src.spec).unwrap()["serverRef"]["name"].clone();
+        assert_eq!(server, json!(TARGET), "src moved to {TARGET}");
+
+        // Every committed write is on the target, read through the same Secret.
+        let ca = ca_pem(bed).await;
+        let c = Connection::of_database(&bed.client, &ns, "src")
+            .await
+            .unwrap();
+        assert!(
+            c.host.starts_with(TARGET),
+            "the Secret points at {}",
+            c.host
+        );
+        let (client, conn) = tls_config(&c).connect(tls(&ca)).await.unwrap();
+        tokio::spawn(conn);
+        let rows = client.query("SELECT n FROM writes", &[]).await.unwrap();
+        let on_target: BTreeSet<i64> = rows.iter().map(|r| r.get(0)).collect();
+        let lost: Vec<_> = committed
+            .iter()
+            .filter(|n| !on_target.contains(n))
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "{} committed writes are not on the target: {lost:?} (failed attempts: {})",
+            lost.len(),
+            failed.len()
+        );
+
+        let backups: Api<Backup> = bed.api(&ns);
+        let backup = wait_for(
+            "Backup kept-1 Ready",
+            SETTLE,
+            || async { Ok(backups.get("kept-1").await?) },
+            |b: &Backup| {
+                b.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                })
+            },
+        )
+        .await
+        .unwrap();
+        if let Some(store) = store {
+            let mut files: Vec<String> = std::fs::read_dir(store.join(&ns))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            files.sort();
+            let stem = format!("kept-1-{}", backup.uid().unwrap());
+            assert_eq!(
+                files,
+                [format!("{stem}.dump"), format!("{stem}.manifest.json")],
+                "the store holds exactly one artifact and one manifest of the Backup"
+            );
+        }
+    }
+}
+
+async fn ca_pem(bed: &Bed) -> Vec<u8> {
+    let secret = bed.api::<Secret>(SYSTEM).get("pg-ca").await.unwrap();
+    secret.data.unwrap()["ca.crt"].0.clone()
+}
+
+fn tls(ca: &[u8]) -> tokio_postgres_rustls::MakeRustlsConnect {
+    connector(Verify::ChainAndHost, Some(roots_from_pem(ca).unwrap())).unwrap()
+}
+
+fn tls_config(c: &Connection) -> tokio_postgres::Config {
+    let mut config = c.config();
+    config
+        .ssl_mode(tokio_postgres::config::SslMode::Require)
+        .connect_timeout(Duration::from_secs(5));
+    config
+}
+
+/// Inserts 1, 2, 3, ... one autocommit statement each, through the connection Secret as it
+/// is when it (re)connects, until told to stop.
+struct Writer {
+    committed: Arc<Mutex<Vec<i64>>>,
+    failed: Arc<Mutex<Vec<String>>>,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writer {
+    fn start(kube: kube::Client, ns: String, ca: Vec<u8>) -> Self {
+        let committed = Arc::new(Mutex::new(Vec::new()));
+        let failed = Arc::new(Mutex::new(Vec::new()));
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let (com, fail) = (committed.clone(), failed.clone());
+        let task = tokio::spawn(async move {
+            let mut client: Option<tokio_postgres::Client> = None;
+            let mut n: i64 = 0;
+            while !*stopped.borrow() {
+                if client.as_ref().is_none_or(|c| c.is_closed()) {
+                    let connected = async {
+                        let c = Connection::of_database(&kube, &ns, "src").await?;
+                        let (cl, conn) = tls_config(&c).connect(tls(&ca)).await?;
+                        tokio::spawn(conn);
+                        anyhow::Ok(cl)
+                    }
+                    .await;
+                    match connected {
+                        Ok(cl) => client = Some(cl),
+                        Err(e) => {
+                            fail.lock().unwrap().push(format!("connect: {e:#}"));
+                            tokio::select! {
+                                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                                _ = stopped.changed() => {}
+                            }
+                            continue;
+                        }
+                    }
+                }
+                n += 1;
+                let Some(cl) = client.as_ref() else { continue };
+                match cl
+                    .execute("INSERT INTO writes (n) VALUES ($1)", &[&n])
+                    .await
+                {
+                    Ok(_) => com.lock().unwrap().push(n),
+                    Err(e) => {
+                        fail.lock().unwrap().push(format!("insert {n}: {e}"));
+                        client = None;
+                    }
+                }
+                // Paced, so that a refused connection never spins.
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                    _ = stopped.changed() => {}
+                }
+            }
+        });
+        Self {
+            committed,
+            failed,
+            stop,
+            task,
+        }
+    }
+
+    fn committed(&self) -> usize {
+        self.committed.lock().unwrap().len()
+    }
+
+    async fn finish(self) -> (Vec<i64>, Vec<String>) {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap();
+        let committed = self.committed.lock().unwrap().clone();
+        let failed = self.failed.lock().unwrap().clone();
+        (committed, failed)
+    }
+}
