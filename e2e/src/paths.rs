@@ -62,6 +62,30 @@ pub fn promtool() -> Result<PathBuf> {
     Ok(path)
 }
 
+/// A Go-built tool of `e2e/install` (e2e/install.d/helm-kubeconform.sh): the module
+/// `module` pinned in `e2e/<dir>/go.mod`, built into `<cache>/<name>-<version>/<name>`.
+fn go_tool(name: &str, dir: &str, module: &str) -> Result<PathBuf> {
+    let version = go_mod_version_in(dir, module)?;
+    let path = cache_dir().join(format!("{name}-{version}")).join(name);
+    if !path.is_file() {
+        bail!(
+            "{} is missing: run e2e/install (it builds {name} from Go modules)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Helm 3, pinned in `e2e/helm/go.mod`.
+pub fn helm() -> Result<PathBuf> {
+    go_tool("helm", "helm", "helm.sh/helm/v3")
+}
+
+/// kubeconform, pinned in `e2e/kubeconform/go.mod`.
+pub fn kubeconform() -> Result<PathBuf> {
+    go_tool("kubeconform", "kubeconform", "github.com/yannh/kubeconform")
+}
+
 /// The Kubernetes release the test bed builds, e.g. `v1.33.13`.
 pub fn kubernetes_version() -> Result<String> {
     go_mod_version("k8s.io/kubernetes")
