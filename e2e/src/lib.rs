@@ -8,6 +8,7 @@ pub mod controllers;
 pub mod controlplane;
 pub mod fixtures;
 pub mod jaeger;
+pub mod kubeconform;
 pub mod kubectl;
 pub mod namespace;
 pub mod paths;

@@ -7,6 +7,7 @@
 mod api_validation;
 mod backup;
 mod backup_store;
+mod chart;
 mod control_plane;
 mod controllers;
 mod database;
