@@ -123,6 +123,9 @@ enum Tpl {
     Raw(Vec<String>),
     /// A mapping value `key: dbopstpl<n>x` becomes `key:` and `toYaml <expr>` below it.
     Block(String),
+    /// A sequence item `- dbopstpl<n>x` becomes the items of the list `<expr>` (none when
+    /// it is empty), at the sentinel's indentation.
+    Items(String),
 }
 
 #[derive(Default)]
@@ -141,6 +144,9 @@ impl Templates {
     }
     fn block(&mut self, expr: impl Into<String>) -> Value {
         self.add(Tpl::Block(expr.into()))
+    }
+    fn items(&mut self, expr: impl Into<String>) -> Value {
+        self.add(Tpl::Items(expr.into()))
     }
 
     /// The YAML of `value` with its sentinels expanded (and any literal `{{` escaped, so
@@ -185,6 +191,18 @@ impl Templates {
                         out.push_str(l);
                         out.push('\n');
                     }
+                }
+                Tpl::Items(expr) => {
+                    ensure!(
+                        trimmed == format!("- {token}"),
+                        "an items sentinel that is not a sequence item: {line:?}"
+                    );
+                    let pad = " ".repeat(indent);
+                    out.push_str(&format!(
+                        "{pad}{{{{- with {expr} }}}}\n\
+                         {pad}{{{{- toYaml . | nindent {indent} }}}}\n\
+                         {pad}{END}\n"
+                    ));
                 }
                 Tpl::Block(expr) => {
                     let head = line
@@ -528,10 +546,13 @@ fn template_controller(t: &mut Templates, doc: &mut Value, component: &str) -> R
     c.insert("resources".into(), t.block(format!("{v}.resources")));
     // An S3 endpoint of its own (AWS_ENDPOINT_URL), beside the store URL, when the store
     // is S3 and one is set; else the Secret's AWS_ENDPOINT_URL, if any, is used.
-    if let Some(env) = c.get_mut("env").and_then(Value::as_sequence_mut)
-        && let Some(at) = env
-            .iter()
-            .position(|e| item_name(e) == Some("DBOPS_BACKUP_STORE"))
+    let env = c
+        .get_mut("env")
+        .and_then(Value::as_sequence_mut)
+        .with_context(|| format!("{component}: the container has no env"))?;
+    if let Some(at) = env
+        .iter()
+        .position(|e| item_name(e) == Some("DBOPS_BACKUP_STORE"))
     {
         env.insert(
             at + 1,
@@ -543,6 +564,15 @@ fn template_controller(t: &mut Templates, doc: &mut Value, component: &str) -> R
             ]),
         );
     }
+    // Last, as deploy/components/jaeger's patch appends it: the OTLP endpoint
+    // (--otlp-endpoint) when one is set; then the controller's extraEnv.
+    env.push(t.raw(&[
+        "{{- with .Values.tracing.otlpEndpoint }}",
+        "- name: OTEL_EXPORTER_OTLP_ENDPOINT",
+        "  value: {{ . | quote }}",
+        END,
+    ]));
+    env.push(t.items(format!("{v}.extraEnv")));
     Ok(Controller {
         component: component.to_string(),
         key,
@@ -770,15 +800,19 @@ fn values_yaml(controllers: &[Controller], claim: &Claim, s3: &S3Defaults) -> Re
     );
     for c in controllers {
         y.push_str(&format!(
-            "\n# The {}: its image, replicas (leader-elected: one works, the others stand by)\n\
-             # and the resources of its container.\n\
+            "\n# The {}: its image, replicas (leader-elected: one works, the others stand by),\n\
+             # the resources of its container and more environment variables for it.\n\
              {}:\n\
              \x20 image:\n\
              \x20   repository: {}\n\
              \x20   tag: {}\n\
              \x20   pullPolicy: {}\n\
              \x20 replicas: {}\n\
-             \x20 resources:\n{}",
+             \x20 resources:\n{}\
+             \x20 # Appended to the container's env, as Kubernetes writes them, for example\n\
+             \x20 # [{{name: DBOPS_CONCURRENCY, value: \"8\"}}] (every flag has its variable; see\n\
+             \x20 # docs/operations.md#flags). Do not repeat one deploy/ or tracing sets.\n\
+             \x20 extraEnv: []\n",
             c.component,
             c.key,
             flow(&Value::from(c.repository.as_str()))?,
@@ -815,7 +849,16 @@ fn values_yaml(controllers: &[Controller], claim: &Claim, s3: &S3Defaults) -> Re
          # A DatabaseServer on another port or an S3 endpoint on another port needs a policy\n\
          # of your own beside them.\n\
          networkPolicy:\n\
-         \x20 enabled: true\n",
+         \x20 enabled: true\n\
+         \n\
+         # Traces: the OTLP/gRPC endpoint (--otlp-endpoint) the three controllers export to, as\n\
+         # OTEL_EXPORTER_OTLP_ENDPOINT; empty: no traces. For example the Jaeger of\n\
+         # deploy/components/jaeger/jaeger.yaml (kubectl apply -f it):\n\
+         # http://jaeger-collector.dbops-system.svc:4317. The NetworkPolicies let the controllers\n\
+         # reach only that Jaeger's pods (app.kubernetes.io/name=jaeger in dbops-system) on 4317:\n\
+         # a collector elsewhere needs a policy of your own beside them.\n\
+         tracing:\n\
+         \x20 otlpEndpoint: \"\"\n",
         claim = claim.name,
         size = flow(&Value::from(claim.size.as_str()))?,
         class = flow(&Value::from(claim.storage_class.as_str()))?,
@@ -851,6 +894,14 @@ fn values_schema(controllers: &[Controller]) -> serde_json::Value {
                     "limits": {"type": "object"},
                     "claims": {"type": "array"},
                 })),
+                "extraEnv": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {"name": {"type": "string", "minLength": 1}},
+                    },
+                },
             })),
         );
     }
@@ -877,6 +928,10 @@ fn values_schema(controllers: &[Controller]) -> serde_json::Value {
         "networkPolicy".into(),
         object(json!({"enabled": {"type": "boolean"}})),
     );
+    top.insert(
+        "tracing".into(),
+        object(json!({"otlpEndpoint": {"type": "string"}})),
+    );
     let mut schema = object(serde_json::Value::Object(top));
     schema["$schema"] = json!("http://json-schema.org/draft-07/schema#");
     schema
@@ -894,7 +949,7 @@ fn readme(
         rows.push_str(&format!(
             "| `{k}.image.repository` | `{}` |\n| `{k}.image.tag` | `{}` |\n\
              | `{k}.image.pullPolicy` | `{}` |\n| `{k}.replicas` | `{}` |\n\
-             | `{k}.resources` | `{}` |\n",
+             | `{k}.resources` | `{}` |\n| `{k}.extraEnv` | `[]` |\n",
             c.repository,
             c.tag,
             c.pull_policy,
@@ -953,6 +1008,22 @@ before or right after the install: the pods do not start without it):
     helm install dbops charts/dbops --set backupStore.type=s3 \
       --set backupStore.s3.url=s3://my-bucket/dbops
 
+Traces to an OTLP/gRPC collector (the controllers' `--otlp-endpoint`; empty, the default:
+none), for example the Jaeger of `deploy/components/jaeger` (traces in memory), whose
+`jaeger.yaml` goes into `dbops-system` once the namespace exists:
+
+    helm install dbops charts/dbops \
+      --set tracing.otlpEndpoint=http://jaeger-collector.dbops-system.svc:4317
+    kubectl apply -f deploy/components/jaeger/jaeger.yaml
+
+The NetworkPolicies let the controllers reach that Jaeger's pods (labelled
+`app.kubernetes.io/name=jaeger` in `dbops-system`) on 4317, nothing else on that port: a
+collector elsewhere needs a NetworkPolicy of your own beside them (policies add up), as
+does a DatabaseServer on a port other than 5432 or an S3 endpoint on a port other than 443
+or 9000. Any other variable goes into a controller's `extraEnv`, appended to its container's
+`env` as written (`--set-string databaseController.extraEnv[0].name=DBOPS_CONCURRENCY`,
+`--set-string databaseController.extraEnv[0].value=8`; every flag has its variable).
+
 ## Values
 
 `values.schema.json` refuses a key the chart does not know.
@@ -968,8 +1039,9 @@ before or right after the install: the pods do not start without it):
 | `backupStore.s3.secretName` | `{secret}` |
 | `backupStore.s3.endpoint` | `""` (AWS_ENDPOINT_URL from the Secret, if any) |
 | `networkPolicy.enabled` | `true` |
+| `tracing.otlpEndpoint` | `""` (no traces) |
 
-Anything else (probes, security contexts, arguments, RBAC) is `deploy/`'s as it is: change
+Anything else (probes, security contexts, arguments, RBAC, the NetworkPolicies' rules) is `deploy/`'s as it is: change
 it there and regenerate, or adjust the rendered manifests with `helm install --post-renderer`.
 "#,
         crds = crd_names.join(", "),

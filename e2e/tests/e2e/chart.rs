@@ -178,7 +178,52 @@ fn helm_template_renders_what_kustomize_renders() {
         sort_env(o);
     }
     assert_same_objects("backupStore.type=s3", &kustomized, &helm);
+
+    // Traces: deploy/ with components/jaeger, but for Jaeger's own objects (jaeger.yaml,
+    // applied apart from the chart), is the chart with tracing.otlpEndpoint set to the
+    // component's endpoint: the same variable, last in each controller's env.
+    let jaeger = overlay(&deploy_dir(), &["jaeger"]).unwrap();
+    let mut kustomized = by_id(kustomize(jaeger.path()).unwrap());
+    let jaeger_objects =
+        std::fs::read_to_string(deploy_dir().join("components/jaeger/jaeger.yaml")).unwrap();
+    for o in parse_documents(&jaeger_objects).unwrap() {
+        let id = object_id(&o);
+        assert!(kustomized.remove(&id).is_some(), "{id} not rendered");
+    }
+    let endpoint = "http://jaeger-collector.dbops-system.svc:4317";
+    let mut helm = by_id(
+        parse_documents(
+            &helm_template(
+                &chart_dir(),
+                &["--set", &format!("tracing.otlpEndpoint={endpoint}")],
+            )
+            .unwrap(),
+        )
+        .unwrap(),
+    );
+    for o in kustomized.values_mut().chain(helm.values_mut()) {
+        take_keep(o);
+    }
+    for name in CONTROLLERS {
+        let (_, c) = controller(&kustomized, name);
+        let env = c["env"].as_sequence().unwrap();
+        assert_eq!(
+            (&env.last().unwrap()["name"], &env.last().unwrap()["value"]),
+            (
+                &Value::from("OTEL_EXPORTER_OTLP_ENDPOINT"),
+                &Value::from(endpoint)
+            ),
+            "{name}: components/jaeger no longer sets this endpoint last"
+        );
+    }
+    assert_same_objects("tracing.otlpEndpoint", &kustomized, &helm);
 }
+
+const CONTROLLERS: [&str; 3] = [
+    "database-controller",
+    "backup-controller",
+    "migration-controller",
+];
 
 /// The Deployment `dbops-<controller>` and its container `controller`.
 fn controller<'a>(objects: &'a BTreeMap<String, Value>, name: &str) -> (&'a Value, &'a Value) {
@@ -283,11 +328,76 @@ fn the_charts_values_take_effect() {
     let (_, c) = controller(&objects, "backup-controller");
     assert_eq!(env_value(c, "AWS_ENDPOINT_URL"), None);
 
+    // Traces and more variables: the endpoint on all three controllers, each extraEnv on
+    // its own controller only, after deploy/'s variables (which stay); by default neither.
+    let names = |c: &Value| -> Vec<String> {
+        c["env"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let defaults = set(&[]);
+    let args = [
+        "--set",
+        "tracing.otlpEndpoint=http://otel-collector.observability.svc:4317",
+        "--set-string",
+        "databaseController.extraEnv[0].name=DBOPS_CONCURRENCY",
+        "--set-string",
+        "databaseController.extraEnv[0].value=8",
+        "--set-json",
+        r#"migrationController.extraEnv=[{"name":"DBOPS_NODE_UID","valueFrom":{"fieldRef":{"fieldPath":"metadata.uid"}}}]"#,
+    ];
+    let text = helm_template(&chart_dir(), &args).unwrap();
+    let objects = by_id(parse_documents(&text).unwrap());
+    for name in CONTROLLERS {
+        let (_, before) = controller(&defaults, name);
+        let (_, c) = controller(&objects, name);
+        assert_eq!(
+            env_value(before, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+            None,
+            "{name}"
+        );
+        assert_eq!(
+            env_value(c, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+            Some("http://otel-collector.observability.svc:4317"),
+            "{name}"
+        );
+        let mut want = names(before);
+        want.push("OTEL_EXPORTER_OTLP_ENDPOINT".into());
+        match name {
+            "database-controller" => want.push("DBOPS_CONCURRENCY".into()),
+            "migration-controller" => want.push("DBOPS_NODE_UID".into()),
+            _ => {}
+        }
+        assert_eq!(names(c), want, "{name}");
+    }
+    let (_, c) = controller(&objects, "database-controller");
+    assert_eq!(env_value(c, "DBOPS_CONCURRENCY"), Some("8"));
+    let (_, c) = controller(&objects, "migration-controller");
+    let uid = c["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "DBOPS_NODE_UID")
+        .unwrap();
+    assert_eq!(uid["valueFrom"]["fieldRef"]["fieldPath"], "metadata.uid");
+    // What they render is valid Kubernetes.
+    let outcomes = kubeconform::validate(&[Manifests {
+        name: "helm template charts/dbops with tracing and extraEnv".into(),
+        text,
+    }])
+    .unwrap();
+    assert!(outcomes[0].resources > 0);
+
     // values.schema.json: a misspelt value or an unknown store is refused, not ignored.
     for (bad, says) in [
         ("databaseControler.replicas=3", "databaseControler"),
         ("backupStore.type=gcs", "backupStore"),
         ("migrationController.replicas=-1", "replicas"),
+        ("backupController.extraEnv[0].value=x", "name"),
+        ("tracing.otlpEndpont=http://x:4317", "otlpEndpont"),
     ] {
         let err = helm_template(&chart_dir(), &["--set", bad]).unwrap_err();
         assert!(format!("{err:#}").contains(says), "--set {bad}: {err:#}");
