@@ -10,7 +10,9 @@
 //! become values. Then a few fields become values and nothing else: per controller the
 //! image (repository, tag, pull policy), replicas and resources; the claim's size, storage
 //! class and access modes; whether the Namespace and the NetworkPolicies are rendered; an
-//! optional S3 endpoint. Everything else is the rendered YAML as it is, so with the
+//! optional S3 endpoint. Two values add to each controller's `env`, both empty by default:
+//! the OTLP endpoint (`tracing.otlpEndpoint`, as `components/jaeger` sets it) and the
+//! controller's `extraEnv`. Everything else is the rendered YAML as it is, so with the
 //! default values `helm template` renders exactly what `kubectl kustomize deploy/`
 //! renders, but for two annotations: `helm.sh/resource-policy: keep` on the Namespace and
 //! on the backups claim (`helm uninstall` never deletes the admin Secrets or the backups).
