@@ -23,12 +23,19 @@ pub enum Error {
     },
     #[error("{0}")]
     Internal(String),
+    /// The Database this reconcile read is no longer the live object of its name (gone,
+    /// created again with another UID, being deleted, or at a new generation): the
+    /// reconcile is abandoned, nothing more is written for it (`reconcile::confirm_live`).
+    #[error("{0}")]
+    Superseded(String),
 }
 
 impl ReconcileError for Error {
     fn kind(&self) -> ErrorKind {
         match self {
-            Error::Kube(_) | Error::Internal(_) | Error::Retry { .. } => ErrorKind::Transient,
+            Error::Kube(_) | Error::Internal(_) | Error::Retry { .. } | Error::Superseded(_) => {
+                ErrorKind::Transient
+            }
             // TLS failures too: a server's certificate can be fixed without a spec change.
             Error::Postgres(_) => ErrorKind::Transient,
             Error::Blocked { .. } => ErrorKind::InvalidSpec,
@@ -41,6 +48,7 @@ impl ReconcileError for Error {
             Error::Postgres(e) => e.reason(),
             Error::Blocked { reason, .. } | Error::Retry { reason, .. } => reason,
             Error::Internal(_) => "InternalError",
+            Error::Superseded(_) => "Superseded",
         }
     }
 }

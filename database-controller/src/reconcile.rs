@@ -196,21 +196,42 @@ pub struct Provisioned {
 }
 
 pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Action> {
+    match reconcile_held(&db, &ctx).await {
+        // What this reconcile waited for outlasted the object it read: the object of that
+        // name now (if any) is reconciled in its own right, this one is left alone.
+        Err(Error::Superseded(why)) => {
+            tracing::info!(
+                why,
+                "reconcile abandoned: the Database it read is no longer the live one; nothing was changed for it"
+            );
+            ctx.state.verified.forget(&db.uid().unwrap_or_default());
+            Ok(Action::requeue(SUPERSEDED_REQUEUE))
+        }
+        other => other,
+    }
+}
+
+/// How soon the name of a Database whose reconcile was abandoned ([`Error::Superseded`]) is
+/// looked at again (its watch event usually comes first).
+const SUPERSEDED_REQUEUE: Duration = Duration::from_secs(1);
+
+async fn reconcile_held(db: &Database, ctx: &Context<State>) -> Result<Action> {
     let namespace = db.namespace().unwrap_or_default();
-    let name = db.name_any();
     let api: Api<Database> = Api::namespaced(ctx.client.clone(), &namespace);
     ctx.state.prune(ctx.resync_interval);
-    let _ = name;
 
-    let migration = active_migration(&ctx, &db).await?;
+    let migration = active_migration(ctx, db).await?;
 
     if db.metadata.deletion_timestamp.is_some() {
-        return cleanup(&db, &ctx, &api, migration.as_deref()).await;
+        return cleanup(db, ctx, &api, migration.as_deref()).await;
     }
-    sync_finalizer(&db, &api, migration.is_some()).await?;
+    sync_finalizer(db, &api, migration.is_some()).await?;
 
-    let outcome = provision(&db, &ctx, migration.is_some()).await;
-    status::publish(&db, &ctx, &api, &outcome, migration.as_deref()).await?;
+    let outcome = provision(db, ctx, migration.is_some()).await;
+    if let Err(Error::Superseded(why)) = outcome {
+        return Err(Error::Superseded(why));
+    }
+    status::publish(db, ctx, &api, &outcome, migration.as_deref()).await?;
     match outcome {
         Ok(_) => Ok(Action::requeue(ctx.resync_interval)),
         // Nothing to retry until something changes; the watches and the resync notice.
@@ -220,6 +241,60 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Ac
         // DatabaseServer turning Ready maps to its Databases.
         Err(e) => Err(e),
     }
+}
+
+/// Confirms that `db`, the Database this reconcile read when it began, is still the live
+/// object of its name: the same UID, not being deleted, at the same generation. Called
+/// before each change on the server (and before its connection Secret is written), so
+/// after whatever the reconcile waited for on the way: its namespace's connection Secrets
+/// (`tenant_secrets`: a RoleBinding in force, a first list), a session slot on the
+/// server, a restore's checksum. A Database deleted and created again with the same name
+/// meanwhile must not get the role and database of the one that went (marked as the
+/// deleted UID's, they would belong to nobody and block the new one). Otherwise
+/// [`Error::Superseded`], which abandons the reconcile without writing anything.
+///
+/// A read of the API, not of the cache (which is what the reconcile began with): a list
+/// by name, since the controller's RBAC has no `get` on Databases.
+pub(crate) async fn confirm_live(ctx: &Context<State>, db: &Database) -> Result<()> {
+    let api: Api<Database> =
+        Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    let by_name = ListParams::default().fields(&format!("metadata.name={}", db.name_any()));
+    let live = api.list(&by_name).await?.items.into_iter().next();
+    match superseded(db, live.as_ref()) {
+        Some(why) => Err(Error::Superseded(why)),
+        None => Ok(()),
+    }
+}
+
+/// Why `held`, the Database a reconcile read, is no longer the one to act for, given
+/// `live`, the object of that name now (`None`: there is none); `None` while it still is.
+pub(crate) fn superseded(held: &Database, live: Option<&Database>) -> Option<String> {
+    let what = format!(
+        "Database {}/{} (UID {})",
+        held.namespace().unwrap_or_default(),
+        held.name_any(),
+        held.uid().unwrap_or_default()
+    );
+    let Some(live) = live else {
+        return Some(format!("{what} is gone"));
+    };
+    if live.uid() != held.uid() {
+        return Some(format!(
+            "{what} was deleted; the Database of that name now is UID {}",
+            live.uid().unwrap_or_default()
+        ));
+    }
+    if live.metadata.deletion_timestamp.is_some() && held.metadata.deletion_timestamp.is_none() {
+        return Some(format!("{what} is being deleted"));
+    }
+    if live.metadata.generation != held.metadata.generation {
+        return Some(format!(
+            "{what} is at generation {} now; this reconcile read generation {}",
+            live.metadata.generation.unwrap_or_default(),
+            held.metadata.generation.unwrap_or_default()
+        ));
+    }
+    None
 }
 
 /// The name of a Migration of this Database that has not ended.
@@ -497,7 +572,10 @@ async fn provision_in_postgres(
         _ => dbops_shared::postgres::generate_password(),
     };
 
-    // Apply, in order.
+    // Apply, in order, for the Database that is still the live one.
+    if !plan.actions.is_empty() {
+        confirm_live(ctx, db).await?;
+    }
     let oid = apply(
         db,
         ctx,
@@ -513,7 +591,11 @@ async fn provision_in_postgres(
     if !extensions.is_empty() {
         let session = admin_session(ctx, &target, &database).await?;
         let installed = sql::installed_extensions(&session).await?;
-        for name in plan::missing_extensions(&db.spec.extensions, &installed) {
+        let missing = plan::missing_extensions(&db.spec.extensions, &installed);
+        if !missing.is_empty() {
+            confirm_live(ctx, db).await?;
+        }
+        for name in missing {
             if let Some(ext) = extensions.iter().find(|e| &e.name == name) {
                 extensions::create(&session, ext).await?;
             }
@@ -521,6 +603,7 @@ async fn provision_in_postgres(
     }
 
     write_secret(
+        ctx,
         &secrets,
         db,
         existing.as_deref(),
@@ -568,6 +651,8 @@ async fn restore(
     password: &str,
 ) -> Result<u32> {
     let artifact = restore::verify(db, &ctx.client, &ctx.state.restorer).await?;
+    // The checksum read the whole artifact from the store, which may take long.
+    confirm_live(ctx, db).await?;
     // Visible while pg_restore runs, which may take long.
     let api: Api<Database> =
         Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
@@ -650,15 +735,20 @@ async fn apply(
     })
 }
 
-/// Writes the connection Secret unless `existing` already carries `desired`.
+/// Writes the connection Secret unless `existing` already carries `desired`, for the
+/// Database that is still the live one.
 async fn write_secret(
+    ctx: &Context<State>,
     secrets: &Api<Secret>,
     db: &Database,
     existing: Option<&Secret>,
     desired: &Secret,
 ) -> Result<()> {
+    if existing.is_some_and(|s| secret::is_current(s, desired)) {
+        return Ok(());
+    }
+    confirm_live(ctx, db).await?;
     match existing {
-        Some(s) if secret::is_current(s, desired) => Ok(()),
         // A new Secret: a plain create costs the apiserver less than an apply.
         None => match secrets.create(&PostParams::default(), desired).await {
             Ok(_) => Ok(()),
@@ -666,21 +756,30 @@ async fn write_secret(
             Err(kube::Error::Api(e)) if e.code == 409 => {
                 let found = secrets.get(&db.connection_secret_name()).await?;
                 secret::check_ours(&found, db).map_err(secret_conflict)?;
-                apply_secret(secrets, db, desired).await
+                apply_secret(secrets, db, &found, desired).await
             }
             Err(e) => Err(e.into()),
         },
-        Some(_) => apply_secret(secrets, db, desired).await,
+        Some(found) => apply_secret(secrets, db, found, desired).await,
     }
 }
 
-/// Server-side apply of the Secret: takes back every field this controller sets.
-async fn apply_secret(secrets: &Api<Secret>, db: &Database, desired: &Secret) -> Result<()> {
+/// Server-side apply of the Secret: takes back every field this controller sets. Only
+/// over `found`, the Secret checked to be this Database's: its UID is a precondition (a
+/// Secret of that name made since by someone else is refused, never taken over).
+async fn apply_secret(
+    secrets: &Api<Secret>,
+    db: &Database,
+    found: &Secret,
+    desired: &Secret,
+) -> Result<()> {
+    let mut desired = desired.clone();
+    desired.metadata.uid = found.metadata.uid.clone();
     secrets
         .patch(
             &db.connection_secret_name(),
             &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(desired),
+            &Patch::Apply(&desired),
         )
         .await?;
     Ok(())
@@ -744,6 +843,38 @@ mod tests {
             (1, 2)
         );
         assert!(already_on(&there, "pg-main") && !already_on(&there, "pg-other"));
+    }
+
+    #[test]
+    fn a_reconcile_acts_only_for_the_live_database_of_its_name() {
+        let mut held = (*on_server("orders", "2026-11-23T10:00:00Z", None)).clone();
+        held.metadata.generation = Some(1);
+        // Still the live one (its status may have moved on): nothing to say.
+        let mut live = held.clone();
+        live.metadata.resource_version = Some("42".into());
+        assert_eq!(superseded(&held, Some(&live)), None);
+        // Gone.
+        let gone = superseded(&held, None).unwrap();
+        assert!(
+            gone.contains("uid-orders") && gone.contains("gone"),
+            "{gone}"
+        );
+        // Deleted and created again with the same name: another UID.
+        let mut successor = held.clone();
+        successor.metadata.uid = Some("uid-successor".into());
+        let replaced = superseded(&held, Some(&successor)).unwrap();
+        assert!(replaced.contains("uid-successor"), "{replaced}");
+        // Being deleted since.
+        let mut deleting = held.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(superseded(&held, Some(&deleting)).is_some());
+        // Its spec changed since: the next reconcile acts on the new generation.
+        let mut changed = held.clone();
+        changed.metadata.generation = Some(2);
+        assert!(superseded(&held, Some(&changed)).is_some_and(|m| m.contains("generation 2")));
     }
 
     #[test]

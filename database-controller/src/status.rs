@@ -73,7 +73,7 @@ pub async fn publish(
     outcome: &Result<Provisioned>,
     migration: Option<&str>,
 ) -> Result<()> {
-    if matches!(outcome, Err(Error::Kube(_))) {
+    if matches!(outcome, Err(Error::Kube(_) | Error::Superseded(_))) {
         return Ok(());
     }
     let old = ctx.state.written.latest(db);
@@ -267,12 +267,31 @@ async fn write(
     if &new == old || ctx.state.written.is_current(db, &new) {
         return Ok(());
     }
-    api.patch_status(
-        &db.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": new })),
-    )
-    .await?;
+    // The UID is a precondition: a Database deleted and created again with the same name
+    // since the reconcile read it never gets this one's status. (A merge patch's
+    // `metadata.uid` is not one on the status subresource: the apiserver takes the
+    // metadata from the stored object there; a JSON patch's test is checked against it.)
+    let patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/uid", "value": db.uid().unwrap_or_default()},
+        {"op": "add", "path": "/status", "value": new},
+    ]))
+    .map_err(|e| Error::Internal(format!("building the status patch: {e}")))?;
+    let written = api
+        .patch_status(
+            &db.name_any(),
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
+        .await;
+    match written {
+        Ok(_) => {}
+        // Gone (404), or the test failed (422): is it still the live one?
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 422 => {
+            crate::reconcile::confirm_live(ctx, db).await?;
+            return Err(kube::Error::Api(e).into());
+        }
+        Err(e) => return Err(e.into()),
+    }
     ctx.state
         .written
         .record(db, &new, ctx.state.databases.get());
