@@ -45,8 +45,19 @@ pub struct TestNamespace {
 }
 
 impl TestNamespace {
-    /// Creates `<prefix>-<random>`.
+    /// Creates `<prefix>-<random>`, where the controllers' ServiceAccounts may do what
+    /// they may do in their own namespace (see [`grant_controller_namespace_roles`]).
     pub async fn create(client: &Client, kubectl: &Kubectl, prefix: &str) -> Result<Self> {
+        let created = Self::create_tenant(client, kubectl, prefix).await?;
+        grant_controller_namespace_roles(client, &created.name).await?;
+        Ok(created)
+    }
+
+    /// Creates `<prefix>-<random>` as a tenant namespace of a real installation: the
+    /// controllers' ServiceAccounts hold nothing there but what the cluster-wide RBAC of
+    /// `deploy/` and the controllers' own RoleBindings give them (no Secret, say, until
+    /// the database-controller's RoleBinding grants it).
+    pub async fn create_tenant(client: &Client, kubectl: &Kubectl, prefix: &str) -> Result<Self> {
         let suffix = Alphanumeric
             .sample_string(&mut rand::rng(), 6)
             .to_lowercase();
@@ -56,12 +67,10 @@ impl TestNamespace {
         ns.metadata.name = Some(name.clone());
         ns.metadata.labels = Some([("dbops.dev/e2e".to_string(), "true".to_string())].into());
         api.create(&PostParams::default(), &ns).await?;
-        let created = Self {
+        Ok(Self {
             name,
             kubectl: kubectl.clone(),
-        };
-        grant_controller_namespace_roles(client, &created.name).await?;
-        Ok(created)
+        })
     }
 
     pub fn name(&self) -> &str {

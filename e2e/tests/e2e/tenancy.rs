@@ -9,11 +9,13 @@
 
 use std::time::{Duration, Instant};
 
+use dbops_api::Database;
 use dbops_e2e::fixtures::{self, TEST_NAMESPACE_LABEL};
-use dbops_e2e::wait::{Want, database_condition, wait_for};
+use dbops_e2e::wait::{Want, database_condition, database_has, eventually, wait_for};
 use dbops_e2e::{ControllerProcess, PgServer, TestNamespace};
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
 use crate::bed;
@@ -231,5 +233,201 @@ subjects: [{{kind: ServiceAccount, name: app-team, namespace: {tenant_name}}}]
             "can-i {verb} {resource} in {namespace:?} as {who}"
         );
     }
+    drop(tenant);
+}
+
+/// The RoleBinding the database-controller writes in a tenant namespace
+/// (`database-controller/src/tenant_secrets.rs`).
+const TENANT_SECRETS: &str = "dbops-database-controller-tenant-secrets";
+
+/// Issue 22, seen on a real node: a Database's reconcile waited inside itself (for its
+/// namespace's connection Secrets), the Database was deleted and created again with the
+/// same name meanwhile, and when the wait ended the reconcile went on for the object it
+/// held: it created the role and database marked as the deleted Database's (left to
+/// nobody), wrote that object's status over the new one's, and the new Database was stuck
+/// in NameConflict. A reconcile must confirm, after such a wait and before it changes
+/// anything on the server, that the object it acts for is still the live one.
+///
+/// The wait is the real one, and it ends when the test says: the controller runs with
+/// `--service-account` naming a ServiceAccount other than its token's, in a tenant
+/// namespace where its token holds nothing, so the RoleBinding it writes there grants the
+/// process nothing yet (as one the apiserver's authorizer has not taken in) and the
+/// reconcile waits for the grant; the test grants the token the Secrets there with a
+/// RoleBinding of its own once the Database has been deleted and created again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_replaced_while_its_reconcile_waits_is_provisioned_for_the_new_one_only() {
+    const NAME: &str = "orders";
+    let b = bed("replaced-ctl").await;
+    let ctl = b.ns.name().to_string();
+    let tenant = TestNamespace::create_tenant(&b.client, &b.kubectl, "replaced-tenant")
+        .await
+        .unwrap();
+    let tenant_name = tenant.name().to_string();
+    let pg = PgServer::start("replaced").await.unwrap();
+    fixtures::create_admin_secret(&b.client, &ctl, ADMIN_SECRET, &pg)
+        .await
+        .unwrap();
+    let server = fixtures::server_name(&ctl, ADMIN_SECRET);
+
+    let kubeconfig = crate::controller_kubeconfig(b.cp, "database-controller").await;
+    let logs = crate::test_dir("replaced", "logs");
+    let args = [
+        format!("--watch-namespace={tenant_name}"),
+        format!("--controller-namespace={ctl}"),
+        format!("--server-selector={TEST_NAMESPACE_LABEL}={ctl}"),
+        // Not the token's ServiceAccount: the RoleBinding grants the process nothing.
+        format!("--service-account={ctl}/stand-in"),
+        "--resync-interval=3s".to_string(),
+        "--backoff-base=1s".to_string(),
+        "--backoff-max=5s".to_string(),
+    ];
+    let controller =
+        ControllerProcess::start("database-controller", &kubeconfig, logs.path(), &args).unwrap();
+    let log = || {
+        dbops_e2e::postgres::redact_passwords(
+            &controller
+                .process
+                .log_tail(12000)
+                .replace(pg.superuser_password(), "<superuser-password>"),
+        )
+    };
+
+    let spec = json!({"serverRef": {"name": server}});
+    let dbs: Api<Database> = Api::namespaced(b.client.clone(), &tenant_name);
+    let first =
+        fixtures::create_database(&b.client, &tenant_name, NAME, ADMIN_SECRET, spec.clone())
+            .await
+            .unwrap();
+    let first_uid = first.metadata.uid.clone().unwrap();
+
+    // The controller wrote the namespace's RoleBinding and waits for what it grants.
+    let bindings: Api<RoleBinding> = Api::namespaced(b.client.clone(), &tenant_name);
+    eventually(
+        "the database-controller's RoleBinding in the tenant namespace",
+        Duration::from_secs(30),
+        || async { Ok(bindings.get_opt(TENANT_SECRETS).await?.is_some()) },
+        |found| *found,
+    )
+    .await;
+    // Held before anything was done: nothing on the server, no status.
+    assert!(!pg.role_exists(NAME).await.unwrap(), "{}", log());
+    assert!(!pg.database_exists(NAME).await.unwrap(), "{}", log());
+    let held = dbs.get(NAME).await.unwrap();
+    assert!(held.status.is_none(), "{:?}\n{}", held.status, log());
+
+    // Deleted (Retain: no finalizer, gone at once) and created again, same name and spec.
+    dbs.delete(NAME, &DeleteParams::default()).await.unwrap();
+    dbops_e2e::wait::deleted(dbs.clone(), NAME, &first_uid, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let second = fixtures::create_database(&b.client, &tenant_name, NAME, ADMIN_SECRET, spec)
+        .await
+        .unwrap();
+    let second_uid = second.metadata.uid.clone().unwrap();
+
+    // The wait ends: the token may now read the namespace's Secrets.
+    let grant: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "e2e-grant", "namespace": tenant_name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": TENANT_SECRETS},
+        "subjects": [{"kind": "ServiceAccount", "name": "dbops-database-controller", "namespace": "dbops-system"}],
+    }))
+    .unwrap();
+    bindings
+        .create(&PostParams::default(), &grant)
+        .await
+        .unwrap();
+
+    // The new Database ends Ready, provisioned for itself. NameConflict or SecretConflict
+    // would be the deleted one's leftovers in its way: no need to wait longer for those.
+    let settled = wait_for(
+        "the new Database Ready, or refused",
+        READY,
+        || async { Ok(dbs.get(NAME).await?) },
+        |db: &Database| {
+            let ready = db.status.as_ref().and_then(|s| {
+                dbops_shared::conditions::get(&s.conditions, dbops_api::condition::READY)
+            });
+            ready.is_some_and(|c| {
+                c.status == "True"
+                    || ["NameConflict", "SecretConflict"].contains(&c.reason.as_str())
+            })
+        },
+    )
+    .await;
+    let db = match settled {
+        Ok(db) => db,
+        Err(e) => panic!("{e:#}\n---- controller log ----\n{}", log()),
+    };
+    assert_eq!(db.metadata.uid.as_deref(), Some(second_uid.as_str()));
+    assert!(
+        database_has(&db, Want::new("Ready", "True", Some("Provisioned"))),
+        "the new Database is not Ready: {:?}\n---- controller log ----\n{}",
+        db.status,
+        log()
+    );
+
+    // On the server: the role and database are the new Database's; nothing is marked as
+    // the deleted one's.
+    let role_mark = pg.role_comment(NAME).await.unwrap().unwrap_or_default();
+    let database_mark = pg.database_comment(NAME).await.unwrap().unwrap_or_default();
+    assert!(
+        role_mark.contains(&second_uid),
+        "role {NAME}: {role_mark:?}"
+    );
+    assert!(
+        database_mark.contains(&second_uid),
+        "database {NAME}: {database_mark:?}"
+    );
+    let admin = pg.connect_as_superuser().await.unwrap();
+    let marked_old: i64 = admin
+        .query_one(
+            "SELECT (SELECT count(*) FROM pg_roles WHERE shobj_description(oid, 'pg_authid') LIKE '%' || $1 || '%') \
+             + (SELECT count(*) FROM pg_database WHERE shobj_description(oid, 'pg_database') LIKE '%' || $1 || '%')",
+            &[&first_uid],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        marked_old, 0,
+        "roles and databases marked as the deleted Database's"
+    );
+    // Its status speaks of its own database, and its Secret is its own.
+    let oid = pg.database_oid(NAME).await.unwrap().unwrap();
+    let provider_id = db.status.as_ref().and_then(|s| s.provider_id.clone());
+    assert!(
+        provider_id
+            .as_deref()
+            .is_some_and(|p| p.ends_with(&format!("/{oid}"))),
+        "providerID {provider_id:?}, database oid {oid}"
+    );
+    let secret = Api::<Secret>::namespaced(b.client.clone(), &tenant_name)
+        .get(&format!("{NAME}-connection"))
+        .await
+        .unwrap();
+    let owners: Vec<String> = secret
+        .metadata
+        .owner_references
+        .unwrap_or_default()
+        .into_iter()
+        .map(|o| o.uid)
+        .collect();
+    assert_eq!(owners, std::slice::from_ref(&second_uid));
+    // No Event says the deleted Database was provisioned.
+    let events = fixtures::events_about(&b.client, &tenant_name, "Database", NAME)
+        .await
+        .unwrap();
+    let about_old: Vec<(Option<String>, Option<String>)> = events
+        .iter()
+        .filter(|e| e.involved_object.uid.as_deref() == Some(first_uid.as_str()))
+        .map(|e| (e.reason.clone(), e.message.clone()))
+        .collect();
+    assert!(
+        !about_old
+            .iter()
+            .any(|(reason, _)| reason.as_deref() == Some("Provisioned")),
+        "Events about the deleted Database: {about_old:?}"
+    );
+    drop(controller);
     drop(tenant);
 }
