@@ -556,9 +556,9 @@ async fn run_attempt(
         database: &dbname,
         lock_wait: state.servers.lock_timeout(),
     };
-    let name = backup.name_any();
+    let (name, uid) = (backup.name_any(), backup.uid().unwrap_or_default());
     let dumped = dump::run(&pg_dump, &source, &mut artifact, PROGRESS_EVERY, |bytes| {
-        status::progress(api, &name, bytes)
+        status::progress(api, &name, &uid, bytes)
     })
     .await?;
     traced("commit", location.clone(), artifact.commit()).await?;

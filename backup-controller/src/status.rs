@@ -335,14 +335,27 @@ pub async fn observe_generation(backup: &Backup, api: &Api<Backup>) -> Result<()
     Ok(())
 }
 
-/// Only `status.progressBytes` of a running attempt.
-pub async fn progress(api: &Api<Backup>, name: &str, bytes: u64) {
+/// Only `status.progressBytes` of a running attempt, on the Backup `uid` only: a JSON
+/// patch whose test makes the UID a precondition (a Backup deleted and created again under
+/// that name while the dump runs is not written; a merge patch's `metadata.uid` is no
+/// precondition on the status subresource).
+pub async fn progress(api: &Api<Backup>, name: &str, uid: &str, bytes: u64) {
     let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
-    let patch = json!({"status": {"progressBytes": bytes}});
-    if let Err(e) = api
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
+    let patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "add", "path": "/status/progressBytes", "value": bytes},
+    ]));
+    let written = match patch {
+        Ok(patch) => {
+            api.patch_status(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                .await
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "could not build the progress patch");
+            return;
+        }
+    };
+    if let Err(e) = written {
         tracing::debug!(error = %e, "could not report progress");
     }
 }
