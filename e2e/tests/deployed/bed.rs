@@ -16,7 +16,6 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use rand::distr::{Alphanumeric, SampleString};
-use tokio::sync::OnceCell;
 
 /// Where the controllers run.
 pub const SYSTEM: &str = "dbops-system";
@@ -35,24 +34,21 @@ pub struct Bed {
     pub kubectl: Kubectl,
 }
 
-static BED: OnceCell<Bed> = OnceCell::const_new();
-
+/// The cluster, with a client of this test's own: a client's connection tasks live on the
+/// runtime that made it, and every `#[tokio::test]` has a runtime of its own.
 pub async fn bed() -> &'static Bed {
-    BED.get_or_init(|| async {
-        std::env::var_os("DBOPS_CLUSTER_DIR").expect(
-            "the deployed suite runs inside the cluster: \
-             e2e/cluster exec -- cargo test -p dbops-e2e --test deployed (e2e/test does)",
-        );
-        let kubeconfig = PathBuf::from(std::env::var_os("KUBECONFIG").expect("KUBECONFIG"));
-        let client = client_from_kubeconfig(&kubeconfig)
-            .await
-            .expect("a client of the cluster");
-        Bed {
-            client,
-            kubectl: Kubectl::new(&kubeconfig),
-        }
-    })
-    .await
+    std::env::var_os("DBOPS_CLUSTER_DIR").expect(
+        "the deployed suite runs inside the cluster: \
+         e2e/cluster exec -- cargo test -p dbops-e2e --test deployed (e2e/test does)",
+    );
+    let kubeconfig = PathBuf::from(std::env::var_os("KUBECONFIG").expect("KUBECONFIG"));
+    let client = client_from_kubeconfig(&kubeconfig)
+        .await
+        .expect("a client of the cluster");
+    Box::leak(Box::new(Bed {
+        client,
+        kubectl: Kubectl::new(&kubeconfig),
+    }))
 }
 
 impl Bed {
@@ -73,12 +69,18 @@ impl Bed {
         Ok(out.stdout)
     }
 
-    /// The Pods of `dbops-<controller>`, running or not.
+    /// The Pods of `dbops-<controller>`, running or not, but not those being deleted.
     pub async fn pods_of(&self, controller: &str) -> Result<Vec<Pod>> {
         let pods: Api<Pod> = self.api(SYSTEM);
         let lp =
             ListParams::default().labels(&format!("app.kubernetes.io/name=dbops-{controller}"));
-        Ok(pods.list(&lp).await?.items)
+        Ok(pods
+            .list(&lp)
+            .await?
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect())
     }
 
     /// The Pod that holds the Lease `dbops-<controller>`, when one does.
@@ -200,7 +202,7 @@ pub fn pod_ready(pod: &Pod) -> bool {
 /// A namespace of the test's own (an application team's), deleted when dropped.
 pub struct Tenant {
     pub name: String,
-    client: Client,
+    suffix: String,
 }
 
 impl Tenant {
@@ -209,16 +211,22 @@ impl Tenant {
             .sample_string(&mut rand::rng(), 5)
             .to_lowercase();
         let name = format!("{prefix}-{suffix}");
+        let suffix = suffix.clone();
         let mut ns = Namespace::default();
         ns.metadata.name = Some(name.clone());
         ns.metadata.labels = Some([("dbops.dev/e2e".to_owned(), "true".to_owned())].into());
         Api::<Namespace>::all(bed.client.clone())
             .create(&PostParams::default(), &ns)
             .await?;
-        Ok(Self {
-            name,
-            client: bed.client.clone(),
-        })
+        Ok(Self { name, suffix })
+    }
+}
+
+impl Tenant {
+    /// A Database name unique on the shared servers (they name databases and roles after
+    /// it, whatever the namespace): `<base>-<this namespace's suffix>`.
+    pub fn db(&self, base: &str) -> String {
+        format!("{base}-{}", self.suffix)
     }
 }
 
@@ -228,19 +236,21 @@ impl Drop for Tenant {
             eprintln!("keeping namespace {} of a failed test", self.name);
             return;
         }
-        let client = self.client.clone();
         let name = self.name.clone();
         // Deleting the namespace deletes its Databases (deletionPolicy decides what
-        // happens to the data); not waited for.
+        // happens to the data); not waited for. A client of its own: the test's client
+        // runs on the test's runtime, which this drop blocks.
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build();
-            if let Ok(rt) = rt {
+            if let (Ok(rt), Some(kubeconfig)) = (rt, std::env::var_os("KUBECONFIG")) {
                 let _ = rt.block_on(async {
+                    let client = client_from_kubeconfig(&PathBuf::from(kubeconfig)).await?;
                     Api::<Namespace>::all(client)
                         .delete(&name, &DeleteParams::default())
                         .await
+                        .map_err(anyhow::Error::from)
                 });
             }
         })

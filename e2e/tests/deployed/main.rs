@@ -8,6 +8,7 @@
 
 mod bed;
 mod disruption;
+mod memory;
 mod observe;
 mod runtime;
 mod security;

@@ -24,7 +24,7 @@ pub async fn ready_database(bed: &Bed, ns: &str, name: &str) -> Database {
     let db: Database = serde_json::from_value(json!({
         "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
         "metadata": {"name": name},
-        "spec": {"serverRef": {"name": MAIN}}
+        "spec": {"serverRef": {"name": MAIN}, "deletionPolicy": "Delete"}
     }))
     .unwrap();
     let api: Api<Database> = bed.api(ns);
@@ -73,11 +73,13 @@ async fn a_container_sigkilled_by_the_runtime_is_restarted_and_work_resumes() {
     }
     // Work resumes: a Database and its Backup, each through a controller killed above.
     let tenant = Tenant::create(bed, "sigkill").await.unwrap();
-    ready_database(bed, &tenant.name, "after-kill").await;
+    let db = tenant.db("after-kill");
+    let backup_name = tenant.db("after-kill-1");
+    ready_database(bed, &tenant.name, &db).await;
     let backup: Backup = serde_json::from_value(json!({
         "apiVersion": "dbops.dev/v1alpha1", "kind": "Backup",
-        "metadata": {"name": "after-kill-1"},
-        "spec": {"databaseRef": {"name": "after-kill"}}
+        "metadata": {"name": backup_name},
+        "spec": {"databaseRef": {"name": db}}
     }))
     .unwrap();
     let backups: Api<Backup> = bed.api(&tenant.name);
@@ -86,9 +88,9 @@ async fn a_container_sigkilled_by_the_runtime_is_restarted_and_work_resumes() {
         .await
         .unwrap();
     wait_for(
-        "Backup after-kill-1 Ready",
+        &format!("Backup {backup_name} Ready"),
         SETTLE,
-        || async { Ok(backups.get("after-kill-1").await?) },
+        || async { Ok(backups.get(&backup_name).await?) },
         |b: &Backup| {
             b.status.as_ref().is_some_and(|s| {
                 s.conditions

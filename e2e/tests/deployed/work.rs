@@ -33,10 +33,11 @@ pub struct Work {
 pub async fn start(bed: &Bed, prefix: &str) -> Work {
     let tenant = Tenant::create(bed, prefix).await.unwrap();
     let ns = tenant.name.clone();
-    ready_database(bed, &ns, "src").await;
-    ready_database(bed, &ns, "kept").await;
+    let (src, kept) = (tenant.db("src"), tenant.db("kept"));
+    ready_database(bed, &ns, &src).await;
+    ready_database(bed, &ns, &kept).await;
     let ca = ca_pem(bed).await;
-    let c = Connection::of_database(&bed.client, &ns, "src")
+    let c = Connection::of_database(&bed.client, &ns, &src)
         .await
         .unwrap();
     let (client, conn) = tls_config(&c).connect(tls(&ca)).await.unwrap();
@@ -44,11 +45,12 @@ pub async fn start(bed: &Bed, prefix: &str) -> Work {
     client
         .batch_execute(
             "CREATE TABLE writes (n bigint PRIMARY KEY); \
-             CREATE TABLE kept_rows AS SELECT g AS id FROM generate_series(1, 1000) g",
+             CREATE TABLE kept_rows (id int PRIMARY KEY); \
+             INSERT INTO kept_rows SELECT generate_series(1, 1000)",
         )
         .await
         .unwrap();
-    let writer = Writer::start(bed.client.clone(), ns.clone(), ca.clone());
+    let writer = Writer::start(bed.client.clone(), ns.clone(), src.clone(), ca.clone());
     wait_for(
         "the writer's first commits",
         Duration::from_secs(60),
@@ -66,7 +68,7 @@ pub async fn start(bed: &Bed, prefix: &str) -> Work {
             &serde_json::from_value(create(
                 "Migration",
                 "move",
-                json!({"databaseRef": {"name": "src"}, "target": {"serverRef": {"name": TARGET}},
+                json!({"databaseRef": {"name": src}, "target": {"serverRef": {"name": TARGET}},
                        "mode": "Logical", "cutover": "Manual", "approved": true}),
             ))
             .unwrap(),
@@ -80,7 +82,7 @@ pub async fn start(bed: &Bed, prefix: &str) -> Work {
             &serde_json::from_value(create(
                 "Backup",
                 "kept-1",
-                json!({"databaseRef": {"name": "kept"}}),
+                json!({"databaseRef": {"name": kept}}),
             ))
             .unwrap(),
         )
@@ -90,8 +92,8 @@ pub async fn start(bed: &Bed, prefix: &str) -> Work {
     try_join_all((0..DATABASES).map(|i| {
         let db: Database = serde_json::from_value(create(
             "Database",
-            &format!("d{i:02}"),
-            json!({"serverRef": {"name": MAIN}}),
+            &tenant.db(&format!("d{i:02}")),
+            json!({"serverRef": {"name": MAIN}, "deletionPolicy": "Delete"}),
         ))
         .unwrap();
         let databases = databases.clone();
@@ -153,13 +155,14 @@ impl Work {
         )
         .await
         .unwrap();
-        let src = all.iter().find(|d| d.name_any() == "src").unwrap();
+        let src_name = self.tenant.db("src");
+        let src = all.iter().find(|d| d.name_any() == src_name).unwrap();
         let server = serde_json::to_value(&src.spec).unwrap()["serverRef"]["name"].clone();
         assert_eq!(server, json!(TARGET), "src moved to {TARGET}");
 
         // Every committed write is on the target, read through the same Secret.
         let ca = ca_pem(bed).await;
-        let c = Connection::of_database(&bed.client, &ns, "src")
+        let c = Connection::of_database(&bed.client, &ns, &src_name)
             .await
             .unwrap();
         assert!(
@@ -198,17 +201,32 @@ impl Work {
         .await
         .unwrap();
         if let Some(store) = store {
+            // Every Backup of the namespace (kept-1, and the Migration's snapshot) has
+            // exactly one artifact and one manifest, and nothing else is there: no copy
+            // written twice under another name, no partial file left by a killed writer.
+            let mut want: Vec<String> = backups
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .flat_map(|b| {
+                    let stem = format!("{}-{}", b.name_any(), b.uid().unwrap());
+                    [format!("{stem}.dump"), format!("{stem}.manifest.json")]
+                })
+                .collect();
+            want.sort();
             let mut files: Vec<String> = std::fs::read_dir(store.join(&ns))
                 .unwrap()
                 .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
                 .collect();
             files.sort();
-            let stem = format!("kept-1-{}", backup.uid().unwrap());
+            assert!(want.len() >= 2, "{want:?}");
             assert_eq!(
-                files,
-                [format!("{stem}.dump"), format!("{stem}.manifest.json")],
-                "the store holds exactly one artifact and one manifest of the Backup"
+                files, want,
+                "the store: one artifact and one manifest per Backup"
             );
+            assert!(files.contains(&format!("kept-1-{}.dump", backup.uid().unwrap())));
         }
     }
 }
@@ -240,7 +258,7 @@ struct Writer {
 }
 
 impl Writer {
-    fn start(kube: kube::Client, ns: String, ca: Vec<u8>) -> Self {
+    fn start(kube: kube::Client, ns: String, db: String, ca: Vec<u8>) -> Self {
         let committed = Arc::new(Mutex::new(Vec::new()));
         let failed = Arc::new(Mutex::new(Vec::new()));
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
@@ -251,7 +269,7 @@ impl Writer {
             while !*stopped.borrow() {
                 if client.as_ref().is_none_or(|c| c.is_closed()) {
                     let connected = async {
-                        let c = Connection::of_database(&kube, &ns, "src").await?;
+                        let c = Connection::of_database(&kube, &ns, &db).await?;
                         let (cl, conn) = tls_config(&c).connect(tls(&ca)).await?;
                         tokio::spawn(conn);
                         anyhow::Ok(cl)
