@@ -25,18 +25,32 @@ async fn the_standby_takes_over_when_each_leader_pod_is_deleted_mid_work() {
     for c in CONTROLLERS {
         bed.rolled_out(c, SETTLE).await.unwrap();
     }
-    let work = work::start(bed, "failover").await;
-    let pods: Api<Pod> = bed.api(SYSTEM);
+    // The leaders first (before the work exists, so that deleting them is immediate).
+    let mut leaders = Vec::new();
     for controller in CONTROLLERS {
-        let leader = bed.ready_leader(controller, SETTLE).await.unwrap();
-        pods.delete(&leader, &DeleteParams::default())
-            .await
-            .unwrap();
+        leaders.push((
+            controller,
+            bed.ready_leader(controller, SETTLE).await.unwrap(),
+        ));
+    }
+    let work = work::start(bed, "failover").await;
+    // All three at once, while the Migration, the Backup and the Databases are under way.
+    let pods: Api<Pod> = bed.api(SYSTEM);
+    for (_, leader) in &leaders {
+        pods.delete(leader, &DeleteParams::default()).await.unwrap();
+    }
+    let under_way = work.under_way(bed).await;
+    eprintln!("leaders deleted while under way: {under_way}");
+    assert!(
+        under_way.contains("Migration"),
+        "the Migration had ended before its leader went: {under_way}"
+    );
+    for (controller, leader) in &leaders {
         let next = wait_for(
             &format!("another leader of {controller} than {leader}"),
             SETTLE,
             || async { bed.leader(controller).await },
-            |l: &Option<String>| l.as_ref().is_some_and(|l| *l != leader),
+            |l: &Option<String>| l.as_ref().is_some_and(|l| l != leader),
         )
         .await
         .unwrap()
@@ -82,6 +96,7 @@ async fn a_rolling_update_of_all_three_in_the_middle_of_work() {
         ])
         .unwrap();
     }
+    eprintln!("rolling update started while under way: {}", work.under_way(bed).await);
     for (controller, image) in &images {
         let d = bed.rolled_out(controller, SETTLE).await.unwrap();
         let template = d.spec.unwrap().template.spec.unwrap().containers[0]

@@ -109,6 +109,38 @@ impl Work {
         &self.tenant.name
     }
 
+    /// What has not settled yet: "Migration" while it has not ended, "Backup" while it
+    /// is not Ready, and how many Databases are not Ready.
+    pub async fn under_way(&self, bed: &Bed) -> String {
+        let ns = self.ns();
+        let mut out = Vec::new();
+        let m = bed.api::<Migration>(ns).get("move").await.unwrap();
+        let phase = m.status.as_ref().and_then(|s| s.phase);
+        if !phase.is_some_and(MigrationPhase::is_final) {
+            out.push(format!("Migration ({phase:?})"));
+        }
+        let b = bed.api::<Backup>(ns).get("kept-1").await.unwrap();
+        if !b.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        }) {
+            out.push("Backup".to_owned());
+        }
+        let dbs = bed
+            .api::<Database>(ns)
+            .list(&Default::default())
+            .await
+            .unwrap();
+        let pending = dbs
+            .items
+            .iter()
+            .filter(|d| !database_has(d, Want::new("Ready", "True", None)))
+            .count();
+        out.push(format!("{pending} Databases not Ready"));
+        out.join(", ")
+    }
+
     /// Waits for everything to settle, then checks: every Database Ready, the Backup Ready
     /// with one artifact and one manifest in the store, the Migration Succeeded with every
     /// write the writer saw committed on the target.
