@@ -349,6 +349,13 @@ pub fn shipped_manifests() -> Result<Vec<Manifests>> {
             ],
         )?,
     });
+    // What the test bed installs with helm (e2e/cluster deploy --helm): S3, traces, extraEnv.
+    let values = root.join("e2e/deployed/helm-values.yaml");
+    let values = values.to_string_lossy();
+    all.push(Manifests {
+        name: "helm template charts/dbops -f e2e/deployed/helm-values.yaml".into(),
+        text: helm_template(&chart, &["-f", &values])?,
+    });
     Ok(all)
 }
 
