@@ -488,9 +488,16 @@ impl Saga<'_> {
         }
     }
 
+    /// The Database this Migration moves: the one of its name, as long as it is the one
+    /// Preflight recorded (a Database deleted and created again under that name since is
+    /// another's, and this Migration sees none).
     async fn database(&self) -> Result<Option<Database>> {
         let api: Api<Database> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
-        Ok(api.get_opt(&self.m.spec.database_ref.name).await?)
+        let recorded = self.status().database_uid;
+        Ok(api
+            .get_opt(&self.m.spec.database_ref.name)
+            .await?
+            .filter(|db| recorded.is_none_or(|uid| db.uid().as_ref() == Some(&uid))))
     }
 
     async fn start_rollback(&mut self, status: MigrationStatus, step: MigrationStep) -> Result<()> {

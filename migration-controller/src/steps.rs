@@ -907,10 +907,16 @@ async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<Outcome> {
     let mut db = db.clone();
     if db.spec.server_ref != target {
         let databases: Api<Database> = Api::namespaced(saga.ctx.client.clone(), &saga.namespace);
+        let mut metadata = json!({"name": db.name_any(), "annotations": trace_annotations()});
+        // Only the Database Preflight recorded is moved, never one created again under
+        // its name since (`Saga::database` sees none then): its UID is a precondition.
+        if let Some(uid) = &status.database_uid {
+            metadata["uid"] = json!(uid);
+        }
         let patch = json!({
             "apiVersion": "dbops.dev/v1alpha1",
             "kind": "Database",
-            "metadata": {"name": db.name_any(), "annotations": trace_annotations()},
+            "metadata": metadata,
             "spec": {"serverRef": {"name": target.name}},
         });
         db = databases
