@@ -96,7 +96,10 @@ async fn a_rolling_update_of_all_three_in_the_middle_of_work() {
         ])
         .unwrap();
     }
-    eprintln!("rolling update started while under way: {}", work.under_way(bed).await);
+    eprintln!(
+        "rolling update started while under way: {}",
+        work.under_way(bed).await
+    );
     for (controller, image) in &images {
         let d = bed.rolled_out(controller, SETTLE).await.unwrap();
         let template = d.spec.unwrap().template.spec.unwrap().containers[0]
