@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)] // a test: an unwrap that fails is a failed test
 //! The deployed suite: dbops as it is installed, in the single-node cluster of
 //! `e2e/cluster` (a real kubelet, containerd and runc running the images built from
 //! `deploy/docker/`, the manifests of `deploy/` through the overlay `e2e/deployed/`).
