@@ -93,14 +93,14 @@ struct UpArgs {
     #[arg(long, default_value = ".dev")]
     state_dir: PathBuf,
     /// kube-apiserver port on 127.0.0.1.
-    #[arg(long, default_value_t = 56443)]
+    #[arg(long, default_value_t = 16443)]
     apiserver_port: u16,
-    /// Port of the main PostgreSQL server (DatabaseServer pg-main; the example says 55432).
-    #[arg(long, default_value_t = 55432)]
+    /// Port of the main PostgreSQL server (DatabaseServer pg-main; the example says 15432).
+    #[arg(long, default_value_t = 15432)]
     pg_main_port: u16,
     /// Port of the second PostgreSQL server, a migration target (DatabaseServer
-    /// pg-target; the example says 55433).
-    #[arg(long, default_value_t = 55433)]
+    /// pg-target; the example says 15433).
+    #[arg(long, default_value_t = 15433)]
     pg_target_port: u16,
     /// First of three ports for the controllers' health and metrics servers.
     #[arg(long, default_value_t = 18081)]
@@ -152,7 +152,7 @@ async fn up(args: UpArgs) -> Result<()> {
 
     // One CA; one certificate for `localhost` and 127.0.0.1 serves both servers (they
     // differ by port only). ca.crt is also left in the state directory for psql:
-    // `psql "host=localhost port=55432 sslmode=verify-full sslrootcert=.dev/ca.crt ..."`.
+    // `psql "host=localhost port=15432 sslmode=verify-full sslrootcert=.dev/ca.crt ..."`.
     let ca = TestCa::new("dbops dev CA")?;
     let cert = ca.server_cert(&[PG_HOST], &[std::net::Ipv4Addr::LOCALHOST.into()])?;
     std::fs::write(state.join("ca.crt"), ca.pem())?;
