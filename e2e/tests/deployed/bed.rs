@@ -115,6 +115,22 @@ impl Bed {
         .map(|l| l.unwrap_or_default())
     }
 
+    /// A Ready leader of `controller` (its Pod's name) and a replica that is not it.
+    pub async fn leader_and_standby(
+        &self,
+        controller: &str,
+        timeout: Duration,
+    ) -> Result<(String, Pod)> {
+        let leader = self.ready_leader(controller, timeout).await?;
+        let standby = self
+            .pods_of(controller)
+            .await?
+            .into_iter()
+            .find(|p| p.name_any() != leader)
+            .with_context(|| format!("{controller} has no replica besides its leader {leader}"))?;
+        Ok((leader, standby))
+    }
+
     /// Waits until Deployment `dbops-<controller>` has rolled out: every replica of the
     /// current template updated, Ready and available, none of an older one left.
     pub async fn rolled_out(&self, controller: &str, timeout: Duration) -> Result<Deployment> {

@@ -87,10 +87,15 @@ async fn a_container_sigkilled_by_the_runtime_is_restarted_and_work_resumes() {
         .create(&PostParams::default(), &backup)
         .await
         .unwrap();
+    backup_ready(&backups, &backup_name, SETTLE).await;
+}
+
+/// Waits for Backup `name` to be Ready.
+pub async fn backup_ready(backups: &Api<Backup>, name: &str, timeout: Duration) -> Backup {
     wait_for(
-        &format!("Backup {backup_name} Ready"),
-        SETTLE,
-        || async { Ok(backups.get(&backup_name).await?) },
+        &format!("Backup {name} Ready"),
+        timeout,
+        || async { Ok(backups.get(name).await?) },
         |b: &Backup| {
             b.status.as_ref().is_some_and(|s| {
                 s.conditions
@@ -100,7 +105,7 @@ async fn a_container_sigkilled_by_the_runtime_is_restarted_and_work_resumes() {
         },
     )
     .await
-    .unwrap();
+    .unwrap()
 }
 
 /// The directory on the node behind the claim `dbops-backups` (a hostPath volume).
@@ -154,16 +159,9 @@ async fn a_replica_that_cannot_write_the_backup_store_gets_no_traffic() {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o555)).unwrap();
 
     // A new replica starts while the store is read-only (the standby is replaced).
-    let leader = bed.ready_leader(controller, SETTLE).await.unwrap();
+    let (leader, standby) = bed.leader_and_standby(controller, SETTLE).await.unwrap();
+    let standby = standby.name_any();
     let pods: Api<Pod> = bed.api(SYSTEM);
-    let standby = bed
-        .pods_of(controller)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|p| p.name_any())
-        .find(|n| *n != leader)
-        .expect("a standby replica");
     pods.delete(&standby, &DeleteParams::default())
         .await
         .unwrap();
@@ -236,15 +234,8 @@ async fn liveness_restarts_a_hung_controller() {
     let bed = bed().await;
     let controller = "migration-controller";
     bed.rolled_out(controller, SETTLE).await.unwrap();
-    let leader = bed.ready_leader(controller, SETTLE).await.unwrap();
+    let (_, standby) = bed.leader_and_standby(controller, SETTLE).await.unwrap();
     let pods: Api<Pod> = bed.api(SYSTEM);
-    let standby = bed
-        .pods_of(controller)
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|p| p.name_any() != leader)
-        .expect("a standby replica");
     let name = standby.name_any();
     let before = restart_count(&standby);
     let (_, pid) = bed.container_pid(&standby).unwrap();

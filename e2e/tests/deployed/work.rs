@@ -16,7 +16,7 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 
 use crate::bed::{Bed, MAIN, SYSTEM, TARGET, Tenant};
-use crate::runtime::ready_database;
+use crate::runtime::{backup_ready, ready_database};
 
 const SETTLE: Duration = Duration::from_secs(300);
 pub const DATABASES: usize = 20;
@@ -218,20 +218,7 @@ impl Work {
         );
 
         let backups: Api<Backup> = bed.api(&ns);
-        let backup = wait_for(
-            "Backup kept-1 Ready",
-            SETTLE,
-            || async { Ok(backups.get("kept-1").await?) },
-            |b: &Backup| {
-                b.status.as_ref().is_some_and(|s| {
-                    s.conditions
-                        .iter()
-                        .any(|c| c.type_ == "Ready" && c.status == "True")
-                })
-            },
-        )
-        .await
-        .unwrap();
+        let backup = backup_ready(&backups, "kept-1", SETTLE).await;
         if let Some(store) = store {
             // Every Backup of the namespace (kept-1, and the Migration's snapshot) has
             // exactly one artifact and one manifest, and nothing else is there: no copy
