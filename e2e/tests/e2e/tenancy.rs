@@ -22,6 +22,16 @@ use crate::bed;
 
 const ADMIN_SECRET: &str = "pg-admin";
 const READY: Duration = Duration::from_secs(60);
+
+/// A PostgreSQL server of the test's own, its admin Secret in the controllers' namespace
+/// `ctl`, and the name of the DatabaseServer the fixtures give it.
+async fn admin_server(b: &crate::Bed, ctl: &str, name: &str) -> (PgServer, String) {
+    let pg = PgServer::start(name).await.unwrap();
+    fixtures::create_admin_secret(&b.client, ctl, ADMIN_SECRET, &pg)
+        .await
+        .unwrap();
+    (pg, fixtures::server_name(ctl, ADMIN_SECRET))
+}
 /// What the issue allows for a namespace with Databases of every policy to be gone.
 const NAMESPACE_GONE: Duration = Duration::from_secs(120);
 
@@ -37,11 +47,7 @@ async fn deleting_a_tenant_namespace_never_hangs_and_keeps_what_each_policy_says
         .await
         .unwrap();
     let tenant_name = tenant.name().to_string();
-    let pg = PgServer::start("ns-delete").await.unwrap();
-    fixtures::create_admin_secret(&b.client, &ctl, ADMIN_SECRET, &pg)
-        .await
-        .unwrap();
-    let server = fixtures::server_name(&ctl, ADMIN_SECRET);
+    let (pg, server) = admin_server(&b, &ctl, "ns-delete").await;
 
     let kubeconfig = crate::controller_kubeconfig(b.cp, "database-controller").await;
     let logs = tempfile::Builder::new()
@@ -163,10 +169,7 @@ async fn a_tenant_that_may_create_databases_cannot_read_admin_credentials() {
         .await
         .unwrap();
     let tenant_name = tenant.name().to_string();
-    let pg = PgServer::start("tenant-rbac").await.unwrap();
-    fixtures::create_admin_secret(&b.client, &ctl, ADMIN_SECRET, &pg)
-        .await
-        .unwrap();
+    let (_pg, _) = admin_server(&b, &ctl, "tenant-rbac").await;
 
     // What a platform team gives an application team: Databases, Backups and Migrations,
     // and the Secrets, of its own namespace.
@@ -263,11 +266,7 @@ async fn a_database_replaced_while_its_reconcile_waits_is_provisioned_for_the_ne
         .await
         .unwrap();
     let tenant_name = tenant.name().to_string();
-    let pg = PgServer::start("replaced").await.unwrap();
-    fixtures::create_admin_secret(&b.client, &ctl, ADMIN_SECRET, &pg)
-        .await
-        .unwrap();
-    let server = fixtures::server_name(&ctl, ADMIN_SECRET);
+    let (pg, server) = admin_server(&b, &ctl, "replaced").await;
 
     let kubeconfig = crate::controller_kubeconfig(b.cp, "database-controller").await;
     let logs = crate::test_dir("replaced", "logs");
