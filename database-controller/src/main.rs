@@ -27,6 +27,7 @@ mod secret;
 mod server;
 mod sql;
 mod status;
+mod template;
 mod tenant_secrets;
 
 use std::process::ExitCode;
