@@ -130,6 +130,7 @@ macro_rules! has_conditions {
 
 has_conditions!(
     crate::Database,
+    crate::DatabaseUser,
     crate::DatabaseServer,
     crate::Backup,
     crate::Migration

@@ -5,6 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::access::{PasswordRotation, SecretTemplate, SessionSettings};
 use crate::common::{DatabaseDeletionPolicy, LocalObjectReference, ServerReference};
 
 /// Desired state of a Database.
@@ -60,10 +61,26 @@ pub struct DatabaseSpec {
     #[x_kube(validation = Rule::new("self.all(e, e.matches('^[a-z_][a-z0-9_-]{0,62}$'))").message("every extension must be an extension name: 1 to 63 characters of a-z, 0-9, _ and -"))]
     pub extensions: Vec<String>,
 
-    /// Maximum concurrent connections to the database; -1 means no limit.
+    /// Maximum concurrent connections to the database; -1 means no limit of its own (the
+    /// DatabaseServer's `limits.connectionLimit` still applies).
     #[serde(default = "default_connection_limit")]
     #[schemars(range(min = -1))]
     pub connection_limit: i32,
+
+    /// Session settings of the owner's logins, within the DatabaseServer's
+    /// `sessionLimits`; those left out take the server's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<SessionSettings>,
+
+    /// Rotation of the owner's password without downtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_rotation: Option<PasswordRotation>,
+
+    /// Extra keys of the connection Secret, rendered from templates.
+    #[serde(default, skip_serializing_if = "SecretTemplate::is_empty")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[-._a-zA-Z0-9]{1,253}$'))").message("every secretTemplate key must be a Secret key: 1 to 253 characters of a-z, A-Z, 0-9, -, _ and ."))]
+    pub secret_template: SecretTemplate,
 
     /// What deleting the Database does in PostgreSQL: Retain (default) leaves the database,
     /// Delete drops it and its role, Snapshot takes a final Backup and then drops.
@@ -91,7 +108,9 @@ pub struct BackupSchedule {
     /// Standard five-field cron expression (minute hour day-of-month month day-of-week),
     /// in UTC, or one of @hourly, @daily, @midnight, @weekly, @monthly, @yearly, @annually.
     #[schemars(length(min = 1, max = 128))]
-    #[x_kube(validation = Rule::new("self.matches('^(@(hourly|daily|midnight|weekly|monthly|yearly|annually)|[0-9*/,A-Za-z?-]+( +[0-9*/,A-Za-z?-]+){4})$')").message("schedule must be a five-field cron expression such as \"0 3 * * *\" or a macro such as @daily"))]
+    // Each field's numbers within its range (minute 0-59, hour 0-23, day 1-31, month 1-12,
+    // weekday 0-7), names, `*`, `?`, ranges, steps, lists, and croner's L, W and #.
+    #[x_kube(validation = Rule::new("self.matches('^(@(hourly|daily|midnight|weekly|monthly|yearly|annually)|([*]|[?]|([0-5]?[0-9])(-([0-5]?[0-9]))?|[A-Za-z]{3}(-[A-Za-z]{3})?)(/[1-9][0-9]?)?(,([*]|[?]|([0-5]?[0-9])(-([0-5]?[0-9]))?|[A-Za-z]{3}(-[A-Za-z]{3})?)(/[1-9][0-9]?)?)* +([*]|[?]|([01]?[0-9]|2[0-3])(-([01]?[0-9]|2[0-3]))?|[A-Za-z]{3}(-[A-Za-z]{3})?)(/[1-9][0-9]?)?(,([*]|[?]|([01]?[0-9]|2[0-3])(-([01]?[0-9]|2[0-3]))?|[A-Za-z]{3}(-[A-Za-z]{3})?)(/[1-9][0-9]?)?)* +([*]|[?]|(0?[1-9]|[12][0-9]|3[01])(-(0?[1-9]|[12][0-9]|3[01]))?|[A-Za-z]{3}(-[A-Za-z]{3})?|L|LW|(0?[1-9]|[12][0-9]|3[01])W)(/[1-9][0-9]?)?(,([*]|[?]|(0?[1-9]|[12][0-9]|3[01])(-(0?[1-9]|[12][0-9]|3[01]))?|[A-Za-z]{3}(-[A-Za-z]{3})?|L|LW|(0?[1-9]|[12][0-9]|3[01])W)(/[1-9][0-9]?)?)* +([*]|[?]|(0?[1-9]|1[0-2])(-(0?[1-9]|1[0-2]))?|[A-Za-z]{3}(-[A-Za-z]{3})?)(/[1-9][0-9]?)?(,([*]|[?]|(0?[1-9]|1[0-2])(-(0?[1-9]|1[0-2]))?|[A-Za-z]{3}(-[A-Za-z]{3})?)(/[1-9][0-9]?)?)* +([*]|[?]|[0-7](-[0-7])?|[A-Za-z]{3}(-[A-Za-z]{3})?|L|[0-7]L|[0-7]#[1-5]|[A-Za-z]{3}#[1-5]|[A-Za-z]{3}L)(/[1-9][0-9]?)?(,([*]|[?]|[0-7](-[0-7])?|[A-Za-z]{3}(-[A-Za-z]{3})?|L|[0-7]L|[0-7]#[1-5]|[A-Za-z]{3}#[1-5]|[A-Za-z]{3}L)(/[1-9][0-9]?)?)*)$')").message("schedule must be a five-field cron expression with each number in its field's range (minute 0-59, hour 0-23, day of month 1-31, month 1-12, day of week 0-7) such as \"0 3 * * *\", or a macro such as @daily"))]
     pub schedule: String,
 
     /// How many scheduled Backups to keep (pruned only while the Database exists).
@@ -177,6 +196,10 @@ pub struct DatabaseStatus {
     /// `server_version` reported by PostgreSQL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_version: Option<String>,
+
+    /// The database's size on disk (`pg_database_size`) at the last full check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<i64>,
 }
 
 /// Lifecycle phase of a Database.

@@ -1,18 +1,24 @@
 #![allow(clippy::duplicated_attributes)] // kube-derive's printcolumn(...) repeats `type_ = ...` by design
-//! The dbops.dev/v1alpha1 API: `DatabaseServer` (cluster-scoped), `Database`, `Backup` and
-//! `Migration`.
+//! The dbops.dev/v1alpha1 API: `DatabaseServer` (cluster-scoped), `Database`,
+//! `DatabaseUser`, `Backup` and `Migration`.
 //!
 //! Types, schema, CEL validation and printer columns only: no client code lives here.
 //! Every rule that the API server can decide on its own (identifier formats, immutable
 //! fields, enum values, cron shape, "only at creation") is a CEL rule or a schema
 //! constraint, so bad input is refused at `kubectl apply` time, naming the field.
 
+pub mod access;
 pub mod backup;
 pub mod common;
 pub mod database;
 pub mod migration;
 pub mod server;
+pub mod user;
 
+pub use access::{
+    DurationLimit, MemoryLimit, PasswordRotation, ROTATE_ANNOTATION, SecretTemplate, SessionLimits,
+    SessionSettings,
+};
 pub use backup::{Backup, BackupPhase, BackupRunner, BackupSpec, BackupStatus};
 pub use common::{
     BackupDeletionPolicy, DatabaseDeletionPolicy, HasConditions, LocalObjectReference,
@@ -30,6 +36,7 @@ pub use server::{
     DatabaseServer, DatabaseServerSpec, DatabaseServerStatus, ServerLimits, ServerTls,
     ServerTlsStatus,
 };
+pub use user::{Access, DatabaseUser, DatabaseUserSpec, DatabaseUserStatus};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -44,6 +51,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
         DatabaseServer::crd(),
         Database::crd(),
+        DatabaseUser::crd(),
         Backup::crd(),
         Migration::crd(),
     ]

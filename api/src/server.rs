@@ -4,6 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+use crate::access::SessionLimits;
 use crate::common::{SecretReference, TlsMode};
 
 /// The finalizer that keeps a DatabaseServer while Databases are on it (like PVC
@@ -97,6 +98,12 @@ pub struct DatabaseServerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<ServerLimits>,
 
+    /// Defaults and ceilings of the session settings Databases and DatabaseUsers may ask
+    /// for (`settings`): a tenant may ask for less, never more (`LimitExceeded`, naming
+    /// the field); a setting left out takes the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_limits: Option<SessionLimits>,
+
     /// The extensions a Database on this server may ask for (`spec.extensions`), and a
     /// Migration may bring here. Absent: only those PostgreSQL marks trusted
     /// (`pg_available_extension_versions.trusted`), which a database owner could create
@@ -139,6 +146,21 @@ pub struct ServerLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 100000))]
     pub databases_per_namespace: Option<i32>,
+
+    /// The ceiling of a Database's and a DatabaseUser's `connectionLimit` (and what -1, no
+    /// limit of their own, becomes on this server). One asking for more is refused
+    /// (`LimitExceeded`, naming the field); nothing changes on the server for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub connection_limit: Option<i32>,
+
+    /// The size a Database may grow to, e.g. `20Gi`: each Database reports its size
+    /// (`status.sizeBytes`, metric `dbops_database_size_bytes`) and gets the condition
+    /// `SizeExceeded` above it. Reported, not enforced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]{1,15}(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$')").message("databaseSize must be a size such as 500Mi, 20Gi or 1Ti"))]
+    pub database_size: Option<String>,
 }
 
 /// Observed state of a DatabaseServer.

@@ -20,6 +20,7 @@
 
 mod delete;
 mod error;
+mod limits;
 mod plan;
 mod reconcile;
 mod restore;
@@ -29,12 +30,13 @@ mod sql;
 mod status;
 mod template;
 mod tenant_secrets;
+mod user;
 
 use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
 
 use clap::Parser;
-use dbops_api::{Backup, Database, DatabaseServer, Migration};
+use dbops_api::{Backup, Database, DatabaseServer, DatabaseUser, Migration};
 use dbops_shared::cli::{BackupStoreArgs, CommonArgs, PostgresArgs};
 use dbops_shared::controller::{self, Context, ControllerError, Process, Trigger};
 use dbops_shared::events::Recorder;
@@ -151,6 +153,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                 databases: databases.clone(),
                 tenants: tenants.clone(),
                 last_prune: std::sync::Mutex::new(None),
+                sizes: std::sync::Mutex::default(),
                 restorer: restore::Restorer {
                     store: args.store.backup_store,
                     clients: dbops_shared::pg_tools::Clients::new(
@@ -161,10 +164,29 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                 },
             };
             let ctx = run.context(CONTROLLER, state);
+            // The connection Secrets' changes, to the Database or the DatabaseUser that
+            // owns each.
+            let (db_secrets, user_secrets) = split_by_owner(tenants.triggers());
             // Status writes are the controller's own; Secrets, admin Secrets, Migrations
             // and final Backups have watches of their own, and the resync requeues.
             let dbs = run.controller(watcher::Config::default(), Trigger::GenerationChange);
-            let dbs = watches(dbs, &ctx, run.namespace());
+            let dbs = watches(dbs, &ctx, run.namespace(), db_secrets);
+
+            // DatabaseUsers: a new generation or annotation (`dbops.dev/rotate`) of their
+            // own, any change of their Database, their connection Secrets.
+            let user_state = user::State {
+                servers: servers.clone(),
+                directory: directory.clone(),
+                recorder: Recorder::new(client.clone(), controller::reporter(user::CONTROLLER)),
+                databases: databases.clone(),
+                tenants: tenants.clone(),
+            };
+            let user_ctx = run.context(user::CONTROLLER, user_state);
+            let users = run.controller::<DatabaseUser>(
+                watcher::Config::default(),
+                Trigger::GenerationOrAnnotations,
+            );
+            let users = user_watches(users, &client, run.namespace(), user_secrets);
 
             let recorder = Recorder::new(client, controller::reporter(server::CONTROLLER));
             let server_state =
@@ -183,6 +205,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                     tokio::join!(
                         run.drive(dbs, ctx, reconcile::reconcile),
                         run.drive(dbservers, server_ctx, server::reconcile),
+                        run.drive(users, user_ctx, user::reconcile),
                     )
                 } => {}
                 () = tenants.follow() => {}
@@ -212,6 +235,9 @@ fn watches(
     c: kube::runtime::Controller<Database>,
     ctx: &Arc<Context<State>>,
     namespace: Option<&str>,
+    secrets: impl futures::Stream<Item = Result<k8s_openapi::api::core::v1::Secret, watcher::Error>>
+    + Send
+    + 'static,
 ) -> kube::runtime::Controller<Database> {
     let client = ctx.client.clone();
     let databases = c.store();
@@ -235,7 +261,7 @@ fn watches(
     let waiting = databases.clone();
     let over_quota = databases.clone();
     // The connection Secrets, watched in each namespace where Databases need them.
-    c.owns_stream(ctx.state.tenants.triggers())
+    c.owns_stream(secrets)
         .watches(
             Api::<DatabaseServer>::all(client.clone()),
             ctx.state.directory.server_config(),
@@ -357,4 +383,76 @@ fn watches(
                 final_of.into_iter().chain(restoring)
             },
         )
+}
+
+type SecretEvents =
+    futures::stream::BoxStream<'static, Result<k8s_openapi::api::core::v1::Secret, watcher::Error>>;
+
+/// The connection Secrets' changes split in two: those owned by a DatabaseUser, and the
+/// rest (a Database's). A bounded channel each; a full one waits (the watch slows down
+/// rather than losing an event).
+fn split_by_owner(
+    secrets: impl futures::Stream<Item = Result<k8s_openapi::api::core::v1::Secret, watcher::Error>>
+    + Send
+    + 'static,
+) -> (SecretEvents, SecretEvents) {
+    let (to_dbs, dbs) = tokio::sync::mpsc::channel(256);
+    let (to_users, users) = tokio::sync::mpsc::channel(256);
+    tokio::spawn(async move {
+        let mut secrets = std::pin::pin!(secrets);
+        while let Some(event) = secrets.next().await {
+            let of_user = event.as_ref().is_ok_and(|s| {
+                s.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|r| r.kind == "DatabaseUser")
+            });
+            let sent = if of_user {
+                to_users.send(event).await
+            } else {
+                to_dbs.send(event).await
+            };
+            if sent.is_err() {
+                break;
+            }
+        }
+    });
+    let stream = |mut rx: tokio::sync::mpsc::Receiver<_>| -> SecretEvents {
+        Box::pin(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+    };
+    (stream(dbs), stream(users))
+}
+
+/// The DatabaseUsers' watches: their connection Secrets, and their Databases (metadata
+/// only: any change, status included, maps to the Database's users).
+fn user_watches(
+    c: kube::runtime::Controller<DatabaseUser>,
+    client: &kube::Client,
+    namespace: Option<&str>,
+    secrets: SecretEvents,
+) -> kube::runtime::Controller<DatabaseUser> {
+    let users = c.store();
+    c.owns_stream(secrets).watches_stream(
+        watcher(
+            controller::scoped_api::<PartialObjectMeta<Database>>(client.clone(), namespace),
+            watcher::Config::default().page_size(controller::LIST_PAGE_SIZE),
+        )
+        .default_backoff()
+        .touched_objects(),
+        move |db: PartialObjectMeta<Database>| {
+            let ns = db.metadata.namespace.clone().unwrap_or_default();
+            let name = db.metadata.name.clone().unwrap_or_default();
+            let hit: Vec<ObjectRef<DatabaseUser>> = users
+                .state()
+                .iter()
+                .filter(|u| {
+                    u.metadata.namespace.as_deref() == Some(ns.as_str())
+                        && u.spec.database_ref.name == name
+                })
+                .map(|u| ObjectRef::from_obj(u.as_ref()))
+                .collect();
+            hit
+        },
+    )
 }

@@ -49,9 +49,11 @@ pub enum Action {
     CreateRole,
     /// Give the existing role the password.
     SetPassword,
-    /// Create the database owned by the role, closed to PUBLIC, with this mark.
+    /// Create the database owned by the role, closed to PUBLIC, with this mark and
+    /// connection limit.
     CreateDatabase {
         mark: String,
+        connection_limit: i32,
     },
     /// Mark a database created before a crash (and close it to PUBLIC).
     MarkDatabase {
@@ -106,7 +108,10 @@ pub fn plan(i: &Inputs<'_>, observed: &Observed) -> Result<Plan, Error> {
         sql::mark(i.uid)
     };
     match &observed.database {
-        None => actions.push(Action::CreateDatabase { mark }),
+        None => actions.push(Action::CreateDatabase {
+            mark,
+            connection_limit: i.connection_limit,
+        }),
         Some(found) => {
             if found.comment.is_none() {
                 actions.push(Action::MarkDatabase { mark });
@@ -216,7 +221,8 @@ mod tests {
             [
                 Action::CreateRole,
                 Action::CreateDatabase {
-                    mark: sql::mark(UID)
+                    mark: sql::mark(UID),
+                    connection_limit: -1,
                 }
             ]
         );
@@ -322,7 +328,8 @@ mod tests {
             [
                 Action::CreateRole,
                 Action::CreateDatabase {
-                    mark: pending.clone()
+                    mark: pending.clone(),
+                    connection_limit: -1,
                 },
                 Action::Restore { fresh: true }
             ]

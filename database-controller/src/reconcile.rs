@@ -30,7 +30,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use crate::delete::cleanup;
 use crate::error::{Error, Result};
 use crate::plan::{self, Action as Step};
-use crate::{restore, secret, sql, status};
+use crate::{limits, restore, secret, sql, status};
 
 pub const FINALIZER: &str = "dbops.dev/database-cleanup";
 pub const FIELD_MANAGER: &str = "dbops-database-controller";
@@ -63,6 +63,9 @@ pub struct State {
     pub last_prune: Mutex<Option<Instant>>,
     /// The backup store and pg_restore, for `spec.restoreFrom`.
     pub restorer: restore::Restorer,
+    /// The Databases (namespace, name) with a `dbops_database_size_bytes` series, so
+    /// [`State::prune`] drops those of Databases that are gone.
+    pub sizes: Mutex<HashSet<(String, String)>>,
 }
 
 impl State {
@@ -89,6 +92,21 @@ impl State {
             .checks
             .retain(|uid, (_, _, at)| live.contains(uid) && at.elapsed() < every);
         self.written.statuses.retain(|uid, _| live.contains(uid));
+        let named: HashSet<(String, String)> = store
+            .state()
+            .iter()
+            .map(|d| (d.namespace().unwrap_or_default(), d.name_any()))
+            .collect();
+        self.sizes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(namespace, name)| {
+                let keep = named.contains(&(namespace.clone(), name.clone()));
+                if !keep {
+                    dbops_shared::metrics::forget_database_size(namespace, name);
+                }
+                keep
+            });
     }
 }
 
@@ -193,6 +211,9 @@ pub struct Provisioned {
     /// The DatabaseServer it is on, and the `host:port` applications connect to.
     pub server: String,
     pub endpoint: String,
+    /// `pg_database_size` at the check, and the server's `limits.databaseSize`.
+    pub size_bytes: i64,
+    pub size_limit: Option<i64>,
 }
 
 pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Action> {
@@ -477,6 +498,14 @@ pub(crate) async fn admin_session(
         .await?)
 }
 
+/// A `spec.secretTemplate` that does not render: refused, naming the key.
+pub(crate) fn template_error(e: crate::template::TemplateError) -> Error {
+    Error::Blocked {
+        reason: "InvalidSecretTemplate",
+        message: format!("{e}; nothing was written"),
+    }
+}
+
 fn secret_conflict(message: String) -> Error {
     Error::Blocked {
         reason: "SecretConflict",
@@ -518,7 +547,8 @@ async fn secret_is_current(db: &Database, ctx: &Context<State>) -> Result<bool> 
         return Ok(false);
     };
     Ok(secret::kept_password(&existing).is_some_and(|password| {
-        secret::is_current(&existing, &secret::desired(db, &target, &password))
+        secret::desired(db, &target, &password)
+            .is_ok_and(|desired| secret::is_current(&existing, &desired))
     }))
 }
 
@@ -530,6 +560,15 @@ async fn provision_in_postgres(
 ) -> Result<Provisioned> {
     let target = server_of(ctx, db).await?;
     admit(ctx, db, &target)?;
+    // Refused before anything is written: templates that do not render, requests over
+    // the server's ceilings.
+    crate::template::check(&db.spec.secret_template).map_err(template_error)?;
+    let connection_limit = limits::connection_limit(
+        db.spec.connection_limit,
+        &target.server,
+        "spec.connectionLimit",
+    )?;
+    let settings = limits::settings(db.spec.settings.as_ref(), &target.server, "spec.settings")?;
     let server = target.endpoint.key.clone();
     let uid = db.uid().unwrap_or_default();
     let (database, role) = (db.database_name(), db.owner_role());
@@ -555,7 +594,7 @@ async fn provision_in_postgres(
             role: &role,
             database: &database,
             server: &server.to_string(),
-            connection_limit: db.spec.connection_limit,
+            connection_limit,
             restore_from: db.spec.restore_from.is_some(),
             provisioned_before: status::provider_id(db).is_some(),
             arriving: !already_on(db, &target.name),
@@ -586,6 +625,21 @@ async fn provision_in_postgres(
         &observed,
     )
     .await?;
+    // The owner's session settings (the server's sessionLimits, the spec's settings).
+    let current = crate::user::sql::role_settings(&session, &role).await?;
+    let changes = crate::user::sql::settings_statements(&role, &settings, &current);
+    if !changes.is_empty() {
+        confirm_live(ctx, db).await?;
+        crate::user::sql::apply_settings(&mut session, &role, &changes).await?;
+    }
+    // Its size, for the status, the metric and the server's limits.databaseSize.
+    let size_bytes = sql::database_size(&session, oid).await?;
+    dbops_shared::metrics::set_database_size(&namespace, &db.name_any(), size_bytes);
+    ctx.state
+        .sizes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert((namespace.clone(), db.name_any()));
     drop(session);
 
     if !extensions.is_empty() {
@@ -602,20 +656,22 @@ async fn provision_in_postgres(
         }
     }
 
-    write_secret(
-        ctx,
-        &secrets,
-        db,
-        existing.as_deref(),
-        &secret::desired(db, &target, &password),
-    )
-    .await?;
+    let desired = secret::desired(db, &target, &password).map_err(template_error)?;
+    write_secret(ctx, &secrets, db, existing.as_deref(), &desired).await?;
 
     Ok(Provisioned {
         provider_id: format!("{server}/{oid}"),
         server_version: observed.server_version,
         server: target.name.clone(),
         endpoint: server.to_string(),
+        size_bytes,
+        size_limit: target
+            .server
+            .spec
+            .limits
+            .as_ref()
+            .and_then(|l| l.database_size.as_deref())
+            .and_then(limits::quantity_bytes),
     })
 }
 
@@ -700,9 +756,11 @@ async fn apply(
                 sql::create_role(session, &role, password, &sql::mark(&uid)).await?
             }
             Step::SetPassword => sql::set_password(session, &role, password).await?,
-            Step::CreateDatabase { mark } => {
-                sql::create_database(session, &database, &role, db.spec.connection_limit, mark)
-                    .await?;
+            Step::CreateDatabase {
+                mark,
+                connection_limit,
+            } => {
+                sql::create_database(session, &database, &role, *connection_limit, mark).await?;
                 let again = sql::observe(session, &role, &database).await?;
                 oid = Some(
                     again
@@ -885,6 +943,8 @@ mod tests {
             server_version: "15".into(),
             server: "pg-main".into(),
             endpoint: "h:5432".into(),
+            size_bytes: 0,
+            size_limit: None,
         };
         verified.record("uid-1", 1, &p);
         assert_eq!(

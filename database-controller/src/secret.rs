@@ -2,17 +2,68 @@
 
 use std::collections::BTreeMap;
 
-use dbops_api::Database;
+use dbops_api::{Database, DatabaseUser, SecretTemplate};
 use dbops_shared::server::Resolved;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 use kube::api::ObjectMeta;
+
+use crate::template::{self, TemplateError, Values};
 
 /// Marks the password the controller wrote, so an edit of it is noticed (and rotated).
 pub const PASSWORD_HASH_ANNOTATION: &str = "dbops.dev/password-sha256";
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "dbops");
 pub const DATABASE_LABEL: &str = "dbops.dev/database";
+/// On a DatabaseUser's connection Secret: the DatabaseUser's name.
+pub const USER_LABEL: &str = "dbops.dev/database-user";
+/// The keys rendered from `spec.secretTemplate`, comma-separated: they are this
+/// controller's too (kept current, covered by the digest).
+pub const TEMPLATE_KEYS_ANNOTATION: &str = "dbops.dev/template-keys";
+
+/// Whose connection Secret it is: a Database's or a DatabaseUser's.
+#[derive(Debug, Clone)]
+pub struct Owner<'a> {
+    pub kind: &'static str,
+    pub name: &'a str,
+    pub namespace: Option<&'a str>,
+    pub uid: &'a str,
+    pub owner_ref: Option<OwnerReference>,
+    /// The label naming it (`dbops.dev/database` or `dbops.dev/database-user`).
+    pub label: &'static str,
+    pub template: &'a SecretTemplate,
+}
+
+impl<'a> Owner<'a> {
+    pub fn database(db: &'a Database) -> Self {
+        Self {
+            kind: "Database",
+            name: db.metadata.name.as_deref().unwrap_or_default(),
+            namespace: db.metadata.namespace.as_deref(),
+            uid: db.metadata.uid.as_deref().unwrap_or_default(),
+            owner_ref: db.controller_owner_ref(&()),
+            label: DATABASE_LABEL,
+            template: &db.spec.secret_template,
+        }
+    }
+
+    pub fn user(user: &'a DatabaseUser) -> Self {
+        Self {
+            kind: "DatabaseUser",
+            name: user.metadata.name.as_deref().unwrap_or_default(),
+            namespace: user.metadata.namespace.as_deref(),
+            uid: user.metadata.uid.as_deref().unwrap_or_default(),
+            owner_ref: user.controller_owner_ref(&()),
+            label: USER_LABEL,
+            template: &user.spec.secret_template,
+        }
+    }
+
+    pub fn secret_name(&self) -> String {
+        format!("{}-connection", self.name)
+    }
+}
 
 fn sha256_hex(s: &str) -> String {
     dbops_shared::checksum::sha256_hex(s.as_bytes())
@@ -35,8 +86,14 @@ pub fn kept_password(secret: &Secret) -> Option<String> {
 /// one of an earlier Database of the same name that garbage collection has not removed
 /// yet) is never written; the error says whose it is.
 pub fn check_ours(secret: &Secret, db: &Database) -> Result<(), String> {
+    check_owned(secret, &Owner::database(db))
+}
+
+/// [`check_ours`] for either kind of owner.
+pub fn check_owned(secret: &Secret, owner: &Owner<'_>) -> Result<(), String> {
     let name = secret.metadata.name.as_deref().unwrap_or_default();
-    let uid = db.metadata.uid.as_deref().unwrap_or_default();
+    let uid = owner.uid;
+    let kind = owner.kind;
     let controller = secret
         .metadata
         .owner_references
@@ -45,21 +102,16 @@ pub fn check_ours(secret: &Secret, db: &Database) -> Result<(), String> {
         .find(|r| r.controller == Some(true));
     match controller {
         Some(r) if r.uid == uid => Ok(()),
-        Some(r)
-            if r.kind == "Database"
-                && r.name == db.metadata.name.as_deref().unwrap_or_default() =>
-        {
-            Err(format!(
-                "Secret {name} belongs to an earlier Database of this name (UID {}) and waits for garbage collection; this Database writes its own once it is gone",
-                r.uid
-            ))
-        }
+        Some(r) if r.kind == kind && r.name == owner.name => Err(format!(
+            "Secret {name} belongs to an earlier {kind} of this name (UID {}) and waits for garbage collection; this {kind} writes its own once it is gone",
+            r.uid
+        )),
         Some(r) => Err(format!(
-            "Secret {name} exists and is controlled by {} {}; it is left untouched and nothing is provisioned: delete or rename it, or rename this Database",
+            "Secret {name} exists and is controlled by {} {}; it is left untouched and nothing is provisioned: delete or rename it, or rename this {kind}",
             r.kind, r.name
         )),
         None => Err(format!(
-            "Secret {name} exists and was not created by dbops for this Database; it is left untouched and nothing is provisioned: delete or rename it, or rename this Database"
+            "Secret {name} exists and was not created by dbops for this {kind}; it is left untouched and nothing is provisioned: delete or rename it, or rename this {kind}"
         )),
     }
 }
@@ -77,12 +129,29 @@ fn encode(s: &str) -> String {
 }
 
 /// The Secret as it should be: everything an application needs to connect to `server`
-/// with its TLS mode, the server's CA (`ca.crt`) when it has its own.
-pub fn desired(db: &Database, server: &Resolved, password: &str) -> Secret {
+/// with its TLS mode, the server's CA (`ca.crt`) when it has its own. A template that
+/// does not render (checked before anything is written, see `template::check`) is an
+/// error.
+pub fn desired(db: &Database, server: &Resolved, password: &str) -> Result<Secret, TemplateError> {
+    desired_for(
+        &Owner::database(db),
+        &db.database_name(),
+        &db.owner_role(),
+        server,
+        password,
+    )
+}
+
+/// [`desired`] for either kind of owner: `user` logs in to `dbname`.
+pub fn desired_for(
+    owner: &Owner<'_>,
+    dbname: &str,
+    user: &str,
+    server: &Resolved,
+    password: &str,
+) -> Result<Secret, TemplateError> {
     let key = &server.endpoint.key;
     let (host, port) = (key.host.as_str(), key.port.to_string());
-    let dbname = db.database_name();
-    let user = db.owner_role();
     let tls = &server.endpoint.tls;
     let ssl = tls.mode.as_str();
     // Verification against the system's roots must be asked for by name (libpq's default
@@ -95,28 +164,45 @@ pub fn desired(db: &Database, server: &Resolved, password: &str) -> Secret {
     };
     let uri = format!(
         "postgresql://{}:{}@{host}:{port}/{}?sslmode={ssl}{roots}",
-        encode(&user),
+        encode(user),
         encode(password),
-        encode(&dbname)
+        encode(dbname)
     );
     let jdbc = format!(
         "jdbc:postgresql://{host}:{port}/{}?user={}&password={}&sslmode={ssl}",
-        encode(&dbname),
-        encode(&user),
+        encode(dbname),
+        encode(user),
         encode(password)
     );
+    let ca_pem = tls
+        .ca
+        .as_ref()
+        .map(|ca| String::from_utf8_lossy(ca.pem()).into_owned())
+        .unwrap_or_default();
+    let rendered = template::render(
+        owner.template,
+        &Values {
+            host,
+            port: key.port,
+            database: dbname,
+            user,
+            password,
+            sslmode: ssl,
+            ca: &ca_pem,
+        },
+    )?;
     let data: BTreeMap<String, ByteString> = [
         ("host", host),
         ("port", &port),
-        ("dbname", &dbname),
-        ("username", &user),
+        ("dbname", dbname),
+        ("username", user),
         ("password", password),
         ("uri", &uri),
         ("jdbc-url", &jdbc),
         ("PGHOST", host),
         ("PGPORT", &port),
-        ("PGDATABASE", &dbname),
-        ("PGUSER", &user),
+        ("PGDATABASE", dbname),
+        ("PGUSER", user),
         ("PGPASSWORD", password),
         ("sslmode", ssl),
         ("PGSSLMODE", ssl),
@@ -128,31 +214,39 @@ pub fn desired(db: &Database, server: &Resolved, password: &str) -> Secret {
             .as_ref()
             .map(|ca| ("ca.crt".to_string(), ByteString(ca.pem().to_vec()))),
     )
+    .chain(
+        rendered
+            .iter()
+            .map(|(k, v)| (k.clone(), ByteString(v.as_bytes().to_vec()))),
+    )
     .collect();
-    Secret {
+    let mut annotations: BTreeMap<String, String> =
+        [(PASSWORD_HASH_ANNOTATION.to_string(), sha256_hex(password))].into();
+    if !rendered.is_empty() {
+        annotations.insert(
+            TEMPLATE_KEYS_ANNOTATION.to_string(),
+            rendered.keys().cloned().collect::<Vec<_>>().join(","),
+        );
+    }
+    Ok(Secret {
         metadata: ObjectMeta {
-            name: Some(db.connection_secret_name()),
-            namespace: db.metadata.namespace.clone(),
+            name: Some(owner.secret_name()),
+            namespace: owner.namespace.map(str::to_string),
             labels: Some(
                 [
                     (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
-                    (
-                        DATABASE_LABEL.to_string(),
-                        db.metadata.name.clone().unwrap_or_default(),
-                    ),
+                    (owner.label.to_string(), owner.name.to_string()),
                 ]
                 .into(),
             ),
-            annotations: Some(
-                [(PASSWORD_HASH_ANNOTATION.to_string(), sha256_hex(password))].into(),
-            ),
-            owner_references: db.controller_owner_ref(&()).map(|r| vec![r]),
+            annotations: Some(annotations),
+            owner_references: owner.owner_ref.clone().map(|r| vec![r]),
             ..ObjectMeta::default()
         },
         type_: Some("Opaque".into()),
         data: Some(data),
         ..Secret::default()
-    }
+    })
 }
 
 /// Every key [`desired`] may write (`ca.crt` only when the server has a CA of its own).
@@ -178,11 +272,32 @@ const OWN_KEYS: [&str; 15] = [
 /// Secret key (it has a `/`), so it can never be one a user wrote.
 const DIGEST_KEY: &str = "dbops.dev/own-keys-sha256";
 
-/// SHA-256 of the values of [`OWN_KEYS`] (an absent key counts, as absent).
-fn digest(data: Option<&BTreeMap<String, ByteString>>) -> Vec<u8> {
+/// The keys a Secret's [`TEMPLATE_KEYS_ANNOTATION`] names.
+fn template_keys(secret: &Secret) -> Vec<String> {
+    secret
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(TEMPLATE_KEYS_ANNOTATION))
+        .map(|keys| {
+            keys.split(',')
+                .filter(|k| !k.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// SHA-256 of the values of [`OWN_KEYS`] and of the rendered `templated` keys (an absent
+/// key counts, as absent).
+fn digest(data: Option<&BTreeMap<String, ByteString>>, templated: &[String]) -> Vec<u8> {
     use dbops_shared::checksum::{Digest, Sha256};
     let mut h = Sha256::new();
-    for key in OWN_KEYS {
+    for key in OWN_KEYS
+        .iter()
+        .copied()
+        .chain(templated.iter().map(String::as_str))
+    {
         h.update(key.as_bytes());
         match data.and_then(|d| d.get(key)) {
             Some(v) => {
@@ -197,7 +312,7 @@ fn digest(data: Option<&BTreeMap<String, ByteString>>) -> Vec<u8> {
 }
 
 /// What the watch cache keeps of a connection Secret's data: the password (a reconcile
-/// reuses it) and the digest of everything this controller writes, instead of fifteen
+/// reuses it), the username and the digest of everything this controller writes, instead of fifteen
 /// keys and values (a quarter of the controller's memory per Database). [`is_current`]
 /// and [`kept_password`] take a kept Secret as well as a whole one; nothing writes a
 /// kept one back.
@@ -206,9 +321,17 @@ pub fn keep_in_cache(secret: &mut Secret) {
         return;
     };
     let mut kept = BTreeMap::new();
-    kept.insert(DIGEST_KEY.to_string(), ByteString(digest(Some(&data))));
-    if let Some(password) = data.get("password") {
-        kept.insert("password".to_string(), password.clone());
+    let templated = template_keys(secret);
+    kept.insert(
+        DIGEST_KEY.to_string(),
+        ByteString(digest(Some(&data), &templated)),
+    );
+    // The password (a reconcile reuses it) and the login it belongs to (a DatabaseUser's
+    // alternates).
+    for key in ["password", "username"] {
+        if let Some(value) = data.get(key) {
+            kept.insert(key.to_string(), value.clone());
+        }
     }
     secret.data = Some(kept);
 }
@@ -240,11 +363,15 @@ pub fn is_current(actual: &Secret, desired: &Secret) -> bool {
         });
     // Every key of ours as desired; a CA the server no longer has does not linger (an
     // absent `ca.crt` is part of the digest).
+    // The kept digest covers the template keys the actual Secret names; the desired ones
+    // must be the same keys (the annotation is compared below).
+    let templated = template_keys(desired);
     let actual_digest = match actual.data.as_ref().and_then(|d| d.get(DIGEST_KEY)) {
         Some(kept) => kept.0.clone(),
-        None => digest(actual.data.as_ref()),
+        None => digest(actual.data.as_ref(), &template_keys(actual)),
     };
-    actual_digest == digest(desired.data.as_ref())
+    actual_digest == digest(desired.data.as_ref(), &templated)
+        && template_keys(actual) == templated
         && contains(&actual.metadata.labels, &desired.metadata.labels)
         && contains(&actual.metadata.annotations, &desired.metadata.annotations)
         && owner_ok
@@ -253,6 +380,11 @@ pub fn is_current(actual: &Secret, desired: &Secret) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Secret of a Database without templates (which cannot fail to render).
+    fn desired(db: &Database, server: &Resolved, password: &str) -> Secret {
+        super::desired(db, server, password).unwrap()
+    }
 
     fn db() -> Database {
         serde_json::from_value(serde_json::json!({
@@ -363,8 +495,8 @@ mod tests {
             keep_in_cache(&mut kept);
             assert_eq!(
                 kept.data.as_ref().unwrap().len(),
-                2,
-                "password and digest only"
+                3,
+                "password, username and digest only"
             );
             assert_eq!(kept_password(&kept), kept_password(actual));
             for want in [&plain, &with_ca, &other_pw] {

@@ -60,6 +60,21 @@ fn sticky_message(old: &DatabaseStatus, reason: &str, message: String) -> String
     }
 }
 
+/// The condition a Database has while its server sets `limits.databaseSize`: True above.
+pub const SIZE_EXCEEDED: &str = "SizeExceeded";
+
+/// The size to report: the one in status until the database has grown or shrunk by 5 %
+/// or more, or crossed `limit` (a status write per resync for a few bytes more would cost
+/// the API a write per Database per resync); the metric has the exact size.
+pub fn reported_size(old: Option<i64>, now: i64, limit: Option<i64>) -> i64 {
+    let Some(old) = old else {
+        return now;
+    };
+    let crossed = limit.is_some_and(|l| (old > l) != (now > l));
+    let moved = (now - old).unsigned_abs() * 20 >= old.unsigned_abs().max(1);
+    if crossed || moved { now } else { old }
+}
+
 /// Reasons that are steps on the expected way to Ready (a restore).
 pub fn on_the_way(reason: &str) -> bool {
     matches!(reason, "WaitingForBackup" | "Restoring")
@@ -97,6 +112,42 @@ pub async fn publish(
             new.endpoint = Some(p.endpoint.clone());
             new.connection_secret = Some(db.connection_secret_name());
             new.server_version = Some(p.server_version.clone());
+            new.size_bytes = Some(reported_size(old.size_bytes, p.size_bytes, p.size_limit));
+            match p.size_limit {
+                Some(limit) => {
+                    let over = p.size_bytes > limit;
+                    let message = format!(
+                        "the database takes {} bytes; DatabaseServer {}'s limits.databaseSize is {limit} bytes{}",
+                        p.size_bytes,
+                        p.server,
+                        if over {
+                            " (reported, not enforced)"
+                        } else {
+                            ""
+                        }
+                    );
+                    set_condition(
+                        &mut new.conditions,
+                        if over {
+                            cond(
+                                SIZE_EXCEEDED,
+                                ConditionStatus::True,
+                                "SizeExceeded",
+                                message,
+                            )
+                        } else {
+                            cond(
+                                SIZE_EXCEEDED,
+                                ConditionStatus::False,
+                                "WithinLimit",
+                                message,
+                            )
+                        },
+                        t.clone(),
+                    );
+                }
+                None => new.conditions.retain(|c| c.type_ != SIZE_EXCEEDED),
+            }
             let msg = format!(
                 "database {} on DatabaseServer {} ({}) is ready; connect with Secret {}",
                 db.database_name(),
@@ -304,6 +355,12 @@ async fn write(
             after.status == "True" || after.reason == "Deleting" || on_the_way(&after.reason);
         event(ctx, db, normal, &after.reason, &after.message).await;
     }
+    if let Some(size) = get(&new.conditions, SIZE_EXCEEDED)
+        && size.status == "True"
+        && get(&old.conditions, SIZE_EXCEEDED).is_none_or(|c| c.status != "True")
+    {
+        event(ctx, db, false, "SizeExceeded", &size.message).await;
+    }
     if let Some(progress) = get(&new.conditions, condition::PROGRESSING)
         && new.phase == Some(DatabasePhase::Deleting)
         && get(&old.conditions, condition::PROGRESSING).map(|c| &c.reason) != Some(&progress.reason)
@@ -323,6 +380,16 @@ pub async fn event(ctx: &Context<State>, db: &Database, normal: bool, reason: &s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_size_is_reported_when_it_moves_5_percent_or_crosses_the_limit() {
+        assert_eq!(reported_size(None, 1000, None), 1000);
+        assert_eq!(reported_size(Some(1000), 1040, None), 1000);
+        assert_eq!(reported_size(Some(1000), 1050, None), 1050);
+        assert_eq!(reported_size(Some(1000), 940, None), 940);
+        assert_eq!(reported_size(Some(1000), 1001, Some(1000)), 1001);
+        assert_eq!(reported_size(Some(1001), 1002, Some(1000)), 1001);
+    }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
     fn with_ready(status: &str, reason: &str, message: &str) -> DatabaseStatus {

@@ -54,7 +54,7 @@ use kube::{
     Api, Client, Resource,
     api::ListParams,
     runtime::{
-        WatchStreamExt,
+        Predicate, WatchStreamExt,
         controller::{self, Action, Controller},
         predicates,
         reflector::{self, ObjectRef, reflector},
@@ -281,6 +281,13 @@ impl Running {
                 objects.predicate_filter(predicates::generation, Default::default()),
                 reader,
             ),
+            Trigger::GenerationOrAnnotations => Controller::for_stream(
+                objects.predicate_filter(
+                    predicates::generation.combine(predicates::annotations),
+                    Default::default(),
+                ),
+                reader,
+            ),
         };
         controller
             .with_config(controller::Config::default().concurrency(self.args.concurrency))
@@ -462,6 +469,9 @@ pub enum Trigger {
     /// controller's own status writes then start no reconcile. Requeues, and the extra
     /// watches, still do.
     GenerationChange,
+    /// A new `metadata.generation` or a change of the annotations (an annotation that asks
+    /// for something, such as `dbops.dev/rotate`).
+    GenerationOrAnnotations,
 }
 
 /// Checks the backup store ([`registry::check`]: writable, and the store registered in

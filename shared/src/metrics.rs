@@ -68,6 +68,13 @@ impl Metrics {
             "Objects in the controller's watch store by condition type and status",
             resources.gauge.clone(),
         );
+        if controller.controller == DATABASE_CONTROLLER {
+            registry.register(
+                "database_size_bytes",
+                "Size on disk of each Database's database (pg_database_size) at its last full check",
+                DATABASE_SIZE.clone(),
+            );
+        }
         registry.register(
             "external_requests",
             "Requests to the Kubernetes API, PostgreSQL and the backup store, by outcome",
@@ -434,6 +441,36 @@ impl EncodeLabelValue for Target {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
         encoder.write_str(self.as_str())
     }
+}
+
+/// The database-controller's name (its registry holds `dbops_database_size_bytes`).
+pub const DATABASE_CONTROLLER: &str = "database-controller";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SizeLabels {
+    namespace: String,
+    database: String,
+}
+
+/// `dbops_database_size_bytes{namespace, database}` (the Database's metadata.name).
+static DATABASE_SIZE: LazyLock<Family<SizeLabels, Gauge>> = LazyLock::new(Family::default);
+
+/// Sets the size of Database `namespace/database`.
+pub fn set_database_size(namespace: &str, database: &str, bytes: i64) {
+    DATABASE_SIZE
+        .get_or_create(&SizeLabels {
+            namespace: namespace.to_owned(),
+            database: database.to_owned(),
+        })
+        .set(bytes);
+}
+
+/// Drops the series of a Database that is gone.
+pub fn forget_database_size(namespace: &str, database: &str) {
+    DATABASE_SIZE.remove(&SizeLabels {
+        namespace: namespace.to_owned(),
+        database: database.to_owned(),
+    });
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -31,12 +31,12 @@ use crate::{Bed, bed};
 const CONTROLLER_USER: &str = "dbops-database-controller";
 /// The admin Secret every test creates (username postgres, the server's password), and
 /// with it the DatabaseServer `server_name(ns, ADMIN_SECRET)` on this test's server.
-const ADMIN_SECRET: &str = "pg-admin";
+pub(crate) const ADMIN_SECRET: &str = "pg-admin";
 const FINALIZER: &str = "dbops.dev/database-cleanup";
 /// Long enough for provisioning on a busy 2-core machine, short enough to fail usefully.
-const READY: Duration = Duration::from_secs(60);
+pub(crate) const READY: Duration = Duration::from_secs(60);
 /// Resync interval given to the controller.
-const RESYNC: Duration = Duration::from_secs(3);
+pub(crate) const RESYNC: Duration = Duration::from_secs(3);
 
 const SECRET_KEYS: [&str; 12] = [
     "host",
@@ -53,22 +53,22 @@ const SECRET_KEYS: [&str; 12] = [
     "PGPASSWORD",
 ];
 
-fn ready() -> Want<'static> {
+pub(crate) fn ready() -> Want<'static> {
     Want::new("Ready", "True", Some("Provisioned"))
 }
 
-fn not_ready(reason: &'static str) -> Want<'static> {
+pub(crate) fn not_ready(reason: &'static str) -> Want<'static> {
     Want::new("Ready", "False", Some(reason))
 }
 
 /// One test's world: namespace, PostgreSQL server, admin Secret, DatabaseServer and
 /// controller.
-struct Setup {
+pub(crate) struct Setup {
     // Dropped in this order: the controller first, so it does not act on a stopping
     // server; then PostgreSQL; then the namespace.
     controller: Option<ControllerProcess>,
-    pg: PgServer,
-    b: Bed,
+    pub(crate) pg: PgServer,
+    pub(crate) b: Bed,
     kubeconfig: PathBuf,
     extra_args: Vec<String>,
     logs: tempfile::TempDir,
@@ -77,14 +77,26 @@ struct Setup {
 impl Setup {
     /// A namespace, a PostgreSQL server, the admin Secret and its DatabaseServer, and a
     /// running controller.
-    async fn new(prefix: &str) -> Self {
+    pub(crate) async fn new(prefix: &str) -> Self {
         Self::with_args(prefix, &[]).await
     }
 
     /// [`Setup::new`] with more controller flags.
-    async fn with_args(prefix: &str, extra_args: &[&str]) -> Self {
+    pub(crate) async fn with_args(prefix: &str, extra_args: &[&str]) -> Self {
+        Self::build(prefix, extra_args, None).await
+    }
+
+    /// [`Setup::new`] on a PostgreSQL server of major version `major`.
+    pub(crate) async fn with_major(prefix: &str, major: u32) -> Self {
+        Self::build(prefix, &[], Some(major)).await
+    }
+
+    async fn build(prefix: &str, extra_args: &[&str], major: Option<u32>) -> Self {
         let b = bed(prefix).await;
-        let pg = PgServer::start(prefix).await.unwrap();
+        let pg = match major {
+            Some(major) => PgServer::start_major(prefix, major).await.unwrap(),
+            None => PgServer::start(prefix).await.unwrap(),
+        };
         let kubeconfig = crate::controller_kubeconfig(b.cp, "database-controller").await;
         let mut setup = Self {
             controller: None,
@@ -103,11 +115,11 @@ impl Setup {
         setup
     }
 
-    fn ns(&self) -> &str {
+    pub(crate) fn ns(&self) -> &str {
         self.b.ns.name()
     }
 
-    fn start_controller(&mut self) {
+    pub(crate) fn start_controller(&mut self) {
         let mut args = crate::watch_args(self.ns(), &format!("{}s", RESYNC.as_secs()));
         args.extend(self.extra_args.iter().cloned());
         let controller = ControllerProcess::start(
@@ -126,47 +138,47 @@ impl Setup {
     }
 
     /// SIGKILL: no chance to finish anything.
-    fn kill_controller(&mut self) {
+    pub(crate) fn kill_controller(&mut self) {
         if let Some(mut c) = self.controller.take() {
             c.process.signal("KILL").unwrap();
             c.process.wait_exit(Duration::from_secs(10)).unwrap();
         }
     }
 
-    fn controller(&self) -> &ControllerProcess {
+    pub(crate) fn controller(&self) -> &ControllerProcess {
         self.controller.as_ref().expect("the controller runs")
     }
 
     /// The controller's log (every run of it: the file is appended to), redacted.
-    fn controller_log(&self, max_bytes: u64) -> String {
+    pub(crate) fn controller_log(&self, max_bytes: u64) -> String {
         let path = self.logs.path().join("database-controller.log");
         self.redact(&dbops_e2e::process::log_tail(&path, max_bytes))
     }
 
     /// The controller's log, unredacted: only for checking it holds no secret.
-    fn controller_log_raw(&self) -> String {
+    pub(crate) fn controller_log_raw(&self) -> String {
         let path = self.logs.path().join("database-controller.log");
         std::fs::read_to_string(path).unwrap_or_default()
     }
 
-    fn redact(&self, text: &str) -> String {
+    pub(crate) fn redact(&self, text: &str) -> String {
         redact_passwords(&text.replace(self.pg.superuser_password(), "<superuser-password>"))
     }
 
-    fn databases(&self) -> Api<Database> {
+    pub(crate) fn databases(&self) -> Api<Database> {
         Api::namespaced(self.b.client.clone(), self.ns())
     }
 
-    fn secrets(&self) -> Api<Secret> {
+    pub(crate) fn secrets(&self) -> Api<Secret> {
         Api::namespaced(self.b.client.clone(), self.ns())
     }
 
-    fn backups(&self) -> Api<Backup> {
+    pub(crate) fn backups(&self) -> Api<Backup> {
         Api::namespaced(self.b.client.clone(), self.ns())
     }
 
     /// An admin Secret with the given keys.
-    async fn create_admin_secret(
+    pub(crate) async fn create_admin_secret(
         &self,
         name: &str,
         username: Option<&str>,
@@ -189,14 +201,18 @@ impl Setup {
     }
 
     /// The name of the DatabaseServer made by [`Setup::create_server`] for `admin`.
-    fn server(&self, admin: &str) -> String {
+    pub(crate) fn server(&self, admin: &str) -> String {
         dbops_e2e::fixtures::server_name(self.ns(), admin)
     }
 
     /// The DatabaseServer [`Setup::server`]`(admin)` on this test's server with admin
     /// Secret `admin` (plain TCP, every namespace allowed); `spec` is merged into its spec
     /// (e.g. `{"port": 1}`).
-    async fn create_server(&self, admin: &str, spec: serde_json::Value) -> DatabaseServer {
+    pub(crate) async fn create_server(
+        &self,
+        admin: &str,
+        spec: serde_json::Value,
+    ) -> DatabaseServer {
         let mut full = dbops_e2e::fixtures::server_spec(&self.pg, admin);
         merge(&mut full, spec);
         dbops_e2e::fixtures::create_server(&self.b.client, self.ns(), &self.server(admin), full)
@@ -206,7 +222,7 @@ impl Setup {
 
     /// A Database on the DatabaseServer of the admin Secret; `spec` is merged into the
     /// spec (e.g. `{"deletionPolicy": "Delete"}`, or another `serverRef`).
-    fn database(&self, name: &str, spec: serde_json::Value) -> Database {
+    pub(crate) fn database(&self, name: &str, spec: serde_json::Value) -> Database {
         let mut full = json!({
             "serverRef": {"name": self.server(ADMIN_SECRET)},
         });
@@ -220,7 +236,7 @@ impl Setup {
         .unwrap()
     }
 
-    async fn create(&self, name: &str, spec: serde_json::Value) -> Database {
+    pub(crate) async fn create(&self, name: &str, spec: serde_json::Value) -> Database {
         let db = self.database(name, spec);
         self.databases()
             .create(&PostParams::default(), &db)
@@ -230,7 +246,7 @@ impl Setup {
 
     /// Waits for a condition; on timeout the panic shows the object and the controller's
     /// log tail.
-    async fn wait(&self, name: &str, want: Want<'_>, timeout: Duration) -> Database {
+    pub(crate) async fn wait(&self, name: &str, want: Want<'_>, timeout: Duration) -> Database {
         match dbops_e2e::wait::database_condition(&self.b.client, self.ns(), name, want, timeout)
             .await
         {
@@ -242,13 +258,13 @@ impl Setup {
         }
     }
 
-    async fn wait_ready(&self, name: &str) -> Database {
+    pub(crate) async fn wait_ready(&self, name: &str) -> Database {
         self.wait(name, ready(), READY).await
     }
 
     /// Waits for a condition of DatabaseServer `name`; on timeout the panic shows its
     /// status and the controller's log tail.
-    async fn wait_server(&self, name: &str, want: Want<'_>) -> DatabaseServer {
+    pub(crate) async fn wait_server(&self, name: &str, want: Want<'_>) -> DatabaseServer {
         match dbops_e2e::fixtures::server_condition(&self.b.client, name, want, READY).await {
             Ok(server) => server,
             Err(e) => panic!(
@@ -259,7 +275,7 @@ impl Setup {
     }
 
     /// Deletes the Database (foreground is not needed: the controller's finalizer holds it).
-    async fn delete(&self, name: &str) {
+    pub(crate) async fn delete(&self, name: &str) {
         self.databases()
             .delete(name, &DeleteParams::default())
             .await
@@ -267,7 +283,7 @@ impl Setup {
     }
 
     /// Waits until the Database with this uid is gone.
-    async fn wait_gone(&self, db: &Database, timeout: Duration) {
+    pub(crate) async fn wait_gone(&self, db: &Database, timeout: Duration) {
         let name = db.metadata.name.clone().unwrap();
         let uid = db.metadata.uid.clone().unwrap();
         let waited = dbops_e2e::wait::deleted(self.databases(), &name, &uid, timeout).await;
@@ -282,7 +298,7 @@ impl Setup {
     }
 
     /// The connection Secret of a Database, waited for.
-    async fn connection_secret(&self, db_name: &str) -> Secret {
+    pub(crate) async fn connection_secret(&self, db_name: &str) -> Secret {
         let secrets = self.secrets();
         let name = format!("{db_name}-connection");
         eventually(
@@ -297,7 +313,7 @@ impl Setup {
     }
 
     /// Core/v1 Events about a Database.
-    async fn events_for(&self, name: &str) -> Vec<Event> {
+    pub(crate) async fn events_for(&self, name: &str) -> Vec<Event> {
         dbops_e2e::fixtures::events_about(&self.b.client, self.ns(), "Database", name)
             .await
             .unwrap()
@@ -305,7 +321,7 @@ impl Setup {
 
     /// Waits until `user` with `password` can log in to `dbname` (a role's password is
     /// set right after the Secret is written, or right before).
-    async fn wait_login(&self, user: &str, password: &str, dbname: &str, what: &str) {
+    pub(crate) async fn wait_login(&self, user: &str, password: &str, dbname: &str, what: &str) {
         eventually(
             what,
             Duration::from_secs(30),
@@ -344,7 +360,7 @@ impl std::fmt::Debug for SecretView {
 }
 
 /// A value of a Secret as text; panics (without values) when the key is missing.
-fn value(secret: &Secret, key: &str) -> String {
+pub(crate) fn value(secret: &Secret, key: &str) -> String {
     let bytes = secret
         .data
         .as_ref()
@@ -354,7 +370,7 @@ fn value(secret: &Secret, key: &str) -> String {
 }
 
 /// Merges JSON object `patch` into `base`, recursively.
-fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
+pub(crate) fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
     match (base, patch) {
         (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
             for (k, v) in p {
@@ -366,7 +382,7 @@ fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
 }
 
 /// A connection with exactly these parameters (no TLS: the test servers have none).
-async fn connect(
+pub(crate) async fn connect(
     host: &str,
     port: u16,
     user: &str,
@@ -384,7 +400,9 @@ async fn connect(
     connect_config(&config).await
 }
 
-async fn connect_config(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client> {
+pub(crate) async fn connect_config(
+    config: &tokio_postgres::Config,
+) -> Result<tokio_postgres::Client> {
     let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
     tokio::spawn(async move {
         let _ = connection.await;
@@ -394,7 +412,7 @@ async fn connect_config(config: &tokio_postgres::Config) -> Result<tokio_postgre
 
 /// Whether a login works: Ok(false) when the server refuses the password, an error when
 /// the server could not be asked.
-async fn login(port: u16, user: &str, password: &str, dbname: &str) -> Result<bool> {
+pub(crate) async fn login(port: u16, user: &str, password: &str, dbname: &str) -> Result<bool> {
     match connect("127.0.0.1", port, user, password, dbname).await {
         Ok(_) => Ok(true),
         Err(e) => {
@@ -416,7 +434,7 @@ async fn login(port: u16, user: &str, password: &str, dbname: &str) -> Result<bo
 }
 
 /// The sum of `dbops_reconciles_total` over its labels, from the controller's /metrics.
-fn reconciles(controller: &ControllerProcess) -> Result<f64> {
+pub(crate) fn reconciles(controller: &ControllerProcess) -> Result<f64> {
     let (code, body) = controller.get("/metrics")?;
     anyhow::ensure!(code == 200, "/metrics answered {code}");
     Ok(body

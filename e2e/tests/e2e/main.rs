@@ -22,6 +22,7 @@ mod postgres;
 mod schedule;
 mod tenancy;
 mod traces;
+mod users;
 
 use dbops_e2e::{ControlPlane, Kubectl, TestNamespace, controlplane::Options};
 use tokio::sync::OnceCell;

@@ -1,0 +1,206 @@
+//! What Databases and DatabaseUsers share about access: session settings tenants may ask
+//! for (within the server's `sessionLimits`), password rotation, and the templates of
+//! extra connection Secret keys.
+
+use std::collections::BTreeMap;
+
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+
+/// A duration as Go and Kubernetes write it: integers with a unit each, `ms`, `s`, `m` or
+/// `h` (for example `30s`, `5m`, `1h30m`, `720h`).
+pub const DURATION_PATTERN: &str = "^([0-9]{1,9}(ms|s|m|h))+$";
+/// An amount of memory as PostgreSQL writes it: an integer and `kB`, `MB`, `GB` or `TB`.
+pub const MEMORY_PATTERN: &str = "^[0-9]{1,9}(kB|MB|GB|TB)$";
+
+/// The annotation that rotates a Database's or DatabaseUser's password on demand: any
+/// new value (for example a timestamp) starts one rotation.
+pub const ROTATE_ANNOTATION: &str = "dbops.dev/rotate";
+
+/// Session settings of a login role, applied with `ALTER ROLE ... SET` so every new session
+/// of the role starts with them. Each must stay within the DatabaseServer's
+/// `sessionLimits.<field>.max`; one left out takes the server's `default`, if any.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionSettings {
+    /// `statement_timeout`: the longest a statement may run, e.g. `30s`; `0s` for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]{1,9}(ms|s|m|h))+$')").message("statementTimeout must be a duration such as 30s, 5m or 1h30m"))]
+    pub statement_timeout: Option<String>,
+
+    /// `idle_in_transaction_session_timeout`: how long a session may sit idle inside a
+    /// transaction (holding its locks) before the server ends it, e.g. `5m`; `0s` for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]{1,9}(ms|s|m|h))+$')").message("idleInTransactionSessionTimeout must be a duration such as 30s, 5m or 1h30m"))]
+    pub idle_in_transaction_session_timeout: Option<String>,
+
+    /// `lock_timeout`: the longest a statement waits for a lock, e.g. `10s`; `0s` for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]{1,9}(ms|s|m|h))+$')").message("lockTimeout must be a duration such as 30s, 5m or 1h30m"))]
+    pub lock_timeout: Option<String>,
+
+    /// `work_mem`: memory per sort or hash operation, e.g. `16MB` (`kB`, `MB`, `GB`, `TB`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]{1,9}(kB|MB|GB|TB)$')").message("workMem must be an amount of memory such as 4MB or 1GB (kB, MB, GB, TB)"))]
+    pub work_mem: Option<String>,
+}
+
+/// A default and a ceiling of one duration setting.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.default) || !has(self.max) || !self.default.matches('^([0-9]{1,9}(ms|s|m|h))+$') || !self.max.matches('^([0-9]{1,9}(ms|s|m|h))+$') || duration(self.max) == duration('0s') || (duration(self.default) != duration('0s') && duration(self.default) <= duration(self.max))").message("default must not exceed max").field_path(".default"))]
+pub struct DurationLimit {
+    /// Applied to every login role that does not ask for a value of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]{1,9}(ms|s|m|h))+$')").message("default must be a duration such as 30s, 5m or 1h30m"))]
+    pub default: Option<String>,
+
+    /// The most a Database or DatabaseUser may ask for; `0s` sets no ceiling. Asking for
+    /// `0s` (no timeout) is more than any other ceiling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]{1,9}(ms|s|m|h))+$')").message("max must be a duration such as 30s, 5m or 1h30m"))]
+    pub max: Option<String>,
+}
+
+/// A default and a ceiling of one memory setting.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryLimit {
+    /// Applied to every login role that does not ask for a value of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]{1,9}(kB|MB|GB|TB)$')").message("default must be an amount of memory such as 4MB or 1GB (kB, MB, GB, TB)"))]
+    pub default: Option<String>,
+
+    /// The most a Database or DatabaseUser may ask for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]{1,9}(kB|MB|GB|TB)$')").message("max must be an amount of memory such as 4MB or 1GB (kB, MB, GB, TB)"))]
+    pub max: Option<String>,
+}
+
+/// The DatabaseServer's defaults and ceilings of the session settings tenants may ask for.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionLimits {
+    /// `statement_timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub statement_timeout: Option<DurationLimit>,
+    /// `idle_in_transaction_session_timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_in_transaction_session_timeout: Option<DurationLimit>,
+    /// `lock_timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_timeout: Option<DurationLimit>,
+    /// `work_mem`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_mem: Option<MemoryLimit>,
+}
+
+/// Password rotation without downtime: a new login (and password) every `every`, or on
+/// demand with the annotation `dbops.dev/rotate`; the previous login keeps working for
+/// `keepPrevious`, then can no longer log in and its sessions are ended.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.every) || !self.every.matches('^([0-9]{1,9}(ms|s|m|h))+$') || !self.keepPrevious.matches('^([0-9]{1,9}(ms|s|m|h))+$') || duration(self.keepPrevious) < duration(self.every)").message("keepPrevious must be shorter than every").field_path(".keepPrevious"))]
+pub struct PasswordRotation {
+    /// How often to rotate (at least `1m`), e.g. `720h`; absent: only on demand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(
+        validation = Rule::new("self.matches('^([0-9]{1,9}(ms|s|m|h))+$')").message("every must be a duration such as 720h or 24h"),
+        validation = Rule::new("!self.matches('^([0-9]{1,9}(ms|s|m|h))+$') || duration(self) >= duration('1m')").message("every must be at least 1m"),
+    )]
+    pub every: Option<String>,
+
+    /// How long the previous login keeps working after a rotation (default `1h`), for
+    /// applications to pick up the new Secret; `0s` ends it at once.
+    #[serde(default = "default_keep_previous")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]{1,9}(ms|s|m|h))+$')").message("keepPrevious must be a duration such as 24h or 15m"))]
+    pub keep_previous: String,
+}
+
+fn default_keep_previous() -> String {
+    "1h".to_string()
+}
+
+/// Extra keys of a connection Secret, each rendered from a template over `host`, `port`,
+/// `database`, `user`, `password`, `sslmode` and `ca`, e.g.
+/// `DATABASE_URL: "postgresql://{{ user }}:{{ password }}@{{ host }}:{{ port }}/{{ database }}?sslmode={{ sslmode }}"`.
+/// In a template that is a URL (it begins with `scheme://`) every value is percent-encoded.
+/// A template that does not render is refused (`InvalidSecretTemplate`) before anything
+/// is written.
+pub type SecretTemplate = BTreeMap<String, String>;
+
+/// Parses a duration of [`DURATION_PATTERN`] (the API server has checked the form).
+pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let mut total = std::time::Duration::ZERO;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let n: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit, len) = if rest.starts_with("ms") {
+            (std::time::Duration::from_millis(1), 2)
+        } else if rest.starts_with('s') {
+            (std::time::Duration::from_secs(1), 1)
+        } else if rest.starts_with('m') {
+            (std::time::Duration::from_secs(60), 1)
+        } else if rest.starts_with('h') {
+            (std::time::Duration::from_secs(3600), 1)
+        } else {
+            return None;
+        };
+        total = total.checked_add(unit.checked_mul(u32::try_from(n).ok()?)?)?;
+        rest = &rest[len..];
+    }
+    (!text.is_empty()).then_some(total)
+}
+
+/// Parses an amount of memory of [`MEMORY_PATTERN`], in kB (PostgreSQL's units: 1 MB is
+/// 1024 kB).
+pub fn parse_memory_kb(text: &str) -> Option<u64> {
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let n: u64 = text.get(..digits)?.parse().ok()?;
+    let factor = match &text[digits..] {
+        "kB" => 1,
+        "MB" => 1024,
+        "GB" => 1024 * 1024,
+        "TB" => 1024 * 1024 * 1024,
+        _ => return None,
+    };
+    n.checked_mul(factor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_and_memory_parse_as_the_api_writes_them() {
+        assert_eq!(parse_duration("30s"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("0s"), Some(Duration::ZERO));
+        for bad in ["", "30", "s", "1d", "1h30", "-1s"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+        assert_eq!(parse_memory_kb("64kB"), Some(64));
+        assert_eq!(parse_memory_kb("4MB"), Some(4096));
+        assert_eq!(parse_memory_kb("1GB"), Some(1024 * 1024));
+        for bad in ["", "4", "4mb", "MB", "4 MB"] {
+            assert_eq!(parse_memory_kb(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,659 @@
+//! DatabaseUsers against real PostgreSQL servers (two majors: the oldest supported, 13,
+//! and Debian's 15; the rotation test on 17): privileges that hold for what the owner
+//! creates later (the default-privileges bug class), guardrails, credential templates,
+//! deletion that ends sessions and keeps the data, and rotation under a live application.
+
+use std::time::Duration;
+
+use dbops_api::DatabaseUser;
+use dbops_e2e::wait::{eventually, holds_for};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio_postgres::error::SqlState;
+
+use crate::database::{ADMIN_SECRET, READY, RESYNC, Setup, connect, login, reconciles, value};
+
+fn users(s: &Setup) -> Api<DatabaseUser> {
+    Api::namespaced(s.b.client.clone(), s.ns())
+}
+
+async fn create_user(s: &Setup, name: &str, spec: serde_json::Value) -> DatabaseUser {
+    let user: DatabaseUser = serde_json::from_value(json!({
+        "apiVersion": "dbops.dev/v1alpha1",
+        "kind": "DatabaseUser",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap();
+    users(s)
+        .create(&PostParams::default(), &user)
+        .await
+        .unwrap_or_else(|e| panic!("creating DatabaseUser {name}: {e}"))
+}
+
+/// Waits until the user's Ready condition has `status` and `reason`, for its current
+/// generation.
+async fn wait_user(s: &Setup, name: &str, status: &str, reason: &str) -> DatabaseUser {
+    wait_user_where(s, name, status, reason, |_| true).await
+}
+
+/// [`wait_user`], once `also` holds for the user too.
+async fn wait_user_where(
+    s: &Setup,
+    name: &str,
+    status: &str,
+    reason: &str,
+    also: impl Fn(&DatabaseUser) -> bool,
+) -> DatabaseUser {
+    let api = users(s);
+    let found = dbops_e2e::wait::wait_for(
+        &format!("DatabaseUser {name} Ready={status} ({reason})"),
+        READY,
+        || async { Ok(api.get_opt(name).await?.map(Shown)) },
+        |u| {
+            u.as_ref().is_some_and(|u| {
+                let st = u.0.status.as_ref();
+                st.is_some_and(|st| st.observed_generation == u.0.metadata.generation)
+                    && st
+                        .and_then(|st| st.conditions.iter().find(|c| c.type_ == "Ready"))
+                        .is_some_and(|c| c.status == status && c.reason == reason)
+                    && also(&u.0)
+            })
+        },
+    )
+    .await;
+    match found {
+        Ok(u) => u.map(|u| u.0).unwrap(),
+        Err(e) => panic!(
+            "{e:#}\n---- controller log tail ----\n{}",
+            s.controller_log(8000)
+        ),
+    }
+}
+
+/// A DatabaseUser shown by its status only (never a Secret).
+struct Shown(DatabaseUser);
+
+impl std::fmt::Debug for Shown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.0.status)
+    }
+}
+
+/// The connection Secret of a DatabaseUser, once it names `login` (any login if `None`).
+async fn user_secret(s: &Setup, name: &str, login: Option<&str>) -> Secret {
+    let secrets: Api<Secret> = Api::namespaced(s.b.client.clone(), s.ns());
+    let secret_name = format!("{name}-connection");
+    eventually(
+        &format!("Secret {secret_name} naming {login:?}"),
+        READY,
+        || async { Ok(secrets.get_opt(&secret_name).await?.map(Keys)) },
+        |found| {
+            found.as_ref().is_some_and(|k| {
+                login.is_none_or(|l| {
+                    k.0.data
+                        .as_ref()
+                        .and_then(|d| d.get("username"))
+                        .is_some_and(|u| u.0 == l.as_bytes())
+                })
+            })
+        },
+    )
+    .await
+    .map(|k| k.0)
+    .unwrap()
+}
+
+/// A Secret shown by its keys only.
+struct Keys(Secret);
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let keys: Vec<&String> = self.0.data.iter().flat_map(|d| d.keys()).collect();
+        write!(f, "Secret {:?} keys {keys:?}", self.0.metadata.name)
+    }
+}
+
+async fn connect_with(s: &Setup, secret: &Secret) -> tokio_postgres::Client {
+    connect(
+        "127.0.0.1",
+        s.pg.port(),
+        &value(secret, "username"),
+        &value(secret, "password"),
+        &value(secret, "dbname"),
+    )
+    .await
+    .unwrap()
+}
+
+/// The SQLSTATE of a statement that must fail.
+async fn refused(c: &tokio_postgres::Client, sql: &str) -> SqlState {
+    match c.batch_execute(sql).await {
+        Ok(()) => panic!("{sql:?} succeeded; it must be refused"),
+        Err(e) => e.code().cloned().unwrap_or_else(|| panic!("{sql:?}: {e}")),
+    }
+}
+
+async fn roles_like(s: &Setup, prefix: &str) -> Vec<String> {
+    let admin = s.pg.connect_as_superuser().await.unwrap();
+    admin
+        .query(
+            "SELECT rolname::text FROM pg_roles WHERE rolname LIKE $1 || '%' ORDER BY 1",
+            &[&prefix],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// What the owner makes before and after the users exist, and what each user may do.
+async fn privileges_hold_for_what_the_owner_creates_later(major: u32) {
+    let s = Setup::with_major(&format!("users{major}"), major).await;
+    s.create("shop", json!({})).await;
+    s.wait_ready("shop").await;
+    let owner = connect_with(&s, &s.connection_secret("shop").await).await;
+    owner
+        .batch_execute("CREATE TABLE before_users (id serial PRIMARY KEY, v text); INSERT INTO before_users (v) VALUES ('a')")
+        .await
+        .unwrap();
+
+    create_user(
+        &s,
+        "shop-ro",
+        json!({"databaseRef": {"name": "shop"}, "access": "ReadOnly"}),
+    )
+    .await;
+    create_user(
+        &s,
+        "shop-rw",
+        json!({"databaseRef": {"name": "shop"}, "access": "ReadWrite"}),
+    )
+    .await;
+    let ro = wait_user(&s, "shop-ro", "True", "UserReady").await;
+    wait_user(&s, "shop-rw", "True", "UserReady").await;
+    let status = ro.status.unwrap();
+    assert_eq!(status.role.as_deref(), Some("shop_shop_ro_1"));
+    assert_eq!(status.group_role.as_deref(), Some("shop_shop_ro"));
+
+    // Made by the owner after the users exist, in an existing schema and in a new one.
+    owner
+        .batch_execute(
+            "CREATE TABLE after_users (id serial PRIMARY KEY, v text); \
+             CREATE SCHEMA later; CREATE TABLE later.t (id bigserial PRIMARY KEY, v text); \
+             CREATE VIEW later.v AS SELECT * FROM later.t; \
+             INSERT INTO after_users (v) VALUES ('b'); INSERT INTO later.t (v) VALUES ('c')",
+        )
+        .await
+        .unwrap();
+
+    let ro = connect_with(&s, &user_secret(&s, "shop-ro", None).await).await;
+    for table in ["before_users", "after_users", "later.t", "later.v"] {
+        let n: i64 = ro
+            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+            .await
+            .unwrap_or_else(|e| panic!("ReadOnly cannot read {table} (major {major}): {e}"))
+            .get(0);
+        assert_eq!(n, 1, "{table}");
+    }
+    for sql in [
+        "INSERT INTO after_users (v) VALUES ('x')",
+        "UPDATE later.t SET v = 'x'",
+        "DELETE FROM before_users",
+        "SELECT nextval('later.t_id_seq')",
+        "DROP TABLE after_users",
+        "ALTER TABLE later.t ADD COLUMN w int",
+        "CREATE TABLE public.mine (id int)",
+        "CREATE TABLE later.mine (id int)",
+    ] {
+        let code = refused(&ro, sql).await;
+        assert!(
+            code == SqlState::INSUFFICIENT_PRIVILEGE,
+            "ReadOnly {sql:?} on {major}: {code:?}"
+        );
+    }
+
+    let rw = connect_with(&s, &user_secret(&s, "shop-rw", None).await).await;
+    rw.batch_execute(
+        "INSERT INTO after_users (v) VALUES ('rw'); INSERT INTO later.t (v) VALUES ('rw'); \
+         UPDATE before_users SET v = 'rw'; DELETE FROM later.t WHERE v = 'c'",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("ReadWrite DML (major {major}): {e}"));
+    for sql in [
+        "DROP TABLE after_users",
+        "ALTER TABLE later.t ADD COLUMN w int",
+        "CREATE TABLE public.mine (id int)",
+        "CREATE TABLE later.mine (id int)",
+        "CREATE SCHEMA mine",
+        "TRUNCATE after_users",
+    ] {
+        let code = refused(&rw, sql).await;
+        assert!(
+            code == SqlState::INSUFFICIENT_PRIVILEGE,
+            "ReadWrite {sql:?} on {major}: {code:?}"
+        );
+    }
+
+    // A user that covers one schema sees nothing elsewhere.
+    create_user(
+        &s,
+        "shop-later",
+        json!({"databaseRef": {"name": "shop"}, "schemas": ["later"]}),
+    )
+    .await;
+    wait_user(&s, "shop-later", "True", "UserReady").await;
+    let later = connect_with(&s, &user_secret(&s, "shop-later", None).await).await;
+    later
+        .query_one("SELECT count(*) FROM later.t", &[])
+        .await
+        .unwrap();
+    let code = refused(&later, "SELECT * FROM after_users").await;
+    assert_eq!(code, SqlState::INSUFFICIENT_PRIVILEGE);
+
+    // Converged: two resyncs later, no API write and no DDL by the controller.
+    let ns = s.ns().to_string();
+    let cp = s.b.cp;
+    let settle = RESYNC + RESYNC / 2;
+    eventually(
+        "the controller's writes to settle",
+        READY,
+        || async {
+            let writes =
+                cp.audit_writes(&crate::controller_user("database-controller"), Some(&ns))?;
+            Ok(writes.last().map(|w| {
+                k8s_openapi::jiff::Timestamp::now()
+                    .duration_since(w.timestamp)
+                    .unsigned_abs()
+            }))
+        },
+        |since_last| since_last.is_some_and(|d| d >= settle),
+    )
+    .await;
+    let writes_before = cp
+        .audit_writes(&crate::controller_user("database-controller"), Some(&ns))
+        .unwrap()
+        .len();
+    let ddl_before = s.pg.ddl_statements().unwrap().len();
+    let reconciles_before = reconciles(s.controller()).unwrap();
+    let quiet = holds_for(
+        "no API write and no DDL for converged users",
+        RESYNC * 2 + Duration::from_secs(1),
+        || async {
+            let writes =
+                cp.audit_writes(&crate::controller_user("database-controller"), Some(&ns))?;
+            let ddl = s.pg.ddl_statements()?;
+            Ok((
+                writes[writes_before.min(writes.len())..]
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>(),
+                ddl[ddl_before.min(ddl.len())..].to_vec(),
+            ))
+        },
+        |(writes, ddl)| writes.is_empty() && ddl.is_empty(),
+    )
+    .await;
+    if let Err(e) = quiet {
+        panic!(
+            "{e:#}\n---- controller log tail ----\n{}",
+            s.controller_log(6000)
+        );
+    }
+    assert!(reconciles(s.controller()).unwrap() - reconciles_before >= 2.0);
+
+    // Deleting a user ends its sessions and drops its roles; the data stays.
+    users(&s)
+        .delete("shop-rw", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the ReadWrite user's roles dropped",
+        READY,
+        || async { Ok(roles_like(&s, "shop_shop_rw").await) },
+        |r| r.is_empty(),
+    )
+    .await;
+    assert!(
+        rw.query_one("SELECT 1", &[]).await.is_err(),
+        "its session was ended"
+    );
+    let n: i64 = owner
+        .query_one("SELECT count(*) FROM after_users WHERE v = 'rw'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1, "the user's rows stay");
+}
+
+#[tokio::test]
+async fn privileges_hold_for_later_objects_on_13() {
+    privileges_hold_for_what_the_owner_creates_later(13).await;
+}
+
+#[tokio::test]
+async fn privileges_hold_for_later_objects_on_15() {
+    privileges_hold_for_what_the_owner_creates_later(15).await;
+}
+
+#[tokio::test]
+async fn guardrails_refuse_more_than_the_server_allows_and_apply_defaults() {
+    let s = Setup::new("userlimits").await;
+    let server = s.server(ADMIN_SECRET);
+    let servers: Api<dbops_api::DatabaseServer> = Api::all(s.b.client.clone());
+    servers
+        .patch(
+            &server,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "limits": {"connectionLimit": 5},
+                "sessionLimits": {"statementTimeout": {"default": "30s", "max": "1m"},
+                                  "workMem": {"max": "64MB"}},
+            }})),
+        )
+        .await
+        .unwrap();
+    // A Database over the ceiling is refused, naming the field; none is created.
+    s.create("greedy", json!({"connectionLimit": 10})).await;
+    let db = s
+        .wait("greedy", crate::database::not_ready("LimitExceeded"), READY)
+        .await;
+    let message = db
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap()
+        .message;
+    assert!(message.contains("spec.connectionLimit"), "{message}");
+    let admin = s.pg.connect_as_superuser().await.unwrap();
+    let exists = admin
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = 'greedy'", &[])
+        .await
+        .unwrap();
+    assert!(
+        exists.is_none(),
+        "nothing is created for a refused Database"
+    );
+
+    s.create("app", json!({})).await;
+    s.wait_ready("app").await;
+    // The owner gets the server's default, and -1 becomes the ceiling.
+    let row = admin
+        .query_one(
+            "SELECT datconnlimit, (SELECT array_to_string(setconfig, ',') FROM pg_db_role_setting x \
+               JOIN pg_roles r ON r.oid = x.setrole WHERE r.rolname = 'app' AND x.setdatabase = 0) \
+               FROM pg_database WHERE datname = 'app'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i32>(0), 5);
+    assert_eq!(
+        row.get::<_, Option<String>>(1).as_deref(),
+        Some("statement_timeout=30000")
+    );
+
+    create_user(
+        &s,
+        "app-reader",
+        json!({"databaseRef": {"name": "app"}, "connectionLimit": 10}),
+    )
+    .await;
+    let u = wait_user(&s, "app-reader", "False", "LimitExceeded").await;
+    let message = u.status.unwrap().conditions[0].message.clone();
+    assert!(message.contains("spec.connectionLimit"), "{message}");
+    assert!(
+        roles_like(&s, "app_app_reader").await.is_empty(),
+        "nothing created"
+    );
+
+    users(&s)
+        .patch(
+            "app-reader",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"connectionLimit": 3, "settings": {"statementTimeout": "2m"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let u = wait_user(&s, "app-reader", "False", "LimitExceeded").await;
+    let message = u.status.unwrap().conditions[0].message.clone();
+    assert!(
+        message.contains("spec.settings.statementTimeout"),
+        "{message}"
+    );
+
+    users(&s)
+        .patch(
+            "app-reader",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"settings": {"statementTimeout": "15s", "workMem": "8MB"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_user(&s, "app-reader", "True", "UserReady").await;
+    let reader = connect_with(&s, &user_secret(&s, "app-reader", None).await).await;
+    let show = |name: &'static str| {
+        let reader = &reader;
+        async move {
+            reader
+                .query_one(&format!("SHOW {name}"), &[])
+                .await
+                .unwrap()
+                .get::<_, String>(0)
+        }
+    };
+    assert_eq!(show("statement_timeout").await, "15s");
+    assert_eq!(show("work_mem").await, "8MB");
+    let limit: i32 = admin
+        .query_one(
+            "SELECT rolconnlimit FROM pg_roles WHERE rolname = 'app_app_reader_1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(limit, 3);
+}
+
+#[tokio::test]
+async fn a_secret_template_renders_escaped_and_a_bad_one_is_refused_before_any_write() {
+    let s = Setup::new("usertmpl").await;
+    s.create("tmpl", json!({
+        "secretTemplate": {"DATABASE_URL": "postgresql://{{ user }}:{{ password }}@{{ host }}:{{ port }}/{{ database }}?sslmode={{ sslmode }}"}
+    }))
+    .await;
+    s.wait_ready("tmpl").await;
+    let secret = s.connection_secret("tmpl").await;
+    let url = value(&secret, "DATABASE_URL");
+    assert_eq!(
+        url,
+        value(&secret, "uri"),
+        "the template renders as the controller's own uri"
+    );
+
+    create_user(
+        &s,
+        "tmpl-bad",
+        json!({"databaseRef": {"name": "tmpl"}, "secretTemplate": {"URL": "{{ nope }}"}}),
+    )
+    .await;
+    let u = wait_user(&s, "tmpl-bad", "False", "InvalidSecretTemplate").await;
+    let message = u.status.unwrap().conditions[0].message.clone();
+    assert!(message.contains("URL"), "{message}");
+    assert!(
+        roles_like(&s, "tmpl_tmpl_bad").await.is_empty(),
+        "nothing created"
+    );
+    let secrets: Api<Secret> = Api::namespaced(s.b.client.clone(), s.ns());
+    assert!(
+        secrets
+            .get_opt("tmpl-bad-connection")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    create_user(
+        &s,
+        "tmpl-app",
+        json!({"databaseRef": {"name": "tmpl"}, "secretTemplate": {
+            "DATABASE_URL": "postgresql://{{ user }}:{{ password }}@{{ host }}:{{ port }}/{{ database }}?sslmode={{ sslmode }}",
+            "SPRING_DATASOURCE_USERNAME": "{{ user }}",
+        }}),
+    )
+    .await;
+    wait_user(&s, "tmpl-app", "True", "UserReady").await;
+    let secret = user_secret(&s, "tmpl-app", None).await;
+    assert_eq!(
+        value(&secret, "SPRING_DATASOURCE_USERNAME"),
+        value(&secret, "username")
+    );
+    let url = value(&secret, "DATABASE_URL");
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let client = crate::database::connect_config(&config).await.unwrap();
+    client.query_one("SELECT 1", &[]).await.unwrap();
+}
+
+#[tokio::test]
+async fn rotation_keeps_a_live_application_working_through_two_rotations() {
+    let s = Setup::with_major("userrot", 17).await;
+    s.create("live", json!({})).await;
+    s.wait_ready("live").await;
+    let owner = connect_with(&s, &s.connection_secret("live").await).await;
+    owner
+        .batch_execute("CREATE TABLE t (id int)")
+        .await
+        .unwrap();
+    create_user(
+        &s,
+        "live-app",
+        json!({"databaseRef": {"name": "live"}, "access": "ReadWrite",
+               "passwordRotation": {"keepPrevious": "6s"}}),
+    )
+    .await;
+    wait_user(&s, "live-app", "True", "UserReady").await;
+
+    // The application: one session at a time, made from whatever the Secret says, a
+    // query every 50 ms; a failed query ends the session and the next one reconnects.
+    let secrets: Api<Secret> = Api::namespaced(s.b.client.clone(), s.ns());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let port = s.pg.port();
+    let app = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let (mut ok, mut cut, mut other) = (0u64, 0u64, Vec::new());
+            let mut session: Option<tokio_postgres::Client> = None;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if session.is_none() {
+                    let secret = secrets.get("live-app-connection").await.unwrap();
+                    match connect(
+                        "127.0.0.1",
+                        port,
+                        &value(&secret, "username"),
+                        &value(&secret, "password"),
+                        &value(&secret, "dbname"),
+                    )
+                    .await
+                    {
+                        Ok(c) => session = Some(c),
+                        Err(e) => other.push(format!("connect: {e:#}")),
+                    }
+                }
+                if let Some(c) = &session {
+                    match c.execute("INSERT INTO t VALUES (1)", &[]).await {
+                        Ok(_) => ok += 1,
+                        Err(e) if e.code() == Some(&SqlState::ADMIN_SHUTDOWN) || e.is_closed() => {
+                            cut += 1;
+                            session = None;
+                        }
+                        Err(e) => {
+                            other.push(format!("query: {e}"));
+                            session = None;
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (ok, cut, other)
+        })
+    };
+
+    let mut logins = vec![];
+    for round in 1..=2 {
+        let before = users(&s).get("live-app").await.unwrap().status.unwrap();
+        let previous = before.role.clone().unwrap();
+        users(&s)
+            .patch(
+                "live-app",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"dbops.dev/rotate": format!("round-{round}")}}})),
+            )
+            .await
+            .unwrap();
+        let next = if previous.ends_with("_1") {
+            previous.replace("_1", "_2")
+        } else {
+            previous.trim_end_matches("_2").to_string() + "_1"
+        };
+        let secret = user_secret(&s, "live-app", Some(&next)).await;
+        let after = wait_user_where(&s, "live-app", "True", "UserReady", |u| {
+            u.status.as_ref().and_then(|st| st.role.as_deref()) == Some(next.as_str())
+        })
+        .await
+        .status
+        .unwrap();
+        assert_eq!(after.role.as_deref(), Some(next.as_str()));
+        assert_eq!(after.previous_role.as_deref(), Some(previous.as_str()));
+        // Second precision (metav1.Time): a rotation in the creation's second keeps it.
+        assert!(
+            after.last_rotation >= before.last_rotation,
+            "lastRotation moves on"
+        );
+        assert_eq!(after.rotate_request, Some(format!("round-{round}")));
+        // The previous login keeps working until keepPrevious, then it cannot log in.
+        eventually(
+            &format!("login {previous} retired after keepPrevious"),
+            Duration::from_secs(40),
+            || async {
+                let admin = s.pg.connect_as_superuser().await?;
+                Ok(admin
+                    .query_one(
+                        "SELECT rolcanlogin FROM pg_roles WHERE rolname = $1",
+                        &[&previous],
+                    )
+                    .await?
+                    .get::<_, bool>(0))
+            },
+            |can| !*can,
+        )
+        .await;
+        assert!(
+            login(s.pg.port(), &next, &value(&secret, "password"), "live")
+                .await
+                .unwrap()
+        );
+        logins.push(next);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, cut, other) = app.await.unwrap();
+    assert!(
+        other.is_empty(),
+        "the application lost queries other than on cut sessions: {other:?}"
+    );
+    assert!(ok > 50, "the application ran ({ok} queries)");
+    assert!(cut <= 2, "at most one session cut per rotation ({cut})");
+    let rows: i64 = owner
+        .query_one("SELECT count(*) FROM t", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows as u64, ok, "every acknowledged insert is there");
+}
