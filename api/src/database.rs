@@ -1,6 +1,6 @@
 //! `Database`: a PostgreSQL database and its owner role on a server.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -200,6 +200,27 @@ pub struct DatabaseStatus {
     /// The database's size on disk (`pg_database_size`) at the last full check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<i64>,
+
+    /// The login the connection Secret names: the owner role, or after a password
+    /// rotation one of its two logins (`<owner>_1`, `<owner>_2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login: Option<String>,
+
+    /// The login before the last rotation, while it still works.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_login: Option<String>,
+
+    /// Until when `previousLogin` may log in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_valid_until: Option<Time>,
+
+    /// When the owner's password last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rotation: Option<Time>,
+
+    /// The value of the annotation `dbops.dev/rotate` last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotate_request: Option<String>,
 }
 
 /// Lifecycle phase of a Database.

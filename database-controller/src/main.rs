@@ -21,6 +21,7 @@
 mod delete;
 mod error;
 mod limits;
+mod owner_logins;
 mod plan;
 mod reconcile;
 mod restore;
@@ -169,7 +170,8 @@ async fn run(args: Args) -> Result<(), ControllerError> {
             let (db_secrets, user_secrets) = split_by_owner(tenants.triggers());
             // Status writes are the controller's own; Secrets, admin Secrets, Migrations
             // and final Backups have watches of their own, and the resync requeues.
-            let dbs = run.controller(watcher::Config::default(), Trigger::GenerationChange);
+            // Annotations too: `dbops.dev/rotate` asks for a rotation of the owner's password.
+            let dbs = run.controller(watcher::Config::default(), Trigger::GenerationOrAnnotations);
             let dbs = watches(dbs, &ctx, run.namespace(), db_secrets);
 
             // DatabaseUsers: a new generation or annotation (`dbops.dev/rotate`) of their
@@ -180,6 +182,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                 recorder: Recorder::new(client.clone(), controller::reporter(user::CONTROLLER)),
                 databases: databases.clone(),
                 tenants: tenants.clone(),
+                written: dbops_shared::memo::Memo::default(),
             };
             let user_ctx = run.context(user::CONTROLLER, user_state);
             let users = run.controller::<DatabaseUser>(

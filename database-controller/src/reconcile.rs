@@ -30,7 +30,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use crate::delete::cleanup;
 use crate::error::{Error, Result};
 use crate::plan::{self, Action as Step};
-use crate::{limits, restore, secret, sql, status};
+use crate::{limits, owner_logins, restore, secret, sql, status};
 
 pub const FINALIZER: &str = "dbops.dev/database-cleanup";
 pub const FIELD_MANAGER: &str = "dbops-database-controller";
@@ -204,7 +204,7 @@ impl Verified {
 }
 
 /// What a successful provisioning produced.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Provisioned {
     pub provider_id: String,
     pub server_version: String,
@@ -214,6 +214,8 @@ pub struct Provisioned {
     /// `pg_database_size` at the check, and the server's `limits.databaseSize`.
     pub size_bytes: i64,
     pub size_limit: Option<i64>,
+    /// The login in the connection Secret, and the rotation's state.
+    pub logins: crate::owner_logins::Logins,
 }
 
 pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Action> {
@@ -254,7 +256,11 @@ async fn reconcile_held(db: &Database, ctx: &Context<State>) -> Result<Action> {
     }
     status::publish(db, ctx, &api, &outcome, migration.as_deref()).await?;
     match outcome {
-        Ok(_) => Ok(Action::requeue(ctx.resync_interval)),
+        Ok(p) => Ok(Action::requeue(
+            p.logins
+                .next
+                .map_or(ctx.resync_interval, |n| n.min(ctx.resync_interval)),
+        )),
         // Nothing to retry until something changes; the watches and the resync notice.
         Err(Error::Blocked { .. }) => Ok(Action::requeue(ctx.resync_interval)),
         // Transient, a breaker refusal included: the error policy's per-object backoff
@@ -525,6 +531,7 @@ async fn provision(
         .state
         .verified
         .recent(&uid, generation, ctx.resync_interval / 2)
+        && !owner_logins::due(db, &ctx.state.written.latest(db), owner_logins::secs_now())
         && secret_is_current(db, ctx).await?
     {
         return Ok(done);
@@ -546,9 +553,16 @@ async fn secret_is_current(db: &Database, ctx: &Context<State>) -> Result<bool> 
     let Ok(target) = server_of(ctx, db).await else {
         return Ok(false);
     };
+    let login = secret::username(&existing).unwrap_or_else(|| db.owner_role());
     Ok(secret::kept_password(&existing).is_some_and(|password| {
-        secret::desired(db, &target, &password)
-            .is_ok_and(|desired| secret::is_current(&existing, &desired))
+        secret::desired_for(
+            &secret::Owner::database(db),
+            &db.database_name(),
+            &login,
+            &target,
+            &password,
+        )
+        .is_ok_and(|desired| secret::is_current(&existing, &desired))
     }))
 }
 
@@ -586,6 +600,14 @@ async fn provision_in_postgres(
     let mut session = admin_session(ctx, &target, "postgres").await?;
     let observed = sql::observe(&session, &role, &database).await?;
     let kept = existing.as_deref().and_then(secret::kept_password);
+    // The login the Secret names: the owner, or one of its rotation logins.
+    let kept_login = existing.as_deref().and_then(|s| {
+        Some(owner_logins::Kept {
+            login: secret::username(s)?,
+            password: secret::kept_password(s)?,
+        })
+    });
+    let owner_in_use = kept_login.as_ref().is_none_or(|k| k.login == role);
 
     // Plan (pure, see `plan`).
     let plan = plan::plan(
@@ -597,9 +619,10 @@ async fn provision_in_postgres(
             connection_limit,
             restore_from: db.spec.restore_from.is_some(),
             provisioned_before: status::provider_id(db).is_some(),
-            arriving: !already_on(db, &target.name),
+            // The owner's password matters only while the Secret names the owner.
+            arriving: !already_on(db, &target.name) && owner_in_use,
             migration_active,
-            password_kept: kept.is_some(),
+            password_kept: kept.is_some() || !owner_in_use,
         },
         &observed,
     )?;
@@ -607,7 +630,7 @@ async fn provision_in_postgres(
     let extensions = allowed_extensions(db, &target, &session).await?;
     // The password: kept while the Secret still holds the one written; otherwise new.
     let password = match kept {
-        Some(kept) if !plan.new_password => kept,
+        Some(kept) if !plan.new_password && owner_in_use => kept,
         _ => dbops_shared::postgres::generate_password(),
     };
 
@@ -632,6 +655,27 @@ async fn provision_in_postgres(
         confirm_live(ctx, db).await?;
         crate::user::sql::apply_settings(&mut session, &role, &changes).await?;
     }
+    // Password rotation: the owner's logins.
+    let logins = if owner_logins::in_play(db, kept_login.as_ref()) {
+        let mark = sql::mark(&uid);
+        owner_logins::converge(
+            db,
+            &ctx.state.written.latest(db),
+            &mut session,
+            kept_login.as_ref(),
+            &password,
+            &settings,
+            &mark,
+            || confirm_live(ctx, db),
+        )
+        .await?
+    } else {
+        owner_logins::Logins {
+            login: role.clone(),
+            password: password.clone(),
+            ..owner_logins::Logins::default()
+        }
+    };
     // Its size, for the status, the metric and the server's limits.databaseSize.
     let size_bytes = sql::database_size(&session, oid).await?;
     dbops_shared::metrics::set_database_size(&namespace, &db.name_any(), size_bytes);
@@ -656,7 +700,14 @@ async fn provision_in_postgres(
         }
     }
 
-    let desired = secret::desired(db, &target, &password).map_err(template_error)?;
+    let desired = secret::desired_for(
+        &secret::Owner::database(db),
+        &database,
+        &logins.login,
+        &target,
+        &logins.password,
+    )
+    .map_err(template_error)?;
     write_secret(ctx, &secrets, db, existing.as_deref(), &desired).await?;
 
     Ok(Provisioned {
@@ -672,6 +723,7 @@ async fn provision_in_postgres(
             .as_ref()
             .and_then(|l| l.database_size.as_deref())
             .and_then(limits::quantity_bytes),
+        logins,
     })
 }
 
@@ -945,6 +997,7 @@ mod tests {
             endpoint: "h:5432".into(),
             size_bytes: 0,
             size_limit: None,
+            logins: crate::owner_logins::Logins::default(),
         };
         verified.record("uid-1", 1, &p);
         assert_eq!(

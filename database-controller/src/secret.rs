@@ -81,6 +81,12 @@ pub fn kept_password(secret: &Secret) -> Option<String> {
     (recorded == &sha256_hex(&password) && !password.is_empty()).then_some(password)
 }
 
+/// The login a connection Secret names (`username`; the cache keeps it).
+pub fn username(secret: &Secret) -> Option<String> {
+    let value = secret.data.as_ref()?.get("username")?;
+    String::from_utf8(value.0.clone()).ok()
+}
+
 /// Whether `secret` is the connection Secret this very Database created: its controller
 /// owner reference carries the Database's UID. Anything else (a Secret someone made, or
 /// one of an earlier Database of the same name that garbage collection has not removed
@@ -131,7 +137,8 @@ fn encode(s: &str) -> String {
 /// The Secret as it should be: everything an application needs to connect to `server`
 /// with its TLS mode, the server's CA (`ca.crt`) when it has its own. A template that
 /// does not render (checked before anything is written, see `template::check`) is an
-/// error.
+/// error. (Tests: the controller names the login, see [`desired_for`].)
+#[cfg(test)]
 pub fn desired(db: &Database, server: &Resolved, password: &str) -> Result<Secret, TemplateError> {
     desired_for(
         &Owner::database(db),

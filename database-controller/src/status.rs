@@ -113,6 +113,15 @@ pub async fn publish(
             new.connection_secret = Some(db.connection_secret_name());
             new.server_version = Some(p.server_version.clone());
             new.size_bytes = Some(reported_size(old.size_bytes, p.size_bytes, p.size_limit));
+            new.login = Some(p.logins.login.clone());
+            new.previous_login = p.logins.previous.as_ref().map(|(l, _)| l.clone());
+            new.previous_valid_until = p.logins.previous.as_ref().and_then(|(_, until)| {
+                jiff::Timestamp::from_second(*until as i64)
+                    .ok()
+                    .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time)
+            });
+            new.last_rotation = p.logins.last_rotation.clone();
+            new.rotate_request = p.logins.rotate_request.clone();
             match p.size_limit {
                 Some(limit) => {
                     let over = p.size_bytes > limit;

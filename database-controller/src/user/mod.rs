@@ -22,7 +22,10 @@ pub mod sql;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use dbops_api::{Database, DatabaseUser, ROTATE_ANNOTATION, access::parse_duration, condition};
+use dbops_api::{
+    Database, DatabaseUser, DatabaseUserStatus, ROTATE_ANNOTATION, access::parse_duration,
+    condition,
+};
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, get, now, set_condition};
 use dbops_shared::controller::{Context, ReconcileError};
 use dbops_shared::events::Recorder;
@@ -56,6 +59,25 @@ pub struct State {
     /// The Database controller's cache.
     pub databases: Arc<OnceLock<Store<Database>>>,
     pub tenants: TenantSecrets,
+    /// The status last written for each DatabaseUser (by UID), until the cache shows it:
+    /// a reconcile on an older cached object must not act on an older status (it would
+    /// rotate twice).
+    pub written: dbops_shared::memo::Memo<DatabaseUserStatus>,
+}
+
+impl State {
+    /// The latest status: the one last written unless the cache already shows it.
+    fn latest(&self, user: &DatabaseUser) -> DatabaseUserStatus {
+        let uid = user.uid().unwrap_or_default();
+        let cached = user.status.clone().unwrap_or_default();
+        if self
+            .written
+            .forget_if(&uid, |w| user.status.as_ref() == Some(w))
+        {
+            return cached;
+        }
+        self.written.get(&uid, Clone::clone).unwrap_or(cached)
+    }
 }
 
 /// What a reconcile found and did: the status fields it sets.
@@ -208,9 +230,8 @@ fn rfc3339(epoch: f64) -> String {
         .map_or_else(|_| "infinity".to_string(), |t| t.to_string())
 }
 
-/// Whether a rotation is due, and why.
-fn rotation_due(user: &DatabaseUser, now: f64) -> Option<String> {
-    let status = user.status.clone().unwrap_or_default();
+/// Whether a rotation is due, and why (`status`: the latest written).
+fn rotation_due(user: &DatabaseUser, status: &DatabaseUserStatus, now: f64) -> Option<String> {
     if let Some(asked) = user.annotations().get(ROTATE_ANNOTATION)
         && status.rotate_request.as_ref() != Some(asked)
     {
@@ -297,7 +318,7 @@ async fn provision(user: &DatabaseUser, ctx: &Context<State>) -> Result<Done> {
     let role = |name: &str| roles.iter().find(|r| r.name == name);
 
     // The login in use and its password: the Secret's while it is ours and intact.
-    let status = user.status.clone().unwrap_or_default();
+    let status = ctx.state.latest(user);
     let on_this_server = status.server.as_deref() == Some(target.name.as_str());
     let kept = existing.as_deref().and_then(|s| {
         let name = s
@@ -312,7 +333,7 @@ async fn provision(user: &DatabaseUser, ctx: &Context<State>) -> Result<Done> {
     let mut last_rotation = status.last_rotation.clone();
     let mut rotate_request = status.rotate_request.clone();
     let (current, password, rotated) = match kept {
-        Some((name, password)) => match rotation_due(user, now) {
+        Some((name, password)) => match rotation_due(user, &status, now) {
             Some(why) => {
                 let next = if name == logins[0] {
                     &logins[1]
@@ -614,6 +635,7 @@ async fn cleanup(
         Err(e) => return Err(e),
     }
     dbops_shared::finalizer::set(user, api, FINALIZER, false).await?;
+    ctx.state.written.forget(&user.uid().unwrap_or_default());
     event(
         ctx,
         user,
@@ -638,7 +660,7 @@ async fn publish(
     api: &Api<DatabaseUser>,
     outcome: &Result<Done>,
 ) -> Result<()> {
-    let old = user.status.clone().unwrap_or_default();
+    let old = ctx.state.latest(user);
     let mut new = old.clone();
     let generation = user.metadata.generation;
     new.observed_generation = generation;

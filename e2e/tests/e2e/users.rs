@@ -657,3 +657,94 @@ async fn rotation_keeps_a_live_application_working_through_two_rotations() {
         .get(0);
     assert_eq!(rows as u64, ok, "every acknowledged insert is there");
 }
+
+#[tokio::test]
+async fn the_owners_password_rotates_and_what_it_creates_stays_the_owners() {
+    let s = Setup::with_major("ownerrot", 17).await;
+    s.create("rot", json!({"passwordRotation": {"keepPrevious": "5s"}}))
+        .await;
+    s.wait_ready("rot").await;
+    let first = s.connection_secret("rot").await;
+    assert_eq!(
+        value(&first, "username"),
+        "rot",
+        "before any rotation the owner logs in"
+    );
+    let before = connect_with(&s, &first).await;
+    before
+        .batch_execute("CREATE TABLE a (id int)")
+        .await
+        .unwrap();
+    create_user(&s, "rot-ro", json!({"databaseRef": {"name": "rot"}})).await;
+    wait_user(&s, "rot-ro", "True", "UserReady").await;
+    let databases = s.databases();
+
+    for (round, login, previous) in [(1, "rot_1", "rot"), (2, "rot_2", "rot_1")] {
+        databases
+            .patch(
+                "rot",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"dbops.dev/rotate": format!("{round}")}}}),
+                ),
+            )
+            .await
+            .unwrap();
+        let secret = user_secret(&s, "rot", Some(login)).await;
+        let owner = connect_with(&s, &secret).await;
+        let who: String = owner
+            .query_one("SELECT current_user::text", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(who, "rot", "a rotation login acts as the owner");
+        let table = format!("made_after_rotation_{round}");
+        owner
+            .batch_execute(&format!(
+                "CREATE TABLE {table} (id int); INSERT INTO {table} VALUES (1)"
+            ))
+            .await
+            .unwrap();
+        let admin = s.pg.connect_as_superuser_to("rot").await.unwrap();
+        let table_owner: String = admin
+            .query_one(
+                "SELECT tableowner::text FROM pg_tables WHERE tablename = $1",
+                &[&table],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(table_owner, "rot", "objects stay owned by the owner role");
+        let ro = connect_with(&s, &user_secret(&s, "rot-ro", None).await).await;
+        ro.query_one(&format!("SELECT count(*) FROM {table}"), &[])
+            .await
+            .unwrap_or_else(|e| {
+                panic!("the ReadOnly user reads what a rotated login created: {e}")
+            });
+        // The previous login stops after keepPrevious; its sessions end.
+        eventually(
+            &format!("login {previous} retired"),
+            Duration::from_secs(40),
+            || async {
+                let admin = s.pg.connect_as_superuser().await?;
+                Ok(admin
+                    .query_one(
+                        "SELECT rolcanlogin FROM pg_roles WHERE rolname = $1",
+                        &[&previous],
+                    )
+                    .await?
+                    .get::<_, bool>(0))
+            },
+            |can| !*can,
+        )
+        .await;
+        let db = s.wait_ready("rot").await;
+        let status = db.status.unwrap();
+        assert_eq!(status.login.as_deref(), Some(login));
+        assert_eq!(status.rotate_request, Some(format!("{round}")));
+    }
+    assert!(
+        before.query_one("SELECT 1", &[]).await.is_err(),
+        "the owner's own session ended"
+    );
+}
