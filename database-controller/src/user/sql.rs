@@ -553,6 +553,9 @@ pub async fn databases_depending_on(
 
 /// In the Database's database: whatever the roles own goes to the owner, and their
 /// privileges there (default ones included) are revoked (`REASSIGN OWNED`, `DROP OWNED`).
+/// A read-write transaction even where the database defaults to read-only ones: the
+/// source a Migration froze (`default_transaction_read_only`, kept with
+/// `sourceRetention: Keep`) still holds the privileges of the users that moved away.
 pub async fn disown(s: &mut Session, owner: &str, roles: &[String]) -> Result<(), PgError> {
     if roles.is_empty() {
         return Ok(());
@@ -565,6 +568,7 @@ pub async fn disown(s: &mut Session, owner: &str, roles: &[String]) -> Result<()
     in_transaction(
         s,
         &[
+            "SET TRANSACTION READ WRITE".to_string(),
             format!("REASSIGN OWNED BY {list} TO {}", quote_ident(owner)),
             format!("DROP OWNED BY {list}"),
         ],

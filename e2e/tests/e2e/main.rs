@@ -23,6 +23,7 @@ mod schedule;
 mod tenancy;
 mod traces;
 mod users;
+mod users_migration;
 
 use dbops_e2e::{ControlPlane, Kubectl, TestNamespace, controlplane::Options};
 use tokio::sync::OnceCell;
