@@ -182,6 +182,13 @@ async fn drop_owned(db: &Database, ctx: &Context<State>) -> Result<()> {
             tracing::info!(%server, database, "not dropping a database this Database did not create");
         }
     }
+    // The owner's rotation logins (`owner_logins`), marked as this Database's, go first.
+    for login in crate::owner_logins::logins(&role) {
+        let theirs = sql::observe(&session, &login, &database).await?;
+        if theirs.role_is_ours(&uid) {
+            sql::drop_role(&session, &login).await?;
+        }
+    }
     if role_is_ours {
         sql::drop_role(&session, &role).await?;
     }

@@ -747,4 +747,44 @@ async fn the_owners_password_rotates_and_what_it_creates_stays_the_owners() {
         before.query_one("SELECT 1", &[]).await.is_err(),
         "the owner's own session ended"
     );
+
+    // Deleted with policy Delete: the database, the owner and both of its logins go.
+    users(&s)
+        .delete("rot-ro", &DeleteParams::default())
+        .await
+        .unwrap();
+    databases
+        .patch(
+            "rot",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"deletionPolicy": "Delete"}})),
+        )
+        .await
+        .unwrap();
+    // The finalizer comes with the policy: deletion then drops what the Database made.
+    let db = eventually(
+        "the Delete policy's finalizer",
+        READY,
+        || async {
+            Ok(databases
+                .get("rot")
+                .await?
+                .metadata
+                .finalizers
+                .unwrap_or_default())
+        },
+        |f| f.iter().any(|f| f == "dbops.dev/database-cleanup"),
+    )
+    .await;
+    let _ = db;
+    let db = databases.get("rot").await.unwrap();
+    s.delete("rot").await;
+    s.wait_gone(&db, READY).await;
+    eventually(
+        "every role of the Database and its user gone",
+        READY,
+        || async { Ok(roles_like(&s, "rot").await) },
+        |r| r.is_empty(),
+    )
+    .await;
 }
