@@ -453,6 +453,7 @@ async fn examples_apply_and_print_their_columns() {
     assert!(out.success, "{}", out.text());
     for created in [
         "database.dbops.dev/orders",
+        "databaseuser.dbops.dev/orders-dashboard",
         "backup.dbops.dev/orders-manual-1",
         "migration.dbops.dev/orders-to-target",
     ] {
@@ -496,6 +497,14 @@ async fn examples_apply_and_print_their_columns() {
         .unwrap();
     let header = get.stdout.lines().next().unwrap_or_default().to_string();
     for column in ["NAME", "PHASE", "READY", "SERVER", "DATABASE", "AGE"] {
+        assert!(header.contains(column), "column {column} missing: {header}");
+    }
+    let get = b
+        .kubectl
+        .run(&["get", "dbuser", "-n", b.ns.name()], None)
+        .unwrap();
+    let header = get.stdout.lines().next().unwrap_or_default().to_string();
+    for column in ["NAME", "DATABASE", "ACCESS", "ROLE", "READY", "ROTATED"] {
         assert!(header.contains(column), "column {column} missing: {header}");
     }
     let get = b
