@@ -1142,6 +1142,10 @@ async fn backup_schedule_numbers_are_in_range() {
         "0 0 * * * *",
         "0 0 * *",
         "@fortnightly",
+        "abc * * * *",
+        "0 0 FOO * *",
+        "0 0 * FOO *",
+        "0 0 * * XYZ",
     ] {
         database_refused(
             &b,
@@ -1158,6 +1162,7 @@ async fn backup_schedule_numbers_are_in_range() {
         "0 0 L * *",
         "0 0 * * MON-FRI",
         "0 3 * JAN,JUL SUN",
+        "0 3 * jan-mar mon",
         "@daily",
         "@hourly",
     ]
