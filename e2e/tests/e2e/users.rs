@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use dbops_api::DatabaseUser;
-use dbops_e2e::wait::{eventually, holds_for};
+use dbops_e2e::wait::{Want, eventually, holds_for};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -348,7 +348,7 @@ async fn guardrails_refuse_more_than_the_server_allows_and_apply_defaults() {
             &server,
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": {
-                "limits": {"connectionLimit": 5},
+                "limits": {"connectionLimit": 5, "databaseSize": "1Mi"},
                 "sessionLimits": {"statementTimeout": {"default": "30s", "max": "1m"},
                                   "workMem": {"max": "64MB"}},
             }})),
@@ -461,6 +461,47 @@ async fn guardrails_refuse_more_than_the_server_allows_and_apply_defaults() {
         .unwrap()
         .get(0);
     assert_eq!(limit, 3);
+
+    // limits.databaseSize: an empty database (some MB) is over 1Mi: reported in status,
+    // as a condition with a Warning Event, and as a metric; nothing is refused.
+    let db = s
+        .wait(
+            "app",
+            Want::new("SizeExceeded", "True", Some("SizeExceeded")),
+            READY,
+        )
+        .await;
+    let size = db.status.as_ref().and_then(|st| st.size_bytes).unwrap();
+    assert!(size > 1 << 20, "status.sizeBytes {size}");
+    let (_, body) = s.controller().get("/metrics").unwrap();
+    let line = body
+        .lines()
+        .find(|l| l.starts_with("dbops_database_size_bytes{") && l.contains("database=\"app\""))
+        .unwrap_or_else(|| panic!("no dbops_database_size_bytes for app in:\n{body}"));
+    let metric: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(metric > (1 << 20) as f64, "{line}");
+    assert!(
+        s.events_for("app")
+            .await
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("SizeExceeded")),
+        "a Warning Event SizeExceeded"
+    );
+    // A higher limit clears it.
+    servers
+        .patch(
+            &server,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"limits": {"databaseSize": "10Gi"}}})),
+        )
+        .await
+        .unwrap();
+    s.wait(
+        "app",
+        Want::new("SizeExceeded", "False", Some("WithinLimit")),
+        READY,
+    )
+    .await;
 }
 
 #[tokio::test]
