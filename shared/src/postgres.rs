@@ -198,7 +198,7 @@ pub enum PgError {
         failure: tls::TlsFailure,
         message: String,
     },
-    #[error("{context}: {source}")]
+    #[error("{context}: {}", sql_message(source))]
     Sql {
         context: String,
         #[source]
@@ -260,6 +260,20 @@ fn classify(
             message: error_chain(&source),
         },
         _ => PgError::Sql { context, source },
+    }
+}
+
+/// What the server said (`ERROR: <message>`, never the DETAIL, which may quote values),
+/// or the client's own error chain: tokio-postgres shows a server error as "db error".
+fn sql_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!(
+            "{}: {} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        ),
+        None => error_chain(e),
     }
 }
 

@@ -449,7 +449,12 @@ pub async fn grant(
 ) -> Result<(), PgError> {
     let (tables, sequences) = privileges(access);
     let (o, g) = (quote_ident(owner), quote_ident(group));
-    let mut statements = Vec::new();
+    // One grant at a time per database: two users of one Database granting at once
+    // would meet "tuple concurrently updated" on the database's and schemas' ACLs.
+    let mut statements = vec![format!(
+        "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext({}))",
+        quote_literal(&format!("dbops.dev/grant/{database}"))
+    )];
     if found.public_create {
         // As the admin (public belongs to the bootstrap superuser before 15): CREATE in
         // public for the owner only, as PostgreSQL 15 has it.

@@ -838,3 +838,32 @@ async fn show(session: &dbops_shared::postgres::Session, name: &str) -> String {
         .unwrap()
         .get(0)
 }
+
+/// A server's error reaches conditions and logs with its message: tokio-postgres shows it
+/// as "db error" alone, and every SqlError condition read "<what>: db error" before.
+#[tokio::test]
+async fn a_sql_error_says_what_the_server_said() {
+    use dbops_shared::postgres::{Credentials, Endpoint, PgError, Servers};
+    let pg = PgServer::start("sqlerror").await.unwrap();
+    let endpoint = Endpoint::new("127.0.0.1", pg.port(), dbops_api::TlsMode::Disable);
+    let creds = Credentials {
+        username: "postgres".into(),
+        password: pg.superuser_password().into(),
+    };
+    let session = Servers::new(1, 5, Duration::from_secs(30))
+        .connect(&endpoint, &creds, "postgres")
+        .await
+        .unwrap();
+    let e = session
+        .batch_execute("GRANT SELECT ON TABLE no_such_table TO PUBLIC")
+        .await
+        .map_err(PgError::sql("granting"))
+        .unwrap_err();
+    let shown = e.to_string();
+    assert!(
+        shown.starts_with("granting: ERROR: relation \"no_such_table\" does not exist")
+            && shown.contains("SQLSTATE 42P01"),
+        "{shown}"
+    );
+    assert_eq!(e.reason(), "SqlError");
+}
