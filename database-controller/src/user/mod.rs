@@ -737,6 +737,12 @@ async fn publish(
         }
         Err(e) => return Err(e.into()),
     }
+    // Until the cache shows it (`State::latest`): a reconcile that starts before the watch
+    // delivers this write must not decide on the status before it (it rotated a second
+    // time for the same annotation value when the user watch lagged behind under load).
+    ctx.state
+        .written
+        .insert(&user.uid().unwrap_or_default(), new.clone());
     let before =
         get(&old.conditions, condition::READY).map(|c| (c.status.clone(), c.reason.clone()));
     if before != Some((status.as_str().to_string(), reason.to_string())) {
