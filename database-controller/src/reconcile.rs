@@ -592,6 +592,19 @@ async fn provision_in_postgres(
     // nothing happens on the server either.
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     let existing = cached_secret(ctx, db).await?;
+    // The cache may not show the Secret written last yet (its watch lags under load): when
+    // it names another login than the latest status, it is read from the API, or a
+    // rotation would be undone (the previous login given out again, the new one retired).
+    let latest_login = ctx.state.written.latest(db).login;
+    let existing = match (existing, latest_login.as_deref()) {
+        (Some(found), Some(login)) if secret::username(&found).is_some_and(|u| u != login) => {
+            secrets
+                .get_opt(&db.connection_secret_name())
+                .await?
+                .map(Arc::new)
+        }
+        (existing, _) => existing,
+    };
     if let Some(found) = &existing {
         secret::check_ours(found, db).map_err(secret_conflict)?;
     }
