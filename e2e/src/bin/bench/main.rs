@@ -1,5 +1,6 @@
 //! `dbops-bench backup`: see `backup.rs`; `dbops-bench secrets`: see `secrets.rs`;
-//! `dbops-bench outage`: see `outage.rs`; `dbops-bench migration`: see `migration.rs`.
+//! `dbops-bench outage`: see `outage.rs`; `dbops-bench migration`: see `migration.rs`;
+//! `dbops-bench users`: see `users.rs`.
 //!
 //! `dbops-bench databases`: N Databases applied at once on one PostgreSQL server, spread
 //! round-robin over `--namespaces` tenant namespaces, through the database-controller,
@@ -46,6 +47,7 @@ mod migration;
 mod outage;
 mod scale;
 mod secrets;
+mod users;
 
 #[derive(Parser, Debug)]
 #[command(name = "dbops-bench", about = "dbops benchmarks (reports, not tests)")]
@@ -70,6 +72,9 @@ enum Command {
     /// Write unavailability, duration and lost writes of a Migration in Dump and Logical
     /// mode, at a few database sizes, under a writer that follows the connection Secret.
     Migration(migration::MigrationArgs),
+    /// N Databases with DatabaseUsers each to Ready, then one password rotation of all of
+    /// them: time, API writes by kind, SQL.
+    Users(users::UsersArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -147,6 +152,7 @@ async fn main() -> Result<()> {
         Command::Outage(args) => outage::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,
         Command::Migration(args) => migration::run(args).await,
+        Command::Users(args) => users::run(args).await,
     }
 }
 

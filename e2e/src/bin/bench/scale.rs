@@ -20,7 +20,7 @@ const CONTROLLER: &str = "database-controller";
 
 /// The `application_name` of every PostgreSQL session the controllers open
 /// (`dbops_shared::postgres`); the servers' log line prefix shows it as `app=dbops`.
-const CONTROLLER_APP: &str = " app=dbops ";
+pub(crate) const CONTROLLER_APP: &str = " app=dbops ";
 
 /// The tenant namespaces of one run: `prefix` itself for one (the names the bench always
 /// used), `prefix-000`, `prefix-001`, ... for more.
@@ -109,7 +109,7 @@ pub(crate) async fn wait_readyz(controller: &ControllerProcess, limit: Duration)
 
 /// The sum of a metric's series (`name{...} value` lines) whose labels contain every one
 /// of `labels` (such as `controller="database-controller"`).
-fn metric_sum(body: &str, name: &str, labels: &[&str]) -> f64 {
+pub(crate) fn metric_sum(body: &str, name: &str, labels: &[&str]) -> f64 {
     body.lines()
         .filter_map(|l| l.strip_prefix(name))
         .filter(|rest| rest.starts_with('{') || rest.starts_with(' '))
@@ -311,7 +311,7 @@ fn controller_statements(log_path: &Path, offset: u64) -> Result<(usize, usize)>
 /// The SQL of a `log_statement` line: `LOG:  statement: <sql>` (simple query protocol) or
 /// `LOG:  execute <name>: <sql>` (extended protocol); `None` for any other line (DETAIL
 /// lines with a statement's parameters included).
-fn statement_of(line: &str) -> Option<&str> {
+pub(crate) fn statement_of(line: &str) -> Option<&str> {
     if let Some((_, sql)) = line.split_once("LOG:  statement: ") {
         return Some(sql);
     }
@@ -321,7 +321,7 @@ fn statement_of(line: &str) -> Option<&str> {
 
 /// Whether a logged statement (a simple query may hold several, `;`-separated) has one
 /// starting with CREATE, ALTER, DROP, GRANT, REVOKE or COMMENT.
-fn is_ddl(sql: &str) -> bool {
+pub(crate) fn is_ddl(sql: &str) -> bool {
     const DDL: [&str; 6] = ["CREATE", "ALTER", "DROP", "GRANT", "REVOKE", "COMMENT"];
     sql.split(';').any(|part| {
         let word = part
