@@ -46,14 +46,14 @@ const CONTROLLERS: [&str; 3] = [
     "backup-controller",
     "migration-controller",
 ];
-/// Objects `kubectl apply -k deploy/` sends: the Namespace, 4 CRDs, the backup store's
+/// Objects `kubectl apply -k deploy/` sends: the Namespace, 5 CRDs, the backup store's
 /// PersistentVolumeClaim, per controller a ServiceAccount, ClusterRole,
 /// ClusterRoleBinding, two Roles and RoleBindings (its Lease; the DatabaseServers' admin
 /// and CA Secrets), Deployment, PodDisruptionBudget, Service and NetworkPolicy, for the
 /// backup- and database-controller a Role and RoleBinding (the backup store's registration
 /// ConfigMap), and the database-controller's ClusterRole of the Secret verbs it binds in
 /// tenant namespaces.
-const DEPLOY_OBJECTS: usize = 1 + 4 + 1 + 3 * 11 + 2 * 2 + 1;
+const DEPLOY_OBJECTS: usize = 1 + 5 + 1 + 3 * 11 + 2 * 2 + 1;
 
 fn deploy_dir() -> PathBuf {
     paths::repo_root().join("deploy")

@@ -546,8 +546,9 @@ async fn two_replicas_create_one_backup_per_slot() {
         w.start_backup_controller(user);
     }
     w.create_database("orders", 2).await;
-    // The CEL rule checks the shape only: minute 61 is the scheduler's to refuse.
-    w.create_database_with("bad", "61 * * * *", 1).await;
+    // The CEL rule checks each field's range (minute 61 is refused by the API server now);
+    // February 31st passes it and never comes: the scheduler's to refuse.
+    w.create_database_with("bad", "0 0 31 2 *", 1).await;
 
     let all = w
         .wait_scheduled("orders", "a first Backup", FIRST_SLOT, |all| {
@@ -612,7 +613,7 @@ async fn two_replicas_create_one_backup_per_slot() {
     assert!(
         events
             .iter()
-            .any(|(type_, note)| type_ == "Warning" && note.contains("61 * * * *")),
+            .any(|(type_, note)| type_ == "Warning" && note.contains("0 0 31 2 *")),
         "{events:?}"
     );
     assert!(w.scheduled("bad").await.unwrap().is_empty());
