@@ -86,6 +86,10 @@ pub struct UsersArgs {
     /// The bound of each wait (all Ready, all rotated, all retired), seconds.
     #[arg(long, default_value_t = 1800)]
     timeout_secs: u64,
+    /// A wait fails sooner when no object got done for this long, seconds (naming some
+    /// that are not done).
+    #[arg(long, default_value_t = 300)]
+    stall_secs: u64,
     /// The controller's `--log-filter`.
     #[arg(long, default_value = "warn")]
     controller_log_filter: String,
@@ -103,8 +107,11 @@ impl UsersArgs {
     fn objects(&self) -> usize {
         self.databases as usize + self.users()
     }
-    fn limit(&self) -> Duration {
-        Duration::from_secs(self.timeout_secs)
+    fn limit(&self) -> Bound {
+        Bound {
+            total: Duration::from_secs(self.timeout_secs),
+            stall: Duration::from_secs(self.stall_secs),
+        }
     }
 }
 
@@ -456,6 +463,11 @@ fn kind_of(w: &AuditWrite) -> String {
 }
 
 pub async fn run(args: UsersArgs) -> Result<()> {
+    ensure!(
+        dbops_api::access::parse_duration(&args.keep_previous).is_some(),
+        "--keep-previous must be a duration such as 10s or 1m, not {:?}",
+        args.keep_previous
+    );
     // Control plane, server, controller: each stopped (and its directory removed) when
     // dropped, in reverse order, whatever happens below.
     let (tmp, cp, client) = crate::start_control_plane("dbops-bench-users-").await?;
@@ -698,13 +710,21 @@ fn password(s: &Secret) -> Option<String> {
         .map(|v| String::from_utf8_lossy(&v.0).into_owned())
 }
 
+/// The bound of a wait: in all, and without progress (no object newly done).
+#[derive(Clone, Copy, Debug)]
+struct Bound {
+    total: Duration,
+    stall: Duration,
+}
+
 /// Waits (one watch, no polling) until `want` objects of `api` satisfy `done` in their
-/// latest version; the seconds since `t0` then. At most `limit`.
+/// latest version; the seconds since `t0` then. At most `bound.total`, and fails sooner
+/// when no object became done for `bound.stall`, naming some that are not.
 async fn wait_all<K>(
     api: Api<K>,
     want: usize,
     t0: Instant,
-    limit: Duration,
+    bound: Bound,
     done: impl Fn(&K) -> bool,
 ) -> Result<f64>
 where
@@ -712,22 +732,40 @@ where
     K::DynamicType: Default,
 {
     let kind = K::kind(&K::DynamicType::default()).to_string();
-    let mut hits: HashSet<String> = HashSet::new();
+    let mut seen: BTreeMap<String, bool> = BTreeMap::new();
     let stream = watcher(api, watcher::Config::default()).applied_objects();
     futures::pin_mut!(stream);
-    let deadline = tokio::time::sleep(limit);
-    tokio::pin!(deadline);
+    let deadline = tokio::time::Instant::now() + bound.total;
+    let mut progress = tokio::time::Instant::now();
+    let not_done = |seen: &BTreeMap<String, bool>| {
+        let names: Vec<&str> = seen
+            .iter()
+            .filter(|(_, d)| !**d)
+            .map(|(n, _)| n.as_str())
+            .take(5)
+            .collect();
+        let done = seen.values().filter(|d| **d).count();
+        format!(
+            "{done} of {want} {kind}s done, {} seen; not done: {}",
+            seen.len(),
+            names.join(", ")
+        )
+    };
     loop {
         tokio::select! {
-            _ = &mut deadline => bail!("only {} of {want} {kind}s done after {limit:?}", hits.len()),
+            _ = tokio::time::sleep_until(deadline) => {
+                bail!("{} after {:?}", not_done(&seen), bound.total)
+            }
+            _ = tokio::time::sleep_until(progress + bound.stall) => {
+                bail!("{}; none newly done for {:?}", not_done(&seen), bound.stall)
+            }
             next = stream.try_next() => {
                 let Some(obj) = next? else { bail!("the {kind} watch ended") };
-                if done(&obj) {
-                    hits.insert(obj.name_any());
-                } else {
-                    hits.remove(&obj.name_any());
+                let is_done = done(&obj);
+                if seen.insert(obj.name_any(), is_done) != Some(true) && is_done {
+                    progress = tokio::time::Instant::now();
                 }
-                if hits.len() >= want {
+                if seen.values().filter(|d| **d).count() >= want {
                     return Ok(t0.elapsed().as_secs_f64());
                 }
             }
@@ -794,6 +832,12 @@ async fn rotate(
     let mark = bed.mark().await?;
     let t0 = mark.t0;
     let limit = args.limit();
+    // Nothing is retired before keepPrevious is up: that is no stall.
+    let keep = dbops_api::access::parse_duration(&args.keep_previous).unwrap_or_default();
+    let retire_limit = Bound {
+        total: limit.total + keep,
+        stall: limit.stall + keep,
+    };
     // Rotated: the Secret holds another credential; the status shows the request.
     let secrets_flipped = {
         let before = by_secret.clone();
@@ -846,7 +890,7 @@ async fn rotate(
             dbs.clone(),
             args.databases as usize,
             t0,
-            limit,
+            retire_limit,
             move |d: &Database| {
                 d.status.as_ref().is_some_and(|s| {
                     s.rotate_request.as_deref() == Some(request.as_str())
@@ -862,7 +906,7 @@ async fn rotate(
             users.clone(),
             args.users(),
             t0,
-            limit,
+            retire_limit,
             move |u: &DatabaseUser| {
                 u.status.as_ref().is_some_and(|s| {
                     s.rotate_request.as_deref() == Some(request.as_str())
