@@ -25,6 +25,7 @@ mod owner_logins;
 mod plan;
 mod reconcile;
 mod restore;
+mod rotation;
 mod secret;
 mod server;
 mod sql;

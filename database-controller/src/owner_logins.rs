@@ -17,12 +17,13 @@
 
 use std::time::Duration;
 
-use dbops_api::{Database, DatabaseStatus, ROTATE_ANNOTATION, access::parse_duration};
+use dbops_api::{Database, DatabaseStatus, ROTATE_ANNOTATION};
 use dbops_shared::postgres::Session;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use crate::error::{Error, Result};
+use crate::rotation;
 use crate::user::sql;
 
 /// The owner's two logins.
@@ -77,22 +78,16 @@ pub fn in_play(db: &Database, kept: Option<&Kept>) -> bool {
         || kept.is_some_and(|k| k.login != db.owner_role())
 }
 
-/// Whether a rotation is due now, and why. `status` is the latest one written (the
-/// cached object may not show it yet: deciding on it would rotate twice).
+/// Whether a rotation of the owner's password is due now, and why (`status`: the latest
+/// written; see `rotation::due`).
 pub fn rotation_due(db: &Database, status: &DatabaseStatus, now: f64) -> Option<String> {
-    if let Some(asked) = db.annotations().get(ROTATE_ANNOTATION)
-        && status.rotate_request.as_ref() != Some(asked)
-    {
-        return Some(format!("asked for by {ROTATE_ANNOTATION}={asked:?}"));
-    }
-    let every = db
-        .spec
-        .password_rotation
-        .as_ref()
-        .and_then(|r| r.every.as_deref())
-        .and_then(parse_duration)?;
-    let last = status.last_rotation.as_ref()?.0.as_millisecond() as f64 / 1000.0;
-    (now >= last + every.as_secs_f64()).then(|| "due by passwordRotation.every".to_string())
+    rotation::due(
+        db.annotations(),
+        db.spec.password_rotation.as_ref(),
+        status.rotate_request.as_ref(),
+        status.last_rotation.as_ref(),
+        now,
+    )
 }
 
 /// Whether a full check is due for rotation's sake: a rotation, or a previous login's end.
@@ -101,18 +96,7 @@ pub fn due(db: &Database, status: &DatabaseStatus, now: f64) -> bool {
         || status
             .previous_valid_until
             .as_ref()
-            .is_some_and(|t| (t.0.as_millisecond() as f64 / 1000.0) <= now)
-}
-
-pub fn secs_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
-fn rfc3339(epoch: f64) -> String {
-    jiff::Timestamp::from_millisecond((epoch * 1000.0) as i64)
-        .map_or_else(|_| "infinity".to_string(), |t| t.to_string())
+            .is_some_and(|t| rotation::epoch(t) <= now)
 }
 
 /// Brings the owner's logins to what rotation asks (see the module's documentation), on
@@ -135,7 +119,7 @@ where
     Fut: std::future::Future<Output = Result<()>>,
 {
     let owner = db.owner_role();
-    let now = secs_now();
+    let now = rotation::secs_now();
     let [first, second] = logins(&owner);
     let mut names = vec![owner.clone(), first.clone(), second.clone()];
     names.dedup();
@@ -195,15 +179,10 @@ where
     // The previous login's expiry first.
     let mut previous = None;
     if let Some(prev) = &rotated {
-        let keep = db
-            .spec
-            .password_rotation
-            .as_ref()
-            .and_then(|r| parse_duration(&r.keep_previous))
-            .unwrap_or(Duration::from_secs(3600));
+        let keep = rotation::keep_previous(db.spec.password_rotation.as_ref());
         let until = now + keep.as_secs_f64();
         confirm().await?;
-        sql::keep_until(session, prev, &rfc3339(until)).await?;
+        sql::keep_until(session, prev, &rotation::rfc3339(until)).await?;
         previous = Some((prev.clone(), until));
     }
     // The login in use (the owner's own login is the plan's).
@@ -250,22 +229,12 @@ where
             }
         }
     }
-    let mut next = previous
-        .as_ref()
-        .map(|(_, until)| Duration::from_secs_f64((until - now).max(0.0) + 1.0));
-    if let Some(every) = db
-        .spec
-        .password_rotation
-        .as_ref()
-        .and_then(|r| r.every.as_deref())
-        .and_then(parse_duration)
-    {
-        let last = last_rotation
-            .as_ref()
-            .map_or(now, |t| t.0.as_millisecond() as f64 / 1000.0);
-        let due = Duration::from_secs_f64((last + every.as_secs_f64() - now).max(0.0) + 1.0);
-        next = Some(next.map_or(due, |n| n.min(due)));
-    }
+    let next = rotation::next_due(
+        previous.as_ref().map(|(_, until)| *until),
+        db.spec.password_rotation.as_ref(),
+        last_rotation.as_ref(),
+        now,
+    );
     Ok(Logins {
         login: current,
         password,

@@ -293,11 +293,16 @@ pub(crate) async fn confirm_live(ctx: &Context<State>, db: &Database) -> Result<
     }
 }
 
-/// Why `held`, the Database a reconcile read, is no longer the one to act for, given
-/// `live`, the object of that name now (`None`: there is none); `None` while it still is.
-pub(crate) fn superseded(held: &Database, live: Option<&Database>) -> Option<String> {
+/// Why `held`, the object a reconcile read (a Database, a DatabaseUser), is no longer the
+/// one to act for, given `live`, the object of that name now (`None`: there is none);
+/// `None` while it still is.
+pub(crate) fn superseded<K>(held: &K, live: Option<&K>) -> Option<String>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
     let what = format!(
-        "Database {}/{} (UID {})",
+        "{} {}/{} (UID {})",
+        K::kind(&()),
         held.namespace().unwrap_or_default(),
         held.name_any(),
         held.uid().unwrap_or_default()
@@ -307,18 +312,19 @@ pub(crate) fn superseded(held: &Database, live: Option<&Database>) -> Option<Str
     };
     if live.uid() != held.uid() {
         return Some(format!(
-            "{what} was deleted; the Database of that name now is UID {}",
+            "{what} was deleted; the {} of that name now is UID {}",
+            K::kind(&()),
             live.uid().unwrap_or_default()
         ));
     }
-    if live.metadata.deletion_timestamp.is_some() && held.metadata.deletion_timestamp.is_none() {
+    if live.meta().deletion_timestamp.is_some() && held.meta().deletion_timestamp.is_none() {
         return Some(format!("{what} is being deleted"));
     }
-    if live.metadata.generation != held.metadata.generation {
+    if live.meta().generation != held.meta().generation {
         return Some(format!(
             "{what} is at generation {} now; this reconcile read generation {}",
-            live.metadata.generation.unwrap_or_default(),
-            held.metadata.generation.unwrap_or_default()
+            live.meta().generation.unwrap_or_default(),
+            held.meta().generation.unwrap_or_default()
         ));
     }
     None
@@ -531,7 +537,11 @@ async fn provision(
         .state
         .verified
         .recent(&uid, generation, ctx.resync_interval / 2)
-        && !owner_logins::due(db, &ctx.state.written.latest(db), owner_logins::secs_now())
+        && !owner_logins::due(
+            db,
+            &ctx.state.written.latest(db),
+            crate::rotation::secs_now(),
+        )
         && secret_is_current(db, ctx).await?
     {
         return Ok(done);

@@ -257,7 +257,7 @@ pub fn desired_for(
 }
 
 /// Every key [`desired`] may write (`ca.crt` only when the server has a CA of its own).
-const OWN_KEYS: [&str; 15] = [
+pub(crate) const OWN_KEYS: [&str; 15] = [
     "host",
     "port",
     "dbname",

@@ -28,23 +28,7 @@ use minijinja::{
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 /// The keys the controller writes itself: no template may replace one.
-pub const RESERVED_KEYS: [&str; 15] = [
-    "host",
-    "port",
-    "dbname",
-    "username",
-    "password",
-    "uri",
-    "jdbc-url",
-    "PGHOST",
-    "PGPORT",
-    "PGDATABASE",
-    "PGUSER",
-    "PGPASSWORD",
-    "sslmode",
-    "PGSSLMODE",
-    "ca.crt",
-];
+pub const RESERVED_KEYS: [&str; 15] = crate::secret::OWN_KEYS;
 
 /// At most this many templates in one `secretTemplate`.
 pub const MAX_KEYS: usize = 32;

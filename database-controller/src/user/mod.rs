@@ -22,10 +22,7 @@ pub mod sql;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use dbops_api::{
-    Database, DatabaseUser, DatabaseUserStatus, ROTATE_ANNOTATION, access::parse_duration,
-    condition,
-};
+use dbops_api::{Database, DatabaseUser, DatabaseUserStatus, ROTATE_ANNOTATION, condition};
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, get, now, set_condition};
 use dbops_shared::controller::{Context, ReconcileError};
 use dbops_shared::events::Recorder;
@@ -42,7 +39,7 @@ use serde_json::json;
 use crate::error::{Error, Result};
 use crate::reconcile::{already_on, server_error, template_error};
 use crate::secret::{self, Owner};
-use crate::{limits, tenant_secrets::TenantSecrets};
+use crate::{limits, rotation, tenant_secrets::TenantSecrets};
 
 /// The controller name: metrics label, Event reporter `dbops-user-controller`.
 pub const CONTROLLER: &str = "user-controller";
@@ -194,24 +191,9 @@ async fn confirm_live(ctx: &Context<State>, user: &DatabaseUser) -> Result<()> {
         Api::namespaced(ctx.client.clone(), &user.namespace().unwrap_or_default());
     let by_name = ListParams::default().fields(&format!("metadata.name={}", user.name_any()));
     let live = api.list(&by_name).await?.items.into_iter().next();
-    let what = format!(
-        "DatabaseUser {} (UID {})",
-        user.name_any(),
-        user.uid().unwrap_or_default()
-    );
-    match live {
-        None => Err(Error::Superseded(format!("{what} is gone"))),
-        Some(l) if l.uid() != user.uid() => Err(Error::Superseded(format!("{what} was replaced"))),
-        Some(l)
-            if l.metadata.deletion_timestamp.is_some()
-                && user.metadata.deletion_timestamp.is_none() =>
-        {
-            Err(Error::Superseded(format!("{what} is being deleted")))
-        }
-        Some(l) if l.metadata.generation != user.metadata.generation => {
-            Err(Error::Superseded(format!("{what} has a new generation")))
-        }
-        Some(_) => Ok(()),
+    match crate::reconcile::superseded(user, live.as_ref()) {
+        Some(why) => Err(Error::Superseded(why)),
+        None => Ok(()),
     }
 }
 
@@ -229,52 +211,6 @@ async fn existing_secret(
     }
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     Ok(secrets.get_opt(&name).await?.map(Arc::new))
-}
-
-fn secs_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
-fn rfc3339(epoch: f64) -> String {
-    jiff::Timestamp::from_millisecond((epoch * 1000.0) as i64)
-        .map_or_else(|_| "infinity".to_string(), |t| t.to_string())
-}
-
-/// Whether a rotation is due, and why (`status`: the latest written).
-fn rotation_due(user: &DatabaseUser, status: &DatabaseUserStatus, now: f64) -> Option<String> {
-    if let Some(asked) = user.annotations().get(ROTATE_ANNOTATION)
-        && status.rotate_request.as_ref() != Some(asked)
-    {
-        return Some(format!(
-            "asked for by the annotation {ROTATE_ANNOTATION}={asked:?}"
-        ));
-    }
-    let every = user
-        .spec
-        .password_rotation
-        .as_ref()
-        .and_then(|r| r.every.as_deref())
-        .and_then(parse_duration)?;
-    let last = status.last_rotation.as_ref()?.0.as_millisecond() as f64 / 1000.0;
-    (now >= last + every.as_secs_f64()).then(|| format!("due every {}", rotation_every(user)))
-}
-
-fn rotation_every(user: &DatabaseUser) -> String {
-    user.spec
-        .password_rotation
-        .as_ref()
-        .and_then(|r| r.every.clone())
-        .unwrap_or_default()
-}
-
-fn keep_previous(user: &DatabaseUser) -> Duration {
-    user.spec
-        .password_rotation
-        .as_ref()
-        .and_then(|r| parse_duration(&r.keep_previous))
-        .unwrap_or(Duration::from_secs(3600))
 }
 
 async fn provision(user: &DatabaseUser, ctx: &Context<State>) -> Result<Done> {
@@ -357,11 +293,17 @@ async fn provision(user: &DatabaseUser, ctx: &Context<State>) -> Result<Done> {
         let password = secret::kept_password(s)?;
         logins.contains(&name).then_some((name, password))
     });
-    let now = secs_now();
+    let now = rotation::secs_now();
     let mut last_rotation = status.last_rotation.clone();
     let mut rotate_request = status.rotate_request.clone();
     let (current, password, rotated) = match kept {
-        Some((name, password)) => match rotation_due(user, &status, now) {
+        Some((name, password)) => match rotation::due(
+            user.annotations(),
+            user.spec.password_rotation.as_ref(),
+            status.rotate_request.as_ref(),
+            status.last_rotation.as_ref(),
+            now,
+        ) {
             Some(why) => {
                 let next = if name == logins[0] {
                     &logins[1]
@@ -391,7 +333,7 @@ async fn provision(user: &DatabaseUser, ctx: &Context<State>) -> Result<Done> {
         .and_then(secret::kept_password)
         .is_none_or(|p| p != password);
     if rotated.is_some() || fresh_password {
-        last_rotation = Some(now_time());
+        last_rotation = Some(dbops_shared::conditions::now());
     }
     if rotated.is_some() || status.rotate_request.is_none() {
         rotate_request = user.annotations().get(ROTATE_ANNOTATION).cloned();
@@ -412,9 +354,10 @@ async fn provision(user: &DatabaseUser, ctx: &Context<State>) -> Result<Done> {
     // The previous login's expiry first (see the module's documentation).
     let mut previous = None;
     if let Some(prev) = &rotated {
-        let until = now + keep_previous(user).as_secs_f64();
+        let until =
+            now + rotation::keep_previous(user.spec.password_rotation.as_ref()).as_secs_f64();
         confirm_live(ctx, user).await?;
-        sql::keep_until(&session, prev, &rfc3339(until)).await?;
+        sql::keep_until(&session, prev, &rotation::rfc3339(until)).await?;
         previous = Some((prev.clone(), until));
     }
     // The current login.
@@ -432,7 +375,6 @@ async fn provision(user: &DatabaseUser, ctx: &Context<State>) -> Result<Done> {
         sql::repair(&mut session, &want, h).await?;
     }
     // The other login: working until its expiry, then retired.
-    let mut next: Option<Duration> = None;
     let other = if current == logins[0] {
         &logins[1]
     } else {
@@ -460,22 +402,12 @@ async fn provision(user: &DatabaseUser, ctx: &Context<State>) -> Result<Done> {
             }
         }
     }
-    if let Some((_, until)) = &previous {
-        next = Some(Duration::from_secs_f64((until - now).max(0.0) + 1.0));
-    }
-    if let Some(every) = user
-        .spec
-        .password_rotation
-        .as_ref()
-        .and_then(|r| r.every.as_deref())
-        .and_then(parse_duration)
-    {
-        let last = last_rotation
-            .as_ref()
-            .map_or(now, |t| t.0.as_millisecond() as f64 / 1000.0);
-        let due = Duration::from_secs_f64((last + every.as_secs_f64() - now).max(0.0) + 1.0);
-        next = Some(next.map_or(due, |n| n.min(due)));
-    }
+    let next = rotation::next_due(
+        previous.as_ref().map(|(_, until)| *until),
+        user.spec.password_rotation.as_ref(),
+        last_rotation.as_ref(),
+        now,
+    );
     drop(session);
 
     // Privileges, in the Database's own database.
@@ -544,10 +476,6 @@ async fn provision(user: &DatabaseUser, ctx: &Context<State>) -> Result<Done> {
         missing_schemas: grants.missing_schemas,
         former_server,
     })
-}
-
-fn now_time() -> Time {
-    now()
 }
 
 /// Drops the user's roles (marked as this DatabaseUser's) on `server`: in each database

@@ -330,6 +330,85 @@ impl Setup {
         )
         .await;
     }
+    /// Waits until the controller's writes settle, then asserts that over two resyncs it
+    /// writes nothing to the API and runs no DDL on the server, and that it did look
+    /// (at least two reconciles): what converged objects must cost.
+    pub(crate) async fn assert_quiet(&self) {
+        let cp = self.b.cp;
+        let ns = self.ns().to_string();
+
+        // Settled: no write by the controller for a full resync and a half.
+        let settle = RESYNC + RESYNC / 2;
+        eventually(
+            "the controller's writes to settle",
+            READY,
+            || async {
+                let writes =
+                    cp.audit_writes(&crate::controller_user("database-controller"), Some(&ns))?;
+                let since_last = writes.last().map(|w| {
+                    k8s_openapi::jiff::Timestamp::now()
+                        .duration_since(w.timestamp)
+                        .unsigned_abs()
+                });
+                // The latest few, for the failure message when they never stop.
+                let latest: Vec<String> = writes
+                    .iter()
+                    .rev()
+                    .take(6)
+                    .map(ToString::to_string)
+                    .collect();
+                Ok((writes.len(), since_last, latest))
+            },
+            |(n, since_last, _)| *n > 0 && since_last.is_some_and(|d| d >= settle),
+        )
+        .await;
+
+        let writes_before = cp
+            .audit_writes(&crate::controller_user("database-controller"), Some(&ns))
+            .unwrap()
+            .len();
+        let ddl_before = self.pg.ddl_statements().unwrap().len();
+        let reconciles_before = reconciles(self.controller()).unwrap();
+        let window = RESYNC * 2 + Duration::from_secs(1);
+        let observed = holds_for(
+            "no API write and no DDL by the controller",
+            window,
+            || async {
+                let writes =
+                    cp.audit_writes(&crate::controller_user("database-controller"), Some(&ns))?;
+                let ddl = self.pg.ddl_statements()?;
+                Ok((
+                    writes[writes_before.min(writes.len())..]
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>(),
+                    ddl[ddl_before.min(ddl.len())..].to_vec(),
+                ))
+            },
+            |(writes, ddl)| writes.is_empty() && ddl.is_empty(),
+        )
+        .await;
+        if let Err(e) = observed {
+            panic!(
+                "{e:#}\n---- controller log tail ----\n{}",
+                self.controller_log(4000)
+            );
+        }
+        let reconciles_after = reconciles(self.controller()).unwrap();
+        tracing::info!(
+            writes_before,
+            ddl_before,
+            reconciles_before,
+            reconciles_after,
+            "quiet over {window:?}"
+        );
+        assert!(
+            reconciles_after - reconciles_before >= 2.0,
+            "the controller reconciled {} times in {window:?} with resync {RESYNC:?}: the quiet \
+             proves nothing if it did not look",
+            reconciles_after - reconciles_before
+        );
+    }
 }
 
 impl Drop for Setup {
@@ -1362,86 +1441,13 @@ async fn a_vanished_database_is_reported_and_not_recreated() {
 #[tokio::test]
 async fn a_converged_database_makes_no_writes_and_no_ddl() {
     let s = Setup::new("db-quiet").await;
-    let ns = s.ns().to_string();
     s.create(
         "quiet",
         json!({"extensions": ["pgcrypto", "citext"], "connectionLimit": 10, "deletionPolicy": "Delete"}),
     )
     .await;
     s.wait_ready("quiet").await;
-    let cp = s.b.cp;
-
-    // Settled: no write by the controller for a full resync and a half.
-    let settle = RESYNC + RESYNC / 2;
-    eventually(
-        "the controller's writes to settle",
-        READY,
-        || async {
-            let writes =
-                cp.audit_writes(&crate::controller_user("database-controller"), Some(&ns))?;
-            let since_last = writes.last().map(|w| {
-                k8s_openapi::jiff::Timestamp::now()
-                    .duration_since(w.timestamp)
-                    .unsigned_abs()
-            });
-            // The latest few, for the failure message when they never stop.
-            let latest: Vec<String> = writes
-                .iter()
-                .rev()
-                .take(6)
-                .map(ToString::to_string)
-                .collect();
-            Ok((writes.len(), since_last, latest))
-        },
-        |(n, since_last, _)| *n > 0 && since_last.is_some_and(|d| d >= settle),
-    )
-    .await;
-
-    let writes_before = cp
-        .audit_writes(&crate::controller_user("database-controller"), Some(&ns))
-        .unwrap()
-        .len();
-    let ddl_before = s.pg.ddl_statements().unwrap().len();
-    let reconciles_before = reconciles(s.controller()).unwrap();
-    let window = RESYNC * 2 + Duration::from_secs(1);
-    let observed = holds_for(
-        "no API write and no DDL by the controller",
-        window,
-        || async {
-            let writes =
-                cp.audit_writes(&crate::controller_user("database-controller"), Some(&ns))?;
-            let ddl = s.pg.ddl_statements()?;
-            Ok((
-                writes[writes_before.min(writes.len())..]
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>(),
-                ddl[ddl_before.min(ddl.len())..].to_vec(),
-            ))
-        },
-        |(writes, ddl)| writes.is_empty() && ddl.is_empty(),
-    )
-    .await;
-    if let Err(e) = observed {
-        panic!(
-            "{e:#}\n---- controller log tail ----\n{}",
-            s.controller_log(4000)
-        );
-    }
-    let reconciles_after = reconciles(s.controller()).unwrap();
-    tracing::info!(
-        writes_before,
-        ddl_before,
-        reconciles_before,
-        reconciles_after,
-        "quiet over {window:?}"
-    );
-    assert!(
-        reconciles_after - reconciles_before >= 2.0,
-        "the controller reconciled {} times in {window:?} with resync {RESYNC:?}: the quiet \
-         proves nothing if it did not look",
-        reconciles_after - reconciles_before
-    );
+    s.assert_quiet().await;
 }
 
 /// 10. Bad admin input is reported precisely and never leaks the admin password.

@@ -6,13 +6,13 @@
 use std::time::Duration;
 
 use dbops_api::DatabaseUser;
-use dbops_e2e::wait::{Want, eventually, holds_for};
+use dbops_e2e::wait::{Want, eventually};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio_postgres::error::SqlState;
 
-use crate::database::{ADMIN_SECRET, READY, RESYNC, Setup, connect, login, reconciles, value};
+use crate::database::{ADMIN_SECRET, READY, Setup, connect, login, value};
 
 fn users(s: &Setup) -> Api<DatabaseUser> {
     Api::namespaced(s.b.client.clone(), s.ns())
@@ -135,6 +135,26 @@ async fn refused(c: &tokio_postgres::Client, sql: &str) -> SqlState {
     }
 }
 
+/// Waits (40 s at most) until `login` can no longer log in: retired after keepPrevious.
+async fn wait_retired(s: &Setup, login: &str) {
+    eventually(
+        &format!("login {login} retired after keepPrevious"),
+        Duration::from_secs(40),
+        || async {
+            let admin = s.pg.connect_as_superuser().await?;
+            Ok(admin
+                .query_one(
+                    "SELECT rolcanlogin FROM pg_roles WHERE rolname = $1",
+                    &[&login],
+                )
+                .await?
+                .get::<_, bool>(0))
+        },
+        |can| !*can,
+    )
+    .await;
+}
+
 async fn roles_like(s: &Setup, prefix: &str) -> Vec<String> {
     let admin = s.pg.connect_as_superuser().await.unwrap();
     admin
@@ -254,55 +274,7 @@ async fn privileges_hold_for_what_the_owner_creates_later(major: u32) {
     assert_eq!(code, SqlState::INSUFFICIENT_PRIVILEGE);
 
     // Converged: two resyncs later, no API write and no DDL by the controller.
-    let ns = s.ns().to_string();
-    let cp = s.b.cp;
-    let settle = RESYNC + RESYNC / 2;
-    eventually(
-        "the controller's writes to settle",
-        READY,
-        || async {
-            let writes =
-                cp.audit_writes(&crate::controller_user("database-controller"), Some(&ns))?;
-            Ok(writes.last().map(|w| {
-                k8s_openapi::jiff::Timestamp::now()
-                    .duration_since(w.timestamp)
-                    .unsigned_abs()
-            }))
-        },
-        |since_last| since_last.is_some_and(|d| d >= settle),
-    )
-    .await;
-    let writes_before = cp
-        .audit_writes(&crate::controller_user("database-controller"), Some(&ns))
-        .unwrap()
-        .len();
-    let ddl_before = s.pg.ddl_statements().unwrap().len();
-    let reconciles_before = reconciles(s.controller()).unwrap();
-    let quiet = holds_for(
-        "no API write and no DDL for converged users",
-        RESYNC * 2 + Duration::from_secs(1),
-        || async {
-            let writes =
-                cp.audit_writes(&crate::controller_user("database-controller"), Some(&ns))?;
-            let ddl = s.pg.ddl_statements()?;
-            Ok((
-                writes[writes_before.min(writes.len())..]
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>(),
-                ddl[ddl_before.min(ddl.len())..].to_vec(),
-            ))
-        },
-        |(writes, ddl)| writes.is_empty() && ddl.is_empty(),
-    )
-    .await;
-    if let Err(e) = quiet {
-        panic!(
-            "{e:#}\n---- controller log tail ----\n{}",
-            s.controller_log(6000)
-        );
-    }
-    assert!(reconciles(s.controller()).unwrap() - reconciles_before >= 2.0);
+    s.assert_quiet().await;
 
     // Deleting a user ends its sessions and drops its roles; the data stays.
     users(&s)
@@ -660,22 +632,7 @@ async fn rotation_keeps_a_live_application_working_through_two_rotations() {
         );
         assert_eq!(after.rotate_request, Some(format!("round-{round}")));
         // The previous login keeps working until keepPrevious, then it cannot log in.
-        eventually(
-            &format!("login {previous} retired after keepPrevious"),
-            Duration::from_secs(40),
-            || async {
-                let admin = s.pg.connect_as_superuser().await?;
-                Ok(admin
-                    .query_one(
-                        "SELECT rolcanlogin FROM pg_roles WHERE rolname = $1",
-                        &[&previous],
-                    )
-                    .await?
-                    .get::<_, bool>(0))
-            },
-            |can| !*can,
-        )
-        .await;
+        wait_retired(&s, &previous).await;
         assert!(
             login(s.pg.port(), &next, &value(&secret, "password"), "live")
                 .await
@@ -763,22 +720,7 @@ async fn the_owners_password_rotates_and_what_it_creates_stays_the_owners() {
                 panic!("the ReadOnly user reads what a rotated login created: {e}")
             });
         // The previous login stops after keepPrevious; its sessions end.
-        eventually(
-            &format!("login {previous} retired"),
-            Duration::from_secs(40),
-            || async {
-                let admin = s.pg.connect_as_superuser().await?;
-                Ok(admin
-                    .query_one(
-                        "SELECT rolcanlogin FROM pg_roles WHERE rolname = $1",
-                        &[&previous],
-                    )
-                    .await?
-                    .get::<_, bool>(0))
-            },
-            |can| !*can,
-        )
-        .await;
+        wait_retired(&s, previous).await;
         let db = s.wait_ready("rot").await;
         let status = db.status.unwrap();
         assert_eq!(status.login.as_deref(), Some(login));
