@@ -465,6 +465,79 @@ pub async fn drop_role(s: &Session, role: &str) -> Result<(), PgError> {
     .await
 }
 
+/// What [`drop_marked`] did with one object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// Not on the server: nothing to do.
+    Absent,
+    /// Marked ours, and dropped.
+    Dropped,
+    /// On the server but not ours: left alone.
+    LeftAlone,
+}
+
+/// What [`drop_marked`] found and did with the database and its owner role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dropped {
+    pub database: Fate,
+    pub role: Fate,
+}
+
+impl Dropped {
+    /// One phrase per object that was there (`database x dropped`, `database x left alone
+    /// (<why>)`, `role r dropped`); empty when nothing was.
+    pub fn describe(&self, database: &str, role: &str, why_left: &str) -> Vec<String> {
+        let mut done = Vec::new();
+        match self.database {
+            Fate::Dropped => done.push(format!("database {database} dropped")),
+            Fate::LeftAlone => done.push(format!("database {database} left alone ({why_left})")),
+            Fate::Absent => {}
+        }
+        if self.role == Fate::Dropped {
+            done.push(format!("role {role} dropped"));
+        }
+        done
+    }
+}
+
+/// Drops `database` and its owner `role` if (and only if) they are marked ours, as `ours`
+/// judges a comment. Both are judged once, before anything is dropped: the database is ours
+/// when its comment is, or when it has none and is owned by our marked `role` (a crash
+/// between `CREATE DATABASE` and its `COMMENT`; see [`Observed::database_is`]). The
+/// `logins` (the owner's rotation logins) are dropped after the database and before the
+/// role, each only when its own comment is ours. A missing object is nothing to do; a
+/// database's open sessions are ended by [`drop_database`].
+pub async fn drop_marked(
+    s: &Session,
+    database: &str,
+    role: &str,
+    logins: &[String],
+    ours: impl Fn(Option<&str>) -> bool,
+) -> Result<Dropped, PgError> {
+    let found = observe(s, role, database).await?;
+    let fate = |there: bool, mine: bool| match (there, mine) {
+        (false, _) => Fate::Absent,
+        (true, true) => Fate::Dropped,
+        (true, false) => Fate::LeftAlone,
+    };
+    let dropped = Dropped {
+        database: fate(found.database.is_some(), found.database_is(&ours, role)),
+        role: fate(found.role.is_some(), found.role_is(&ours)),
+    };
+    if dropped.database == Fate::Dropped {
+        drop_database(s, database).await?;
+    }
+    for login in logins {
+        if observe(s, login, database).await?.role_is(&ours) {
+            drop_role(s, login).await?;
+        }
+    }
+    if dropped.role == Fate::Dropped {
+        drop_role(s, role).await?;
+    }
+    Ok(dropped)
+}
+
 /// `FROM … WHERE …` of a database's own ordinary tables (`c`, schema `n`): outside the
 /// system, TOAST and temporary schemas, and not members of an extension. The Migration's
 /// table list and the Logical mode's Preflight read the same set.
@@ -495,6 +568,26 @@ mod tests {
         assert!(!is_marked(Some("someone else's"), "u1"));
         assert!(!is_marked(Some(""), "u1"));
         assert!(!is_marked(None, "u1"));
+    }
+
+    #[test]
+    fn what_was_dropped_is_described_per_object_that_was_there() {
+        let dropped = Dropped {
+            database: Fate::LeftAlone,
+            role: Fate::Dropped,
+        };
+        assert_eq!(
+            dropped.describe("shop", "shop_owner", "not ours"),
+            [
+                "database shop left alone (not ours)",
+                "role shop_owner dropped"
+            ]
+        );
+        let none = Dropped {
+            database: Fate::Absent,
+            role: Fate::LeftAlone,
+        };
+        assert!(none.describe("shop", "shop_owner", "not ours").is_empty());
     }
 
     #[test]
