@@ -14,7 +14,7 @@ use dbops_api::DatabaseServer;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 
-use crate::PgServer;
+use crate::postgres::PgServer;
 use crate::wait::Want;
 
 /// The label on a test's DatabaseServers: the test's namespace.

@@ -7,6 +7,7 @@ pub mod chart;
 pub mod controllers;
 pub mod controlplane;
 pub mod fixtures;
+pub mod harness;
 pub mod jaeger;
 pub mod kubeconform;
 pub mod kubectl;

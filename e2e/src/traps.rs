@@ -41,7 +41,7 @@
 use anyhow::{Context, Result};
 use tokio_postgres::Client;
 
-use crate::PgServer;
+use crate::postgres::PgServer;
 use crate::postgres::{SUPERUSER, quote_ident, quote_literal};
 
 /// The first words of each line a trap logs.

@@ -261,7 +261,7 @@ async fn both_controllers_register_one_s3_store() {
 #[tokio::test]
 async fn the_controllers_may_register_their_store_in_their_own_namespace_only() {
     let cp = crate::control_plane().await;
-    let system = crate::deploy::SYSTEM_NAMESPACE;
+    let system = dbops_e2e::harness::deploy::SYSTEM_NAMESPACE;
     for controller in ["backup-controller", "database-controller"] {
         let kubectl = dbops_e2e::Kubectl::new(&crate::controller_kubeconfig(cp, controller).await);
         let registration = format!("configmaps/{}", registry::CONFIG_MAP);

@@ -9,29 +9,27 @@
 //! with the ServiceAccounts' tokens, the way they would in those pods.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use dbops_api::{Backup, BackupPhase, Database};
-use dbops_e2e::controllers::{controller_namespace_arg, http_get, server_selector_arg};
 use dbops_e2e::controlplane::{client_from_kubeconfig, service_account_user};
 use dbops_e2e::postgres::redact_passwords;
-use dbops_e2e::process::{Spec, Supervised, free_port};
 use dbops_e2e::wait::{Want, eventually, holds_for, wait_for};
-use dbops_e2e::{ControlPlane, ControllerProcess, Kubectl, PgServer, paths};
+use dbops_e2e::{ControllerProcess, Kubectl, PgServer, paths};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tokio::sync::OnceCell;
+
+use dbops_e2e::harness::deploy::{
+    CONTROLLERS, SYSTEM_NAMESPACE, deploy_dir, deployed, start_controller, wait_leading,
+};
 
 use crate::bed;
 
-/// Where the controllers, their ServiceAccounts and their Leases live.
-pub const SYSTEM_NAMESPACE: &str = "dbops-system";
 /// The ClusterRole of the Secret verbs the database-controller needs in a tenant
 /// namespace, and the RoleBinding of it it makes there.
 const TENANT_ROLE: &str =
@@ -41,11 +39,6 @@ const TENANT_BINDING: &str =
 const TENANT_BINDING_NAME: &str = "dbops-database-controller-tenant-secrets";
 /// How often the database-controller compares the namespaces it reaches with those needed.
 const TENANT_TICK: Duration = Duration::from_secs(5);
-const CONTROLLERS: [&str; 3] = [
-    "database-controller",
-    "backup-controller",
-    "migration-controller",
-];
 /// Objects `kubectl apply -k deploy/` sends: the Namespace, 5 CRDs, the backup store's
 /// PersistentVolumeClaim, per controller a ServiceAccount, ClusterRole,
 /// ClusterRoleBinding, two Roles and RoleBindings (its Lease; the DatabaseServers' admin
@@ -54,87 +47,6 @@ const CONTROLLERS: [&str; 3] = [
 /// ConfigMap), and the database-controller's ClusterRole of the Secret verbs it binds in
 /// tenant namespaces.
 const DEPLOY_OBJECTS: usize = 1 + 5 + 1 + 3 * 11 + 2 * 2 + 1;
-
-fn deploy_dir() -> PathBuf {
-    paths::repo_root().join("deploy")
-}
-
-/// Applies `deploy/namespace.yaml` and each `deploy/<controller>/` for real, once per
-/// control plane (idempotent: a second apply changes nothing). The CRDs are the harness's.
-pub async fn deployed(cp: &ControlPlane) {
-    static DONE: OnceCell<()> = OnceCell::const_new();
-    DONE.get_or_init(|| async {
-        let kubectl = Kubectl::new(cp.kubeconfig());
-        let namespace = deploy_dir().join("namespace.yaml").display().to_string();
-        let out = kubectl.run(&["apply", "-f", &namespace], None).unwrap();
-        assert!(out.success, "applying {namespace}: {}", out.text());
-        for controller in CONTROLLERS {
-            let out = kubectl
-                .apply_kustomization(&deploy_dir().join(controller), false)
-                .unwrap();
-            assert!(
-                out.success,
-                "kubectl apply -k deploy/{controller}: {}",
-                out.text()
-            );
-        }
-    })
-    .await;
-}
-
-/// Starts the controller binary `dbops-<controller>` as `name` (its log is
-/// `<log_dir>/<name>.log`) with `kubeconfig`, `args` and `env`, on a free health and
-/// metrics port, scoped to the watched namespace as `ControllerProcess::start` scopes it
-/// (`controller_namespace_arg`, `server_selector_arg`); returns once `/healthz` answers.
-pub async fn start_controller(
-    controller: &str,
-    name: &str,
-    kubeconfig: &Path,
-    log_dir: &Path,
-    args: &[String],
-    env: &[(&str, &str)],
-) -> Result<ControllerProcess> {
-    let port = free_port()?;
-    let env_names = || env.iter().map(|(k, _)| *k);
-    let scoped = controller_namespace_arg(args, env_names())
-        .into_iter()
-        .chain(server_selector_arg(args, env_names()));
-    let mut spec = Spec::new(name, paths::workspace_bin(&format!("dbops-{controller}"))?)
-        .args([format!("--metrics-addr=127.0.0.1:{port}")])
-        .args(args.iter().cloned())
-        .args(scoped)
-        .env("KUBECONFIG", kubeconfig.display().to_string())
-        .env(
-            "RUST_LOG",
-            std::env::var("DBOPS_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
-        );
-    for (key, value) in env {
-        spec = spec.env(*key, *value);
-    }
-    let process = Supervised::start(&spec, log_dir)?;
-    let log = process.log_path().to_path_buf();
-    wait_for(
-        &format!("{name} to answer /healthz"),
-        Duration::from_secs(30),
-        || async {
-            Ok(http_get(port, "/healthz")
-                .map(|(code, _)| code)
-                .unwrap_or(0))
-        },
-        |code| *code == 200,
-    )
-    .await
-    .map_err(|e| {
-        e.context(format!(
-            "{name} log:\n{}",
-            redact_passwords(&dbops_e2e::process::log_tail(&log, 4000))
-        ))
-    })?;
-    Ok(ControllerProcess {
-        process,
-        metrics_port: port,
-    })
-}
 
 async fn rules_of(
     cluster_roles: &Api<ClusterRole>,
@@ -165,25 +77,6 @@ fn can_i_as(kubectl: &Kubectl, user: &str, verb: &str, resource: &str, namespace
             "can-i {verb} {resource} -n {namespace} --as {user}: {}",
             out.text()
         ),
-    }
-}
-
-/// Waits until the replica's `/readyz` says it is the ready leader.
-pub async fn wait_leading(c: &ControllerProcess, timeout: Duration) {
-    let what = format!("{} to lead and be ready", c.process.name());
-    let result = wait_for(
-        &what,
-        timeout,
-        || async { c.get("/readyz") },
-        |(code, body)| *code == 200 && body.contains("leader"),
-    )
-    .await;
-    if let Err(e) = result {
-        panic!(
-            "{e:#}\n---- {} log ----\n{}",
-            c.process.name(),
-            redact_passwords(&c.process.log_tail(6000))
-        );
     }
 }
 

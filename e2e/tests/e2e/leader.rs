@@ -33,8 +33,8 @@ use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-use crate::deploy::start_controller;
 use crate::{Bed, bed};
+use dbops_e2e::harness::deploy::start_controller;
 
 /// shared/src/leader.rs: the Lease lasts 15 s.
 const LEASE_DURATION: Duration = Duration::from_secs(15);

@@ -1,0 +1,127 @@
+#![allow(clippy::unwrap_used)] // a test harness: an unwrap that fails is a failed test
+//! The deployment in `deploy/`, applied once per control plane into `dbops-system`
+//! ([`deployed`]), and the controllers run as processes the way its pods would run them
+//! ([`start_controller`], [`wait_leading`]).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Result;
+use tokio::sync::OnceCell;
+
+use crate::controllers::{
+    ControllerProcess, controller_namespace_arg, http_get, server_selector_arg,
+};
+use crate::controlplane::ControlPlane;
+use crate::kubectl::Kubectl;
+use crate::paths;
+use crate::postgres::redact_passwords;
+use crate::process::{Spec, Supervised, free_port};
+use crate::wait::wait_for;
+
+/// Where the controllers, their ServiceAccounts and their Leases live.
+pub const SYSTEM_NAMESPACE: &str = "dbops-system";
+pub const CONTROLLERS: [&str; 3] = [
+    "database-controller",
+    "backup-controller",
+    "migration-controller",
+];
+pub fn deploy_dir() -> PathBuf {
+    paths::repo_root().join("deploy")
+}
+
+/// Applies `deploy/namespace.yaml` and each `deploy/<controller>/` for real, once per
+/// control plane (idempotent: a second apply changes nothing). The CRDs are the harness's.
+pub async fn deployed(cp: &ControlPlane) {
+    static DONE: OnceCell<()> = OnceCell::const_new();
+    DONE.get_or_init(|| async {
+        let kubectl = Kubectl::new(cp.kubeconfig());
+        let namespace = deploy_dir().join("namespace.yaml").display().to_string();
+        let out = kubectl.run(&["apply", "-f", &namespace], None).unwrap();
+        assert!(out.success, "applying {namespace}: {}", out.text());
+        for controller in CONTROLLERS {
+            let out = kubectl
+                .apply_kustomization(&deploy_dir().join(controller), false)
+                .unwrap();
+            assert!(
+                out.success,
+                "kubectl apply -k deploy/{controller}: {}",
+                out.text()
+            );
+        }
+    })
+    .await;
+}
+
+/// Starts the controller binary `dbops-<controller>` as `name` (its log is
+/// `<log_dir>/<name>.log`) with `kubeconfig`, `args` and `env`, on a free health and
+/// metrics port, scoped to the watched namespace as `ControllerProcess::start` scopes it
+/// (`controller_namespace_arg`, `server_selector_arg`); returns once `/healthz` answers.
+pub async fn start_controller(
+    controller: &str,
+    name: &str,
+    kubeconfig: &Path,
+    log_dir: &Path,
+    args: &[String],
+    env: &[(&str, &str)],
+) -> Result<ControllerProcess> {
+    let port = free_port()?;
+    let env_names = || env.iter().map(|(k, _)| *k);
+    let scoped = controller_namespace_arg(args, env_names())
+        .into_iter()
+        .chain(server_selector_arg(args, env_names()));
+    let mut spec = Spec::new(name, paths::workspace_bin(&format!("dbops-{controller}"))?)
+        .args([format!("--metrics-addr=127.0.0.1:{port}")])
+        .args(args.iter().cloned())
+        .args(scoped)
+        .env("KUBECONFIG", kubeconfig.display().to_string())
+        .env(
+            "RUST_LOG",
+            std::env::var("DBOPS_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
+        );
+    for (key, value) in env {
+        spec = spec.env(*key, *value);
+    }
+    let process = Supervised::start(&spec, log_dir)?;
+    let log = process.log_path().to_path_buf();
+    wait_for(
+        &format!("{name} to answer /healthz"),
+        Duration::from_secs(30),
+        || async {
+            Ok(http_get(port, "/healthz")
+                .map(|(code, _)| code)
+                .unwrap_or(0))
+        },
+        |code| *code == 200,
+    )
+    .await
+    .map_err(|e| {
+        e.context(format!(
+            "{name} log:\n{}",
+            redact_passwords(&crate::process::log_tail(&log, 4000))
+        ))
+    })?;
+    Ok(ControllerProcess {
+        process,
+        metrics_port: port,
+    })
+}
+
+/// Waits until the replica's `/readyz` says it is the ready leader.
+pub async fn wait_leading(c: &ControllerProcess, timeout: Duration) {
+    let what = format!("{} to lead and be ready", c.process.name());
+    let result = wait_for(
+        &what,
+        timeout,
+        || async { c.get("/readyz") },
+        |(code, body)| *code == 200 && body.contains("leader"),
+    )
+    .await;
+    if let Err(e) = result {
+        panic!(
+            "{e:#}\n---- {} log ----\n{}",
+            c.process.name(),
+            redact_passwords(&c.process.log_tail(6000))
+        );
+    }
+}

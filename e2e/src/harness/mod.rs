@@ -1,0 +1,9 @@
+//! What the integration tests (`tests/e2e`) set up before they test: the shared control
+//! plane and a namespace per test ([`bed`]), the deployment of `deploy/` ([`deploy`]), and
+//! per kind the controllers, servers and stores one test runs against. A test file reads
+//! top to bottom; how its world is built lives here.
+//!
+//! A test harness: an `unwrap()` or `expect()` that fails is a failed test.
+
+pub mod bed;
+pub mod deploy;
