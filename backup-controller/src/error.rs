@@ -22,7 +22,7 @@ impl ReconcileError for Error {
         match self {
             Error::Kube(_) => ErrorKind::Transient,
             Error::Store(e) if e.is_transient() => ErrorKind::Transient,
-            Error::Store(_) => ErrorKind::InvalidSpec,
+            Error::Store(_) => ErrorKind::Permanent,
         }
     }
 

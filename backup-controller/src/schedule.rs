@@ -129,7 +129,7 @@ impl ReconcileError for Error {
     fn kind(&self) -> ErrorKind {
         match self {
             Error::Kube(_) | Error::StoreNotSynced => ErrorKind::Transient,
-            Error::InvalidSchedule { .. } | Error::NameTooLong { .. } => ErrorKind::InvalidSpec,
+            Error::InvalidSchedule { .. } | Error::NameTooLong { .. } => ErrorKind::Permanent,
         }
     }
 
@@ -819,7 +819,7 @@ mod tests {
         );
         assert!(check_name(&"a".repeat(63)).is_ok());
         let error = check_name(&"a".repeat(64)).unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::InvalidSpec);
+        assert_eq!(error.kind(), ErrorKind::Permanent);
         assert!(error.to_string().contains("64 characters"), "{error}");
     }
 

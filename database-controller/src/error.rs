@@ -38,7 +38,7 @@ impl ReconcileError for Error {
             }
             // TLS failures too: a server's certificate can be fixed without a spec change.
             Error::Postgres(_) => ErrorKind::Transient,
-            Error::Blocked { .. } => ErrorKind::InvalidSpec,
+            Error::Blocked { .. } => ErrorKind::Permanent,
         }
     }
 

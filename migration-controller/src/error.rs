@@ -69,7 +69,7 @@ impl Error {
 impl ReconcileError for Error {
     fn kind(&self) -> ErrorKind {
         match self {
-            Error::Fatal { .. } => ErrorKind::InvalidSpec,
+            Error::Fatal { .. } => ErrorKind::Permanent,
             _ => ErrorKind::Transient,
         }
     }

@@ -24,8 +24,10 @@ use crate::{
 pub enum ErrorKind {
     /// Retrying may help (server or API unavailable): requeue with per-object backoff.
     Transient,
-    /// The spec cannot work as written: report it and wait for the object to change.
-    InvalidSpec,
+    /// Retrying cannot help until something changes (the spec cannot work as written, a
+    /// name is taken, a limit is exceeded): report it and wait for a change (a resync
+    /// looks again). Every controller's error says one of these two words.
+    Permanent,
 }
 
 /// Implemented by each controller's reconcile error enum.
@@ -250,7 +252,7 @@ where
             tracing::debug!(object = ?key, ?delay, "retrying after backoff");
             Action::requeue(delay)
         }
-        ErrorKind::InvalidSpec => {
+        ErrorKind::Permanent => {
             ctx.backoff.reset(&key);
             Action::await_change()
         }
@@ -283,7 +285,7 @@ mod tests {
         fn kind(&self) -> ErrorKind {
             match self {
                 Self::Unavailable => ErrorKind::Transient,
-                Self::BadSpec => ErrorKind::InvalidSpec,
+                Self::BadSpec => ErrorKind::Permanent,
             }
         }
 
