@@ -173,24 +173,12 @@ async fn drop_owned(db: &Database, ctx: &Context<State>) -> Result<()> {
     let uid = db.uid().unwrap_or_default();
     let (database, role) = (db.database_name(), db.owner_role());
     let session = admin_session(ctx, &target, "postgres").await?;
-    let observed = sql::observe(&session, &role, &database).await?;
-    let role_is_ours = observed.role_is_ours(&uid);
-    if observed.database.is_some() {
-        if observed.database_is_ours(&uid, &role) {
-            sql::drop_database(&session, &database).await?;
-        } else {
-            tracing::info!(%server, database, "not dropping a database this Database did not create");
-        }
-    }
-    // The owner's rotation logins (`owner_logins`), marked as this Database's, go first.
-    for login in crate::owner_logins::logins(&role) {
-        let theirs = sql::observe(&session, &login, &database).await?;
-        if theirs.role_is_ours(&uid) {
-            sql::drop_role(&session, &login).await?;
-        }
-    }
-    if role_is_ours {
-        sql::drop_role(&session, &role).await?;
+    // The owner's rotation logins (`owner_logins`), marked as this Database's, go before the role.
+    let logins = crate::owner_logins::logins(&role);
+    let ours = |comment: Option<&str>| sql::is_ours(comment, &uid);
+    let dropped = sql::drop_marked(&session, &database, &role, &logins, ours).await?;
+    if dropped.database == sql::Fate::LeftAlone {
+        tracing::info!(%server, database, "not dropping a database this Database did not create");
     }
     Ok(())
 }

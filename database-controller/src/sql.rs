@@ -12,7 +12,7 @@ use dbops_shared::postgres::ddl;
 use dbops_shared::postgres::{PgError, Session, quote_ident};
 
 pub use ddl::{
-    comment_database, create_role, drop_database, drop_role, installed_extensions,
+    Fate, comment_database, create_role, drop_database, drop_marked, installed_extensions,
     is_marked as is_ours, mark, mark_database, observe,
 };
 
