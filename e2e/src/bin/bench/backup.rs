@@ -17,7 +17,8 @@ use dbops_e2e::fixtures::Connection;
 use dbops_e2e::{ControllerProcess, PgServer};
 use kube::api::{Api, PostParams};
 
-use crate::{BenchServer, namespace, proc_usage};
+use crate::bed::{BenchServer, namespace};
+use crate::measure::proc_usage;
 
 #[derive(clap::Args, Debug)]
 pub struct BackupArgs {
@@ -42,7 +43,7 @@ struct World {
 }
 
 pub async fn run(args: BackupArgs) -> Result<()> {
-    let (tmp, cp, client) = crate::start_control_plane("dbops-bench-backup-").await?;
+    let (tmp, cp, client) = crate::bed::start_control_plane("dbops-bench-backup-").await?;
     let pg = PgServer::start("bench-backup").await?;
     let ns = namespace(&client, "bench-backup").await?;
     let server = BenchServer::create(&client, &ns, &pg).await?;
@@ -228,7 +229,7 @@ async fn create_database(w: &World, name: &str, restore_from: Option<&str>) -> R
     }))?;
     let api: Api<Database> = Api::namespaced(w.client.clone(), &w.ns);
     api.create(&PostParams::default(), &db).await?;
-    crate::wait_provisioned(&api, name, LONG).await
+    crate::bed::wait_provisioned(&api, name, LONG).await
 }
 
 /// `pgbench -i -s scale` as the Database's own role.

@@ -80,7 +80,7 @@ use dbops_e2e::{ControlPlane, PgServer};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 
-use crate::namespace;
+use crate::bed::namespace;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ChaosArgs {
@@ -398,7 +398,7 @@ pub async fn run_chaos(mut args: ChaosArgs) -> Result<Outcome> {
     let mut servers = Vec::new();
     for name in ["chaos-a", "chaos-b"] {
         let pg = PgServer::start(name).await?;
-        crate::create_plain_server(&client, SYSTEM_NS, name, &pg, (SERVER_LABEL, NS)).await?;
+        crate::bed::create_plain_server(&client, SYSTEM_NS, name, &pg, (SERVER_LABEL, NS)).await?;
         servers.push(ServerInfo {
             name: name.to_string(),
             port: pg.port(),

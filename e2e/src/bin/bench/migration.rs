@@ -33,7 +33,7 @@ use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, PostParams};
 
-use crate::{BENCH_LABEL, namespace};
+use crate::bed::{BENCH_LABEL, namespace};
 
 #[derive(clap::Args, Debug)]
 pub struct MigrationArgs {
@@ -174,7 +174,7 @@ struct Row {
 }
 
 pub async fn run(args: MigrationArgs) -> Result<()> {
-    let (tmp, cp, client) = crate::start_control_plane("dbops-bench-migration-").await?;
+    let (tmp, cp, client) = crate::bed::start_control_plane("dbops-bench-migration-").await?;
     let (source, target) = tokio::join!(
         PgServer::start_with_settings("bench-migration-src", LOGICAL),
         // 17: the Logical mode subscribes only on 16 and newer (LogicalUnsafeBefore16).
@@ -186,7 +186,7 @@ pub async fn run(args: MigrationArgs) -> Result<()> {
     let source_server = format!("{BENCH}-source");
     let target_server = format!("{BENCH}-target");
     for (name, pg) in [(&source_server, &source), (&target_server, &target)] {
-        crate::create_plain_server(&client, &system, name, pg, (BENCH_LABEL, BENCH)).await?;
+        crate::bed::create_plain_server(&client, &system, name, pg, (BENCH_LABEL, BENCH)).await?;
     }
 
     let store = tmp.path().join("store");
@@ -438,7 +438,7 @@ async fn create_database(w: &World, api: &Api<Database>, name: &str) -> Result<(
         "spec": {"serverRef": {"name": w.source_server}, "deletionPolicy": "Delete"},
     }))?;
     api.create(&PostParams::default(), &db).await?;
-    crate::wait_provisioned(api, name, Duration::from_secs(300)).await
+    crate::bed::wait_provisioned(api, name, Duration::from_secs(300)).await
 }
 
 /// A session as the connection Secret says, each statement bounded.

@@ -21,7 +21,7 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::{BenchServer, namespace};
+use crate::bed::{BenchServer, namespace};
 
 #[derive(clap::Args, Debug)]
 pub struct OutageArgs {
@@ -81,7 +81,7 @@ async fn wait_all_ready_again(api: Api<Database>, count: usize, limit: Duration)
 }
 
 pub async fn run(args: OutageArgs) -> Result<()> {
-    let (tmp, cp, client) = crate::start_control_plane("dbops-bench-outage-").await?;
+    let (tmp, cp, client) = crate::bed::start_control_plane("dbops-bench-outage-").await?;
     let mut pg = PgServer::start("bench-outage").await?;
     let (proxy_port, attempts) = counting_proxy(pg.port()).await?;
     let ns = namespace(&client, "bench-outage").await?;
@@ -102,7 +102,7 @@ pub async fn run(args: OutageArgs) -> Result<()> {
         args.databases, args.outage_secs
     );
 
-    crate::create_all_ready(&client, &ns, &server.name, args.databases, |i| {
+    crate::bed::create_all_ready(&client, &ns, &server.name, args.databases, |i| {
         format!("db-{i:04}")
     })
     .await?;

@@ -13,7 +13,8 @@ use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams};
 
-use crate::{api_writes, namespace};
+use crate::bed::namespace;
+use crate::measure::api_writes;
 
 /// The controller's metrics label, as in `dbops_reconciles_total{controller=...}`.
 const CONTROLLER: &str = "database-controller";
@@ -271,8 +272,9 @@ async fn measure(launch: &Launch<'_>, controller: &mut ControllerProcess) -> Res
     let rss_settled = status_kib(fresh.process.pid(), "VmRSS:")?;
     let (statements, ddl) = controller_statements(&log_path, offset)?;
 
-    let breakdown =
-        crate::writes_by_kind(launch.cp.audit_writes(user, None)?.into_iter().skip(audit0));
+    let breakdown = crate::measure::writes_by_kind(
+        launch.cp.audit_writes(user, None)?.into_iter().skip(audit0),
+    );
     drop(fresh);
     Ok(Restart {
         ready_secs,

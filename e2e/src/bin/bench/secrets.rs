@@ -18,7 +18,7 @@ use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
 
-use crate::{BenchServer, namespace};
+use crate::bed::{BenchServer, namespace};
 
 #[derive(clap::Args, Debug)]
 pub struct SecretsArgs {
@@ -48,7 +48,7 @@ fn rss(pid: u32) -> Result<(u64, u64)> {
 }
 
 pub async fn run(args: SecretsArgs) -> Result<()> {
-    let (tmp, cp, client) = crate::start_control_plane("dbops-bench-secrets-").await?;
+    let (tmp, cp, client) = crate::bed::start_control_plane("dbops-bench-secrets-").await?;
     let pg = PgServer::start("bench-secrets").await?;
     println!(
         "# secrets benchmark: the database-controller (all namespaces, {} Databases) with and without {} unrelated Secrets of {} KiB\n",
@@ -105,7 +105,7 @@ async fn one_run(
     std::fs::create_dir_all(&log_dir)?;
     let controller =
         ControllerProcess::start("database-controller", &kubeconfig, &log_dir, &extra)?;
-    crate::create_all_ready(client, &ns, &server.name, args.databases, |i| {
+    crate::bed::create_all_ready(client, &ns, &server.name, args.databases, |i| {
         format!("{label}-{i:04}")
     })
     .await?;

@@ -48,7 +48,9 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::{BenchServer, namespace, proc_usage, scale};
+use crate::bed::{BenchServer, namespace};
+use crate::measure::proc_usage;
+use crate::scale;
 
 /// The controller's user in the test control plane (its kubeconfig's certificate).
 const USER: &str = "dbops-database-controller";
@@ -470,7 +472,7 @@ pub async fn run(args: UsersArgs) -> Result<()> {
     );
     // Control plane, server, controller: each stopped (and its directory removed) when
     // dropped, in reverse order, whatever happens below.
-    let (tmp, cp, client) = crate::start_control_plane("dbops-bench-users-").await?;
+    let (tmp, cp, client) = crate::bed::start_control_plane("dbops-bench-users-").await?;
     let pg = PgServer::start_with_settings(
         "users",
         &[("log_statement", "all"), ("log_connections", "on")],
@@ -1200,7 +1202,7 @@ fn print_window(title: &str, args: &UsersArgs, w: &Window) {
     );
     println!(
         "\nrefused writes (HTTP status ≥ 400) among them: {refused}; raw: {}\n",
-        crate::writes_by_kind(w.writes.iter().cloned())
+        crate::measure::writes_by_kind(w.writes.iter().cloned())
     );
     let mut by_word: BTreeMap<String, usize> = BTreeMap::new();
     for s in &w.statements {

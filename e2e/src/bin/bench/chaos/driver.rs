@@ -303,7 +303,7 @@ impl Driver {
             Action::RotatePassword => {
                 let d = self.pick(&ready).context("none")?;
                 let secret = format!("{}-connection", d.name_any());
-                let password = super::super::dbops_shared_password();
+                let password = crate::bed::random_password();
                 self.secrets
                     .patch(
                         &secret,
