@@ -19,7 +19,7 @@ pub use ddl::is_marked as is_databases;
 /// The database-controller's mark: the first word of the comment.
 pub use ddl::mark as database_mark;
 pub use ddl::{
-    create_database, create_role, drop_database, drop_role, mark_database, observe, server_version,
+    create_database, create_role, drop_marked, drop_role, mark_database, observe, server_version,
 };
 
 /// The mark of objects this Migration created on the target.

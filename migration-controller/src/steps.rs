@@ -766,24 +766,9 @@ async fn clean_target(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<Stri
     let muid = migration_uid(saga);
     let (database, role) = names(saga, db)?;
     let t = session(saga, &target, "postgres").await?;
-    let found = sql::observe(&t, &role, &database).await?;
     let ours = |comment: Option<&str>| sql::is_migrations(comment, &uid, &muid);
-    let role_ours = found.role_is(ours);
-    let mut done = Vec::new();
-    if found.database.is_some() {
-        if found.database_is(ours, &role) {
-            sql::drop_database(&t, &database).await?;
-            done.push(format!("database {database} dropped"));
-        } else {
-            done.push(format!(
-                "database {database} left alone (not created by this Migration)"
-            ));
-        }
-    }
-    if role_ours {
-        sql::drop_role(&t, &role).await?;
-        done.push(format!("role {role} dropped"));
-    }
+    let dropped = sql::drop_marked(&t, &database, &role, &[], ours).await?;
+    let mut done = dropped.describe(&database, &role, "not created by this Migration");
     if done.is_empty() {
         done.push("nothing of this Migration's is left".into());
     }
@@ -997,23 +982,9 @@ pub async fn cleanup(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<Strin
     let source = resolve(saga, &source_ref).await?;
     let uid = database_uid(saga)?;
     let s = session(saga, &source, "postgres").await?;
-    let found = sql::observe(&s, &role, &database).await?;
-    let role_ours = found.role_is_ours(&uid);
-    let mut done = Vec::new();
-    if let Some(d) = found.database {
-        if sql::is_databases(d.comment.as_deref(), &uid) {
-            sql::drop_database(&s, &database).await?;
-            done.push(format!("database {database} dropped"));
-        } else {
-            done.push(format!(
-                "database {database} left alone (not this Database's)"
-            ));
-        }
-    }
-    if role_ours {
-        sql::drop_role(&s, &role).await?;
-        done.push(format!("role {role} dropped"));
-    }
+    let ours = |comment: Option<&str>| sql::is_databases(comment, &uid);
+    let dropped = sql::drop_marked(&s, &database, &role, &[], ours).await?;
+    let mut done = dropped.describe(&database, &role, "not this Database's");
     if done.is_empty() {
         done.push("already gone".into());
     }
