@@ -6,4 +6,5 @@
 //! A test harness: an `unwrap()` or `expect()` that fails is a failed test.
 
 pub mod bed;
+pub mod database;
 pub mod deploy;

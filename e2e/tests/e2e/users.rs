@@ -12,7 +12,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio_postgres::error::SqlState;
 
-use crate::database::{ADMIN_SECRET, READY, Setup, connect, login, value};
+use dbops_e2e::harness::database::{ADMIN_SECRET, READY, Setup, connect, login, value};
 
 fn users(s: &Setup) -> Api<DatabaseUser> {
     Api::namespaced(s.b.client.clone(), s.ns())
@@ -330,7 +330,11 @@ async fn guardrails_refuse_more_than_the_server_allows_and_apply_defaults() {
     // A Database over the ceiling is refused, naming the field; none is created.
     s.create("greedy", json!({"connectionLimit": 10})).await;
     let db = s
-        .wait("greedy", crate::database::not_ready("LimitExceeded"), READY)
+        .wait(
+            "greedy",
+            dbops_e2e::harness::database::not_ready("LimitExceeded"),
+            READY,
+        )
         .await;
     let message = db
         .status
@@ -531,7 +535,9 @@ async fn a_secret_template_renders_escaped_and_a_bad_one_is_refused_before_any_w
     );
     let url = value(&secret, "DATABASE_URL");
     let config: tokio_postgres::Config = url.parse().unwrap();
-    let client = crate::database::connect_config(&config).await.unwrap();
+    let client = dbops_e2e::harness::database::connect_config(&config)
+        .await
+        .unwrap();
     client.query_one("SELECT 1", &[]).await.unwrap();
 }
 
