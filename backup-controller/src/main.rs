@@ -21,12 +21,20 @@
 //! A dump still running after the shutdown grace period is abandoned (pg_dump is
 //! killed); the next process finds its Backup Running and starts it over.
 
+mod attempt;
+mod attempts;
+mod cleanup;
+mod dereference;
 mod dump;
 mod error;
+mod finish;
 mod reconcile;
 mod runner;
 mod schedule;
+mod slots;
+mod state;
 mod status;
+mod write;
 
 use std::path::PathBuf;
 use std::{process::ExitCode, sync::Arc};
@@ -45,7 +53,9 @@ use kube::Api;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 
-use crate::reconcile::{Attempts, DatabaseIndex, Slots, State};
+use crate::attempts::Attempts;
+use crate::slots::Slots;
+use crate::state::{DatabaseIndex, State};
 
 /// The controller name: metrics label, Lease `dbops-backup-controller`, Event reporter.
 const CONTROLLER: &str = "backup-controller";

@@ -1,0 +1,219 @@
+//! One attempt at a Backup: credentials, server version, pg_dump into the store under a
+//! temporary name, rename, manifest; and the runner's renewals of its hold on the attempt
+//! while it runs (see [`crate::runner`]).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dbops_api::{Backup, Database};
+use dbops_shared::backup_store::{ObjectKey, traced};
+use dbops_shared::controller::Context;
+use dbops_shared::pg_tools;
+use dbops_shared::postgres::{Credentials, Endpoint, ddl};
+use dbops_shared::server::Resolved;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::api::Api;
+use serde_json::json;
+
+use crate::dump::{self, Dumped, Source};
+use crate::error::Failure;
+use crate::runner;
+use crate::state::State;
+use crate::status::Completed;
+use crate::write;
+
+/// How often a running dump reports `status.progressBytes`, at most.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(3);
+
+/// The store key of a Backup: from its identity, so retries and restarts overwrite.
+pub fn object_key(backup: &Backup) -> ObjectKey {
+    ObjectKey::new(
+        &backup.namespace().unwrap_or_default(),
+        &backup.name_any(),
+        &backup.uid().unwrap_or_default(),
+    )
+}
+
+/// One attempt: credentials, server version, the dump into the store, the manifest.
+pub async fn run(
+    backup: &Backup,
+    db: &Database,
+    ctx: &Context<State>,
+    api: &Api<Backup>,
+    started_at: &Time,
+) -> Result<Completed, Failure> {
+    let state = &ctx.state;
+    let key = object_key(backup);
+    let Resolved {
+        endpoint,
+        credentials,
+        ..
+    } = server_of(ctx, db).await?;
+    let dbname = db.database_name();
+    let (server_version, pg_dump) = pick_pg_dump(state, &endpoint, &credentials, &dbname).await?;
+    let pg_dump_version = dump::pg_dump_version(&pg_dump).await?;
+    let source = Source {
+        server: &endpoint,
+        credentials: &credentials,
+        database: &dbname,
+        lock_wait: state.servers.lock_timeout(),
+    };
+    let dumped = dump_into_store(state, api, backup, &key, &pg_dump, &source).await?;
+
+    let location = state.store.location(&key);
+    let done = Completed {
+        location: location.clone(),
+        size_bytes: i64::try_from(dumped.size_bytes).unwrap_or(i64::MAX),
+        checksum: dumped.sha256,
+        server_version,
+        completed_at: dbops_shared::conditions::now(),
+        database_uid: db.uid().unwrap_or_default(),
+    };
+    let manifest = manifest(
+        backup,
+        db,
+        &endpoint,
+        &key,
+        &pg_dump_version,
+        &done,
+        started_at,
+    );
+    let body = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| Failure::transient("ManifestFailed", format!("encoding the manifest: {e}")))?;
+    traced(
+        "put_manifest",
+        location,
+        state.store.put_manifest(&key, &body),
+    )
+    .await?;
+    tracing::info!(
+        size_bytes = dumped.size_bytes,
+        checksum = %done.checksum,
+        "backup completed"
+    );
+    Ok(done)
+}
+
+/// The server's version, and the pg_dump to dump it with: the oldest major that dumps it.
+async fn pick_pg_dump(
+    state: &State,
+    endpoint: &Endpoint,
+    credentials: &Credentials,
+    dbname: &str,
+) -> Result<(String, PathBuf), Failure> {
+    let session = state.servers.connect(endpoint, credentials, dbname).await?;
+    let (server_version_num, server_version) = ddl::server_version(&session).await?;
+    drop(session);
+    let pg_dumps = state.clients.pg_dumps().await;
+    if pg_dumps.is_empty() {
+        return Err(Failure::transient(
+            "ClientProgramFailed",
+            "no pg_dump answered `--version` (the log says why)",
+        ));
+    }
+    let server_major = u32::try_from(server_version_num / 10000).unwrap_or(0);
+    let pg_dump = pg_tools::pick_dump(&pg_dumps, server_major, &server_version)
+        .map_err(|refusal| {
+            Failure::permanent(
+                refusal.reason,
+                format!("{refusal}: run the backup-controller with one (--pg-dump, --pg-bin-dir)"),
+            )
+        })?
+        .path
+        .clone();
+    Ok((server_version, pg_dump))
+}
+
+/// pg_dump of `source` into the artifact of `key` (a temporary name, then committed),
+/// with its progress in the status.
+async fn dump_into_store(
+    state: &State,
+    api: &Api<Backup>,
+    backup: &Backup,
+    key: &ObjectKey,
+    pg_dump: &std::path::Path,
+    source: &Source<'_>,
+) -> Result<Dumped, Failure> {
+    let location = state.store.location(key);
+    let create = state.store.create_artifact(key);
+    let mut artifact = traced("create_artifact", location.clone(), create).await?;
+    let (name, uid) = (backup.name_any(), backup.uid().unwrap_or_default());
+    let dumped = dump::run(pg_dump, source, &mut artifact, PROGRESS_EVERY, |bytes| {
+        write::progress(api, &name, &uid, bytes)
+    })
+    .await?;
+    traced("commit", location, artifact.commit()).await?;
+    Ok(dumped)
+}
+
+/// The manifest written beside the artifact.
+fn manifest(
+    backup: &Backup,
+    db: &Database,
+    server: &Endpoint,
+    key: &ObjectKey,
+    pg_dump_version: &str,
+    done: &Completed,
+    started_at: &Time,
+) -> serde_json::Value {
+    json!({
+        "apiVersion": "dbops.dev/v1alpha1",
+        "kind": "BackupManifest",
+        "backup": {
+            "namespace": backup.namespace(),
+            "name": backup.name_any(),
+            "uid": backup.uid(),
+        },
+        "database": {
+            "name": db.name_any(),
+            "uid": db.uid(),
+            "databaseName": db.database_name(),
+            "server": server.key.to_string(),
+            "databaseServer": db.spec.server_ref.name,
+        },
+        "serverVersion": done.server_version,
+        "pgDumpVersion": pg_dump_version,
+        "format": "custom",
+        "artifact": key.artifact(),
+        "sizeBytes": done.size_bytes,
+        "checksum": done.checksum,
+        "checksumAlgorithm": "sha256",
+        "startedAt": started_at,
+        "completedAt": done.completed_at,
+    })
+}
+
+/// The Database's DatabaseServer: its endpoint and admin credentials, from the caches.
+/// Every failure is transient: the platform team fixes the server or its Secrets, and
+/// the retries (bounded by `maxRetries`) find it fixed.
+async fn server_of(ctx: &Context<State>, db: &Database) -> Result<Resolved, Failure> {
+    let directory = &ctx.state.directory;
+    let resolved = async {
+        directory.synced().await?;
+        directory.resolve(&db.spec.server_ref.name)
+    };
+    resolved
+        .await
+        .map_err(|e| Failure::transient(e.reason(), e.to_string()))
+}
+
+/// Renews this replica's hold on attempt `attempt` every [`runner::RENEW_EVERY`]; returns
+/// only when the status names another runner or attempt (an API error is retried at
+/// the next renewal: the hold lasts [`runner::LEASE`]).
+pub async fn hold(api: &Api<Backup>, name: &str, identity: &str, attempt: i32) {
+    loop {
+        tokio::time::sleep(runner::RENEW_EVERY).await;
+        match write::renew(api, name, identity, attempt).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(
+                    attempt,
+                    "another replica took attempt {attempt} over; stopping this dump"
+                );
+                return;
+            }
+            Err(e) => tracing::warn!(error = %e, "could not renew the hold on the attempt"),
+        }
+    }
+}

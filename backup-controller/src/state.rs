@@ -1,0 +1,57 @@
+//! What the Backup controller keeps for the life of the process: its flags turned into
+//! clients, the caches and memos its reconciles share. Depends on nothing of this crate
+//! but the memo types it holds.
+
+use dbops_shared::backoff::Backoff;
+use dbops_shared::backup_store::BackupStore;
+use dbops_shared::events::Recorder;
+use dbops_shared::pg_tools;
+use dbops_shared::postgres::Servers;
+use dbops_shared::server::Directory;
+
+use crate::attempts::Attempts;
+use crate::slots::Slots;
+
+/// The backup-controller's own state.
+pub struct State {
+    pub store: BackupStore,
+    /// The pg_dump programs (`--pg-dump`, `--pg-bin-dir`): each dump takes the oldest
+    /// major that dumps its server.
+    pub clients: pg_tools::Clients,
+    pub servers: Servers,
+    /// DatabaseServers and their admin and CA Secrets (the controllers' namespace only).
+    pub directory: Directory,
+    pub slots: Slots,
+    /// The shared backoff curve (`--backoff-base`, `--backoff-max`), applied to the
+    /// attempt count in the status so that it survives restarts.
+    pub backoff: Backoff,
+    pub recorder: Recorder,
+    pub databases: DatabaseIndex,
+    pub attempts: Attempts,
+    /// This replica, as `status.runner` names it: `$POD_NAME`.
+    pub identity: String,
+}
+
+/// Which Backups refer to which Database: Backup → `spec.databaseRef`, kept for Backups
+/// that are not finished, so a Database event maps to the Backups waiting for them without
+/// a scan.
+pub type DatabaseIndex = dbops_shared::ref_index::RefIndex;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_index_maps_a_database_to_its_unfinished_backups() {
+        let index = DatabaseIndex::default();
+        index.record("ns", "b1", "orders");
+        index.record("ns", "b2", "orders");
+        index.record("other", "b3", "orders");
+        let mut of = index.referrers_of("ns", "orders");
+        of.sort();
+        assert_eq!(of, ["b1", "b2"]);
+        index.forget("ns", "b1");
+        index.forget("ns", "b2");
+        assert!(index.referrers_of("ns", "orders").is_empty());
+    }
+}
