@@ -59,17 +59,22 @@
 //! is set. `dbops-bench chaos --duration 60` is the short run (about two and a half
 //! minutes in all); `dbops-bench chaos --kills 1000` is the long run.
 
+mod args;
 mod check;
 mod driver;
+mod evidence;
 mod faults;
 mod history;
 mod inject;
+mod settle;
+mod watches;
+mod world;
 mod writer;
 
-use std::fmt::Display;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub use args::ChaosArgs;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -77,256 +82,10 @@ use anyhow::{Context, Result, bail};
 use dbops_api::DatabaseServer;
 use dbops_e2e::controlplane::Options;
 use dbops_e2e::{ControlPlane, PgServer};
-use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 
 use crate::bed::namespace;
-
-#[derive(clap::Args, Debug, Clone)]
-pub struct ChaosArgs {
-    /// Stop after this many SIGKILLs of controller replicas.
-    #[arg(long)]
-    pub kills: Option<u64>,
-    /// Stop after this many seconds of chaos (120 when neither this nor --kills is given).
-    #[arg(long)]
-    pub duration: Option<u64>,
-    /// Seed of every random choice (a random one, printed, when absent).
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Most Databases alive at once.
-    #[arg(long, default_value_t = 20)]
-    pub max_databases: usize,
-    /// Shortest pause between two faults, seconds.
-    #[arg(long, default_value_t = 1.0)]
-    pub min_gap: f64,
-    /// Longest pause between two faults, seconds.
-    #[arg(long, default_value_t = 8.0)]
-    pub max_gap: f64,
-    /// Chance that a fault restarts a PostgreSQL server instead of killing a replica.
-    #[arg(long, default_value_t = 0.06)]
-    pub pg_restart_chance: f64,
-    /// Chance that a fault restarts kube-apiserver instead of killing a replica.
-    #[arg(long, default_value_t = 0.03)]
-    pub apiserver_restart_chance: f64,
-    /// How long every object may take to settle once the faults stop, seconds.
-    #[arg(long, default_value_t = 600)]
-    pub settle_timeout: u64,
-    /// Seconds the driver goes on after the last fault, with every process left alone.
-    #[arg(long, default_value_t = 30)]
-    pub calm: u64,
-    /// Replicas of each controller (2: leader election under fire; 1: every kill stops
-    /// the controller until it is back).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
-    pub replicas: u8,
-    /// Leader election (off only with one replica: each controller process then works
-    /// from its first moment, as a plain Deployment of one pod without a Lease would).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub leader_elect: bool,
-    /// A deletion or a Database spec change that waits longer than this (seconds) for the
-    /// controllers is a violation (0: only reported); a deletion that waited for a person
-    /// (a failed final snapshot, by design) does not count.
-    #[arg(long, default_value_t = 120)]
-    pub max_latency: u64,
-    /// Keep the run directory (logs, store, journal) even without violations.
-    #[arg(long)]
-    pub keep: bool,
-    /// After settling, break one thing per invariant behind dbops' back and check that
-    /// each is caught (the run then passes when exactly those are found).
-    #[arg(long)]
-    pub self_test: bool,
-}
-
-/// The tenant namespace and the controllers' own (admin Secrets, Leases, store
-/// registration).
-pub(crate) const NS: &str = "chaos";
-pub(crate) const SYSTEM_NS: &str = "chaos-system";
-/// The label selecting this run's DatabaseServers (`--server-selector`).
-const SERVER_LABEL: &str = "dbops.dev/bench";
-
-/// A PostgreSQL server of the run: its DatabaseServer name and how the harness reaches
-/// it as the superuser (the process itself is the killer's, behind a lock).
-#[derive(Clone, Debug)]
-pub(crate) struct ServerInfo {
-    pub name: String,
-    pub port: u16,
-    pub password: String,
-}
-
-impl ServerInfo {
-    /// A superuser session to `dbname`, bounded.
-    pub async fn connect(&self, dbname: &str) -> Result<tokio_postgres::Client> {
-        let mut config = tokio_postgres::Config::new();
-        config
-            .host("127.0.0.1")
-            .port(self.port)
-            .user(dbops_e2e::postgres::SUPERUSER)
-            .password(&self.password)
-            .dbname(dbname)
-            .connect_timeout(Duration::from_secs(5));
-        let (client, connection) = tokio::time::timeout(
-            Duration::from_secs(10),
-            config.connect(tokio_postgres::NoTls),
-        )
-        .await
-        .context("connecting timed out")??;
-        spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(client)
-    }
-}
-
-/// Everything the tasks share.
-pub(crate) struct World {
-    pub client: kube::Client,
-    pub servers: Vec<ServerInfo>,
-    pub store: PathBuf,
-    pub dir: PathBuf,
-    pub journal: Journal,
-    pub history: history::History,
-    /// Databases whose deletion waited for a person (a failed final snapshot retried).
-    pub waited_for_person: Mutex<std::collections::BTreeSet<String>>,
-    /// Set when the faults must stop.
-    pub stop_faults: AtomicBool,
-    /// Set when the driver must stop (after the calm phase).
-    pub stop: AtomicBool,
-}
-
-impl World {
-    pub fn server(&self, name: &str) -> Option<&ServerInfo> {
-        self.servers.iter().find(|s| s.name == name)
-    }
-
-    pub fn faults_stopping(&self) -> bool {
-        self.stop_faults.load(Ordering::SeqCst)
-    }
-
-    /// Sleeps `d`, waking early when the driver must stop; whether it must.
-    pub async fn nap(&self, d: Duration) -> bool {
-        nap_on(&self.stop, d).await
-    }
-
-    /// Sleeps `d`, waking early when the faults must stop; whether they must.
-    pub async fn nap_faults(&self, d: Duration) -> bool {
-        nap_on(&self.stop_faults, d).await
-    }
-}
-
-async fn nap_on(flag: &AtomicBool, d: Duration) -> bool {
-    let end = Instant::now() + d;
-    while Instant::now() < end {
-        if flag.load(Ordering::SeqCst) {
-            return true;
-        }
-        tokio::time::sleep((end - Instant::now()).min(Duration::from_millis(200))).await;
-    }
-    flag.load(Ordering::SeqCst)
-}
-
-impl World {}
-
-/// Every fault, action and violation, printed as it happens, with the run's elapsed
-/// seconds and the UTC time (to match the controllers' logs).
-pub(crate) struct Journal {
-    t0: Instant,
-    file: Mutex<Option<std::fs::File>>,
-    pub kills: AtomicU64,
-    pub leader_kills: AtomicU64,
-    pub pg_restarts: AtomicU64,
-    pub apiserver_restarts: AtomicU64,
-    pub self_exits: AtomicU64,
-    pub actions: AtomicU64,
-    pub action_errors: AtomicU64,
-    /// Failed final snapshots deleted by the harness so that a deletion can go on.
-    pub final_retries: AtomicU64,
-    violations: Mutex<Vec<String>>,
-    /// (when, what) of every fault, for the evidence around a violation.
-    faults: Mutex<Vec<(Timestamp, String)>>,
-}
-
-impl Journal {
-    fn new(path: &Path) -> Self {
-        Self {
-            t0: Instant::now(),
-            file: Mutex::new(std::fs::File::create(path).ok()),
-            kills: AtomicU64::new(0),
-            leader_kills: AtomicU64::new(0),
-            pg_restarts: AtomicU64::new(0),
-            apiserver_restarts: AtomicU64::new(0),
-            self_exits: AtomicU64::new(0),
-            actions: AtomicU64::new(0),
-            action_errors: AtomicU64::new(0),
-            final_retries: AtomicU64::new(0),
-            violations: Mutex::new(Vec::new()),
-            faults: Mutex::new(Vec::new()),
-        }
-    }
-
-    pub fn line(&self, tag: &str, msg: impl Display) {
-        let now = Timestamp::now();
-        let text = format!(
-            "[{:>8.1}s {now:.3}] {tag:<10} {msg}",
-            self.t0.elapsed().as_secs_f64()
-        );
-        println!("{text}");
-        if let Ok(mut file) = self.file.lock()
-            && let Some(file) = file.as_mut()
-        {
-            let _ = writeln!(file, "{text}");
-        }
-    }
-
-    /// A fault: printed and remembered with its time.
-    pub fn fault(&self, tag: &str, msg: impl Display) {
-        let msg = msg.to_string();
-        if let Ok(mut faults) = self.faults.lock() {
-            faults.push((Timestamp::now(), format!("{tag} {msg}")));
-        }
-        self.line(tag, msg);
-    }
-
-    pub fn violation(&self, msg: impl Display) {
-        let msg = msg.to_string();
-        self.line("VIOLATION", &msg);
-        if let Ok(mut v) = self.violations.lock() {
-            v.push(msg);
-        }
-    }
-
-    pub fn violations(&self) -> Vec<String> {
-        self.violations
-            .lock()
-            .map(|v| v.clone())
-            .unwrap_or_default()
-    }
-
-    /// The faults between `from` and `to`.
-    pub fn faults_between(&self, from: Timestamp, to: Timestamp) -> Vec<(Timestamp, String)> {
-        self.faults
-            .lock()
-            .map(|f| {
-                f.iter()
-                    .filter(|(t, _)| *t >= from && *t <= to)
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    pub fn elapsed(&self) -> Duration {
-        self.t0.elapsed()
-    }
-}
-
-/// `tokio::spawn` in the caller's tracing dispatcher (see [`run`]).
-pub(crate) fn spawn<F>(f: F) -> tokio::task::JoinHandle<F::Output>
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    use tracing::instrument::WithSubscriber;
-    tokio::spawn(f.with_current_subscriber())
-}
+use world::{Journal, NS, SERVER_LABEL, SYSTEM_NS, ServerInfo, World, spawn};
 
 /// The CLI entry: [`run_chaos`], non-zero exit on any violation. Unless `RUST_LOG` is
 /// set, the harness's own tracing is off: its clients' errors while the apiserver is
@@ -439,7 +198,7 @@ pub async fn run_chaos(mut args: ChaosArgs) -> Result<Outcome> {
         ),
     );
 
-    let watchers = history::spawn(world.clone());
+    let watchers = watches::spawn(world.clone());
     let writers = Arc::new(writer::Writers::default());
     let supervisor = spawn(faults::supervise(world.clone(), fleet.clone()));
     let killer = spawn(faults::kill_loop(
@@ -491,7 +250,7 @@ pub async fn run_chaos(mut args: ChaosArgs) -> Result<Outcome> {
     // Settle: what a user would do to let things end, then wait.
     driver::quiesce(&world).await;
     let settle_started = Instant::now();
-    let unsettled = check::settle(&world, Duration::from_secs(args.settle_timeout)).await;
+    let unsettled = settle::settle(&world, Duration::from_secs(args.settle_timeout)).await;
     let settle_secs = settle_started.elapsed().as_secs_f64();
     world.journal.line(
         "SETTLED",
@@ -509,7 +268,7 @@ pub async fn run_chaos(mut args: ChaosArgs) -> Result<Outcome> {
         let expected = inject::inject(&world, &writers).await?;
         (
             expected,
-            check::settle(&world, Duration::from_secs(15)).await,
+            settle::settle(&world, Duration::from_secs(15)).await,
         )
     } else {
         (Vec::new(), unsettled)
@@ -534,8 +293,8 @@ pub async fn run_chaos(mut args: ChaosArgs) -> Result<Outcome> {
                 l.what, l.secs, l.since, args.max_latency
             ));
             let to = l.since + k8s_openapi::jiff::SignedDuration::from_secs_f64(l.secs);
-            let text = check::evidence(&world, &fleet, l.kind, &l.name, Some((l.since, to)));
-            check::keep_evidence(&world, &format!("slow-{}-{}.txt", l.kind, l.name), &text);
+            let text = evidence::evidence(&world, &fleet, l.kind, &l.name, Some((l.since, to)));
+            evidence::keep_evidence(&world, &format!("slow-{}-{}.txt", l.kind, l.name), &text);
         }
     }
     supervisor.abort();
@@ -607,15 +366,6 @@ pub async fn run_chaos(mut args: ChaosArgs) -> Result<Outcome> {
     Ok(Outcome { violations, dir })
 }
 
-/// `--controller-namespace` and `--server-selector` of every replica.
-pub(crate) fn scope_args() -> Vec<String> {
-    vec![
-        format!("--watch-namespace={NS}"),
-        format!("--controller-namespace={SYSTEM_NS}"),
-        format!("--server-selector={SERVER_LABEL}={NS}"),
-    ]
-}
-
 async fn wait_servers_ready(client: &kube::Client) -> Result<()> {
     let api: Api<DatabaseServer> = Api::all(client.clone());
     let deadline = Instant::now() + Duration::from_secs(180);
@@ -640,14 +390,4 @@ async fn wait_servers_ready(client: &kube::Client) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-}
-
-/// The `Ready` condition of a list of conditions: (status, reason, message).
-pub(crate) fn ready_condition(
-    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
-) -> Option<(&str, &str, &str)> {
-    conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .map(|c| (c.status.as_str(), c.reason.as_str(), c.message.as_str()))
 }

@@ -1,5 +1,5 @@
-//! Settling and the invariants, each violation printed with what the harness knows about
-//! it (the object, and for a stuck one the controllers' log lines around it).
+//! The invariants, checked once everything has settled, each violation printed with what
+//! the harness knows about it; and for what did not settle, a diagnosis.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -7,338 +7,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use dbops_api::{Backup, BackupPhase, Database, Migration, MigrationPhase};
+use dbops_api::{Backup, BackupPhase, Database, MigrationPhase};
 use dbops_shared::checksum::sha256_hex;
-use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, ListParams};
-use kube::{Resource, ResourceExt};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 
+use super::evidence::{evidence, keep_evidence};
 use super::faults::Fleet;
+use super::settle::{
+    Objects, UNEXPECTED, Unsettled, database_state, list, secret_consistent, settle,
+};
+use super::world::{NS, World, ready_condition};
 use super::writer::{TABLE, Writers, connect, login_of};
-use super::{NS, World, ready_condition};
-
-/// `Ready=False` reasons that no waiting changes: the Database has settled there.
-const PERMANENT: [&str; 9] = [
-    "BackupNotFound",
-    "BackupFailed",
-    "ChecksumMismatch",
-    "ArtifactNotFound",
-    "NameConflict",
-    "SecretConflict",
-    "DatabaseMissing",
-    "QuotaExceeded",
-    "FinalSnapshotConflict",
-];
-/// Of those, the ones nothing in this run should cause: nobody touches PostgreSQL, the
-/// store or a connection Secret behind dbops' back, and names are never reused.
-const UNEXPECTED: [&str; 5] = [
-    "ChecksumMismatch",
-    "ArtifactNotFound",
-    "NameConflict",
-    "SecretConflict",
-    "DatabaseMissing",
-];
-
-/// An object that had not settled.
-#[derive(Clone, Debug)]
-pub(crate) struct Unsettled {
-    pub kind: &'static str,
-    pub name: String,
-    pub deleting: Option<Timestamp>,
-    pub detail: String,
-}
-
-impl Unsettled {
-    fn controller(&self) -> &'static str {
-        controller_of(self.kind)
-    }
-}
-
-struct Objects {
-    dbs: Vec<Database>,
-    backups: Vec<Backup>,
-    migrations: Vec<Migration>,
-    secrets: Vec<Secret>,
-}
-
-async fn list(world: &World) -> Result<Objects> {
-    let lp = ListParams::default();
-    let c = &world.client;
-    let dbs = Api::<Database>::namespaced(c.clone(), NS).list(&lp).await?;
-    let backups = Api::<Backup>::namespaced(c.clone(), NS).list(&lp).await?;
-    let migrations = Api::<Migration>::namespaced(c.clone(), NS)
-        .list(&lp)
-        .await?;
-    super::history::observe_lists(world, &dbs, &backups, &migrations);
-    Ok(Objects {
-        dbs: dbs.items,
-        backups: backups.items,
-        migrations: migrations.items,
-        secrets: Api::<Secret>::namespaced(c.clone(), NS)
-            .list(&lp)
-            .await?
-            .items,
-    })
-}
-
-fn meta_line<K: Resource>(o: &K) -> String {
-    let m = o.meta();
-    format!(
-        "generation {}, finalizers {:?}",
-        m.generation.unwrap_or(0),
-        m.finalizers.clone().unwrap_or_default()
-    )
-}
-
-fn database_state(d: &Database) -> String {
-    let s = d.status.clone().unwrap_or_default();
-    let ready = ready_condition(&s.conditions)
-        .map(|(st, r, m)| format!("Ready={st} {r}: {m}"))
-        .unwrap_or_else(|| "no Ready condition".into());
-    let others: Vec<String> = s
-        .conditions
-        .iter()
-        .filter(|c| c.type_ != "Ready")
-        .map(|c| format!("{}={} {}", c.type_, c.status, c.reason))
-        .collect();
-    format!(
-        "phase {:?}, observedGeneration {:?}, {ready}; {}",
-        s.phase,
-        s.observed_generation,
-        others.join(", ")
-    )
-}
-
-/// Whether the Database's connection Secret holds the password it was written with
-/// (a rotation asked by an edit is done).
-fn secret_consistent(d: &Database, secrets: &[Secret]) -> Result<(), String> {
-    let name = d.connection_secret_name();
-    let Some(s) = secrets.iter().find(|s| s.name_any() == name) else {
-        return Err(format!("Secret {name} missing"));
-    };
-    let get = |k: &str| {
-        s.data
-            .as_ref()
-            .and_then(|d| d.get(k))
-            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
-    };
-    let (Some(password), Some(pg)) = (get("password"), get("PGPASSWORD")) else {
-        return Err(format!("Secret {name} lacks password or PGPASSWORD"));
-    };
-    let recorded = s
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get("dbops.dev/password-sha256"))
-        .cloned()
-        .unwrap_or_default();
-    if password != pg || recorded != sha256_hex(password.as_bytes()) {
-        return Err(format!(
-            "Secret {name}: the edited password is not rotated yet (password and PGPASSWORD differ or the recorded hash does not match)"
-        ));
-    }
-    Ok(())
-}
-
-fn unsettled_now(o: &Objects) -> Vec<Unsettled> {
-    let mut out = Vec::new();
-    for d in &o.dbs {
-        let name = d.name_any();
-        if let Some(ts) = &d.metadata.deletion_timestamp {
-            out.push(Unsettled {
-                kind: "Database",
-                name,
-                deleting: Some(ts.0),
-                detail: format!(
-                    "deletionTimestamp {}, {}, {}",
-                    ts.0,
-                    meta_line(d),
-                    database_state(d)
-                ),
-            });
-            continue;
-        }
-        let generation = d.metadata.generation;
-        let status = d.status.clone().unwrap_or_default();
-        let problem = if status.observed_generation != generation {
-            Some(format!(
-                "not observed at its generation: {}",
-                database_state(d)
-            ))
-        } else {
-            match ready_condition(&status.conditions) {
-                Some(("True", _, _)) => secret_consistent(d, &o.secrets).err(),
-                Some(("False", reason, _)) if PERMANENT.contains(&reason) => None,
-                _ => Some(database_state(d)),
-            }
-        };
-        if let Some(detail) = problem {
-            out.push(Unsettled {
-                kind: "Database",
-                name,
-                deleting: None,
-                detail: format!("{detail}; {}", meta_line(d)),
-            });
-        }
-    }
-    // Databases in a permanent reported state (for example restored from a Backup that
-    // the driver deleted meanwhile): a Backup of one waits, Pending with
-    // WaitingForDatabase, until a person fixes the Database; that is settled too.
-    let stuck_for_a_person: BTreeSet<String> = o
-        .dbs
-        .iter()
-        .filter(|d| {
-            d.metadata.deletion_timestamp.is_none()
-                && d.status.as_ref().is_some_and(|s| {
-                    s.observed_generation == d.metadata.generation
-                        && matches!(
-                            ready_condition(&s.conditions),
-                            Some(("False", reason, _)) if PERMANENT.contains(&reason)
-                        )
-                })
-        })
-        .map(|d| d.name_any())
-        .collect();
-    for b in &o.backups {
-        let phase = b.status.as_ref().and_then(|s| s.phase);
-        let deleting = b.metadata.deletion_timestamp.as_ref().map(|t| t.0);
-        let waits_for_a_person = phase == Some(BackupPhase::Pending)
-            && stuck_for_a_person.contains(&b.spec.database_ref.name)
-            && b.status.as_ref().is_some_and(|s| {
-                matches!(
-                    ready_condition(&s.conditions),
-                    Some(("False", "WaitingForDatabase", _))
-                )
-            });
-        if deleting.is_some()
-            || !(matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed))
-                || waits_for_a_person)
-        {
-            let cond = b
-                .status
-                .as_ref()
-                .and_then(|s| ready_condition(&s.conditions))
-                .map(|(st, r, m)| format!("Ready={st} {r}: {m}"))
-                .unwrap_or_default();
-            out.push(Unsettled {
-                kind: "Backup",
-                name: b.name_any(),
-                deleting,
-                detail: format!(
-                    "phase {phase:?}{}, {}, {cond}",
-                    deleting
-                        .map(|t| format!(", deletionTimestamp {t}"))
-                        .unwrap_or_default(),
-                    meta_line(b)
-                ),
-            });
-        }
-    }
-    for m in &o.migrations {
-        let deleting = m.metadata.deletion_timestamp.as_ref().map(|t| t.0);
-        if deleting.is_some() || !super::driver::migration_terminal(m) {
-            let s = m.status.clone().unwrap_or_default();
-            out.push(Unsettled {
-                kind: "Migration",
-                name: m.name_any(),
-                deleting,
-                detail: format!(
-                    "phase {:?}, step {:?}{}, {}, Database {}",
-                    s.phase,
-                    s.current_step,
-                    deleting
-                        .map(|t| format!(", deletionTimestamp {t}"))
-                        .unwrap_or_default(),
-                    meta_line(m),
-                    m.spec.database_ref.name
-                ),
-            });
-        }
-    }
-    out
-}
-
-/// What the Database's condition tells the user to do when the final snapshot of a
-/// `Snapshot` deletion failed ("delete Backup <name> to try again"): the deletion waits
-/// for a person, by design. The harness is that person.
-async fn retry_failed_final_snapshots(world: &World, o: &Objects) {
-    retry_final_snapshots(world, &o.dbs, &o.backups).await;
-}
-
-/// See [`retry_failed_final_snapshots`]; also what the driver does as a user.
-pub(crate) async fn retry_final_snapshots(world: &World, dbs: &[Database], all: &[Backup]) {
-    let backups: Api<Backup> = Api::namespaced(world.client.clone(), NS);
-    for d in dbs
-        .iter()
-        .filter(|d| d.metadata.deletion_timestamp.is_some())
-    {
-        let uid = d.uid().unwrap_or_default();
-        for b in all.iter().filter(|b| {
-            b.labels().get("dbops.dev/final-snapshot-of") == Some(&uid)
-                && b.status.as_ref().and_then(|s| s.phase) == Some(BackupPhase::Failed)
-                && b.metadata.deletion_timestamp.is_none()
-        }) {
-            if backups
-                .delete(&b.name_any(), &kube::api::DeleteParams::default())
-                .await
-                .is_ok()
-            {
-                world
-                    .journal
-                    .final_retries
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if let Ok(mut p) = world.waited_for_person.lock() {
-                    p.insert(d.name_any());
-                }
-                world.journal.line(
-                    "USER",
-                    format!(
-                        "Database {} waits for a person: its final Backup {} failed; deleting it, as the condition says, to try again",
-                        d.name_any(),
-                        b.name_any()
-                    ),
-                );
-            }
-        }
-    }
-}
-
-/// Waits until every object has settled, at most `limit`; what had not.
-pub(crate) async fn settle(world: &World, limit: Duration) -> Vec<Unsettled> {
-    let deadline = Instant::now() + limit;
-    let mut last_print = Instant::now();
-    let mut last = Vec::new();
-    loop {
-        match tokio::time::timeout(Duration::from_secs(30), list(world)).await {
-            Ok(Ok(o)) => {
-                last = unsettled_now(&o);
-                if last.is_empty() {
-                    return last;
-                }
-                retry_failed_final_snapshots(world, &o).await;
-            }
-            Ok(Err(e)) => world.journal.line("SETTLE", format!("cannot list: {e:#}")),
-            Err(_) => world.journal.line("SETTLE", "listing timed out"),
-        }
-        if Instant::now() > deadline {
-            return last;
-        }
-        if last_print.elapsed() > Duration::from_secs(30) {
-            last_print = Instant::now();
-            let some: Vec<String> = last
-                .iter()
-                .take(4)
-                .map(|u| format!("{} {}: {}", u.kind, u.name, u.detail))
-                .collect();
-            world.journal.line(
-                "SETTLE",
-                format!("{} unsettled, e.g. {}", last.len(), some.join(" | ")),
-            );
-        }
-        tokio::time::sleep(Duration::from_secs(3)).await;
-    }
-}
 
 /// Every check; returns the end state's figures for the summary.
 pub(crate) async fn check_all(
@@ -430,7 +110,7 @@ pub(crate) async fn check_all(
         objects
             .dbs
             .iter()
-            .filter(|d| super::driver::is_ready(d))
+            .filter(|d| super::world::is_ready(d))
             .count(),
         ever_of("Backup"),
         objects.backups.len(),
@@ -502,7 +182,7 @@ async fn check_marks(world: &World, o: &Objects) -> Result<usize> {
                 if comment
                     .as_deref()
                     .is_some_and(|c| c.contains("restore=pending"))
-                    && super::driver::is_ready(d)
+                    && super::world::is_ready(d)
                 {
                     world.journal.violation(format!(
                         "(1) {kind} {name} on {} is still marked restore=pending while Database {} is Ready",
@@ -543,7 +223,7 @@ async fn check_marks(world: &World, o: &Objects) -> Result<usize> {
             ));
         }
     }
-    for d in o.dbs.iter().filter(|d| super::driver::is_ready(d)) {
+    for d in o.dbs.iter().filter(|d| super::world::is_ready(d)) {
         let uid = d.uid().unwrap_or_default();
         for kind in ["database", "role"] {
             if !found.contains_key(&(uid.clone(), kind.to_string())) {
@@ -562,7 +242,7 @@ async fn check_marks(world: &World, o: &Objects) -> Result<usize> {
 async fn check_logins(world: &World, o: &Objects) -> usize {
     let mut n = 0;
     for d in o.dbs.iter().filter(|d| {
-        super::driver::is_ready(d)
+        super::world::is_ready(d)
             && d.metadata.deletion_timestamp.is_none()
             && d.status.as_ref().and_then(|s| s.observed_generation) == d.metadata.generation
     }) {
@@ -897,133 +577,6 @@ async fn check_writes(world: &World, o: &Objects, writers: &Writers) -> (usize, 
         }
     }
     (total, dbs)
-}
-
-fn controller_of(kind: &str) -> &'static str {
-    match kind {
-        "Database" => "database-controller",
-        "Backup" => "backup-controller",
-        _ => "migration-controller",
-    }
-}
-
-/// Log lines of the object's controller about it, and from `from` (when the user asked)
-/// to `to`: the faults, the controllers' leadership changes and failing watches.
-pub(crate) fn evidence(
-    world: &World,
-    fleet: &Fleet,
-    kind: &str,
-    name: &str,
-    window: Option<(Timestamp, Timestamp)>,
-) -> String {
-    let mut out = format!("----- evidence: {kind} {name} -----\n");
-    let window = window.map(|(from, to)| {
-        (
-            from - SignedDuration::from_secs(60),
-            to + SignedDuration::from_secs(10),
-        )
-    });
-    if let Some((from, to)) = window {
-        out.push_str(&format!("faults from {from} to {to}:\n"));
-        for (when, what) in world.journal.faults_between(from, to) {
-            out.push_str(&format!("  {when:.3} {what}\n"));
-        }
-    }
-    for r in fleet.of(controller_of(kind)) {
-        let text = std::fs::read(r.log_path()).unwrap_or_default();
-        let text = strip_ansi(&String::from_utf8_lossy(&text));
-        let in_window = |l: &str| {
-            window.is_none_or(|(from, to)| line_time(l).is_some_and(|t| t >= from && t <= to))
-        };
-        let about: Vec<&str> = text
-            .lines()
-            .filter(|l| mentions(l, name) && in_window(l))
-            .collect();
-        out.push_str(&format!(
-            "{} ({}): {} log lines mention {name}{}; the last 40:\n",
-            r.slot,
-            r.log_path().display(),
-            about.len(),
-            if window.is_some() {
-                " in that window"
-            } else {
-                ""
-            },
-        ));
-        for l in about.iter().rev().take(40).rev() {
-            out.push_str(&format!("  {l}\n"));
-        }
-        if window.is_some() {
-            out.push_str(&format!(
-                "{}: leadership, starts, stops and failing watches in that window:\n",
-                r.slot
-            ));
-            for l in text.lines().filter(|l| {
-                in_window(l)
-                    && line_time(l).is_some()
-                    && [
-                        "lead",
-                        "Lease",
-                        "=====",
-                        "stopp",
-                        "synced",
-                        "starting",
-                        "watch failed",
-                    ]
-                    .iter()
-                    .any(|k| l.contains(k))
-            }) {
-                out.push_str(&format!("  {}\n", shorten(l, 300)));
-            }
-        }
-    }
-    out
-}
-
-fn shorten(l: &str, max: usize) -> &str {
-    match l.char_indices().nth(max) {
-        Some((i, _)) => &l[..i],
-        None => l,
-    }
-}
-
-/// Prints `text` and writes it to `<run>/evidence/<file>`.
-pub(crate) fn keep_evidence(world: &World, file: &str, text: &str) {
-    println!("{text}");
-    let path = world.dir.join("evidence").join(file);
-    if let Some(parent) = path.parent() {
-        let _ = std::fs::create_dir_all(parent);
-    }
-    let _ = std::fs::write(&path, text);
-}
-
-/// Whether a log line names `name` as a whole (not `db-1` in `db-12`).
-fn mentions(line: &str, name: &str) -> bool {
-    line.match_indices(name).any(|(i, _)| {
-        let after = line[i + name.len()..].chars().next();
-        !after.is_some_and(|c| c.is_ascii_alphanumeric())
-    })
-}
-
-fn line_time(line: &str) -> Option<Timestamp> {
-    line.split_whitespace().next()?.parse().ok()
-}
-
-pub(crate) fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' && chars.peek() == Some(&'[') {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// After the verdict: restart the leader of each controller with stuck objects and see

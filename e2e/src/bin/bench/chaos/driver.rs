@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use dbops_api::{Backup, BackupPhase, Database, Migration, MigrationPhase};
+use dbops_api::{Backup, BackupPhase, Database, Migration};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -17,8 +17,8 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::json;
 
+use super::world::{NS, World, is_ready, migration_terminal};
 use super::writer::Writers;
-use super::{NS, World, ready_condition};
 
 /// Most Backups and Migrations kept around (older ones are deleted first).
 const MAX_BACKUPS: usize = 40;
@@ -45,20 +45,6 @@ struct Snapshot {
     dbs: Vec<Database>,
     backups: Vec<Backup>,
     migrations: Vec<Migration>,
-}
-
-pub(crate) fn is_ready(d: &Database) -> bool {
-    d.status
-        .as_ref()
-        .and_then(|s| ready_condition(&s.conditions))
-        .is_some_and(|(st, _, _)| st == "True")
-}
-
-pub(crate) fn migration_terminal(m: &Migration) -> bool {
-    matches!(
-        m.status.as_ref().and_then(|s| s.phase),
-        Some(MigrationPhase::Succeeded | MigrationPhase::RolledBack | MigrationPhase::Failed)
-    )
 }
 
 struct Driver {
@@ -105,7 +91,7 @@ pub(crate) async fn run(world: Arc<World>, writers: Arc<Writers>, max_databases:
         };
         // A user reads the conditions: a Snapshot deletion whose final Backup failed
         // asks for that Backup to be deleted.
-        super::check::retry_final_snapshots(&world, &snap.dbs, &snap.backups).await;
+        super::settle::retry_final_snapshots(&world, &snap.dbs, &snap.backups).await;
         let Some(action) = d.choose(&snap) else {
             continue;
         };
@@ -139,7 +125,7 @@ impl Driver {
             self.backups.list(&lp).await?,
             self.migrations.list(&lp).await?,
         );
-        super::history::observe_lists(&self.world, &dbs, &backups, &migrations);
+        super::watches::observe_lists(&self.world, &dbs, &backups, &migrations);
         Ok(Snapshot {
             dbs: dbs.items,
             backups: backups.items,

@@ -18,7 +18,8 @@ use kube::api::Api;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use super::{ChaosArgs, SYSTEM_NS, World, scope_args, spawn};
+use super::args::ChaosArgs;
+use super::world::{SYSTEM_NS, World, scope_args, spawn};
 
 pub(crate) const CONTROLLERS: [&str; 3] = [
     "database-controller",
@@ -309,7 +310,7 @@ pub(crate) async fn supervise(world: Arc<World>, fleet: Arc<Fleet>) {
             };
             if let Some((status, process)) = exited {
                 world.journal.self_exits.fetch_add(1, Ordering::Relaxed);
-                let tail = super::check::strip_ansi(&process.log_tail(600));
+                let tail = super::world::strip_ansi(&process.log_tail(600));
                 let last = tail
                     .lines()
                     .rev()

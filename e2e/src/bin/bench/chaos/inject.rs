@@ -9,8 +9,8 @@ use dbops_api::{Backup, BackupPhase, Database};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
+use super::world::{NS, World};
 use super::writer::{TABLE, Writers};
-use super::{NS, World};
 
 /// A finalizer nobody removes: the Database it is on never finishes its deletion.
 const HOLD: &str = "chaos.dbops.dev/self-test-hold";
@@ -32,7 +32,7 @@ pub(crate) async fn inject(world: &World, writers: &Writers) -> Result<Vec<Strin
     while !dbs
         .get_opt("selftest-stuck")
         .await?
-        .is_some_and(|d| super::driver::is_ready(&d))
+        .is_some_and(|d| super::world::is_ready(&d))
     {
         if Instant::now() > deadline {
             bail!("selftest-stuck not Ready within 60 s");
@@ -127,7 +127,7 @@ pub(crate) async fn inject(world: &World, writers: &Writers) -> Result<Vec<Strin
     // (2) A Secret that no longer logs in: the role's password changed behind dbops.
     if let Some(d) = live
         .iter()
-        .find(|d| super::driver::is_ready(d) && lost_in.as_deref() != Some(d.name_any().as_str()))
+        .find(|d| super::world::is_ready(d) && lost_in.as_deref() != Some(d.name_any().as_str()))
         && let Some(server) = world.server(&d.spec.server_ref.name)
     {
         let role = d.owner_role();

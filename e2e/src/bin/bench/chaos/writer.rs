@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 
-use super::{NS, World, spawn};
+use super::world::{NS, World, spawn};
 
 /// The table every writer inserts into (one writer per database; its numbers start at
 /// `base`, so rows of a Database restored from another one's Backup never collide).
