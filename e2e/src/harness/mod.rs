@@ -5,6 +5,7 @@
 //!
 //! A test harness: an `unwrap()` or `expect()` that fails is a failed test.
 
+pub mod backup;
 pub mod bed;
 pub mod database;
 pub mod deploy;
