@@ -20,7 +20,7 @@ pub const MEMORY_PATTERN: &str = "^[0-9]{1,9}(kB|MB|GB|TB)$";
 
 /// The annotation that rotates a Database's or DatabaseUser's password on demand: any
 /// new value (for example a timestamp) starts one rotation.
-pub const ROTATE_ANNOTATION: &str = "dbops.dev/rotate";
+pub const ROTATE_ANNOTATION: &str = crate::names::annotation::ROTATE;
 
 /// Session settings of a login role, applied with `ALTER ROLE ... SET` so every new session
 /// of the role starts with them. Each must stay within the DatabaseServer's

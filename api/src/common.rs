@@ -18,15 +18,15 @@ pub mod condition {
     pub const MIGRATION_IN_PROGRESS: &str = "MigrationInProgress";
 }
 
-/// Labels and annotations the controllers put on the objects they create for each other.
+/// Labels and annotations the controllers put on the objects they create for each other
+/// (the same consts as in [`crate::names`], which has them all).
 pub mod marks {
-    /// Annotation on a Backup: the metadata.uid of the Database it must dump. A Backup
-    /// carrying it fails (`DatabaseReplaced`) rather than dump another Database of the
-    /// same name, and its `status.databaseUID` says which one it dumped.
-    pub const DATABASE_UID: &str = "dbops.dev/database-uid";
-    /// Label on a final snapshot Backup (`deletionPolicy: Snapshot`): the metadata.uid of
-    /// the Database being deleted.
-    pub const FINAL_SNAPSHOT_OF: &str = "dbops.dev/final-snapshot-of";
+    use crate::names::{annotation, label};
+
+    /// [`annotation::DATABASE_UID`].
+    pub const DATABASE_UID: &str = annotation::DATABASE_UID;
+    /// [`label::FINAL_SNAPSHOT_OF`].
+    pub const FINAL_SNAPSHOT_OF: &str = label::FINAL_SNAPSHOT_OF;
 }
 
 /// A reference to a cluster-scoped `DatabaseServer` by name.

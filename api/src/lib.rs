@@ -12,6 +12,8 @@ pub mod backup;
 pub mod common;
 pub mod database;
 pub mod migration;
+pub mod names;
+pub mod reasons;
 pub mod server;
 pub mod user;
 
@@ -31,6 +33,10 @@ pub use database::{
 pub use migration::{
     ChosenMode, Cutover, Migration, MigrationMode, MigrationPhase, MigrationSpec, MigrationStatus,
     MigrationStep, MigrationTarget, ReplicationStatus, SourceRetention, StepState, StepStatus,
+};
+pub use reasons::{
+    BackupReason, DatabaseReason, DatabaseServerReason, DatabaseUserReason, MigrationReason,
+    ProcessReason, Reason, ReasonClass, UnknownReason,
 };
 pub use server::{
     DatabaseServer, DatabaseServerSpec, DatabaseServerStatus, ServerLimits, ServerTls,

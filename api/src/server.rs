@@ -9,7 +9,7 @@ use crate::common::{SecretReference, TlsMode};
 
 /// The finalizer that keeps a DatabaseServer while Databases are on it (like PVC
 /// protection): removed by the database-controller once none is left.
-pub const IN_USE_FINALIZER: &str = "dbops.dev/server-in-use";
+pub const IN_USE_FINALIZER: &str = crate::names::finalizer::SERVER_IN_USE;
 
 /// Desired state of a DatabaseServer.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
