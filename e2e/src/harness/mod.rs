@@ -2,10 +2,9 @@
 //! plane and a namespace per test ([`bed`]), the deployment of `deploy/` ([`deploy`]), and
 //! per kind the controllers, servers and stores one test runs against. A test file reads
 //! top to bottom; how its world is built lives here.
-//!
-//! A test harness: an `unwrap()` or `expect()` that fails is a failed test.
 
 pub mod backup;
 pub mod bed;
 pub mod database;
 pub mod deploy;
+pub mod migration;

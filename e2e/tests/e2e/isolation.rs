@@ -31,8 +31,8 @@ use dbops_e2e::{ControllerProcess, PgServer};
 use kube::api::Api;
 use serde_json::json;
 
-use crate::migration::{READY, SAGA, condition, phase_of};
 use crate::{Bed, bed};
+use dbops_e2e::harness::migration::{READY, SAGA, condition, phase_of};
 
 /// Why Auto does not choose, and Logical refuses, a target older than PostgreSQL 16.
 const UNSAFE_BEFORE_16: &str = "LogicalUnsafeBefore16";

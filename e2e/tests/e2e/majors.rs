@@ -33,8 +33,8 @@ use dbops_e2e::{ControllerProcess, PgServer};
 use kube::api::Api;
 use serde_json::json;
 
-use crate::migration::{READY, SAGA, condition, phase_of};
 use crate::{Bed, bed};
+use dbops_e2e::harness::migration::{READY, SAGA, condition, phase_of};
 
 /// Rows of `items` in every Database of these tests.
 const ROWS: i64 = 5_000;

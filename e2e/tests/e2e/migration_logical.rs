@@ -24,7 +24,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use serde_json::json;
 
-use crate::migration::{
+use dbops_e2e::harness::migration::{
     Conn, DEBUG_EXIT, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, assert_each_once, assert_has_event,
     assert_step, condition, step_state,
 };

@@ -17,8 +17,8 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 use tokio_postgres::error::SqlState;
 
-use crate::migration::{READY, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, phase_of};
 use dbops_e2e::harness::database::{connect, value};
+use dbops_e2e::harness::migration::{READY, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, phase_of};
 
 /// The Database of these tests, and its two users.
 const DB: &str = "shop";
