@@ -11,9 +11,9 @@ use kube::runtime::controller::Action;
 use serde_json::json;
 
 use crate::error::{Error, Result};
-use crate::reconcile::{
-    State, admin_session, has_finalizer, remove_finalizer, server_error, server_of,
-};
+use crate::finalizer::{has_finalizer, remove_finalizer};
+use crate::server_access::{admin_session, server_error, server_of};
+use crate::state::State;
 use crate::{sql, status};
 
 /// Deletion: what the policy asks for in PostgreSQL, then the finalizer goes.
@@ -28,13 +28,13 @@ pub(crate) async fn cleanup(
         return Ok(Action::await_change());
     }
     if let Some(migration) = migration {
-        let outcome = Err(Error::Blocked {
+        let waiting = Error::Blocked {
             reason: "MigrationInProgress",
             message: format!(
                 "deletion waits for Migration {migration} to end: it rolls back if it has not switched the server yet, and finishes if it has"
             ),
-        });
-        status::publish_deleting(db, ctx, api, &outcome).await?;
+        };
+        status::publish_deleting(db, ctx, api, &waiting).await?;
         return Ok(Action::requeue(ctx.resync_interval));
     }
     let namespace = db.namespace().unwrap_or_default();
@@ -80,7 +80,7 @@ pub(crate) async fn cleanup(
             Ok(Action::await_change())
         }
         Err(e) => {
-            status::publish_deleting(db, ctx, api, &Err::<(), _>(e.clone_for_status())).await?;
+            status::publish_deleting(db, ctx, api, &e).await?;
             match e {
                 Error::Blocked { .. } => Ok(Action::requeue(ctx.resync_interval)),
                 e => Err(e),
@@ -137,13 +137,13 @@ async fn nothing_to_snapshot(db: &Database, ctx: &Context<State>) -> Result<bool
     if status::provider_id(db).is_some() {
         return Ok(false);
     }
-    let target = match server_of(ctx, db).await {
+    let target = match server_of(&ctx.state.directory, db).await {
         // Refused (namespace, quota) or no such server: nothing was made there.
         Err(Error::Blocked { .. }) => return Ok(true),
         other => other?,
     };
     let uid = db.uid().unwrap_or_default();
-    let session = admin_session(ctx, &target, "postgres").await?;
+    let session = admin_session(&ctx.state.servers, &target, "postgres").await?;
     let observed = sql::observe(&session, &db.owner_role(), &db.database_name()).await?;
     Ok(match &observed.database {
         None => true,
@@ -158,7 +158,7 @@ async fn nothing_to_snapshot(db: &Database, ctx: &Context<State>) -> Result<bool
 /// that never got onto its server (refused, or its server is gone) has nothing there.
 async fn drop_owned(db: &Database, ctx: &Context<State>) -> Result<()> {
     let provisioned = db.status.as_ref().is_some_and(|s| s.provider_id.is_some());
-    let target = match server_of(ctx, db).await {
+    let target = match server_of(&ctx.state.directory, db).await {
         Err(Error::Blocked { reason, message }) if !provisioned => {
             tracing::info!(
                 reason,
@@ -172,7 +172,7 @@ async fn drop_owned(db: &Database, ctx: &Context<State>) -> Result<()> {
     let server = target.endpoint.key.clone();
     let uid = db.uid().unwrap_or_default();
     let (database, role) = (db.database_name(), db.owner_role());
-    let session = admin_session(ctx, &target, "postgres").await?;
+    let session = admin_session(&ctx.state.servers, &target, "postgres").await?;
     // The owner's rotation logins (`owner_logins`), marked as this Database's, go before the role.
     let logins = crate::owner_logins::logins(&role);
     let ours = |comment: Option<&str>| sql::is_ours(comment, &uid);

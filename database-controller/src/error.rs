@@ -3,6 +3,8 @@
 use dbops_shared::controller::{ErrorKind, ReconcileError};
 use dbops_shared::postgres::PgError;
 
+use crate::template::TemplateError;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("Kubernetes API: {0}")]
@@ -54,3 +56,11 @@ impl ReconcileError for Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A `spec.secretTemplate` that does not render: refused, naming the key.
+pub(crate) fn template_error(e: TemplateError) -> Error {
+    Error::Blocked {
+        reason: "InvalidSecretTemplate",
+        message: format!("{e}; nothing was written"),
+    }
+}

@@ -18,17 +18,24 @@
 //! restored from (`spec.restoreFrom`). Admin and CA Secrets are read from a cache of the
 //! controllers' own namespace (`--controller-namespace`) only.
 
+mod admit;
+mod connection;
 mod delete;
 mod error;
+mod finalizer;
 mod limits;
+mod live;
 mod owner_logins;
 mod plan;
+mod provision;
 mod reconcile;
 mod restore;
 mod rotation;
 mod secret;
 mod server;
+mod server_access;
 mod sql;
+mod state;
 mod status;
 mod template;
 mod tenant_secrets;
@@ -54,7 +61,7 @@ use dbops_shared::server::Directory;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
 
-use crate::reconcile::{State, Verified, Written};
+use crate::state::{State, Verified, Written};
 
 /// The controller name: metrics label, Lease `dbops-database-controller`, Event reporter.
 const CONTROLLER: &str = "database-controller";

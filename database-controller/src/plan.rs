@@ -1,8 +1,8 @@
 //! What provisioning does in PostgreSQL, decided without doing it: a pure function from
 //! the Database and what was observed (its role and database on the server, the password
-//! its connection Secret still holds) to the actions that bring the server to the spec,
-//! or the reason nothing may be done. `reconcile::provision_in_postgres` observes, asks
-//! [`plan`], applies the actions in order, then writes the Secret; the status follows from
+//! its connection Secret still holds) to the changes that bring the server to the spec,
+//! or the reason nothing may be done. `provision::provision_in_postgres` observes, asks
+//! [`plan`], applies the changes in order, then writes the Secret; the status follows from
 //! the outcome (`status`).
 //!
 //! The rules, each a test below:
@@ -42,9 +42,9 @@ pub struct Inputs<'a> {
     pub password_kept: bool,
 }
 
-/// One change on the server, in the order of [`Plan::actions`].
+/// One change on the server, in the order of [`Plan::changes`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub enum Change {
     /// Create the role, marked, with the password.
     CreateRole,
     /// Give the existing role the password.
@@ -69,12 +69,12 @@ pub enum Action {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    pub actions: Vec<Action>,
+    pub changes: Vec<Change>,
     /// A new password is needed (the Secret does not hold the one written).
     pub new_password: bool,
 }
 
-/// The actions that bring the server to the spec, or why none may be taken.
+/// The changes that bring the server to the spec, or why none may be taken.
 pub fn plan(i: &Inputs<'_>, observed: &Observed) -> Result<Plan, Error> {
     if observed.role.is_some() && !observed.role_is_ours(i.uid) {
         return Err(conflict("role", i.role, i.server));
@@ -93,13 +93,13 @@ pub fn plan(i: &Inputs<'_>, observed: &Observed) -> Result<Plan, Error> {
         });
     }
 
-    let mut actions = Vec::new();
+    let mut changes = Vec::new();
     if observed.role.is_none() {
-        actions.push(Action::CreateRole);
+        changes.push(Change::CreateRole);
     } else if !i.password_kept || i.arriving {
         // Arriving on a server (a Migration's switch) the role exists with a password
         // nobody knows: it gets the Secret's, once.
-        actions.push(Action::SetPassword);
+        changes.push(Change::SetPassword);
     }
 
     let mark = if i.restore_from {
@@ -108,20 +108,20 @@ pub fn plan(i: &Inputs<'_>, observed: &Observed) -> Result<Plan, Error> {
         sql::mark(i.uid)
     };
     match &observed.database {
-        None => actions.push(Action::CreateDatabase {
+        None => changes.push(Change::CreateDatabase {
             mark,
             connection_limit: i.connection_limit,
         }),
         Some(found) => {
             if found.comment.is_none() {
-                actions.push(Action::MarkDatabase { mark });
+                changes.push(Change::MarkDatabase { mark });
             }
             if found.owner != i.role {
-                actions.push(Action::SetOwner);
+                changes.push(Change::SetOwner);
             }
             // A Migration freezes the source with its own connection limit: not drift.
             if found.connection_limit != i.connection_limit && !i.migration_active {
-                actions.push(Action::SetConnectionLimit(i.connection_limit));
+                changes.push(Change::SetConnectionLimit(i.connection_limit));
             }
         }
     }
@@ -131,12 +131,12 @@ pub fn plan(i: &Inputs<'_>, observed: &Observed) -> Result<Plan, Error> {
             .as_ref()
             .is_none_or(|d| d.comment.is_none() || sql::is_restore_pending(d.comment.as_deref()));
     if restore_pending {
-        actions.push(Action::Restore {
+        changes.push(Change::Restore {
             fresh: observed.database.is_none(),
         });
     }
     Ok(Plan {
-        actions,
+        changes,
         new_password: !i.password_kept,
     })
 }
@@ -217,10 +217,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            p.actions,
+            p.changes,
             [
-                Action::CreateRole,
-                Action::CreateDatabase {
+                Change::CreateRole,
+                Change::CreateDatabase {
                     mark: sql::mark(UID),
                     connection_limit: -1,
                 }
@@ -236,7 +236,7 @@ mod tests {
             &observed(ours(), Some(database(Some(sql::mark(UID))))),
         )
         .unwrap();
-        assert_eq!(p.actions, []);
+        assert_eq!(p.changes, []);
         assert!(!p.new_password);
     }
 
@@ -264,8 +264,8 @@ mod tests {
     fn a_crash_before_the_mark_is_finished_not_refused() {
         let p = plan(&inputs(), &observed(ours(), Some(database(None)))).unwrap();
         assert_eq!(
-            p.actions,
-            [Action::MarkDatabase {
+            p.changes,
+            [Change::MarkDatabase {
                 mark: sql::mark(UID)
             }]
         );
@@ -293,7 +293,7 @@ mod tests {
                 ..inputs()
             },
         ] {
-            assert_eq!(plan(&i, &there).unwrap().actions, [Action::SetPassword]);
+            assert_eq!(plan(&i, &there).unwrap().changes, [Change::SetPassword]);
         }
     }
 
@@ -304,15 +304,15 @@ mod tests {
         drifted.connection_limit = 0;
         let p = plan(&inputs(), &observed(ours(), Some(drifted.clone()))).unwrap();
         assert_eq!(
-            p.actions,
-            [Action::SetOwner, Action::SetConnectionLimit(-1)]
+            p.changes,
+            [Change::SetOwner, Change::SetConnectionLimit(-1)]
         );
         let frozen = Inputs {
             migration_active: true,
             ..inputs()
         };
         let p = plan(&frozen, &observed(ours(), Some(drifted))).unwrap();
-        assert_eq!(p.actions, [Action::SetOwner]);
+        assert_eq!(p.changes, [Change::SetOwner]);
     }
 
     #[test]
@@ -324,20 +324,20 @@ mod tests {
         let pending = sql::restore_pending_mark(UID);
         let p = plan(&i, &observed(None, None)).unwrap();
         assert_eq!(
-            p.actions,
+            p.changes,
             [
-                Action::CreateRole,
-                Action::CreateDatabase {
+                Change::CreateRole,
+                Change::CreateDatabase {
                     mark: pending.clone(),
                     connection_limit: -1,
                 },
-                Action::Restore { fresh: true }
+                Change::Restore { fresh: true }
             ]
         );
         let half = plan(&i, &observed(ours(), Some(database(Some(pending))))).unwrap();
-        assert_eq!(half.actions, [Action::Restore { fresh: false }]);
+        assert_eq!(half.changes, [Change::Restore { fresh: false }]);
         let done = plan(&i, &observed(ours(), Some(database(Some(sql::mark(UID)))))).unwrap();
-        assert_eq!(done.actions, []);
+        assert_eq!(done.changes, []);
     }
 
     #[test]

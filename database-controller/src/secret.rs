@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 use kube::api::ObjectMeta;
 
-use crate::template::{self, TemplateError, Values};
+use crate::template::{self, RESERVED_KEYS, TemplateError, Values};
 
 /// Marks the password the controller wrote, so an edit of it is noticed (and rotated).
 pub const PASSWORD_HASH_ANNOTATION: &str = "dbops.dev/password-sha256";
@@ -256,25 +256,6 @@ pub fn desired_for(
     })
 }
 
-/// Every key [`desired`] may write (`ca.crt` only when the server has a CA of its own).
-pub(crate) const OWN_KEYS: [&str; 15] = [
-    "host",
-    "port",
-    "dbname",
-    "username",
-    "password",
-    "uri",
-    "jdbc-url",
-    "PGHOST",
-    "PGPORT",
-    "PGDATABASE",
-    "PGUSER",
-    "PGPASSWORD",
-    "sslmode",
-    "PGSSLMODE",
-    "ca.crt",
-];
-
 /// Where the cache's copy of a connection Secret keeps [`digest`] of its data. Not a valid
 /// Secret key (it has a `/`), so it can never be one a user wrote.
 const DIGEST_KEY: &str = "dbops.dev/own-keys-sha256";
@@ -295,12 +276,12 @@ fn template_keys(secret: &Secret) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// SHA-256 of the values of [`OWN_KEYS`] and of the rendered `templated` keys (an absent
+/// SHA-256 of the values of [`RESERVED_KEYS`] and of the rendered `templated` keys (an absent
 /// key counts, as absent).
 fn digest(data: Option<&BTreeMap<String, ByteString>>, templated: &[String]) -> Vec<u8> {
     use dbops_shared::checksum::{Digest, Sha256};
     let mut h = Sha256::new();
-    for key in OWN_KEYS
+    for key in RESERVED_KEYS
         .iter()
         .copied()
         .chain(templated.iter().map(String::as_str))
@@ -489,7 +470,10 @@ mod tests {
         let (_, with_ca) = own_ca();
         // Every key written is one the digest covers.
         for key in with_ca.data.as_ref().unwrap().keys() {
-            assert!(OWN_KEYS.contains(&key.as_str()), "{key} not in OWN_KEYS");
+            assert!(
+                RESERVED_KEYS.contains(&key.as_str()),
+                "{key} not in RESERVED_KEYS"
+            );
         }
         let other_pw = desired(&db(), &plain(), "other");
         let plain = desired(&db(), &plain(), "pw");

@@ -1,15 +1,19 @@
-//! The Database status derived from a reconcile's outcome: written only when it differs
-//! from what is stored, with an Event for every change of the Ready condition.
+//! The Database status: [`desired`] derives it from a reconcile's outcome (pure, as is
+//! [`deleting`] for a deletion that cannot finish yet, and [`events`], the Events a change
+//! of status implies); [`publish`] writes it only when it differs from the latest one,
+//! then sends those Events.
 
 use dbops_api::{Database, DatabasePhase, DatabaseStatus, condition};
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, get, now, set_condition};
 use dbops_shared::controller::{Context, ReconcileError};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::error::{Error, Result};
-use crate::reconcile::{Provisioned, State};
+use crate::live::confirm_live;
+use crate::state::{Provisioned, State};
 
 /// Where the database was created, once it was.
 pub fn provider_id(db: &Database) -> Option<&str> {
@@ -80,7 +84,293 @@ pub fn on_the_way(reason: &str) -> bool {
     matches!(reason, "WaitingForBackup" | "Restoring")
 }
 
-/// Writes the status for a provisioning outcome (nothing for Kubernetes API errors).
+/// The conditions of one generation, all stamped `t`.
+struct Conditions<'a> {
+    list: &'a mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    generation: Option<i64>,
+    t: Time,
+}
+
+impl Conditions<'_> {
+    fn set(&mut self, type_: &str, status: ConditionStatus, reason: &str, message: String) {
+        set_condition(
+            self.list,
+            ConditionSpec {
+                type_,
+                status,
+                reason,
+                message,
+                observed_generation: self.generation,
+            },
+            self.t.clone(),
+        );
+    }
+}
+
+/// The status a provisioning outcome asks for, built on `old` (the latest status) at time
+/// `t`. `migration` is the Migration of this Database that has not ended.
+pub fn desired(
+    db: &Database,
+    old: &DatabaseStatus,
+    outcome: &Result<Provisioned>,
+    migration: Option<&str>,
+    t: Time,
+) -> DatabaseStatus {
+    let mut new = old.clone();
+    new.observed_generation = db.metadata.generation;
+    new.database_name = Some(db.database_name());
+    match outcome {
+        Ok(p) => provisioned(db, old, &mut new, p, t.clone()),
+        Err(e) => failed(old, &mut new, e, db.metadata.generation, t.clone()),
+    }
+    let mut conditions = Conditions {
+        list: &mut new.conditions,
+        generation: db.metadata.generation,
+        t,
+    };
+    match migration {
+        Some(m) => conditions.set(
+            condition::MIGRATION_IN_PROGRESS,
+            ConditionStatus::True,
+            "MigrationRunning",
+            format!("Migration {m} is moving this database; its freeze is not drift"),
+        ),
+        None => conditions.set(
+            condition::MIGRATION_IN_PROGRESS,
+            ConditionStatus::False,
+            "NoMigration",
+            "no Migration is running".into(),
+        ),
+    }
+    new
+}
+
+/// Ready: where the database is, its size and logins, and the conditions that say so.
+fn provisioned(
+    db: &Database,
+    old: &DatabaseStatus,
+    new: &mut DatabaseStatus,
+    p: &Provisioned,
+    t: Time,
+) {
+    new.phase = Some(DatabasePhase::Ready);
+    new.server = Some(p.server.clone());
+    new.provider_id = Some(p.provider_id.clone());
+    new.endpoint = Some(p.endpoint.clone());
+    new.connection_secret = Some(db.connection_secret_name());
+    new.server_version = Some(p.server_version.clone());
+    new.size_bytes = Some(reported_size(old.size_bytes, p.size_bytes, p.size_limit));
+    new.login = Some(p.logins.login.clone());
+    new.previous_login = p.logins.previous.as_ref().map(|(l, _)| l.clone());
+    new.previous_valid_until = p
+        .logins
+        .previous
+        .as_ref()
+        .and_then(|(_, until)| jiff::Timestamp::from_second(*until as i64).ok().map(Time));
+    new.last_rotation = p.logins.last_rotation.clone();
+    new.rotate_request = p.logins.rotate_request.clone();
+    let mut conditions = Conditions {
+        list: &mut new.conditions,
+        generation: db.metadata.generation,
+        t,
+    };
+    match p.size_limit {
+        Some(limit) => {
+            let over = p.size_bytes > limit;
+            let message = format!(
+                "the database takes {} bytes; DatabaseServer {}'s limits.databaseSize is {limit} bytes{}",
+                p.size_bytes,
+                p.server,
+                if over {
+                    " (reported, not enforced)"
+                } else {
+                    ""
+                }
+            );
+            if over {
+                conditions.set(
+                    SIZE_EXCEEDED,
+                    ConditionStatus::True,
+                    "SizeExceeded",
+                    message,
+                );
+            } else {
+                conditions.set(
+                    SIZE_EXCEEDED,
+                    ConditionStatus::False,
+                    "WithinLimit",
+                    message,
+                );
+            }
+        }
+        None => conditions.list.retain(|c| c.type_ != SIZE_EXCEEDED),
+    }
+    let msg = format!(
+        "database {} on DatabaseServer {} ({}) is ready; connect with Secret {}",
+        db.database_name(),
+        p.server,
+        p.endpoint,
+        db.connection_secret_name()
+    );
+    conditions.set(condition::READY, ConditionStatus::True, "Provisioned", msg);
+    conditions.set(
+        condition::PROGRESSING,
+        ConditionStatus::False,
+        "Provisioned",
+        "nothing left to do".into(),
+    );
+    conditions.set(
+        condition::DEGRADED,
+        ConditionStatus::False,
+        "AsExpected",
+        "the database is as specified".into(),
+    );
+}
+
+/// Not Ready: the phase and conditions a failure's reason calls for.
+fn failed(
+    old: &DatabaseStatus,
+    new: &mut DatabaseStatus,
+    e: &Error,
+    generation: Option<i64>,
+    t: Time,
+) {
+    let reason = e.reason();
+    let message = sticky_message(old, reason, e.to_string());
+    let provisioned_before = old.provider_id.is_some();
+    let degraded = provisioned_before && degrades(reason);
+    new.phase = Some(if degraded {
+        DatabasePhase::Degraded
+    } else if retrying(reason) || on_the_way(reason) {
+        DatabasePhase::Provisioning
+    } else {
+        DatabasePhase::Failed
+    });
+    let mut conditions = Conditions {
+        list: &mut new.conditions,
+        generation,
+        t,
+    };
+    conditions.set(
+        condition::READY,
+        ConditionStatus::False,
+        reason,
+        message.clone(),
+    );
+    if on_the_way(reason) {
+        conditions.set(
+            condition::PROGRESSING,
+            ConditionStatus::True,
+            reason,
+            message.clone(),
+        );
+    } else if retrying(reason) {
+        conditions.set(
+            condition::PROGRESSING,
+            ConditionStatus::True,
+            "Retrying",
+            format!("retrying with backoff: {message}"),
+        );
+    } else {
+        conditions.set(
+            condition::PROGRESSING,
+            ConditionStatus::False,
+            reason,
+            "waiting for the spec, its Secret or the server to change".into(),
+        );
+    }
+    if degraded {
+        conditions.set(condition::DEGRADED, ConditionStatus::True, reason, message);
+    } else {
+        conditions.set(
+            condition::DEGRADED,
+            ConditionStatus::False,
+            "AsExpected",
+            "no provisioned database is affected".into(),
+        );
+    }
+}
+
+/// The status of a deletion that cannot finish yet (`e` says why), built on `old`.
+pub fn deleting(db: &Database, old: &DatabaseStatus, e: &Error, t: Time) -> DatabaseStatus {
+    let mut new = old.clone();
+    new.phase = Some(DatabasePhase::Deleting);
+    new.observed_generation = db.metadata.generation;
+    // Every condition speaks of the generation the deletion bumped to.
+    for c in &mut new.conditions {
+        c.observed_generation = db.metadata.generation;
+    }
+    let mut conditions = Conditions {
+        list: &mut new.conditions,
+        generation: db.metadata.generation,
+        t,
+    };
+    conditions.set(
+        condition::READY,
+        ConditionStatus::False,
+        "Deleting",
+        "the Database is being deleted".into(),
+    );
+    conditions.set(
+        condition::PROGRESSING,
+        ConditionStatus::True,
+        e.reason(),
+        format!("deleting: {e}"),
+    );
+    new
+}
+
+/// An Event about the Database: Normal or Warning, its reason and note.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub normal: bool,
+    pub reason: String,
+    pub note: String,
+}
+
+/// The Events the change from `old` to `new` implies: Ready's status or reason changed;
+/// SizeExceeded turned True (a Warning); while deleting, Progressing's reason changed
+/// (waiting for the final Backup is the expected path, not a warning).
+pub fn events(old: &DatabaseStatus, new: &DatabaseStatus) -> Vec<Event> {
+    let mut out = Vec::new();
+    let before =
+        get(&old.conditions, condition::READY).map(|c| (c.status.clone(), c.reason.clone()));
+    if let Some(after) = get(&new.conditions, condition::READY)
+        && before.as_ref() != Some(&(after.status.clone(), after.reason.clone()))
+    {
+        let normal =
+            after.status == "True" || after.reason == "Deleting" || on_the_way(&after.reason);
+        out.push(Event {
+            normal,
+            reason: after.reason.clone(),
+            note: after.message.clone(),
+        });
+    }
+    if let Some(size) = get(&new.conditions, SIZE_EXCEEDED)
+        && size.status == "True"
+        && get(&old.conditions, SIZE_EXCEEDED).is_none_or(|c| c.status != "True")
+    {
+        out.push(Event {
+            normal: false,
+            reason: "SizeExceeded".into(),
+            note: size.message.clone(),
+        });
+    }
+    if let Some(progress) = get(&new.conditions, condition::PROGRESSING)
+        && new.phase == Some(DatabasePhase::Deleting)
+        && get(&old.conditions, condition::PROGRESSING).map(|c| &c.reason) != Some(&progress.reason)
+    {
+        out.push(Event {
+            normal: progress.reason == "WaitingForFinalBackup",
+            reason: progress.reason.clone(),
+            note: progress.message.clone(),
+        });
+    }
+    out
+}
+
+/// Writes the status for a provisioning outcome (nothing for Kubernetes API errors, nor
+/// for a reconcile that was abandoned).
 pub async fn publish(
     db: &Database,
     ctx: &Context<State>,
@@ -92,231 +382,24 @@ pub async fn publish(
         return Ok(());
     }
     let old = ctx.state.written.latest(db);
-    let mut new = old.clone();
-    let generation = db.metadata.generation;
-    let t = now();
-    let cond = |type_, status: ConditionStatus, reason, message: String| ConditionSpec {
-        type_,
-        status,
-        reason,
-        message,
-        observed_generation: generation,
-    };
-    new.observed_generation = generation;
-    new.database_name = Some(db.database_name());
-    match outcome {
-        Ok(p) => {
-            new.phase = Some(DatabasePhase::Ready);
-            new.server = Some(p.server.clone());
-            new.provider_id = Some(p.provider_id.clone());
-            new.endpoint = Some(p.endpoint.clone());
-            new.connection_secret = Some(db.connection_secret_name());
-            new.server_version = Some(p.server_version.clone());
-            new.size_bytes = Some(reported_size(old.size_bytes, p.size_bytes, p.size_limit));
-            new.login = Some(p.logins.login.clone());
-            new.previous_login = p.logins.previous.as_ref().map(|(l, _)| l.clone());
-            new.previous_valid_until = p.logins.previous.as_ref().and_then(|(_, until)| {
-                jiff::Timestamp::from_second(*until as i64)
-                    .ok()
-                    .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time)
-            });
-            new.last_rotation = p.logins.last_rotation.clone();
-            new.rotate_request = p.logins.rotate_request.clone();
-            match p.size_limit {
-                Some(limit) => {
-                    let over = p.size_bytes > limit;
-                    let message = format!(
-                        "the database takes {} bytes; DatabaseServer {}'s limits.databaseSize is {limit} bytes{}",
-                        p.size_bytes,
-                        p.server,
-                        if over {
-                            " (reported, not enforced)"
-                        } else {
-                            ""
-                        }
-                    );
-                    set_condition(
-                        &mut new.conditions,
-                        if over {
-                            cond(
-                                SIZE_EXCEEDED,
-                                ConditionStatus::True,
-                                "SizeExceeded",
-                                message,
-                            )
-                        } else {
-                            cond(
-                                SIZE_EXCEEDED,
-                                ConditionStatus::False,
-                                "WithinLimit",
-                                message,
-                            )
-                        },
-                        t.clone(),
-                    );
-                }
-                None => new.conditions.retain(|c| c.type_ != SIZE_EXCEEDED),
-            }
-            let msg = format!(
-                "database {} on DatabaseServer {} ({}) is ready; connect with Secret {}",
-                db.database_name(),
-                p.server,
-                p.endpoint,
-                db.connection_secret_name()
-            );
-            set_condition(
-                &mut new.conditions,
-                cond(condition::READY, ConditionStatus::True, "Provisioned", msg),
-                t.clone(),
-            );
-            set_condition(
-                &mut new.conditions,
-                cond(
-                    condition::PROGRESSING,
-                    ConditionStatus::False,
-                    "Provisioned",
-                    "nothing left to do".into(),
-                ),
-                t.clone(),
-            );
-            set_condition(
-                &mut new.conditions,
-                cond(
-                    condition::DEGRADED,
-                    ConditionStatus::False,
-                    "AsExpected",
-                    "the database is as specified".into(),
-                ),
-                t.clone(),
-            );
-        }
-        Err(e) => {
-            let reason = e.reason();
-            let message = sticky_message(&old, reason, e.to_string());
-            let provisioned_before = old.provider_id.is_some();
-            let degraded = provisioned_before && degrades(reason);
-            new.phase = Some(if degraded {
-                DatabasePhase::Degraded
-            } else if retrying(reason) || on_the_way(reason) {
-                DatabasePhase::Provisioning
-            } else {
-                DatabasePhase::Failed
-            });
-            set_condition(
-                &mut new.conditions,
-                cond(
-                    condition::READY,
-                    ConditionStatus::False,
-                    reason,
-                    message.clone(),
-                ),
-                t.clone(),
-            );
-            set_condition(
-                &mut new.conditions,
-                if on_the_way(reason) {
-                    cond(
-                        condition::PROGRESSING,
-                        ConditionStatus::True,
-                        reason,
-                        message.clone(),
-                    )
-                } else if retrying(reason) {
-                    cond(
-                        condition::PROGRESSING,
-                        ConditionStatus::True,
-                        "Retrying",
-                        format!("retrying with backoff: {message}"),
-                    )
-                } else {
-                    cond(
-                        condition::PROGRESSING,
-                        ConditionStatus::False,
-                        reason,
-                        "waiting for the spec, its Secret or the server to change".into(),
-                    )
-                },
-                t.clone(),
-            );
-            set_condition(
-                &mut new.conditions,
-                if degraded {
-                    cond(condition::DEGRADED, ConditionStatus::True, reason, message)
-                } else {
-                    cond(
-                        condition::DEGRADED,
-                        ConditionStatus::False,
-                        "AsExpected",
-                        "no provisioned database is affected".into(),
-                    )
-                },
-                t.clone(),
-            );
-        }
-    }
-    set_condition(
-        &mut new.conditions,
-        match migration {
-            Some(m) => cond(
-                condition::MIGRATION_IN_PROGRESS,
-                ConditionStatus::True,
-                "MigrationRunning",
-                format!("Migration {m} is moving this database; its freeze is not drift"),
-            ),
-            None => cond(
-                condition::MIGRATION_IN_PROGRESS,
-                ConditionStatus::False,
-                "NoMigration",
-                "no Migration is running".into(),
-            ),
-        },
-        t,
-    );
+    let new = desired(db, &old, outcome, migration, now());
     write(db, ctx, api, &old, new).await
 }
 
-/// Writes the status of a deletion that cannot finish yet.
+/// Writes the status of a deletion that cannot finish yet (`e` says why).
 pub async fn publish_deleting(
     db: &Database,
     ctx: &Context<State>,
     api: &Api<Database>,
-    outcome: &Result<()>,
+    e: &Error,
 ) -> Result<()> {
-    let Err(e) = outcome else { return Ok(()) };
     let old = ctx.state.written.latest(db);
-    let mut new = old.clone();
-    new.phase = Some(DatabasePhase::Deleting);
-    new.observed_generation = db.metadata.generation;
-    let t = now();
-    // Every condition speaks of the generation the deletion bumped to.
-    for c in &mut new.conditions {
-        c.observed_generation = db.metadata.generation;
-    }
-    set_condition(
-        &mut new.conditions,
-        ConditionSpec {
-            type_: condition::READY,
-            status: ConditionStatus::False,
-            reason: "Deleting",
-            message: "the Database is being deleted".into(),
-            observed_generation: db.metadata.generation,
-        },
-        t.clone(),
-    );
-    set_condition(
-        &mut new.conditions,
-        ConditionSpec {
-            type_: condition::PROGRESSING,
-            status: ConditionStatus::True,
-            reason: e.reason(),
-            message: format!("deleting: {e}"),
-            observed_generation: db.metadata.generation,
-        },
-        t,
-    );
+    let new = deleting(db, &old, e, now());
     write(db, ctx, api, &old, new).await
 }
 
+/// Writes `new` unless it is what `old` or the last write already holds, then sends the
+/// Events the change implies.
 async fn write(
     db: &Database,
     ctx: &Context<State>,
@@ -347,7 +430,7 @@ async fn write(
         Ok(_) => {}
         // Gone (404), or the test failed (422): is it still the live one?
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 422 => {
-            crate::reconcile::confirm_live(ctx, db).await?;
+            confirm_live(&ctx.client, db).await?;
             return Err(kube::Error::Api(e).into());
         }
         Err(e) => return Err(e.into()),
@@ -355,28 +438,8 @@ async fn write(
     ctx.state
         .written
         .record(db, &new, ctx.state.databases.get());
-    let before =
-        get(&old.conditions, condition::READY).map(|c| (c.status.clone(), c.reason.clone()));
-    if let Some(after) = get(&new.conditions, condition::READY)
-        && before.as_ref() != Some(&(after.status.clone(), after.reason.clone()))
-    {
-        let normal =
-            after.status == "True" || after.reason == "Deleting" || on_the_way(&after.reason);
-        event(ctx, db, normal, &after.reason, &after.message).await;
-    }
-    if let Some(size) = get(&new.conditions, SIZE_EXCEEDED)
-        && size.status == "True"
-        && get(&old.conditions, SIZE_EXCEEDED).is_none_or(|c| c.status != "True")
-    {
-        event(ctx, db, false, "SizeExceeded", &size.message).await;
-    }
-    if let Some(progress) = get(&new.conditions, condition::PROGRESSING)
-        && new.phase == Some(DatabasePhase::Deleting)
-        && get(&old.conditions, condition::PROGRESSING).map(|c| &c.reason) != Some(&progress.reason)
-    {
-        // Waiting for the final Backup is the expected path, not a warning.
-        let expected = progress.reason == "WaitingForFinalBackup";
-        event(ctx, db, expected, &progress.reason, &progress.message).await;
+    for e in events(old, &new) {
+        event(ctx, db, e.normal, &e.reason, &e.note).await;
     }
     Ok(())
 }

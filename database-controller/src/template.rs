@@ -27,8 +27,25 @@ use minijinja::{
 };
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
-/// The keys the controller writes itself: no template may replace one.
-pub const RESERVED_KEYS: [&str; 15] = crate::secret::OWN_KEYS;
+/// The keys the controller writes itself (every key `secret::desired_for` may write;
+/// `ca.crt` only when the server has a CA of its own): no template may replace one.
+pub const RESERVED_KEYS: [&str; 15] = [
+    "host",
+    "port",
+    "dbname",
+    "username",
+    "password",
+    "uri",
+    "jdbc-url",
+    "PGHOST",
+    "PGPORT",
+    "PGDATABASE",
+    "PGUSER",
+    "PGPASSWORD",
+    "sslmode",
+    "PGSSLMODE",
+    "ca.crt",
+];
 
 /// At most this many templates in one `secretTemplate`.
 pub const MAX_KEYS: usize = 32;

@@ -495,7 +495,7 @@ impl TenantSecrets {
             .directory
             .synced()
             .await
-            .map_err(crate::reconcile::server_error)?;
+            .map_err(crate::server_access::server_error)?;
         let Some(databases) = inner.databases.get() else {
             return Ok(());
         };

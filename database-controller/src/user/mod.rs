@@ -37,7 +37,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::json;
 
 use crate::error::{Error, Result};
-use crate::reconcile::{already_on, server_error, template_error};
+use crate::{admit::already_on, error::template_error, server_access::server_error};
 use crate::secret::{self, Owner};
 use crate::{limits, rotation, tenant_secrets::TenantSecrets};
 
@@ -191,7 +191,7 @@ async fn confirm_live(ctx: &Context<State>, user: &DatabaseUser) -> Result<()> {
         Api::namespaced(ctx.client.clone(), &user.namespace().unwrap_or_default());
     let by_name = ListParams::default().fields(&format!("metadata.name={}", user.name_any()));
     let live = api.list(&by_name).await?.items.into_iter().next();
-    match crate::reconcile::superseded(user, live.as_ref()) {
+    match crate::live::superseded(user, live.as_ref()) {
         Some(why) => Err(Error::Superseded(why)),
         None => Ok(()),
     }
@@ -551,7 +551,7 @@ async fn write_secret(
     secrets
         .patch(
             &name,
-            &PatchParams::apply(crate::reconcile::FIELD_MANAGER).force(),
+            &PatchParams::apply(crate::connection::FIELD_MANAGER).force(),
             &Patch::Apply(&desired),
         )
         .await?;

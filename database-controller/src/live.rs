@@ -1,0 +1,110 @@
+//! Whether the object a reconcile read is still the live one of its name. Checked before
+//! each change on the server and before a connection Secret or status is written, so that
+//! what a reconcile waited for on the way never makes it act for an object that is gone.
+
+use dbops_api::Database;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+
+use crate::error::{Error, Result};
+
+/// Confirms that `db`, the Database this reconcile read when it began, is still the live
+/// object of its name: the same UID, not being deleted, at the same generation. Called
+/// before each change on the server (and before its connection Secret is written), so
+/// after whatever the reconcile waited for on the way: its namespace's connection Secrets
+/// (`tenant_secrets`: a RoleBinding in force, a first list), a session slot on the
+/// server, a restore's checksum. A Database deleted and created again with the same name
+/// meanwhile must not get the role and database of the one that went (marked as the
+/// deleted UID's, they would belong to nobody and block the new one). Otherwise
+/// [`Error::Superseded`], which abandons the reconcile without writing anything.
+///
+/// A read of the API, not of the cache (which is what the reconcile began with): a list
+/// by name, since the controller's RBAC has no `get` on Databases.
+pub(crate) async fn confirm_live(client: &kube::Client, db: &Database) -> Result<()> {
+    let api: Api<Database> = Api::namespaced(client.clone(), &db.namespace().unwrap_or_default());
+    let by_name = ListParams::default().fields(&format!("metadata.name={}", db.name_any()));
+    let live = api.list(&by_name).await?.items.into_iter().next();
+    match superseded(db, live.as_ref()) {
+        Some(why) => Err(Error::Superseded(why)),
+        None => Ok(()),
+    }
+}
+
+/// Why `held`, the object a reconcile read (a Database, a DatabaseUser), is no longer the
+/// one to act for, given `live`, the object of that name now (`None`: there is none);
+/// `None` while it still is.
+pub(crate) fn superseded<K>(held: &K, live: Option<&K>) -> Option<String>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let what = format!(
+        "{} {}/{} (UID {})",
+        K::kind(&()),
+        held.namespace().unwrap_or_default(),
+        held.name_any(),
+        held.uid().unwrap_or_default()
+    );
+    let Some(live) = live else {
+        return Some(format!("{what} is gone"));
+    };
+    if live.uid() != held.uid() {
+        return Some(format!(
+            "{what} was deleted; the {} of that name now is UID {}",
+            K::kind(&()),
+            live.uid().unwrap_or_default()
+        ));
+    }
+    if live.meta().deletion_timestamp.is_some() && held.meta().deletion_timestamp.is_none() {
+        return Some(format!("{what} is being deleted"));
+    }
+    if live.meta().generation != held.meta().generation {
+        return Some(format!(
+            "{what} is at generation {} now; this reconcile read generation {}",
+            live.meta().generation.unwrap_or_default(),
+            held.meta().generation.unwrap_or_default()
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reconcile_acts_only_for_the_live_database_of_its_name() {
+        let mut held: Database = serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
+            "metadata": {"name": "orders", "namespace": "shop", "uid": "uid-orders"},
+            "spec": {"serverRef": {"name": "pg-main"}}
+        }))
+        .unwrap();
+        held.metadata.generation = Some(1);
+        // Still the live one (its status may have moved on): nothing to say.
+        let mut live = held.clone();
+        live.metadata.resource_version = Some("42".into());
+        assert_eq!(superseded(&held, Some(&live)), None);
+        // Gone.
+        let gone = superseded(&held, None).unwrap();
+        assert!(
+            gone.contains("uid-orders") && gone.contains("gone"),
+            "{gone}"
+        );
+        // Deleted and created again with the same name: another UID.
+        let mut successor = held.clone();
+        successor.metadata.uid = Some("uid-successor".into());
+        let replaced = superseded(&held, Some(&successor)).unwrap();
+        assert!(replaced.contains("uid-successor"), "{replaced}");
+        // Being deleted since.
+        let mut deleting = held.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(superseded(&held, Some(&deleting)).is_some());
+        // Its spec changed since: the next reconcile acts on the new generation.
+        let mut changed = held.clone();
+        changed.metadata.generation = Some(2);
+        assert!(superseded(&held, Some(&changed)).is_some_and(|m| m.contains("generation 2")));
+    }
+}

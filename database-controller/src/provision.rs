@@ -1,0 +1,418 @@
+//! Provisioning, as observe → plan → apply: the role, database, session settings, owner
+//! logins, extensions and connection Secret brought to the spec on the Database's
+//! DatabaseServer. Each step checks before it writes, so a converged Database costs reads
+//! only, and a check soon after a full one ([`State::verified`]) reads the Secret only.
+
+use dbops_api::Database;
+use dbops_shared::controller::Context;
+use dbops_shared::postgres::ddl::Observed;
+use dbops_shared::postgres::{Session, extensions};
+use dbops_shared::server::Resolved;
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::Api;
+
+use crate::admit::{admit, already_on};
+use crate::connection::{existing_secret, secret_is_current, write_secret};
+use crate::error::{Error, Result, template_error};
+use crate::live::confirm_live;
+use crate::plan::{self, Change};
+use crate::server_access::{admin_session, server_of};
+use crate::state::{Provisioned, State};
+use crate::{limits, owner_logins, restore, secret, sql, status};
+
+/// Brings the role, database, settings, extensions and connection Secret to the spec.
+pub(crate) async fn provision(
+    db: &Database,
+    ctx: &Context<State>,
+    migration_active: bool,
+) -> Result<Provisioned> {
+    let uid = db.uid().unwrap_or_default();
+    let generation = db.metadata.generation.unwrap_or_default();
+    if let Some(done) = ctx
+        .state
+        .verified
+        .recent(&uid, generation, ctx.resync_interval / 2)
+        && !owner_logins::due(
+            db,
+            &ctx.state.written.latest(db),
+            crate::rotation::secs_now(),
+        )
+        && secret_is_current(db, ctx).await?
+    {
+        return Ok(done);
+    }
+    let provisioned = provision_in_postgres(db, ctx, migration_active).await;
+    match &provisioned {
+        Ok(p) => ctx.state.verified.record(&uid, generation, p),
+        Err(_) => ctx.state.verified.forget(&uid),
+    }
+    provisioned
+}
+
+/// What the connection Secret found says about the owner's password and login.
+struct FromSecret {
+    /// The password, if still the one this controller wrote.
+    password: Option<String>,
+    /// The login it names with its password: the owner, or one of its rotation logins.
+    login: Option<owner_logins::Kept>,
+    /// Whether the login in use is the owner role itself (no Secret yet counts).
+    owner_in_use: bool,
+}
+
+impl FromSecret {
+    fn read(existing: Option<&Secret>, role: &str) -> Self {
+        let login = existing.and_then(|s| {
+            Some(owner_logins::Kept {
+                login: secret::username(s)?,
+                password: secret::kept_password(s)?,
+            })
+        });
+        Self {
+            password: existing.and_then(secret::kept_password),
+            owner_in_use: login.as_ref().is_none_or(|k| k.login == role),
+            login,
+        }
+    }
+}
+
+/// The full check: reads PostgreSQL and repairs whatever differs from the spec.
+async fn provision_in_postgres(
+    db: &Database,
+    ctx: &Context<State>,
+    migration_active: bool,
+) -> Result<Provisioned> {
+    let target = server_of(&ctx.state.directory, db).await?;
+    admit(&ctx.state, db, &target)?;
+    // Refused before anything is written: templates that do not render, requests over
+    // the server's ceilings.
+    crate::template::check(&db.spec.secret_template).map_err(template_error)?;
+    let connection_limit = limits::connection_limit(
+        db.spec.connection_limit,
+        &target.server,
+        "spec.connectionLimit",
+    )?;
+    let settings = limits::settings(db.spec.settings.as_ref(), &target.server, "spec.settings")?;
+    let existing = existing_secret(ctx, db).await?;
+    let found = FromSecret::read(existing.as_deref(), &db.owner_role());
+
+    let mut session = admin_session(&ctx.state.servers, &target, "postgres").await?;
+    let database = converge_database(
+        db,
+        ctx,
+        &target,
+        &mut session,
+        &found,
+        connection_limit,
+        migration_active,
+    )
+    .await?;
+    converge_settings(db, ctx, &mut session, &settings).await?;
+    let logins =
+        converge_logins(db, ctx, &mut session, &found, &database.password, &settings).await?;
+    let size_bytes = record_size(db, ctx, &session, database.oid).await?;
+    drop(session);
+    install_extensions(db, ctx, &target, &database.extensions).await?;
+
+    let desired = secret::desired_for(
+        &secret::Owner::database(db),
+        &db.database_name(),
+        &logins.login,
+        &target,
+        &logins.password,
+    )
+    .map_err(template_error)?;
+    let secrets: Api<Secret> =
+        Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    write_secret(ctx, &secrets, db, existing.as_deref(), &desired).await?;
+
+    let server = &target.endpoint.key;
+    Ok(Provisioned {
+        provider_id: format!("{server}/{}", database.oid),
+        server_version: database.server_version,
+        server: target.name.clone(),
+        endpoint: server.to_string(),
+        size_bytes,
+        size_limit: target
+            .server
+            .spec
+            .limits
+            .as_ref()
+            .and_then(|l| l.database_size.as_deref())
+            .and_then(limits::quantity_bytes),
+        logins,
+    })
+}
+
+/// The role and database as the plan left them.
+struct Converged {
+    oid: u32,
+    server_version: String,
+    /// The owner role's password: kept, or new.
+    password: String,
+    /// The spec's extensions as the server offers them (each one allowed there).
+    extensions: Vec<extensions::Available>,
+}
+
+/// Observe, plan (pure, see `plan`) and apply: the owner role and the database, with the
+/// owner's password (kept while the Secret still holds the one written; otherwise new).
+async fn converge_database(
+    db: &Database,
+    ctx: &Context<State>,
+    target: &Resolved,
+    session: &mut Session,
+    found: &FromSecret,
+    connection_limit: i32,
+    migration_active: bool,
+) -> Result<Converged> {
+    let (database, role) = (db.database_name(), db.owner_role());
+    let observed = sql::observe(session, &role, &database).await?;
+    let plan = plan::plan(
+        &plan::Inputs {
+            uid: &db.uid().unwrap_or_default(),
+            role: &role,
+            database: &database,
+            server: &target.endpoint.key.to_string(),
+            connection_limit,
+            restore_from: db.spec.restore_from.is_some(),
+            provisioned_before: status::provider_id(db).is_some(),
+            // The owner's password matters only while the Secret names the owner.
+            arriving: !already_on(db, &target.name) && found.owner_in_use,
+            migration_active,
+            password_kept: found.password.is_some() || !found.owner_in_use,
+        },
+        &observed,
+    )?;
+    // Extensions: one the server does not allow is refused before anything changes there.
+    let extensions = allowed_extensions(db, target, session).await?;
+    let password = match &found.password {
+        Some(kept) if !plan.new_password && found.owner_in_use => kept.clone(),
+        _ => dbops_shared::postgres::generate_password(),
+    };
+    // Apply, in order, for the Database that is still the live one.
+    if !plan.changes.is_empty() {
+        confirm_live(&ctx.client, db).await?;
+    }
+    let oid = apply(
+        db,
+        ctx,
+        target,
+        session,
+        &plan.changes,
+        &password,
+        &observed,
+    )
+    .await?;
+    Ok(Converged {
+        oid,
+        server_version: observed.server_version,
+        password,
+        extensions,
+    })
+}
+
+/// The owner's session settings (the server's sessionLimits, the spec's settings).
+async fn converge_settings(
+    db: &Database,
+    ctx: &Context<State>,
+    session: &mut Session,
+    settings: &[(&'static str, String)],
+) -> Result<()> {
+    let role = db.owner_role();
+    let current = crate::user::sql::role_settings(session, &role).await?;
+    let changes = crate::user::sql::settings_statements(&role, settings, &current);
+    if !changes.is_empty() {
+        confirm_live(&ctx.client, db).await?;
+        crate::user::sql::apply_settings(session, &role, &changes).await?;
+    }
+    Ok(())
+}
+
+/// Password rotation: the owner's logins (`owner_logins`), or the owner alone.
+async fn converge_logins(
+    db: &Database,
+    ctx: &Context<State>,
+    session: &mut Session,
+    found: &FromSecret,
+    password: &str,
+    settings: &[(&'static str, String)],
+) -> Result<owner_logins::Logins> {
+    if !owner_logins::in_play(db, found.login.as_ref()) {
+        return Ok(owner_logins::Logins {
+            login: db.owner_role(),
+            password: password.to_string(),
+            ..owner_logins::Logins::default()
+        });
+    }
+    owner_logins::converge(
+        db,
+        &ctx.state.written.latest(db),
+        session,
+        found.login.as_ref(),
+        password,
+        settings,
+        &sql::mark(&db.uid().unwrap_or_default()),
+        || confirm_live(&ctx.client, db),
+    )
+    .await
+}
+
+/// The database's size, for the status, the metric and the server's limits.databaseSize.
+async fn record_size(
+    db: &Database,
+    ctx: &Context<State>,
+    session: &Session,
+    oid: u32,
+) -> Result<i64> {
+    let size_bytes = sql::database_size(session, oid).await?;
+    let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
+    dbops_shared::metrics::set_database_size(&namespace, &name, size_bytes);
+    ctx.state
+        .sizes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert((namespace, name));
+    Ok(size_bytes)
+}
+
+/// Creates the spec's extensions missing from the database, on a session in it.
+async fn install_extensions(
+    db: &Database,
+    ctx: &Context<State>,
+    target: &Resolved,
+    extensions: &[extensions::Available],
+) -> Result<()> {
+    if extensions.is_empty() {
+        return Ok(());
+    }
+    let session = admin_session(&ctx.state.servers, target, &db.database_name()).await?;
+    let installed = sql::installed_extensions(&session).await?;
+    let missing = plan::missing_extensions(&db.spec.extensions, &installed);
+    if !missing.is_empty() {
+        confirm_live(&ctx.client, db).await?;
+    }
+    for name in missing {
+        if let Some(ext) = extensions.iter().find(|e| &e.name == name) {
+            extensions::create(&session, ext).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The server's word on each extension of the spec, once every one is allowed there
+/// (`dbops_shared::postgres::extensions`); a refusal blocks the Database, naming them.
+async fn allowed_extensions(
+    db: &Database,
+    target: &Resolved,
+    session: &Session,
+) -> Result<Vec<extensions::Available>> {
+    if db.spec.extensions.is_empty() {
+        return Ok(Vec::new());
+    }
+    let offered = extensions::available(session, &db.spec.extensions).await?;
+    let allowed = target.server.spec.allowed_extensions.as_deref();
+    match extensions::refusal(&db.spec.extensions, allowed, &offered, &target.name) {
+        Some(refused) => Err(Error::Blocked {
+            reason: refused.reason,
+            message: refused.message,
+        }),
+        None => Ok(offered),
+    }
+}
+
+/// Fills a database made for `spec.restoreFrom` (see `restore`); returns its oid, which
+/// changes when a half-restored database had to be made anew.
+async fn restore(
+    db: &Database,
+    ctx: &Context<State>,
+    server: &Resolved,
+    session: &Session,
+    fresh: bool,
+    password: &str,
+) -> Result<u32> {
+    let artifact = restore::verify(db, &ctx.client, &ctx.state.restorer).await?;
+    // The checksum read the whole artifact from the store, which may take long.
+    confirm_live(&ctx.client, db).await?;
+    // Visible while pg_restore runs, which may take long.
+    let api: Api<Database> =
+        Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    let restoring = Err(Error::Blocked {
+        reason: "Restoring",
+        message: format!("restoring Backup {} (SHA-256 verified)", artifact.backup),
+    });
+    status::publish(db, ctx, &api, &restoring, None).await?;
+    restore::restore(
+        db,
+        &server.endpoint,
+        session,
+        &ctx.state.restorer,
+        &artifact,
+        fresh,
+        &db.owner_role(),
+        password,
+    )
+    .await?;
+    let database = db.database_name();
+    let again = sql::observe(session, &db.owner_role(), &database).await?;
+    again.database.map(|d| d.oid).ok_or_else(|| Error::Blocked {
+        reason: "DatabaseMissing",
+        message: format!("database {database:?} vanished right after its restore"),
+    })
+}
+
+/// Takes the plan's changes in order on the admin's session; returns the database's oid.
+async fn apply(
+    db: &Database,
+    ctx: &Context<State>,
+    target: &Resolved,
+    session: &mut Session,
+    changes: &[Change],
+    password: &str,
+    observed: &Observed,
+) -> Result<u32> {
+    let uid = db.uid().unwrap_or_default();
+    let (database, role) = (db.database_name(), db.owner_role());
+    let server = &target.endpoint.key;
+    let mut oid = observed.database.as_ref().map(|d| d.oid);
+    for change in changes {
+        match change {
+            Change::CreateRole => {
+                sql::create_role(session, &role, password, &sql::mark(&uid)).await?
+            }
+            Change::SetPassword => sql::set_password(session, &role, password).await?,
+            Change::CreateDatabase {
+                mark,
+                connection_limit,
+            } => {
+                sql::create_database(session, &database, &role, *connection_limit, mark).await?;
+                let again = sql::observe(session, &role, &database).await?;
+                oid = Some(
+                    again
+                        .database
+                        .map(|d| d.oid)
+                        .ok_or_else(|| Error::Blocked {
+                            reason: "DatabaseMissing",
+                            message: format!("database {database:?} vanished right after creation"),
+                        })?,
+                );
+            }
+            Change::MarkDatabase { mark } => {
+                // Created, then a crash before its mark: marked and closed to PUBLIC now,
+                // exactly as a database created in one go.
+                sql::mark_database(session, &database, mark).await?
+            }
+            Change::SetOwner => sql::set_owner(session, &database, &role).await?,
+            Change::SetConnectionLimit(limit) => {
+                sql::set_connection_limit(session, &database, *limit).await?
+            }
+            Change::Restore { fresh } => {
+                oid = Some(restore(db, ctx, target, session, *fresh, password).await?)
+            }
+        }
+    }
+    // Every plan without CreateDatabase starts from an observed database.
+    oid.ok_or_else(|| Error::Blocked {
+        reason: "DatabaseMissing",
+        message: format!("database {database:?} is not on {server}"),
+    })
+}

@@ -1,0 +1,298 @@
+//! The Database controller's state, shared by its reconciles: the caches it reads, the
+//! sessions to the servers, and what it remembers per Database ([`Written`], the status
+//! it wrote last; [`Verified`], the last full check) with what a check produced
+//! ([`Provisioned`]). Nothing here talks to the API or to PostgreSQL.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dbops_api::{Database, DatabaseStatus, Migration};
+use dbops_shared::events::Recorder;
+use dbops_shared::memo::Memo;
+use dbops_shared::postgres::Servers;
+use dbops_shared::server::Directory;
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
+
+use crate::owner_logins::Logins;
+use crate::restore::Restorer;
+use crate::tenant_secrets::TenantSecrets;
+
+/// The database-controller's own state.
+pub struct State {
+    /// Sessions to PostgreSQL servers, shared with the DatabaseServer controller.
+    pub servers: Arc<Servers>,
+    pub recorder: Recorder,
+    /// DatabaseServers, their admin and CA Secrets (the controllers' namespace only) and
+    /// the namespaces' labels.
+    pub directory: Directory,
+    /// Every Migration, kept by a reflector (set up with the watches); shared with the
+    /// DatabaseServer controller.
+    pub migrations: Arc<std::sync::OnceLock<Store<Migration>>>,
+    /// When each Database's PostgreSQL state was last verified, and at which generation.
+    pub verified: Verified,
+    /// The status last written for each Database.
+    pub written: Written,
+    /// The controller's own cache of Databases (set up with the watches), to forget
+    /// what is remembered about Databases that are gone, count a server's Databases and
+    /// apply its quota. Shared with the DatabaseServer controller.
+    pub databases: Arc<std::sync::OnceLock<Store<Database>>>,
+    /// The connection Secrets (label `app.kubernetes.io/managed-by=dbops`), one cache per
+    /// namespace where Databases need them, reached through a RoleBinding made there; no
+    /// other Secret of a tenant is cached.
+    pub tenants: TenantSecrets,
+    pub last_prune: Mutex<Option<Instant>>,
+    /// The backup store and pg_restore, for `spec.restoreFrom`.
+    pub restorer: Restorer,
+    /// The Databases (namespace, name) with a `dbops_database_size_bytes` series, so
+    /// [`State::prune`] drops those of Databases that are gone.
+    pub sizes: Mutex<HashSet<(String, String)>>,
+}
+
+impl State {
+    /// Drops index and memo entries of Databases no longer in the cache, at most once per
+    /// `every`: memory stays bounded by the Databases that exist.
+    pub fn prune(&self, every: Duration) {
+        let Some(store) = self.databases.get() else {
+            return;
+        };
+        {
+            let mut last = self.last_prune.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|at| at.elapsed() < every) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let live: HashSet<String> = store
+            .state()
+            .iter()
+            .filter_map(|d| d.metadata.uid.clone())
+            .collect();
+        // An entry older than `every` (the resync interval) no longer spares a check.
+        self.verified
+            .checks
+            .retain(|uid, (_, _, at)| live.contains(uid) && at.elapsed() < every);
+        self.written.statuses.retain(|uid, _| live.contains(uid));
+        let named: HashSet<(String, String)> = store
+            .state()
+            .iter()
+            .map(|d| (d.namespace().unwrap_or_default(), d.name_any()))
+            .collect();
+        self.sizes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(namespace, name)| {
+                let keep = named.contains(&(namespace.clone(), name.clone()));
+                if !keep {
+                    dbops_shared::metrics::forget_database_size(namespace, name);
+                }
+                keep
+            });
+    }
+}
+
+/// The status this controller last wrote for each Database (by uid). A reconcile that
+/// runs on a cached object older than its own last status write (the watch has not
+/// caught up yet) would otherwise write the same status, and send the same Event, twice.
+///
+/// An entry lives until the cache shows the write: the next reconcile drops it, and so does
+/// a sweep whenever the map has doubled since the last one (a burst of new Databases is
+/// written faster than it is reconciled again), so the map stays near the number of
+/// writes the watch has not delivered yet rather than the number of Databases.
+#[derive(Default)]
+pub struct Written {
+    statuses: Memo<DatabaseStatus>,
+    /// The size at which `record` sweeps next.
+    sweep_at: Mutex<usize>,
+}
+
+/// The smallest map `Written::record` sweeps.
+const WRITTEN_SWEEP_MIN: usize = 64;
+
+impl Written {
+    /// The status to build on: the one last written if there is one (this controller is
+    /// the only writer, so the cached object can only be older), else the cached one.
+    /// Once the cache has caught up (it holds what was written), the entry is dropped:
+    /// memory is spent only on Databases whose last write the watch has not shown yet.
+    pub fn latest(&self, db: &Database) -> DatabaseStatus {
+        let uid = db.uid().unwrap_or_default();
+        let cached = || db.status.clone().unwrap_or_default();
+        if self
+            .statuses
+            .forget_if(&uid, |written| db.status.as_ref() == Some(written))
+        {
+            return cached();
+        }
+        self.statuses
+            .get(&uid, DatabaseStatus::clone)
+            .unwrap_or_else(cached)
+    }
+
+    pub fn is_current(&self, db: &Database, status: &DatabaseStatus) -> bool {
+        self.statuses
+            .is(&db.uid().unwrap_or_default(), |written| written == status)
+    }
+
+    pub fn record(&self, db: &Database, status: &DatabaseStatus, cache: Option<&Store<Database>>) {
+        let len = self
+            .statuses
+            .insert(&db.uid().unwrap_or_default(), status.clone());
+        let mut sweep_at = self.sweep_at.lock().unwrap_or_else(|e| e.into_inner());
+        if len < (*sweep_at).max(WRITTEN_SWEEP_MIN) {
+            return;
+        }
+        if let Some(cache) = cache {
+            for cached in cache.state() {
+                if let Some(uid) = cached.metadata.uid.as_deref() {
+                    self.statuses
+                        .forget_if(uid, |written| cached.status.as_ref() == Some(written));
+                }
+            }
+        }
+        *sweep_at = self.statuses.len() * 2;
+    }
+
+    pub(crate) fn forget(&self, uid: &str) {
+        self.statuses.forget(uid);
+    }
+}
+
+/// The last full check of each Database against PostgreSQL. A reconcile soon after one
+/// (triggered by the controller's own status or Secret write) checks the Secret only;
+/// PostgreSQL is read again at the latest one resync interval later.
+#[derive(Default)]
+pub struct Verified {
+    checks: Memo<(i64, Provisioned, Instant)>,
+}
+
+impl Verified {
+    pub(crate) fn recent(
+        &self,
+        uid: &str,
+        generation: i64,
+        within: Duration,
+    ) -> Option<Provisioned> {
+        self.checks
+            .get(uid, |(g, p, at)| {
+                (*g == generation && at.elapsed() < within).then(|| p.clone())
+            })
+            .flatten()
+    }
+
+    pub(crate) fn record(&self, uid: &str, generation: i64, provisioned: &Provisioned) {
+        self.checks
+            .insert(uid, (generation, provisioned.clone(), Instant::now()));
+    }
+
+    pub(crate) fn forget(&self, uid: &str) {
+        self.checks.forget(uid);
+    }
+}
+
+/// What a successful provisioning produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Provisioned {
+    pub provider_id: String,
+    pub server_version: String,
+    /// The DatabaseServer it is on, and the `host:port` applications connect to.
+    pub server: String,
+    pub endpoint: String,
+    /// `pg_database_size` at the check, and the server's `limits.databaseSize`.
+    pub size_bytes: i64,
+    pub size_limit: Option<i64>,
+    /// The login in the connection Secret, and the rotation's state.
+    pub logins: Logins,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn database(name: &str) -> Database {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
+            "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}")},
+            "spec": {"serverRef": {"name": "pg-main"}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_verification_is_recent_only_for_its_generation_and_window() {
+        let verified = Verified::default();
+        let p = Provisioned {
+            provider_id: "h:5432/1".into(),
+            server_version: "15".into(),
+            server: "pg-main".into(),
+            endpoint: "h:5432".into(),
+            size_bytes: 0,
+            size_limit: None,
+            logins: Logins::default(),
+        };
+        verified.record("uid-1", 1, &p);
+        assert_eq!(
+            verified.recent("uid-1", 1, Duration::from_secs(60)),
+            Some(p.clone())
+        );
+        assert_eq!(
+            verified.recent("uid-1", 2, Duration::from_secs(60)),
+            None,
+            "a new generation needs a full check"
+        );
+        assert_eq!(
+            verified.recent("uid-1", 1, Duration::ZERO),
+            None,
+            "outside the window"
+        );
+        verified.forget("uid-1");
+        assert_eq!(verified.recent("uid-1", 1, Duration::from_secs(60)), None);
+    }
+
+    #[test]
+    fn a_written_status_is_remembered_until_the_cache_shows_it() {
+        let written = Written::default();
+        let cached = database("a");
+        let mine = DatabaseStatus {
+            observed_generation: Some(1),
+            ..DatabaseStatus::default()
+        };
+        written.record(&cached, &mine, None);
+        assert_eq!(
+            written.latest(&cached),
+            mine,
+            "the cache is older: ours counts"
+        );
+        assert!(written.is_current(&cached, &mine));
+        let mut caught_up = cached.clone();
+        caught_up.status = Some(mine.clone());
+        assert_eq!(written.latest(&caught_up), mine);
+        assert!(
+            written.statuses.is_empty(),
+            "nothing kept once the cache holds it"
+        );
+    }
+
+    #[test]
+    fn a_burst_of_writes_is_swept_once_the_cache_shows_them() {
+        use kube::runtime::{reflector, watcher};
+        let (cache, mut writer) = reflector::store::<Database>();
+        let written = Written::default();
+        let mine = DatabaseStatus {
+            observed_generation: Some(1),
+            ..DatabaseStatus::default()
+        };
+        for i in 0..WRITTEN_SWEEP_MIN {
+            let db = database(&format!("db-{i}"));
+            // The watch shows every write but the first one's.
+            if i > 0 {
+                let mut shown = db.clone();
+                shown.status = Some(mine.clone());
+                writer.apply_watcher_event(&watcher::Event::Apply(shown));
+            }
+            written.record(&db, &mine, Some(&cache));
+        }
+        let left: Vec<String> = written.statuses.uids();
+        assert_eq!(left, ["uid-db-0"], "only the write the cache has not shown");
+    }
+}
