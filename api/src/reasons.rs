@@ -450,8 +450,6 @@ reasons! {
         ServerNotFound => Waits,
         /// The server's `allowedNamespaces` does not select the namespace.
         NamespaceNotAllowed => Waits,
-        /// The Database's server is being deleted.
-        ServerDeleting => Waits,
         /// The server's admin Secret is missing.
         AdminSecretNotFound => Waits,
         /// The server's admin Secret is unusable.
@@ -542,8 +540,6 @@ reasons! {
         StoreUnavailable => Retried,
         /// The Database's server is not one this installation serves.
         ServerNotFound => Retried,
-        /// The Database's server is being deleted.
-        ServerDeleting => Retried,
         /// The server's admin Secret is missing.
         AdminSecretNotFound => Retried,
         /// The server's admin Secret is unusable.
@@ -712,8 +708,6 @@ reasons! {
         ReconcileTimeout => Retried,
         /// The backup-scheduler's cache of Backups has not synced.
         StoreNotSynced => Retried,
-        /// The object a reconcile read is no longer the live one; nothing is written.
-        Superseded => Nominal,
         /// A Database's `spec.backup.schedule` does not parse or never fires.
         InvalidSchedule => Waits,
         /// A Database name over 63 characters cannot have a schedule.
