@@ -10,7 +10,10 @@
 //! `dbops.dev/uid=<uid>`, possibly followed by more words (a restore still pending, the
 //! Migration that created it on a new server). The first word alone decides whose it is.
 
-use super::{PgError, Session, password_verifier, quote_ident, quote_literal};
+use super::credentials::password_verifier;
+use super::error::PgError;
+use super::quote::{quote_ident, quote_literal};
+use super::session::Session;
 
 /// The mark left on roles and databases created for the Database `uid`: the first word
 /// of their comment.

@@ -11,7 +11,9 @@
 //! extension would land in `pg_catalog`. The schema is the one the extension's control
 //! file fixes, if any, else `public` (where it went before the pin).
 
-use super::{PgError, Session, quote_ident};
+use super::error::PgError;
+use super::quote::quote_ident;
+use super::session::Session;
 
 /// The schema an extension goes to when its control file does not fix one.
 pub const DEFAULT_SCHEMA: &str = "public";

@@ -1,0 +1,54 @@
+//! Traced statements: each one a `sql` span (`db.statement` redacted by
+//! [`redact_statement`](super::redact_statement)) and one
+//! `dbops_external_requests_total{target="postgres"}`.
+
+use std::future::Future;
+
+use tracing::{Instrument, field};
+
+use super::endpoint::ServerKey;
+use super::redact::{redact_statement, statement_kind};
+use crate::metrics::{Target, record_external_request};
+
+/// Where a statement is sent, for its span.
+#[derive(Clone, Copy)]
+pub(super) struct StatementTarget<'a> {
+    pub(super) server: &'a ServerKey,
+    pub(super) dbname: &'a str,
+}
+
+/// The longest `db.statement` recorded; longer statements are cut.
+const MAX_STATEMENT_CHARS: usize = 2048;
+
+/// Runs `work` (sending `statement`) inside a `sql` span and counts it.
+pub(super) async fn traced<T>(
+    on: StatementTarget<'_>,
+    statement: &str,
+    work: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, tokio_postgres::Error> {
+    let recorded = redact_statement(statement);
+    let recorded: String = recorded.chars().take(MAX_STATEMENT_CHARS).collect();
+    let span = tracing::info_span!(
+        "sql",
+        otel.name = %statement_kind(statement),
+        otel.kind = "client",
+        otel.status_code = field::Empty,
+        db.system = "postgresql",
+        db.name = on.dbname,
+        db.statement = recorded.as_str(),
+        server.address = on.server.host.as_str(),
+        server.port = on.server.port,
+        error = field::Empty,
+    );
+    let result = work.instrument(span.clone()).await;
+    match &result {
+        Ok(_) => record_external_request(Target::Postgres, "ok"),
+        Err(error) => {
+            record_external_request(Target::Postgres, "error");
+            span.record("otel.status_code", "ERROR");
+            let code = error.code().map_or("none", |code| code.code());
+            span.record("error", code);
+        }
+    }
+    result
+}
