@@ -4,7 +4,7 @@ use dbops_shared::controller::{ErrorKind, ReconcileError};
 use dbops_shared::postgres::PgError;
 use dbops_shared::server::ServerError;
 
-use crate::copy::CopyError;
+use crate::dump::pipe::CopyError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -17,7 +17,7 @@ pub enum Error {
     Postgres(#[from] PgError),
     /// A DatabaseServer of the Migration cannot be used (not found, namespace not allowed,
     /// admin or CA Secret missing or invalid): counted against the step's attempts like a
-    /// server failure, and refused for good at Preflight (`steps::preflight_error`). The
+    /// server failure, and refused for good at Preflight (`steps::preflight`). The
     /// caches not synced yet (`CacheNotSynced`) is only retried with backoff.
     #[error(transparent)]
     Server(#[from] ServerError),

@@ -6,8 +6,21 @@
 //! - Logical: Preflight → Snapshot → ProvisionTarget → Replicate → FreezeSource →
 //!   CatchUp → Verify → SwitchTraffic → Cleanup (the source writable until the freeze);
 //!
-//! with compensations in reverse order when a step before SwitchTraffic fails. See `saga`
-//! for the driver, `steps` for the steps, `replicate` for the Logical mode's.
+//! with compensations in reverse order when a step before SwitchTraffic fails.
+//!
+//! The modules, each importing only those below it:
+//! - `saga/`: the reconcile as a state machine: `drive` executes the move `next_move`
+//!   decides (pure) over the status record of `progress` (pure); `rollback`;
+//! - `steps/`: the steps both modes run (Preflight, Snapshot, FreezeSource,
+//!   ProvisionTarget, Verify, SwitchTraffic, Cleanup) and the dispatch of every step;
+//! - `dump/`: the Dump mode's CopyData, its pg_dump | pg_restore pipe and programs;
+//! - `replication/`: the Logical mode's Replicate and CatchUp, the replication's checks,
+//!   teardown and SQL; `logical`: whether a source can replicate (the Logical Preflight);
+//! - `servers`, `sql`: the two servers as a step reaches them, and the SQL it runs;
+//! - `context`: the controller's `State`, the `Saga` a step is handed (the Migration,
+//!   its guarded status write, Events) and its `StepOutcome`; `debug`: the testing flags;
+//!   `error`;
+//! - `watches`: what brings a Migration back to the reconcile; `main` wires it all.
 //!
 //! Watches: Migrations (new generations: spec changes and deletion); the snapshot Backups
 //! they own; Databases, mapped to their Migrations through an index on
@@ -25,33 +38,33 @@
 //! SIGTERM/SIGINT. A step interrupted by a shutdown or a crash is resumed by the next
 //! process from the record in the Migration's status.
 
-mod copy;
+mod context;
+mod debug;
+mod dump;
 mod error;
 mod logical;
-mod progress;
-mod replicate;
 mod replication;
 mod saga;
+mod servers;
 mod sql;
 mod steps;
+mod watches;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::Parser;
-use dbops_api::{Backup, Database, DatabaseServer, Migration, MigrationStep};
+use dbops_api::{Database, Migration, MigrationStep};
 use dbops_shared::cli::{CommonArgs, PostgresArgs};
-use dbops_shared::controller::{self, Context, ControllerError, Process, Trigger};
+use dbops_shared::controller::{self, ControllerError, Process, Trigger};
 use dbops_shared::events::Recorder;
 use dbops_shared::server::Directory;
 use dbops_shared::telemetry;
-use kube::ResourceExt;
-use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector;
+use kube::runtime::watcher;
 
-use crate::saga::{CrashPoint, DatabaseIndex, Moment, State};
+use crate::context::{DatabaseIndex, State};
+use crate::debug::{CrashPoint, parse_crash_point, parse_fail_point};
 
 /// The controller name: metrics label, Lease `dbops-migration-controller`, Event reporter.
 const CONTROLLER: &str = dbops_shared::metrics::MIGRATION_CONTROLLER;
@@ -105,42 +118,6 @@ struct Args {
     debug_fail_at: Option<MigrationStep>,
 }
 
-fn parse_step(step: &str) -> Result<MigrationStep, String> {
-    MigrationStep::ALL
-        .into_iter()
-        .find(|s| s.as_str() == step)
-        .ok_or_else(|| format!("unknown step {step:?}"))
-}
-
-fn parse_crash_point(value: &str) -> Result<CrashPoint, String> {
-    let (step, point) = value
-        .split_once(':')
-        .ok_or_else(|| format!("expected <Step>:started or <Step>:done, got {value:?}"))?;
-    let step = parse_step(step)?;
-    let moment = match point {
-        "started" => Moment::Started,
-        "done" => Moment::Done,
-        "slot-created" if step == MigrationStep::Replicate => Moment::SlotCreated,
-        "slot-created" => return Err("slot-created is a moment of Replicate only".into()),
-        other => {
-            return Err(format!(
-                "expected started, done or slot-created, got {other:?}"
-            ));
-        }
-    };
-    Ok(CrashPoint { step, moment })
-}
-
-fn parse_fail_point(value: &str) -> Result<MigrationStep, String> {
-    let step = parse_step(value)?;
-    if matches!(step, MigrationStep::SwitchTraffic | MigrationStep::Cleanup) {
-        return Err(format!(
-            "{value} is past the point of no return: a failure there is retried, never rolled back"
-        ));
-    }
-    Ok(step)
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
@@ -186,141 +163,15 @@ async fn run(args: Args) -> Result<(), ControllerError> {
             // Status writes are the controller's own; Backups and Databases have watches
             // of their own, and waits requeue after the resync interval.
             let migrations = run.controller(watcher::Config::default(), Trigger::GenerationChange);
-            let migrations = watches(migrations, &ctx, run.namespace(), databases_writer);
+            let migrations = watches::watches(migrations, &ctx, run.namespace(), databases_writer);
             run.drive(migrations, ctx, saga::reconcile).await;
         })
         .await
 }
 
-/// The snapshot Backups the Migrations own, the Databases they move (into the store of
-/// `databases`) and the DatabaseServers they move them between.
-fn watches(
-    c: kube::runtime::Controller<Migration>,
-    ctx: &Arc<Context<State>>,
-    namespace: Option<&str>,
-    databases: reflector::store::Writer<Database>,
-) -> kube::runtime::Controller<Migration> {
-    let client = ctx.client.clone();
-    let index = ctx.clone();
-    let migrations = c.store();
-    let database_watch = watcher(
-        controller::scoped_api::<Database>(client.clone(), namespace),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    // The store keeps what Preflight reads; managedFields is most of an object.
-    .modify(|d| d.managed_fields_mut().clear());
-    let database_events = reflector::reflector(databases, database_watch).touched_objects();
-    c.owns(
-        controller::scoped_api::<Backup>(client.clone(), namespace),
-        watcher::Config::default().labels(steps::SNAPSHOT_LABEL),
-    )
-    .watches(
-        Api::<DatabaseServer>::all(client),
-        ctx.state.directory.server_config(),
-        move |server: DatabaseServer| migrations_using(&migrations, &server.name_any()),
-    )
-    .watches_stream(database_events, move |db: Database| {
-        let ns = db.metadata.namespace.clone().unwrap_or_default();
-        let name = db.metadata.name.clone().unwrap_or_default();
-        index
-            .state
-            .index
-            .referrers_of(&ns, &name)
-            .into_iter()
-            .map(move |m| ObjectRef::new(&m).within(&ns))
-    })
-}
-
-/// The unfinished Migrations of `migrations` that move a Database to or from `server`.
-fn migrations_using(migrations: &Store<Migration>, server: &str) -> Vec<ObjectRef<Migration>> {
-    migrations
-        .state()
-        .iter()
-        .filter(|m| uses_server(m, server))
-        .map(|m| ObjectRef::from_obj(m.as_ref()))
-        .collect()
-}
-
-/// Whether `m` has not ended and `server` is its target or its recorded source.
-fn uses_server(m: &Migration, server: &str) -> bool {
-    let status = m.status.as_ref();
-    let source = status.and_then(|s| s.source_server.as_ref());
-    !status.is_some_and(progress::is_terminal)
-        && (m.spec.target.server_ref.name == server || source.is_some_and(|s| s.name == server))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_debug_exit_point_names_a_step_and_a_moment() {
-        assert_eq!(
-            parse_crash_point("CopyData:done"),
-            Ok(CrashPoint {
-                step: MigrationStep::CopyData,
-                moment: Moment::Done
-            })
-        );
-        assert_eq!(
-            parse_crash_point("Preflight:started"),
-            Ok(CrashPoint {
-                step: MigrationStep::Preflight,
-                moment: Moment::Started
-            })
-        );
-        assert_eq!(
-            parse_crash_point("Replicate:slot-created"),
-            Ok(CrashPoint {
-                step: MigrationStep::Replicate,
-                moment: Moment::SlotCreated
-            })
-        );
-        assert!(parse_crash_point("CopyData:slot-created").is_err());
-        assert!(parse_crash_point("Copy:done").is_err());
-        assert!(parse_crash_point("CopyData").is_err());
-        assert!(parse_crash_point("CopyData:later").is_err());
-    }
-
-    #[test]
-    fn a_failure_is_injected_only_before_the_point_of_no_return() {
-        assert_eq!(parse_fail_point("CatchUp"), Ok(MigrationStep::CatchUp));
-        assert_eq!(parse_fail_point("Preflight"), Ok(MigrationStep::Preflight));
-        assert!(parse_fail_point("SwitchTraffic").is_err());
-        assert!(parse_fail_point("Cleanup").is_err());
-        assert!(parse_fail_point("Replicate:done").is_err());
-    }
-
-    fn migration(target: &str, source: Option<&str>, phase: Option<&str>) -> Migration {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "dbops.dev/v1alpha1",
-            "kind": "Migration",
-            "metadata": {"name": "m", "namespace": "shop"},
-            "spec": {"databaseRef": {"name": "orders"}, "target": {"serverRef": {"name": target}}},
-            "status": {
-                "phase": phase,
-                "sourceServer": source.map(|s| serde_json::json!({"name": s})),
-            },
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn a_server_maps_to_the_unfinished_migrations_to_or_from_it() {
-        let running = migration("pg-17", Some("pg-16"), Some("Running"));
-        assert!(uses_server(&running, "pg-17"), "its target");
-        assert!(uses_server(&running, "pg-16"), "its recorded source");
-        assert!(!uses_server(&running, "pg-15"));
-        let pending = migration("pg-17", None, None);
-        assert!(uses_server(&pending, "pg-17"));
-        assert!(!uses_server(&pending, "pg-16"));
-        for done in ["Succeeded", "Failed", "RolledBack"] {
-            let m = migration("pg-17", Some("pg-16"), Some(done));
-            assert!(!uses_server(&m, "pg-17"), "{done}");
-            assert!(!uses_server(&m, "pg-16"), "{done}");
-        }
-    }
 
     #[test]
     fn flags_have_sensible_defaults() {

@@ -1,4 +1,4 @@
-//! CopyData's pipe: `pg_dump --format=custom` of the frozen source streamed straight into
+//! The copy's pipe (CopyData, and the Logical mode's schema copy): `pg_dump --format=custom` of the frozen source streamed straight into
 //! `pg_restore` on the target, through an OS pipe (nothing of the database is held in this
 //! process or written to disk).
 //!
@@ -111,27 +111,7 @@ pub async fn copy(
 ) -> Result<(), CopyError> {
     // The CA files live until both programs have exited (the end of this function, or an
     // early return, which kills the programs first: they were spawned later).
-    let (mut dump_command, dump_ca) = command(programs.pg_dump, source)?;
-    let mut dump = dump_command
-        .args([
-            "--format=custom",
-            "--no-password",
-            "--extension=plpgsql",
-            "--no-privileges",
-        ])
-        .args(match contents {
-            Contents::Everything => &[][..],
-            Contents::SchemaOnly => {
-                &["--schema-only", "--no-publications", "--no-subscriptions"][..]
-            }
-        })
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|source| CopyError::Spawn {
-            program: programs.pg_dump.display().to_string(),
-            source,
-        })?;
+    let (mut dump, dump_ca) = spawn_dump(programs.pg_dump, source, contents)?;
     let dump_errors = pg_tools::keep_stderr(dump.stderr.take());
     let pipe: Stdio = match dump.stdout.take().map(TryInto::try_into) {
         Some(Ok(pipe)) => pipe,
@@ -148,8 +128,65 @@ pub async fn copy(
             });
         }
     };
-    let (mut restore_command, restore_ca) = command(programs.pg_restore, target)?;
-    let mut restore = restore_command
+    let (mut restore, restore_ca) = spawn_restore(programs.pg_restore, target, owner, pipe)?;
+    let restore_errors = pg_tools::keep_stderr(restore.stderr.take());
+
+    let restored = wait(&mut restore, "pg_restore").await?;
+    // pg_restore stopped reading: pg_dump ends on the broken pipe if it has not already.
+    let dumped = wait(&mut dump, "pg_dump").await?;
+    // Both programs have exited: their CA files go.
+    drop((dump_ca, restore_ca));
+    let (dump_stderr, restore_stderr) = (dump_errors.await, restore_errors.await);
+    for (program, status, stderr) in [
+        ("pg_dump", dumped, dump_stderr),
+        ("pg_restore", restored, restore_stderr),
+    ] {
+        if !status.success() {
+            return Err(CopyError::Failed {
+                program,
+                status,
+                stderr: stderr.unwrap_or_default(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// pg_dump of `source` (custom format) to a pipe, and the server's CA file it reads.
+fn spawn_dump(
+    pg_dump: &Path,
+    source: &Side<'_>,
+    contents: Contents,
+) -> Result<(Child, Option<RootCertFile>), CopyError> {
+    let (mut command, ca) = command(pg_dump, source)?;
+    command
+        .args([
+            "--format=custom",
+            "--no-password",
+            "--extension=plpgsql",
+            "--no-privileges",
+        ])
+        .args(match contents {
+            Contents::Everything => &[][..],
+            Contents::SchemaOnly => {
+                &["--schema-only", "--no-publications", "--no-subscriptions"][..]
+            }
+        })
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    Ok((spawn(&mut command, pg_dump)?, ca))
+}
+
+/// pg_restore reading `pipe` into `target` in one transaction, as `owner`, and the
+/// server's CA file it reads.
+fn spawn_restore(
+    pg_restore: &Path,
+    target: &Side<'_>,
+    owner: &str,
+    pipe: Stdio,
+) -> Result<(Child, Option<RootCertFile>), CopyError> {
+    let (mut command, ca) = command(pg_restore, target)?;
+    command
         .args([
             "--no-password",
             "--no-owner",
@@ -160,35 +197,15 @@ pub async fn copy(
         .arg(format!("--role={owner}"))
         .arg(format!("--dbname={}", target.database))
         .stdin(pipe)
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|source| CopyError::Spawn {
-            program: programs.pg_restore.display().to_string(),
-            source,
-        })?;
-    let restore_errors = pg_tools::keep_stderr(restore.stderr.take());
+        .stdout(Stdio::null());
+    Ok((spawn(&mut command, pg_restore)?, ca))
+}
 
-    let restored = wait(&mut restore, "pg_restore").await?;
-    // pg_restore stopped reading: pg_dump ends on the broken pipe if it has not already.
-    let dumped = wait(&mut dump, "pg_dump").await?;
-    // Both programs have exited: their CA files go.
-    drop((dump_ca, restore_ca));
-    let (dump_stderr, restore_stderr) = (dump_errors.await, restore_errors.await);
-    if !dumped.success() {
-        return Err(CopyError::Failed {
-            program: "pg_dump",
-            status: dumped,
-            stderr: dump_stderr.unwrap_or_default(),
-        });
-    }
-    if !restored.success() {
-        return Err(CopyError::Failed {
-            program: "pg_restore",
-            status: restored,
-            stderr: restore_stderr.unwrap_or_default(),
-        });
-    }
-    Ok(())
+fn spawn(command: &mut Command, program: &Path) -> Result<Child, CopyError> {
+    command.spawn().map_err(|source| CopyError::Spawn {
+        program: program.display().to_string(),
+        source,
+    })
 }
 
 async fn wait(child: &mut Child, program: &'static str) -> Result<ExitStatus, CopyError> {

@@ -1,6 +1,6 @@
 //! The saga's progress in `status`, as pure functions: which step is next, and how a step
 //! starting, finishing or failing, a rollback and the end change the status. The driver
-//! (`saga`) writes each result before and after the step's side effects.
+//! (`drive`) writes each result before and after the step's side effects.
 
 use dbops_api::{
     ChosenMode, MigrationPhase, MigrationStatus, MigrationStep, StepState, StepStatus, condition,
@@ -295,7 +295,7 @@ pub fn is_compensated(status: &MigrationStatus, name: MigrationStep) -> bool {
 /// Every compensation ran.
 pub fn rolled_back(status: &mut MigrationStatus, generation: Option<i64>) {
     let failed = status.failed_step.map(|s| s.as_str()).unwrap_or("a step");
-    let (reason, message) = crate::progress::failure(status);
+    let (reason, message) = failure(status);
     status.phase = Some(MigrationPhase::RolledBack);
     conditions(
         status,

@@ -1,0 +1,190 @@
+//! What every step is handed and what it hands back: the controller's [`State`] (built
+//! once in `main`), the [`Saga`] (one reconcile's view of one Migration, with its one
+//! guarded status write and its Events) and a step's [`StepOutcome`].
+//!
+//! Depends on nothing of this crate but `error` and `debug`: the saga driver (`saga/`)
+//! and the steps (`steps/`, `dump/`, `replication/`) all stand on it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dbops_api::{Database, Migration, MigrationStatus, MigrationStep};
+use dbops_shared::controller::Context;
+use dbops_shared::events::Recorder;
+use dbops_shared::postgres::Servers;
+use dbops_shared::server::Directory;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::Store;
+use serde_json::json;
+
+use crate::debug::{self, CrashPoint, Moment};
+use crate::error::Result;
+
+/// The finalizer that holds a Migration deleted mid-flight until it is rolled back (or,
+/// once SwitchTraffic has begun, finished).
+pub const FINALIZER: &str = "dbops.dev/migration-rollback";
+/// The field manager of this controller's writes (the Database's `spec.serverRef`).
+pub const FIELD_MANAGER: &str = "dbops-migration-controller";
+
+/// The migration-controller's own state.
+pub struct State {
+    pub servers: Servers,
+    /// The DatabaseServers, their admin and CA Secrets (controllers' namespace) and the
+    /// namespaces' labels: a `serverRef` resolved without an API call.
+    pub directory: Directory,
+    /// Every Database (of `--watch-namespace`), kept by the Database watch: Preflight
+    /// counts those on the target for its `databasesPerNamespace` limit.
+    pub databases: Store<Database>,
+    pub recorder: Recorder,
+    pub index: DatabaseIndex,
+    /// The `--pg-dump` and `--pg-restore` programs (the Logical mode's schema copy).
+    pub pg_dump: PathBuf,
+    pub pg_restore: PathBuf,
+    /// Those and the programs of each `--pg-bin-dir`: CopyData takes the pair that suits
+    /// the two servers (`pg_tools::pick_copy`).
+    pub clients: dbops_shared::pg_tools::Clients,
+    pub max_attempts: i32,
+    pub crash_at: Option<CrashPoint>,
+    /// Testing only (`--debug-fail-at`): this step fails for good once its effects are
+    /// done, so that a test can roll back from it.
+    pub fail_at: Option<MigrationStep>,
+}
+
+/// Which Migrations name which Database: Migration → `spec.databaseRef`, kept up to date
+/// by every reconcile, so a Database event maps to its Migrations.
+pub type DatabaseIndex = dbops_shared::ref_index::RefIndex;
+
+/// What a step's run came to.
+#[derive(Debug)]
+pub enum StepOutcome {
+    /// Its effects are complete; the message goes into the step's record and an Event.
+    Done(String),
+    /// It waits for another object (a watch brings the reconcile back).
+    Wait(String),
+    /// It waits for a server (the replication's progress): run again after this long
+    /// (at most the resync interval).
+    Poll(String, Duration),
+}
+
+/// One reconcile's view of one Migration: the latest Migration (replaced after every
+/// write), its API and the controller's context.
+pub struct Saga<'a> {
+    pub ctx: &'a Context<State>,
+    pub api: Api<Migration>,
+    pub namespace: String,
+    pub m: Migration,
+}
+
+impl Saga<'_> {
+    pub fn status(&self) -> MigrationStatus {
+        self.m.status.clone().unwrap_or_default()
+    }
+
+    pub fn generation(&self) -> Option<i64> {
+        self.m.metadata.generation
+    }
+
+    pub fn deleting(&self) -> bool {
+        self.m.metadata.deletion_timestamp.is_some()
+    }
+
+    /// Writes the status if it changed, guarded by the resourceVersion it was built on:
+    /// a stale view or a second replica gets a 409 instead of overwriting progress.
+    pub async fn save(&mut self, status: MigrationStatus) -> Result<()> {
+        if self.m.status.as_ref() == Some(&status) {
+            return Ok(());
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": self.m.resource_version()},
+            "status": status,
+        });
+        self.m = self
+            .api
+            .patch_status(
+                &self.m.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn event(&self, normal: bool, reason: &str, note: &str) {
+        dbops_shared::events::publish(
+            &self.ctx.state.recorder,
+            &self.m,
+            normal,
+            "Migrate",
+            reason,
+            note,
+        )
+        .await;
+    }
+
+    /// Records this reconcile's trace on the Migration (once, while it runs), so every
+    /// later reconcile, and the objects it creates for the other controllers, join one
+    /// trace for the whole Migration. Nothing is written when tracing is off.
+    pub async fn adopt_trace(&mut self) -> Result<()> {
+        if self
+            .m
+            .annotations()
+            .contains_key(dbops_shared::telemetry::TRACEPARENT_ANNOTATION)
+        {
+            return Ok(());
+        }
+        let Some((key, value)) = dbops_shared::telemetry::trace_annotation() else {
+            return Ok(());
+        };
+        let patch = json!({"metadata": {"annotations": {key: value}}});
+        self.m = self
+            .api
+            .patch(
+                &self.m.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Puts the finalizer [`FINALIZER`] on (`present`) or takes it off, if needed.
+    pub async fn set_finalizer(&mut self, present: bool) -> Result<()> {
+        let has = self.m.finalizers().iter().any(|f| f == FINALIZER);
+        if has == present {
+            return Ok(());
+        }
+        dbops_shared::finalizer::set(&self.m, &self.api, FINALIZER, present).await?;
+        if present {
+            self.m = self.api.get(&self.m.name_any()).await?;
+        }
+        Ok(())
+    }
+
+    /// The Database this Migration moves: the one of its name, as long as it is the one
+    /// Preflight recorded (a Database deleted and created again under that name since is
+    /// another's, and this Migration sees none).
+    pub async fn database(&self) -> Result<Option<Database>> {
+        let api: Api<Database> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
+        let recorded = self.status().database_uid;
+        Ok(api
+            .get_opt(&self.m.spec.database_ref.name)
+            .await?
+            .filter(|db| recorded.is_none_or(|uid| db.uid().as_ref() == Some(&uid))))
+    }
+
+    /// Exits the process (code [`debug::DEBUG_EXIT_CODE`]) if `--debug-exit-at` names
+    /// this point.
+    pub fn crash_point(&self, step: MigrationStep, moment: Moment) {
+        debug::crash_if(self.ctx.state.crash_at, CrashPoint { step, moment });
+    }
+}
+
+/// The W3C trace context of this reconcile, for an object another controller acts on (it
+/// continues the trace); empty when tracing is off.
+pub fn trace_annotations() -> serde_json::Map<String, serde_json::Value> {
+    dbops_shared::telemetry::trace_annotation()
+        .map(|(k, v)| (k, serde_json::Value::String(v)))
+        .into_iter()
+        .collect()
+}

@@ -1,0 +1,80 @@
+//! The rollback: begun when a step before SwitchTraffic cannot succeed ([`begin`]), then
+//! the compensations of the steps that ran, in reverse order, each recorded as it
+//! completes, ending RolledBack ([`roll_back`]).
+
+use dbops_api::{MigrationStatus, MigrationStep};
+use kube::runtime::controller::Action;
+
+use super::progress;
+use crate::context::Saga;
+use crate::error::{Error, Result};
+use crate::steps;
+
+/// Records `step` failed for good with `reason` and `message` on `status` (the phase
+/// becomes RollingBack), with the rollback metric and an Event.
+pub async fn begin(
+    saga: &mut Saga<'_>,
+    mut status: MigrationStatus,
+    step: MigrationStep,
+    reason: &str,
+    message: &str,
+) -> Result<()> {
+    progress::begin_rollback(&mut status, step, reason, message, saga.generation());
+    let (reason, message) = progress::failure(&status);
+    saga.save(status).await?;
+    if let Some(metrics) = saga.ctx.metrics.migration() {
+        metrics.record_rollback(step.as_str());
+    }
+    saga.event(
+        false,
+        "RollbackStarted",
+        &format!("{reason}: {message}; undoing the steps that ran"),
+    )
+    .await;
+    Ok(())
+}
+
+/// Compensations in reverse order, each recorded as done; then RolledBack.
+pub async fn roll_back(saga: &mut Saga<'_>) -> Result<Action> {
+    let db = saga.database().await?;
+    let mut pending: Option<(MigrationStep, Error)> = None;
+    for step in progress::to_compensate(&saga.status()) {
+        if progress::is_compensated(&saga.status(), step) {
+            continue;
+        }
+        match steps::compensate(saga, step, db.as_ref()).await {
+            Ok(message) => {
+                let mut status = saga.status();
+                progress::compensated(&mut status, step, message.clone());
+                saga.save(status).await?;
+                saga.event(true, &format!("{}Compensated", step.as_str()), &message)
+                    .await;
+            }
+            // A server that cannot be reached holds up its own compensation only: the
+            // others (above all unfreezing the source) go ahead; this one is retried
+            // with backoff.
+            Err(e) if pending.is_none() && !matches!(e, Error::Kube(_)) => {
+                pending = Some((step, e));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if let Some((step, e)) = pending {
+        let mut status = saga.status();
+        progress::compensation_failed(&mut status, step, &e.to_string(), saga.generation());
+        saga.save(status).await?;
+        return Err(e);
+    }
+    let mut status = saga.status();
+    progress::rolled_back(&mut status, saga.generation());
+    saga.save(status).await?;
+    let (reason, message) = progress::failure(&saga.status());
+    saga.event(
+        false,
+        "RolledBack",
+        &format!("{reason}: {message}; every step that ran was undone"),
+    )
+    .await;
+    saga.set_finalizer(false).await?;
+    Ok(Action::await_change())
+}

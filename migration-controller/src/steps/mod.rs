@@ -1,0 +1,87 @@
+//! The saga's steps and their compensations, one small function each. Every step checks
+//! what already exists before it acts, so running it again after a crash at any line
+//! repeats no side effect; whatever a compensation must know is in the status, written
+//! before the step acted.
+//!
+//! The steps both modes run, one file each, and the dispatch from a step to its function
+//! and compensation. The Dump mode's own step, CopyData, is in `dump`; the Logical mode's
+//! Replicate and CatchUp are in `replication` (the Logical mode shares the others,
+//! FreezeSource sparing the subscription's WAL sender, Cleanup taking the replication
+//! down once more):
+//!
+//! | step | does | compensation |
+//! |---|---|---|
+//! | Preflight | records the source (the Database's `spec.serverRef`); refuses a target DatabaseServer that does not exist, is being deleted, does not allow the namespace, is the source (by name or `host:port`) or would exceed its `databasesPerNamespace`; reads both servers: reachable, target major ≥ source, extensions available, no foreign role/database of those names on the target; chooses the mode once (`Auto`: Logical when the Logical Preflight of `logical` passes, else Dump with the reason in the ModeChosen condition and an Event; `Logical`: refused with that reason) | none (read only) |
+//! | Snapshot | Backup `<migration>-snapshot`, owned by the Migration; waits for it | none: the Backup stays as the rollback point |
+//! | FreezeSource | records the connection limit and `default_transaction_read_only`, then sets them to 0 and on and ends every session | restores the recorded values |
+//! | ProvisionTarget | role (a password nobody knows: the database-controller sets the connection Secret's when the Database arrives) and database on the target, marked with this Migration, and the source's extensions | drops the role and database if they carry this Migration's mark |
+//! | CopyData | `pg_dump` of the frozen source piped into `pg_restore` on the target, in one transaction | none of its own: the data is in the target database |
+//! | Verify | the same tables, with the same row counts, on both | none (read only) |
+//! | SwitchTraffic | patches the Database's `spec.serverRef` to the target (field manager `dbops-migration-controller`), waits until it is Ready at the new generation | none: the point of no return |
+//! | Cleanup | `sourceRetention: Drop` drops the source database and role (if marked by the Database) | none |
+//!
+//! Servers are DatabaseServers, resolved from the caches of `dbops_shared::server` at
+//! each step (address, TLS and the admin credentials of the controllers' namespace): the
+//! source as Preflight recorded it, the target from `spec.target.serverRef`.
+
+mod preflight;
+mod snapshot;
+mod source;
+mod switch;
+mod target;
+mod verify;
+
+use dbops_api::{Database, MigrationStep};
+
+use crate::context::{Saga, StepOutcome};
+use crate::error::Result;
+use crate::replication;
+use crate::servers::names;
+
+pub use snapshot::SNAPSHOT_LABEL;
+pub use source::cleanup;
+
+/// Runs `step` (the saga records it Running before and its outcome after).
+pub async fn run(saga: &mut Saga<'_>, step: MigrationStep, db: &Database) -> Result<StepOutcome> {
+    match step {
+        MigrationStep::Preflight => preflight::preflight(saga, db).await,
+        MigrationStep::Snapshot => snapshot::snapshot(saga, db).await,
+        MigrationStep::FreezeSource => source::freeze_source(saga, db).await,
+        MigrationStep::ProvisionTarget => target::provision_target(saga, db).await,
+        MigrationStep::CopyData => crate::dump::copy_data(saga, db).await,
+        MigrationStep::Replicate => replication::replicate(saga, db).await,
+        MigrationStep::CatchUp => replication::catch_up(saga, db).await,
+        MigrationStep::Verify => verify::verify(saga, db).await,
+        MigrationStep::SwitchTraffic => switch::switch_traffic(saga, db).await,
+        MigrationStep::Cleanup => source::cleanup(saga, Some(db)).await.map(StepOutcome::Done),
+    }
+}
+
+/// Undoes the step's effects (idempotent); returns what was done.
+pub async fn compensate(
+    saga: &mut Saga<'_>,
+    step: MigrationStep,
+    db: Option<&Database>,
+) -> Result<String> {
+    match step {
+        MigrationStep::Preflight => Ok("nothing to undo: Preflight only reads".into()),
+        MigrationStep::Snapshot => Ok(match saga.status().snapshot_ref {
+            Some(r) => format!("snapshot Backup {} kept as the rollback point", r.name),
+            None => "no snapshot was taken".into(),
+        }),
+        MigrationStep::FreezeSource => source::unfreeze_source(saga, db).await,
+        MigrationStep::ProvisionTarget => target::clean_target(saga, db).await,
+        MigrationStep::CopyData => Ok(
+            "nothing of its own to undo: the copy is in the target database, which the compensation of ProvisionTarget drops"
+                .into(),
+        ),
+        MigrationStep::Replicate | MigrationStep::CatchUp => {
+            let (database, _) = names(saga, db)?;
+            replication::teardown(saga, &database).await
+        }
+        MigrationStep::Verify => Ok("nothing to undo: Verify only reads".into()),
+        MigrationStep::SwitchTraffic | MigrationStep::Cleanup => {
+            Ok("nothing to undo: the step never ran".into())
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! The source's steps: FreezeSource (and its compensation, the unfreeze) and Cleanup
+//! (`sourceRetention`).
+
+use dbops_api::{ChosenMode, Database, SourceRetention};
+
+use crate::context::{Saga, StepOutcome};
+use crate::error::{Error, Result};
+use crate::servers::{
+    at, database_uid, migration_uid, names, resolve, session, source_ref, source_server,
+};
+use crate::sql;
+
+pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
+    let source = source_server(saga).await?;
+    let database = db.database_name();
+    let s = session(saga, &source, "postgres").await?;
+    let mut status = saga.status();
+    let record = match status.freeze.clone() {
+        Some(r) => r,
+        None => {
+            let found = sql::freeze_state(&s, &database).await?.ok_or_else(|| {
+                Error::fatal(
+                    "SourceNotFound",
+                    format!("database {database:?} is gone from {}", at(&source)),
+                )
+            })?;
+            // Written before anything changes: the compensation restores exactly this.
+            status.freeze = Some(found.clone());
+            saga.save(status).await?;
+            found
+        }
+    };
+    // Logical mode: the subscription's WAL sender stays for the catch-up.
+    let spare = (saga.status().mode == Some(ChosenMode::Logical))
+        .then(|| crate::replication::sql::name(&migration_uid(saga)));
+    let (ended, left) = sql::freeze(&s, &database, spare.as_deref()).await?;
+    if left > 0 {
+        return Err(Error::transient(
+            "SessionsRemain",
+            format!("{left} sessions on {database} survived pg_terminate_backend"),
+        ));
+    }
+    Ok(StepOutcome::Done(format!(
+        "database {database} on {}: connection limit 0 (was {}), default_transaction_read_only on (was {}); {ended} sessions ended",
+        at(&source),
+        record.previous_connection_limit,
+        record.previous_read_only.as_deref().unwrap_or("unset"),
+    )))
+}
+
+pub async fn unfreeze_source(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<String> {
+    let Some(record) = saga.status().freeze else {
+        return Ok("nothing was frozen".into());
+    };
+    let (database, _) = names(saga, db)?;
+    let source = source_server(saga).await?;
+    let s = session(saga, &source, "postgres").await?;
+    if sql::freeze_state(&s, &database).await?.is_none() {
+        return Ok(format!(
+            "database {database} no longer exists on {}",
+            at(&source)
+        ));
+    }
+    sql::unfreeze(&s, &database, &record).await?;
+    Ok(format!(
+        "database {database} on {}: connection limit {} and default_transaction_read_only {} restored",
+        at(&source),
+        record.previous_connection_limit,
+        record.previous_read_only.as_deref().unwrap_or("unset"),
+    ))
+}
+
+/// Keep or Drop the source; `db` is `None` when the Database was deleted after the switch.
+pub async fn cleanup(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<String> {
+    let source_ref = source_ref(saga)?;
+    let (database, role) = names(saga, db)?;
+    // Logical mode: CatchUp took the replication down; once more in case it did not
+    // finish (nothing is written when nothing is left).
+    let replication = if saga.status().mode == Some(ChosenMode::Logical) {
+        format!("{}; ", crate::replication::teardown(saga, &database).await?)
+    } else {
+        String::new()
+    };
+    if saga.m.spec.source_retention == SourceRetention::Keep {
+        return Ok(format!(
+            "{replication}sourceRetention Keep: database {database} stays on DatabaseServer {}, frozen (read-only, connection limit 0)",
+            source_ref.name
+        ));
+    }
+    let source = resolve(saga, &source_ref).await?;
+    let uid = database_uid(saga)?;
+    let s = session(saga, &source, "postgres").await?;
+    let ours = |comment: Option<&str>| sql::is_databases(comment, &uid);
+    let dropped = sql::drop_marked(&s, &database, &role, &[], ours).await?;
+    let mut done = dropped.describe(&database, &role, "not this Database's");
+    if done.is_empty() {
+        done.push("already gone".into());
+    }
+    Ok(format!(
+        "{replication}sourceRetention Drop on {}: {}",
+        at(&source),
+        done.join(", ")
+    ))
+}

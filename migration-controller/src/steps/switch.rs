@@ -1,0 +1,86 @@
+//! SwitchTraffic: the point of no return. Patches the Database's `spec.serverRef` to the
+//! target and waits until it is Ready there at the new generation.
+
+use dbops_api::{Database, condition};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use crate::context::{FIELD_MANAGER, Saga, StepOutcome, trace_annotations};
+use crate::error::Result;
+
+/// Needs no session: the target is named, not resolved, so the switch and its wait do not
+/// depend on the server caches.
+pub async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
+    let target = saga.m.spec.target.server_ref.clone();
+    let mut status = saga.status();
+    let mut db = db.clone();
+    if db.spec.server_ref != target {
+        let databases: Api<Database> = Api::namespaced(saga.ctx.client.clone(), &saga.namespace);
+        let mut metadata = json!({"name": db.name_any(), "annotations": trace_annotations()});
+        // Only the Database Preflight recorded is moved, never one created again under
+        // its name since (`Saga::database` sees none then): its UID is a precondition.
+        if let Some(uid) = &status.database_uid {
+            metadata["uid"] = json!(uid);
+        }
+        let patch = json!({
+            "apiVersion": "dbops.dev/v1alpha1",
+            "kind": "Database",
+            "metadata": metadata,
+            "spec": {"serverRef": {"name": target.name}},
+        });
+        db = databases
+            .patch(
+                &db.name_any(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+        status.switched_generation = db.metadata.generation;
+        saga.save(status.clone()).await?;
+        saga.event(
+            true,
+            "TrafficSwitched",
+            &format!(
+                "Database {} spec.serverRef now {}; waiting for it to be Ready there",
+                db.name_any(),
+                target.name
+            ),
+        )
+        .await;
+    } else if status.switched_generation.is_none() {
+        // Patched, then a crash before the record: this generation is at least the patched one.
+        status.switched_generation = db.metadata.generation;
+        saga.save(status.clone()).await?;
+    }
+    let generation = status.switched_generation.unwrap_or_default();
+    if db.metadata.deletion_timestamp.is_some() {
+        // Deleted after the switch: it will never be Ready there, and need not be; its
+        // deletion policy applies on the target once this Migration ends.
+        return Ok(StepOutcome::Done(format!(
+            "Database {} now refers to DatabaseServer {} (generation {generation}) and is being deleted; its deletionPolicy applies there once this Migration ends",
+            db.name_any(),
+            target.name
+        )));
+    }
+    let ready = db.status.as_ref().is_some_and(|s| {
+        s.observed_generation.unwrap_or_default() >= generation
+            && dbops_shared::conditions::get(&s.conditions, condition::READY).is_some_and(|c| {
+                c.status == "True" && c.observed_generation.unwrap_or_default() >= generation
+            })
+    });
+    if ready {
+        Ok(StepOutcome::Done(format!(
+            "Database {} is Ready on DatabaseServer {} (generation {generation}); Secret {} points there",
+            db.name_any(),
+            target.name,
+            db.connection_secret_name()
+        )))
+    } else {
+        Ok(StepOutcome::Wait(format!(
+            "waiting for Database {} to be Ready on DatabaseServer {} at generation {generation}",
+            db.name_any(),
+            target.name
+        )))
+    }
+}

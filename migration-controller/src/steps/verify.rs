@@ -1,0 +1,57 @@
+//! Verify: the same tables, with the same row counts, on both servers (read only).
+
+use dbops_api::Database;
+
+use crate::context::{Saga, StepOutcome};
+use crate::error::{Error, Result};
+use crate::servers::{session, source_server, target_server};
+use crate::sql;
+
+pub async fn verify(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
+    let source = source_server(saga).await?;
+    let target = target_server(saga).await?;
+    let database = db.database_name();
+    let s = session(saga, &source, &database).await?;
+    let t = session(saga, &target, &database).await?;
+    let (on_source, on_target) = (sql::tables(&s).await?, sql::tables(&t).await?);
+    if on_source != on_target {
+        let missing: Vec<_> = on_source
+            .iter()
+            .filter(|x| !on_target.contains(x))
+            .collect();
+        let extra: Vec<_> = on_target
+            .iter()
+            .filter(|x| !on_source.contains(x))
+            .collect();
+        return Err(Error::fatal(
+            "VerifyFailed",
+            format!(
+                "tables differ: missing on the target {missing:?}, only on the target {extra:?}"
+            ),
+        ));
+    }
+    let mut rows = 0;
+    let mut mismatches = Vec::new();
+    for (schema, table) in &on_source {
+        let (a, b) = (
+            sql::count_rows(&s, schema, table).await?,
+            sql::count_rows(&t, schema, table).await?,
+        );
+        if a != b {
+            mismatches.push(format!(
+                "{schema}.{table}: {a} on the source, {b} on the target"
+            ));
+        }
+        rows += a;
+    }
+    if !mismatches.is_empty() {
+        return Err(Error::fatal(
+            "VerifyFailed",
+            format!("row counts differ: {}", mismatches.join("; ")),
+        ));
+    }
+    Ok(StepOutcome::Done(format!(
+        "{} tables, {rows} rows: the same on both servers",
+        on_source.len()
+    )))
+}
