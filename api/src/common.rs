@@ -1,6 +1,5 @@
 //! Types shared by the three kinds.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -109,29 +108,3 @@ pub enum BackupDeletionPolicy {
     /// Delete the artifact and its manifest from the store.
     Delete,
 }
-
-/// The kinds whose status carries conditions, read without serializing the object (the
-/// controllers count them for metrics on every scrape and look at them on every
-/// reconcile).
-pub trait HasConditions {
-    /// `status.conditions`, empty without a status.
-    fn conditions(&self) -> &[Condition];
-}
-
-macro_rules! has_conditions {
-    ($($kind:ty),*) => {$(
-        impl HasConditions for $kind {
-            fn conditions(&self) -> &[Condition] {
-                self.status.as_ref().map_or(&[], |s| s.conditions.as_slice())
-            }
-        }
-    )*};
-}
-
-has_conditions!(
-    crate::Database,
-    crate::DatabaseUser,
-    crate::DatabaseServer,
-    crate::Backup,
-    crate::Migration
-);

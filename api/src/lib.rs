@@ -10,6 +10,7 @@
 pub mod access;
 pub mod backup;
 pub mod common;
+pub mod conditions;
 pub mod database;
 pub mod migration;
 pub mod names;
@@ -23,9 +24,10 @@ pub use access::{
 };
 pub use backup::{Backup, BackupPhase, BackupRunner, BackupSpec, BackupStatus};
 pub use common::{
-    BackupDeletionPolicy, DatabaseDeletionPolicy, HasConditions, LocalObjectReference,
-    SecretReference, ServerReference, TlsMode, condition, marks,
+    BackupDeletionPolicy, DatabaseDeletionPolicy, LocalObjectReference, SecretReference,
+    ServerReference, TlsMode, condition, marks,
 };
+pub use conditions::HasConditions;
 pub use database::{
     BackupSchedule, Database, DatabasePhase, DatabaseSpec, DatabaseStatus, RestoreSource,
     Retention, ScheduledBackupsOnDeletion,
