@@ -1,6 +1,7 @@
 //! The Backup's finalizer and its deletion: the artifact and manifest leave the store
 //! when `deletionPolicy` is Delete.
 
+use dbops_api::names::finalizer;
 use dbops_api::{Backup, BackupDeletionPolicy};
 use dbops_shared::backup_store::traced;
 use dbops_shared::controller::Context;
@@ -13,7 +14,8 @@ use crate::error::Result;
 use crate::state::State;
 use crate::write;
 
-pub const FINALIZER: &str = "dbops.dev/backup-artifact";
+/// The finalizer of a Backup whose artifact goes with it.
+const FINALIZER: &str = finalizer::BACKUP_ARTIFACT;
 
 fn wants_finalizer(backup: &Backup) -> bool {
     backup.spec.deletion_policy == BackupDeletionPolicy::Delete

@@ -1,6 +1,7 @@
 //! The Database a Backup refers to (same namespace), and whether pg_dump can dump it now.
 
-use dbops_api::{Backup, Database, DatabaseDeletionPolicy, condition, marks};
+use dbops_api::names::{annotation, label};
+use dbops_api::{Backup, Database, DatabaseDeletionPolicy, condition};
 use dbops_shared::controller::Context;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -28,7 +29,7 @@ pub async fn dereference(backup: &Backup, ctx: &Context<State>) -> Result<Derefe
             format!("Database {namespace}/{name} does not exist"),
         )));
     };
-    if let Some(wanted) = backup.annotations().get(marks::DATABASE_UID)
+    if let Some(wanted) = backup.annotations().get(annotation::DATABASE_UID)
         && db.uid().as_ref() != Some(wanted)
     {
         return Ok(Dereferenced::Missing(Failure::permanent(
@@ -41,7 +42,7 @@ pub async fn dereference(backup: &Backup, ctx: &Context<State>) -> Result<Derefe
     }
     let final_snapshot = db
         .uid()
-        .is_some_and(|uid| backup.labels().get(dbops_api::marks::FINAL_SNAPSHOT_OF) == Some(&uid));
+        .is_some_and(|uid| backup.labels().get(label::FINAL_SNAPSHOT_OF) == Some(&uid));
     Ok(if can_be_dumped(&db, final_snapshot) {
         Dereferenced::Ready(Box::new(db))
     } else {

@@ -1,13 +1,14 @@
 //! The scheduled Backup to create for a slot.
 
+use dbops_api::names::annotation::{DATABASE_UID, SCHEDULED_AT};
+use dbops_api::names::label::{MANAGED_BY, SCHEDULE_OF};
 use dbops_api::{
     Backup, BackupDeletionPolicy, BackupSpec, Database, LocalObjectReference,
-    ScheduledBackupsOnDeletion, marks,
+    ScheduledBackupsOnDeletion,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 
-use crate::schedule::names::{MANAGED_BY, SCHEDULE_OF, SCHEDULED_AT};
 use crate::schedule::plan::Take;
 
 /// The scheduled Backup of `db` for the slot `take`: labelled for retention, pinned to
@@ -17,10 +18,7 @@ pub fn desired_backup(db: &Database, take: &Take) -> Backup {
     let database = db.name_any();
     let mut annotations = std::collections::BTreeMap::from([
         (SCHEDULED_AT.to_string(), take.slot.to_string()),
-        (
-            marks::DATABASE_UID.to_string(),
-            db.uid().unwrap_or_default(),
-        ),
+        (DATABASE_UID.to_string(), db.uid().unwrap_or_default()),
     ]);
     annotations.extend(creator_trace_context());
     let mut backup = Backup::new(
@@ -126,7 +124,7 @@ mod tests {
             Some("2026-11-22T16:03:00Z")
         );
         assert_eq!(
-            b.annotations().get(marks::DATABASE_UID).map(String::as_str),
+            b.annotations().get(DATABASE_UID).map(String::as_str),
             Some("db-uid")
         );
         assert!(

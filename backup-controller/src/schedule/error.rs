@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use dbops_shared::controller::{ErrorKind, ReconcileError};
 
-use crate::schedule::names::SCHEDULE_OF;
+use dbops_api::names::label::SCHEDULE_OF;
 
 /// The longest Database name a schedule accepts: it is the value of the label
 /// [`SCHEDULE_OF`], and label values have at most 63 characters.

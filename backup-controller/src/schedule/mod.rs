@@ -39,17 +39,19 @@
 //!
 //! A converged Database costs no API request: a reconcile reads only the stores.
 //!
-//! The files, each depending only on those above it: `names` (the labels and annotations
-//! of scheduled Backups), `cron` (parsing a schedule, its slots), `scheduled` (a
+//! The labels and annotations of scheduled Backups are [`dbops_api::names`]'s. The files,
+//! each depending only on those above it: `cron` (parsing a schedule, its slots), `scheduled` (a
 //! scheduled Backup as the plan sees it), `retention`, `plan` (pure: what one reconcile
 //! does), `desired` (the Backup to create), `error` and `state`, `apply` (the API writes
 //! and Events of a plan), `reconcile`, `watch`.
+
+/// Metrics label and Event reporter (`dbops-backup-scheduler`) of this controller.
+pub const CONTROLLER: &str = "backup-scheduler";
 
 mod apply;
 mod cron;
 mod desired;
 mod error;
-mod names;
 mod plan;
 mod reconcile;
 mod retention;
@@ -59,7 +61,6 @@ mod state;
 mod testing;
 mod watch;
 
-pub use names::CONTROLLER;
 pub use reconcile::reconcile;
 pub use state::State;
 pub use watch::watches;

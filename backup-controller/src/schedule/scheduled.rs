@@ -1,11 +1,11 @@
 //! A Database's scheduled Backups as the plan sees them, read from the reflector store.
 
-use dbops_api::{Backup, BackupPhase, Database, marks};
+use dbops_api::names::annotation::{DATABASE_UID, SCHEDULED_AT};
+use dbops_api::names::label::SCHEDULE_OF;
+use dbops_api::{Backup, BackupPhase, Database};
 use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
-
-use crate::schedule::names::{SCHEDULE_OF, SCHEDULED_AT};
 
 /// A scheduled Backup as the plan sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +61,7 @@ pub fn scheduled_backups(store: &Store<Backup>, db: &Database) -> Vec<Scheduled>
         .filter(|b| b.namespace() == namespace)
         .filter(|b| b.labels().get(SCHEDULE_OF) == Some(&name))
         .filter(|b| {
-            b.annotations().get(marks::DATABASE_UID) == uid.as_ref()
+            b.annotations().get(DATABASE_UID) == uid.as_ref()
                 || b.owner_references()
                     .iter()
                     .any(|o| Some(&o.uid) == uid.as_ref())

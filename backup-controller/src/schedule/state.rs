@@ -10,7 +10,7 @@ use kube::runtime::reflector::Store;
 
 /// The scheduler's own state.
 pub struct State {
-    /// The Backups that carry the label [`SCHEDULE_OF`](crate::schedule::names::SCHEDULE_OF), from a reflector.
+    /// The Backups that carry the label [`SCHEDULE_OF`](dbops_api::names::label::SCHEDULE_OF), from a reflector.
     pub backups: Store<Backup>,
     pub recorder: Recorder,
     /// The generation of each Database (by UID) whose invalid spec was already reported.
@@ -41,7 +41,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schedule::names::CONTROLLER;
+    use crate::schedule::CONTROLLER;
     use kube::runtime::reflector;
 
     #[tokio::test]

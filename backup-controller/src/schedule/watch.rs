@@ -9,8 +9,8 @@ use kube::api::Api;
 use kube::runtime::reflector;
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 
-use crate::schedule::names::SCHEDULE_OF;
 use crate::schedule::state::State;
+use dbops_api::names::label::SCHEDULE_OF;
 
 /// The scheduled Backups (by label, into `store`'s reflector), each mapped to the
 /// Database its label names: a Backup that finishes or goes brings retention and the next
