@@ -1,6 +1,9 @@
 //! What password rotation decides the same way for a Database's owner (`owner_logins`)
 //! and for a DatabaseUser (`user`): whether a rotation is due, how long the previous login
-//! keeps working, and when the next reconcile is due for rotation's sake.
+//! keeps working, and when the next reconcile is due for rotation's sake; and the turn of
+//! their two logins itself ([`turn`]).
+
+pub mod turn;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

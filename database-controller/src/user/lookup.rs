@@ -1,0 +1,117 @@
+//! What a DatabaseUser's reconcile reads before it acts: its Database (from the Database
+//! controller's cache), the server that Database is on, sessions there, whether the
+//! object read is still the live one, and its connection Secret.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dbops_api::{Database, DatabaseUser};
+use dbops_shared::controller::Context;
+use dbops_shared::postgres::Session;
+use dbops_shared::server::Resolved;
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use kube::runtime::reflector::ObjectRef;
+
+use super::state::State;
+use crate::error::{Error, Result};
+use crate::secret;
+use crate::{admit::already_on, server_access::server_error};
+
+/// How long a reconcile waits for the Database cache's first list.
+const STORE_SYNC_WAIT: Duration = Duration::from_secs(30);
+
+/// The Database the user is for, from the Database controller's cache.
+pub async fn database_of(ctx: &Context<State>, user: &DatabaseUser) -> Result<Arc<Database>> {
+    let namespace = user.namespace().unwrap_or_default();
+    let name = &user.spec.database_ref.name;
+    let store = ctx.state.databases.get().ok_or_else(|| Error::Retry {
+        reason: "CacheNotSynced",
+        message: "the Database cache is not set up yet".into(),
+    })?;
+    match tokio::time::timeout(STORE_SYNC_WAIT, store.wait_until_ready()).await {
+        Ok(Ok(())) => {}
+        _ => {
+            return Err(Error::Retry {
+                reason: "CacheNotSynced",
+                message: "the Database cache has not synced yet".into(),
+            });
+        }
+    }
+    store
+        .get(&ObjectRef::new(name).within(&namespace))
+        .ok_or_else(|| Error::Blocked {
+            reason: "DatabaseNotFound",
+            message: format!(
+                "Database {name} does not exist in namespace {namespace}; the user is set up once it does"
+            ),
+        })
+}
+
+/// The server the Database is provisioned on.
+pub fn server_of_database(ctx: &Context<State>, db: &Database) -> Result<Resolved> {
+    let name = &db.spec.server_ref.name;
+    let on = db.status.as_ref().and_then(|s| s.server.clone());
+    let Some(on) = on.filter(|s| already_on(db, s)) else {
+        return Err(Error::Blocked {
+            reason: "DatabaseNotReady",
+            message: format!(
+                "Database {} is not provisioned on DatabaseServer {name} yet; the user is set up once it is",
+                db.name_any()
+            ),
+        });
+    };
+    ctx.state.directory.resolve(&on).map_err(server_error)
+}
+
+/// A session of the server's admin on `dbname`.
+pub async fn admin_session(
+    ctx: &Context<State>,
+    server: &Resolved,
+    dbname: &str,
+) -> Result<Session> {
+    Ok(ctx
+        .state
+        .servers
+        .connect(&server.endpoint, &server.credentials, dbname)
+        .await?)
+}
+
+/// Confirms `user` is still the live object of its name (as `reconcile::confirm_live`
+/// does for Databases), before each change on a server.
+pub async fn confirm_live(ctx: &Context<State>, user: &DatabaseUser) -> Result<()> {
+    let api: Api<DatabaseUser> =
+        Api::namespaced(ctx.client.clone(), &user.namespace().unwrap_or_default());
+    let by_name = ListParams::default().fields(&format!("metadata.name={}", user.name_any()));
+    let live = api.list(&by_name).await?.items.into_iter().next();
+    match crate::live::superseded(user, live.as_ref()) {
+        Some(why) => Err(Error::Superseded(why)),
+        None => Ok(()),
+    }
+}
+
+/// The connection Secret, from its namespace's cache or the API. The cache may not show
+/// the Secret this controller wrote last yet (its watch lags behind under load): when it
+/// names another login than `latest_role` (the latest status's), the Secret is read from
+/// the API. Deciding on the stale one gave the previous login out again and retired the
+/// new one at once (dbops-bench users, about 1 credential in 300 per rotation of all of
+/// them).
+pub async fn connection_secret(
+    ctx: &Context<State>,
+    db: &Database,
+    user: &DatabaseUser,
+    latest_role: Option<&str>,
+) -> Result<Option<Arc<Secret>>> {
+    let namespace = user.namespace().unwrap_or_default();
+    let name = user.connection_secret_name();
+    let store = ctx.state.tenants.secrets_for(db).await?;
+    let cached = store.get(&ObjectRef::new(&name).within(&namespace));
+    if let Some(found) = cached
+        && latest_role.is_none_or(|role| secret::username(&found).is_none_or(|u| u == role))
+    {
+        return Ok(Some(found));
+    }
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    Ok(secrets.get_opt(&name).await?.map(Arc::new))
+}

@@ -1,0 +1,250 @@
+//! The DatabaseUser's status from a reconcile's outcome: [`desired`] decides it and the
+//! Events its change implies (pure), [`publish`] writes it when it differs from the
+//! latest, then publishes those Events.
+
+use dbops_api::{DatabaseUser, DatabaseUserStatus, condition};
+use dbops_shared::conditions::{ConditionSpec, ConditionStatus, get, now, set_condition};
+use dbops_shared::controller::{Context, ReconcileError};
+use dbops_shared::status::{Desired, Note};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use super::lookup::confirm_live;
+use super::provision::Done;
+use super::state::State;
+use crate::error::{Error, Result};
+
+/// The action the user controller's Events name.
+const ACTION: &str = "Reconcile";
+
+/// The `Ready` condition of an outcome: status, reason, message.
+fn ready(outcome: &Result<Done>) -> (ConditionStatus, &'static str, String) {
+    let done = match outcome {
+        Ok(done) => done,
+        Err(e) => return (ConditionStatus::False, e.reason(), e.to_string()),
+    };
+    if !done.missing_schemas.is_empty() {
+        (
+            ConditionStatus::False,
+            "SchemaNotFound",
+            format!(
+                "{}; schemas {} do not exist yet (granted once they do, at the next resync)",
+                done.message,
+                done.missing_schemas.join(", ")
+            ),
+        )
+    } else if let Some(former) = &done.former_server {
+        (
+            ConditionStatus::True,
+            "UserReady",
+            format!(
+                "{}; its roles on former DatabaseServer {former} are not dropped yet",
+                done.message
+            ),
+        )
+    } else {
+        (ConditionStatus::True, "UserReady", done.message.clone())
+    }
+}
+
+/// The status `outcome` gives the user, from `old` (the latest), and the Events its
+/// change implies: `Ready` changing, and a rotation (`PasswordRotated`).
+pub fn desired(
+    user: &DatabaseUser,
+    old: &DatabaseUserStatus,
+    outcome: &Result<Done>,
+    at: Time,
+) -> Desired<DatabaseUserStatus> {
+    let mut new = old.clone();
+    let generation = user.metadata.generation;
+    new.observed_generation = generation;
+    if let Ok(done) = outcome {
+        new.server = Some(done.server.clone());
+        new.group_role = Some(done.group.clone());
+        new.role = Some(done.role.clone());
+        new.previous_role = done.previous.as_ref().map(|(r, _)| r.clone());
+        new.previous_valid_until = done
+            .previous
+            .as_ref()
+            .and_then(|(_, until)| jiff::Timestamp::from_second(*until as i64).ok().map(Time));
+        new.last_rotation = done.last_rotation.clone();
+        new.rotate_request = done.rotate_request.clone();
+        new.connection_secret = Some(user.connection_secret_name());
+        new.former_server = done.former_server.clone();
+    }
+    let (status, reason, message) = ready(outcome);
+    let spec = ConditionSpec {
+        type_: condition::READY,
+        status,
+        reason,
+        message: message.clone(),
+        observed_generation: generation,
+    };
+    set_condition(&mut new.conditions, spec, at);
+    let mut notes = Vec::new();
+    let before =
+        get(&old.conditions, condition::READY).map(|c| (c.status.clone(), c.reason.clone()));
+    if before != Some((status.as_str().to_string(), reason.to_string())) {
+        let normal = status == ConditionStatus::True;
+        notes.push(Note {
+            normal,
+            action: ACTION,
+            reason: reason.to_string(),
+            message,
+        });
+    }
+    if new.last_rotation != old.last_rotation && old.last_rotation.is_some() {
+        notes.push(Note::normal(ACTION, "PasswordRotated", rotated(&new)));
+    }
+    Desired { status: new, notes }
+}
+
+/// The note of a `PasswordRotated` Event.
+fn rotated(new: &DatabaseUserStatus) -> String {
+    format!(
+        "the connection Secret now names login {}; {} keeps working until {}",
+        new.role.clone().unwrap_or_default(),
+        new.previous_role
+            .clone()
+            .unwrap_or_else(|| "no previous login".into()),
+        new.previous_valid_until
+            .as_ref()
+            .map_or_else(String::new, |t| t.0.to_string())
+    )
+}
+
+/// Writes the status `outcome` gives the user when it differs from the latest (a JSON
+/// patch whose test makes the UID a precondition), then the Events of [`desired`].
+pub async fn publish(
+    user: &DatabaseUser,
+    ctx: &Context<State>,
+    api: &Api<DatabaseUser>,
+    outcome: &Result<Done>,
+) -> Result<()> {
+    let old = ctx.state.latest(user);
+    let Desired { status: new, notes } = desired(user, &old, outcome, now());
+    if new == old {
+        return Ok(());
+    }
+    let patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/uid", "value": user.uid().unwrap_or_default()},
+        {"op": "add", "path": "/status", "value": new},
+    ]))
+    .map_err(|e| Error::Internal(format!("building the status patch: {e}")))?;
+    let params = PatchParams::default();
+    match api
+        .patch_status(&user.name_any(), &params, &Patch::<()>::Json(patch))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 422 => {
+            confirm_live(ctx, user).await?;
+            return Err(kube::Error::Api(e).into());
+        }
+        Err(e) => return Err(e.into()),
+    }
+    // Until the cache shows it (`State::latest`): a reconcile that starts before the watch
+    // delivers this write must not decide on the status before it (it rotated a second
+    // time for the same annotation value when the user watch lagged behind under load).
+    ctx.state
+        .written
+        .insert(&user.uid().unwrap_or_default(), new);
+    for note in notes {
+        ctx.state
+            .event(user, note.normal, &note.reason, &note.message)
+            .await;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user() -> DatabaseUser {
+        serde_json::from_value(json!({
+            "apiVersion": "dbops.dev/v1alpha1", "kind": "DatabaseUser",
+            "metadata": {"name": "ro", "namespace": "ns", "uid": "u1", "generation": 2},
+            "spec": {"databaseRef": {"name": "orders"}, "access": "ReadOnly"},
+        }))
+        .unwrap()
+    }
+
+    fn done() -> Done {
+        Done {
+            server: "pg".into(),
+            group: "orders_ro".into(),
+            role: "orders_ro_1".into(),
+            message: "login orders_ro_1".into(),
+            ..Done::default()
+        }
+    }
+
+    fn at(second: i64) -> Time {
+        Time(jiff::Timestamp::from_second(second).unwrap())
+    }
+
+    #[test]
+    fn ready_is_told_once_and_a_rotation_after_the_first_password() {
+        let u = user();
+        let first = desired(&u, &DatabaseUserStatus::default(), &Ok(done()), at(10));
+        let s = &first.status;
+        assert_eq!(s.role.as_deref(), Some("orders_ro_1"));
+        assert_eq!(s.connection_secret.as_deref(), Some("ro-connection"));
+        assert_eq!(s.observed_generation, Some(2));
+        let reasons: Vec<&str> = first.notes.iter().map(|n| n.reason.as_str()).collect();
+        assert_eq!(reasons, ["UserReady"]);
+        // The same outcome again: the same status, nothing to tell.
+        let again = desired(&u, s, &Ok(done()), at(20));
+        assert_eq!(&again.status, s);
+        assert!(again.notes.is_empty());
+        // A rotation: the new login, the previous one until its expiry.
+        let mut old = s.clone();
+        old.last_rotation = Some(at(1));
+        let rotated = Done {
+            role: "orders_ro_2".into(),
+            previous: Some(("orders_ro_1".into(), 100.0)),
+            last_rotation: Some(at(30)),
+            ..done()
+        };
+        let d = desired(&u, &old, &Ok(rotated), at(30));
+        assert_eq!(d.status.previous_role.as_deref(), Some("orders_ro_1"));
+        assert_eq!(d.status.previous_valid_until, Some(at(100)));
+        assert_eq!(d.notes.len(), 1);
+        assert_eq!(d.notes[0].reason, "PasswordRotated");
+        assert!(
+            d.notes[0].message.contains("orders_ro_2"),
+            "{}",
+            d.notes[0].message
+        );
+    }
+
+    #[test]
+    fn a_failure_keeps_the_last_good_fields_and_says_why() {
+        let u = user();
+        let ready = desired(&u, &DatabaseUserStatus::default(), &Ok(done()), at(10)).status;
+        let failed: Result<Done> = Err(Error::Blocked {
+            reason: "DatabaseNotReady",
+            message: "not yet".into(),
+        });
+        let d = desired(&u, &ready, &failed, at(20));
+        assert_eq!(d.status.role.as_deref(), Some("orders_ro_1"));
+        let c = get(&d.status.conditions, condition::READY).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "DatabaseNotReady")
+        );
+        assert_eq!(d.notes.len(), 1);
+        assert!(!d.notes[0].normal);
+        // Missing schemas: not Ready, the rest granted.
+        let partly = Done {
+            missing_schemas: vec!["audit".into()],
+            ..done()
+        };
+        let d = desired(&u, &ready, &Ok(partly), at(30));
+        let c = get(&d.status.conditions, condition::READY).unwrap();
+        assert_eq!(c.reason, "SchemaNotFound");
+    }
+}
