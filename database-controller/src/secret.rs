@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 use kube::api::ObjectMeta;
 
-use crate::template::{self, RESERVED_KEYS, TemplateError, Values};
+use crate::template::{self, RESERVED_KEYS, TemplateError, Values, percent_encode as encode};
 
 /// Marks the password the controller wrote, so an edit of it is noticed (and rotated).
 pub const PASSWORD_HASH_ANNOTATION: &str = "dbops.dev/password-sha256";
@@ -36,28 +36,31 @@ pub struct Owner<'a> {
 }
 
 impl<'a> Owner<'a> {
-    pub fn database(db: &'a Database) -> Self {
+    /// The owner `object`, a `kind`, named by `label` on its Secret.
+    fn of<K: Resource<DynamicType = ()>>(
+        object: &'a K,
+        kind: &'static str,
+        label: &'static str,
+        template: &'a SecretTemplate,
+    ) -> Self {
+        let meta = object.meta();
         Self {
-            kind: "Database",
-            name: db.metadata.name.as_deref().unwrap_or_default(),
-            namespace: db.metadata.namespace.as_deref(),
-            uid: db.metadata.uid.as_deref().unwrap_or_default(),
-            owner_ref: db.controller_owner_ref(&()),
-            label: DATABASE_LABEL,
-            template: &db.spec.secret_template,
+            kind,
+            name: meta.name.as_deref().unwrap_or_default(),
+            namespace: meta.namespace.as_deref(),
+            uid: meta.uid.as_deref().unwrap_or_default(),
+            owner_ref: object.controller_owner_ref(&()),
+            label,
+            template,
         }
     }
 
+    pub fn database(db: &'a Database) -> Self {
+        Self::of(db, "Database", DATABASE_LABEL, &db.spec.secret_template)
+    }
+
     pub fn user(user: &'a DatabaseUser) -> Self {
-        Self {
-            kind: "DatabaseUser",
-            name: user.metadata.name.as_deref().unwrap_or_default(),
-            namespace: user.metadata.namespace.as_deref(),
-            uid: user.metadata.uid.as_deref().unwrap_or_default(),
-            owner_ref: user.controller_owner_ref(&()),
-            label: USER_LABEL,
-            template: &user.spec.secret_template,
-        }
+        Self::of(user, "DatabaseUser", USER_LABEL, &user.spec.secret_template)
     }
 
     pub fn secret_name(&self) -> String {
@@ -122,18 +125,6 @@ pub fn check_owned(secret: &Secret, owner: &Owner<'_>) -> Result<(), String> {
     }
 }
 
-/// Percent-encodes everything but RFC 3986 unreserved characters.
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// The Secret as it should be: everything an application needs to connect to `server`
 /// with its TLS mode, the server's CA (`ca.crt`) when it has its own. A template that
 /// does not render (checked before anything is written, see `template::check`) is an
@@ -158,6 +149,55 @@ pub fn desired_for(
     password: &str,
 ) -> Result<Secret, TemplateError> {
     let key = &server.endpoint.key;
+    let tls = &server.endpoint.tls;
+    let ca_pem = tls
+        .ca
+        .as_ref()
+        .map(|ca| String::from_utf8_lossy(ca.pem()).into_owned())
+        .unwrap_or_default();
+    let rendered = template::render(
+        owner.template,
+        &Values {
+            host: &key.host,
+            port: key.port,
+            database: dbname,
+            user,
+            password,
+            sslmode: tls.mode.as_str(),
+            ca: &ca_pem,
+        },
+    )?;
+    let data: BTreeMap<String, ByteString> = own_keys(server, dbname, user, password)
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), ByteString(v.into_bytes())))
+        .chain(
+            tls.ca
+                .as_ref()
+                .map(|ca| ("ca.crt".to_string(), ByteString(ca.pem().to_vec()))),
+        )
+        .chain(
+            rendered
+                .iter()
+                .map(|(k, v)| (k.clone(), ByteString(v.as_bytes().to_vec()))),
+        )
+        .collect();
+    Ok(Secret {
+        metadata: metadata(owner, password, &rendered),
+        type_: Some("Opaque".into()),
+        data: Some(data),
+        ..Secret::default()
+    })
+}
+
+/// Every key of [`RESERVED_KEYS`] but `ca.crt`, with its value: everything an application
+/// needs to connect to `server` as `user` with its TLS mode.
+fn own_keys(
+    server: &Resolved,
+    dbname: &str,
+    user: &str,
+    password: &str,
+) -> [(&'static str, String); 14] {
+    let key = &server.endpoint.key;
     let (host, port) = (key.host.as_str(), key.port.to_string());
     let tls = &server.endpoint.tls;
     let ssl = tls.mode.as_str();
@@ -169,64 +209,33 @@ pub fn desired_for(
     } else {
         ""
     };
-    let uri = format!(
-        "postgresql://{}:{}@{host}:{port}/{}?sslmode={ssl}{roots}",
-        encode(user),
-        encode(password),
-        encode(dbname)
-    );
+    let (user_, password_, dbname_) = (encode(user), encode(password), encode(dbname));
+    let uri =
+        format!("postgresql://{user_}:{password_}@{host}:{port}/{dbname_}?sslmode={ssl}{roots}");
     let jdbc = format!(
-        "jdbc:postgresql://{host}:{port}/{}?user={}&password={}&sslmode={ssl}",
-        encode(dbname),
-        encode(user),
-        encode(password)
+        "jdbc:postgresql://{host}:{port}/{dbname_}?user={user_}&password={password_}&sslmode={ssl}"
     );
-    let ca_pem = tls
-        .ca
-        .as_ref()
-        .map(|ca| String::from_utf8_lossy(ca.pem()).into_owned())
-        .unwrap_or_default();
-    let rendered = template::render(
-        owner.template,
-        &Values {
-            host,
-            port: key.port,
-            database: dbname,
-            user,
-            password,
-            sslmode: ssl,
-            ca: &ca_pem,
-        },
-    )?;
-    let data: BTreeMap<String, ByteString> = [
-        ("host", host),
-        ("port", &port),
-        ("dbname", dbname),
-        ("username", user),
-        ("password", password),
-        ("uri", &uri),
-        ("jdbc-url", &jdbc),
-        ("PGHOST", host),
-        ("PGPORT", &port),
-        ("PGDATABASE", dbname),
-        ("PGUSER", user),
-        ("PGPASSWORD", password),
-        ("sslmode", ssl),
-        ("PGSSLMODE", ssl),
+    [
+        ("host", host.to_string()),
+        ("port", port.clone()),
+        ("dbname", dbname.to_string()),
+        ("username", user.to_string()),
+        ("password", password.to_string()),
+        ("uri", uri),
+        ("jdbc-url", jdbc),
+        ("PGHOST", host.to_string()),
+        ("PGPORT", port),
+        ("PGDATABASE", dbname.to_string()),
+        ("PGUSER", user.to_string()),
+        ("PGPASSWORD", password.to_string()),
+        ("sslmode", ssl.to_string()),
+        ("PGSSLMODE", ssl.to_string()),
     ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
-    .chain(
-        tls.ca
-            .as_ref()
-            .map(|ca| ("ca.crt".to_string(), ByteString(ca.pem().to_vec()))),
-    )
-    .chain(
-        rendered
-            .iter()
-            .map(|(k, v)| (k.clone(), ByteString(v.as_bytes().to_vec()))),
-    )
-    .collect();
+}
+
+/// The Secret's name, labels, owner and annotations: the password's digest and the keys
+/// rendered from the template.
+fn metadata(owner: &Owner<'_>, password: &str, rendered: &BTreeMap<String, String>) -> ObjectMeta {
     let mut annotations: BTreeMap<String, String> =
         [(PASSWORD_HASH_ANNOTATION.to_string(), sha256_hex(password))].into();
     if !rendered.is_empty() {
@@ -235,25 +244,20 @@ pub fn desired_for(
             rendered.keys().cloned().collect::<Vec<_>>().join(","),
         );
     }
-    Ok(Secret {
-        metadata: ObjectMeta {
-            name: Some(owner.secret_name()),
-            namespace: owner.namespace.map(str::to_string),
-            labels: Some(
-                [
-                    (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
-                    (owner.label.to_string(), owner.name.to_string()),
-                ]
-                .into(),
-            ),
-            annotations: Some(annotations),
-            owner_references: owner.owner_ref.clone().map(|r| vec![r]),
-            ..ObjectMeta::default()
-        },
-        type_: Some("Opaque".into()),
-        data: Some(data),
-        ..Secret::default()
-    })
+    ObjectMeta {
+        name: Some(owner.secret_name()),
+        namespace: owner.namespace.map(str::to_string),
+        labels: Some(
+            [
+                (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
+                (owner.label.to_string(), owner.name.to_string()),
+            ]
+            .into(),
+        ),
+        annotations: Some(annotations),
+        owner_references: owner.owner_ref.clone().map(|r| vec![r]),
+        ..ObjectMeta::default()
+    }
 }
 
 /// Where the cache's copy of a connection Secret keeps [`digest`] of its data. Not a valid

@@ -72,6 +72,11 @@ const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
+/// `s` with everything but RFC 3986's unreserved characters percent-encoded.
+pub fn percent_encode(s: &str) -> String {
+    utf8_percent_encode(s, NOT_UNRESERVED).to_string()
+}
+
 /// The auto-escape mode of URL templates, and the template names that select it.
 const URL_ESCAPE: &str = "url";
 const URL_TEMPLATE: &str = "url-template";
