@@ -1,18 +1,18 @@
 //! Replicate: the schema, a publication and a replication role on the source, a
 //! subscription on the target; done once every table is copied and the lag is small.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dbops_api::{Database, MigrationStep};
+use dbops_shared::postgres::Session;
 
 use super::observe::{Ends, ends, observe, record};
 use super::sql;
 use super::teardown::drop_slot;
 use crate::context::{Saga, StepOutcome};
 use crate::debug::Moment;
-use crate::dump::copy_between;
 use crate::dump::pipe::Contents;
-use crate::dump::programs::copy_programs;
+use crate::dump::{Copied, copy_once};
 use crate::error::{Error, Result};
 use crate::servers::{at, migration_uid, session};
 
@@ -22,68 +22,17 @@ pub const LAG_BOUND: i64 = 16 * 1024 * 1024;
 /// How often Replicate looks at the replication while it waits.
 const POLL: Duration = Duration::from_secs(2);
 
-// ---- Replicate ------------------------------------------------------------------------
-
+/// Replicate: the schema, the publication and the replication role on the source, the
+/// subscription on the target; done once every table is copied and the lag is under
+/// [`LAG_BOUND`], else looked at again after [`POLL`].
 pub async fn replicate(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
     let e = ends(saga, &db.database_name()).await?;
     let schema = copy_schema(saga, &e, &db.owner_role()).await?;
     let mut s = session(saga, &e.source, &e.database).await?;
-    if !sql::publication_exists(&s, &e.name).await? {
-        let tables = crate::sql::tables(&s).await?;
-        sql::create_publication(&s, &e.name, &tables).await?;
-    }
-    let (source_num, _) = crate::sql::server_version(&s).await?;
-    let mark = sql::role_mark(&migration_uid(saga));
-    let mut password = match sql::role(&s, &e.name).await? {
-        None => {
-            let password = dbops_shared::postgres::generate_password();
-            sql::create_role(&mut s, &e.name, &password, &mark, &e.database, source_num).await?;
-            Some(password)
-        }
-        Some(comment) if comment.as_deref() == Some(mark.as_str()) => None,
-        Some(_) => {
-            return Err(Error::fatal(
-                "NameConflict",
-                format!(
-                    "a role {} exists on {} and was not created by this Migration",
-                    e.name,
-                    at(&e.source)
-                ),
-            ));
-        }
-    };
+    let password = publish(saga, &mut s, &e).await?;
     let mut t = session(saga, &e.target, &e.database).await?;
     if sql::subscription(&t, &e.name).await?.is_none() {
-        // A slot of this name without its subscription: a CREATE SUBSCRIPTION that did
-        // not commit on the target after it created the slot. Dropped, then made again.
-        for slot in sql::slots(&s, &e.name, None).await? {
-            drop_slot(&s, &slot.name).await?;
-        }
-        // The password is known only to this process: a new one when the role was not
-        // created just now (a restarted controller rotates it).
-        let password = match password.take() {
-            Some(p) => p,
-            None => {
-                let p = dbops_shared::postgres::generate_password();
-                sql::set_password(&mut s, &e.name, &p).await?;
-                p
-            }
-        };
-        let conninfo = sql::conninfo(&e.source.endpoint, &e.database, &e.name, &password);
-        let (target_num, target_version) = crate::sql::server_version(&t).await?;
-        // Preflight refuses such a target; a Migration that chose Logical before that rule
-        // (an older controller) ends here, before anything runs as the admin.
-        if let Some(unsafe_target) = crate::logical::unsafe_target(target_num, &target_version) {
-            return Err(Error::fatal(
-                unsafe_target.reason(),
-                unsafe_target.message(),
-            ));
-        }
-        sql::create_subscription(&mut t, &e.name, &conninfo)
-            .await
-            .map_err(|err| subscription_error(err, &e))?;
-        // The slot exists on the source; the status knows nothing of it yet.
-        saga.crash_point(MigrationStep::Replicate, Moment::SlotCreated);
+        subscribe(saga, (&mut s, &mut t), &e, password).await?;
     }
     drop((s, t));
     let seen = observe(saga, &e, None).await?;
@@ -108,42 +57,85 @@ pub async fn replicate(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome
     )))
 }
 
-/// The schema, once: a restore in one transaction, so a database with objects of its
-/// own has it all.
-async fn copy_schema(saga: &Saga<'_>, e: &Ends, owner: &str) -> Result<String> {
-    let t = session(saga, &e.target, &e.database).await?;
-    let already = crate::sql::user_objects(&t).await?;
-    let (target_num, target_version) = crate::sql::server_version(&t).await?;
-    drop(t);
-    if already > 0 {
-        return Ok(format!(
-            "schema already copied ({already} objects in the target database)"
+/// The publication of the database's tables and the replication role on the source (`s`),
+/// each made once; the role's password when it was made just now.
+async fn publish(saga: &Saga<'_>, s: &mut Session, e: &Ends) -> Result<Option<String>> {
+    if !sql::publication_exists(s, &e.name).await? {
+        let tables = crate::sql::tables(s).await?;
+        sql::create_publication(s, &e.name, &tables).await?;
+    }
+    let (source_num, _) = crate::sql::server_version(s).await?;
+    let mark = sql::role_mark(&migration_uid(saga));
+    match sql::role(s, &e.name).await? {
+        None => {
+            let password = dbops_shared::postgres::generate_password();
+            sql::create_role(s, &e.name, &password, &mark, &e.database, source_num).await?;
+            Ok(Some(password))
+        }
+        Some(comment) if comment.as_deref() == Some(mark.as_str()) => Ok(None),
+        Some(_) => Err(Error::fatal(
+            "NameConflict",
+            format!(
+                "a role {} exists on {} and was not created by this Migration",
+                e.name,
+                at(&e.source)
+            ),
+        )),
+    }
+}
+
+/// The subscription on the target (`t`), which creates its slot on the source (`s`).
+async fn subscribe(
+    saga: &Saga<'_>,
+    (s, t): (&mut Session, &mut Session),
+    e: &Ends,
+    password: Option<String>,
+) -> Result<()> {
+    // A slot of this name without its subscription: a CREATE SUBSCRIPTION that did not
+    // commit on the target after it created the slot. Dropped, then made again.
+    for slot in sql::slots(s, &e.name, None).await? {
+        drop_slot(s, &slot.name).await?;
+    }
+    // The password is known only to this process: a new one when the role was not
+    // created just now (a restarted controller rotates it).
+    let password = match password {
+        Some(p) => p,
+        None => {
+            let p = dbops_shared::postgres::generate_password();
+            sql::set_password(s, &e.name, &p).await?;
+            p
+        }
+    };
+    let conninfo = sql::conninfo(&e.source.endpoint, &e.database, &e.name, &password);
+    let (target_num, target_version) = crate::sql::server_version(t).await?;
+    // Preflight refuses such a target; a Migration that chose Logical before that rule
+    // (an older controller) ends here, before anything runs as the admin.
+    if let Some(unsafe_target) = crate::logical::unsafe_target(target_num, &target_version) {
+        return Err(Error::fatal(
+            unsafe_target.reason(),
+            unsafe_target.message(),
         ));
     }
-    let s = session(saga, &e.source, &e.database).await?;
-    let (source_num, source_version) = crate::sql::server_version(&s).await?;
-    drop(s);
-    // The programs that suit both majors, as the Dump mode's copy takes them.
-    let (pg_dump, pg_restore) = copy_programs(
-        saga,
-        (source_num, &source_version),
-        (target_num, &target_version),
-        true,
+    sql::create_subscription(t, &e.name, &conninfo)
+        .await
+        .map_err(|err| subscription_error(err, e))?;
+    // The slot exists on the source; the status knows nothing of it yet.
+    saga.crash_point(MigrationStep::Replicate, Moment::SlotCreated);
+    Ok(())
+}
+
+/// The schema, once: a restore in one transaction, so a database with objects of its
+/// own has it all. The programs suit both majors, as the Dump mode's copy takes them.
+async fn copy_schema(saga: &Saga<'_>, e: &Ends, owner: &str) -> Result<String> {
+    let ends = (&e.source, &e.target);
+    Ok(
+        match copy_once(saga, ends, &e.database, owner, Contents::SchemaOnly).await? {
+            Copied::Already(objects) => {
+                format!("schema already copied ({objects} objects in the target database)")
+            }
+            Copied::Now { seconds, .. } => format!("schema copied in {seconds:.1}s"),
+        },
     )
-    .await?;
-    let started = Instant::now();
-    copy_between(
-        (&pg_dump, &pg_restore),
-        (&e.source, &e.target),
-        &e.database,
-        owner,
-        Contents::SchemaOnly,
-    )
-    .await?;
-    Ok(format!(
-        "schema copied in {:.1}s",
-        started.elapsed().as_secs_f64()
-    ))
 }
 
 /// CREATE SUBSCRIPTION's failure, with the server's message: the target could not reach

@@ -68,6 +68,53 @@ pub async fn preflight(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome
 }
 
 async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
+    let (source, target) = two_servers(saga, db).await?;
+    let (database, role) = (db.database_name(), db.owner_role());
+    let (source_version, extensions) = source_database(saga, &source, &database, &role).await?;
+    let target_version = target_takes(
+        saga,
+        &target,
+        source_version.clone(),
+        &extensions,
+        (&database, &role),
+    )
+    .await?;
+    let mode = choose_mode(
+        saga,
+        &source,
+        &database,
+        (target_version.0, &target_version.1),
+    )
+    .await?;
+    let (pg_dump, pg_restore) = copy_programs(
+        saga,
+        (source_version.0, &source_version.1),
+        (target_version.0, &target_version.1),
+        // The Logical mode's schema copy picks from every program too: pg_restore 17+
+        // cannot restore into a server older than 17.
+        true,
+    )
+    .await
+    .map_err(|e| match e {
+        Error::Fatal { reason, message } => {
+            Error::fatal(reason, format!("{message}; nothing was changed"))
+        }
+        e => e,
+    })?;
+    Ok(StepOutcome::Done(format!(
+        "source PostgreSQL {} on {}, target PostgreSQL {} on {}; extensions {extensions:?} available; no role or database {database:?} on the target; mode {mode:?}, copying with pg_dump {} and pg_restore {}",
+        source_version.1,
+        at(&source),
+        target_version.1,
+        at(&target),
+        pg_dump.version.version,
+        pg_restore.version.version
+    )))
+}
+
+/// The source (as recorded) and the admitted target, resolved: two servers, by name and
+/// by `host:port`.
+async fn two_servers(saga: &Saga<'_>, db: &Database) -> Result<(Resolved, Resolved)> {
     let source_ref = source_ref(saga)?;
     if source_ref == saga.m.spec.target.server_ref {
         return Err(Error::fatal(
@@ -90,27 +137,46 @@ async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutc
             ),
         ));
     }
-    let uid = database_uid(saga)?;
-    let (database, role) = (db.database_name(), db.owner_role());
+    Ok((source, target))
+}
 
-    let s = session(saga, &source, "postgres").await?;
-    let (source_num, source_version) = sql::server_version(&s).await?;
-    let found = sql::observe(&s, &role, &database).await?.database;
+/// The source's version (`server_version_num`, `server_version`) and the extensions of
+/// its database, which must be the Database's.
+async fn source_database(
+    saga: &Saga<'_>,
+    source: &Resolved,
+    database: &str,
+    role: &str,
+) -> Result<((i32, String), Vec<String>)> {
+    let uid = database_uid(saga)?;
+    let s = session(saga, source, "postgres").await?;
+    let version = sql::server_version(&s).await?;
+    let found = sql::observe(&s, role, database).await?.database;
     drop(s);
     if !found.is_some_and(|d| sql::is_databases(d.comment.as_deref(), &uid)) {
         return Err(Error::fatal(
             "SourceNotFound",
             format!(
                 "database {database:?} on {} does not exist or was not created by this Database",
-                at(&source)
+                at(source)
             ),
         ));
     }
-    let s = session(saga, &source, &database).await?;
+    let s = session(saga, source, database).await?;
     let extensions = sql::installed_extensions(&s).await?;
-    drop(s);
+    Ok((version, extensions))
+}
 
-    let t = session(saga, &target, "postgres").await?;
+/// The target's version, once it is known to take the database: not older than the
+/// source, allowing and offering its extensions, no foreign role or database of its names.
+async fn target_takes(
+    saga: &Saga<'_>,
+    target: &Resolved,
+    (source_num, source_version): (i32, String),
+    extensions: &[String],
+    (database, role): (&str, &str),
+) -> Result<(i32, String)> {
+    let t = session(saga, target, "postgres").await?;
     let (target_num, target_version) = sql::server_version(&t).await?;
     if major(target_num) < major(source_num) {
         return Err(Error::fatal(
@@ -122,9 +188,9 @@ async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutc
     }
     // Every extension of the source database must be allowed on the target too (its
     // allowedExtensions, or trusted when it has none) and available there.
-    let offered = extensions::available(&t, &extensions).await?;
+    let offered = extensions::available(&t, extensions).await?;
     let allowed = target.server.spec.allowed_extensions.as_deref();
-    if let Some(refused) = extensions::refusal(&extensions, allowed, &offered, &target.name) {
+    if let Some(refused) = extensions::refusal(extensions, allowed, &offered, &target.name) {
         return Err(Error::fatal(
             refused.reason,
             format!(
@@ -133,51 +199,25 @@ async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutc
             ),
         ));
     }
-    let muid = migration_uid(saga);
-    let found = sql::observe(&t, &role, &database).await?;
+    let (uid, muid) = (database_uid(saga)?, migration_uid(saga));
+    let found = sql::observe(&t, role, database).await?;
     let ours = |comment: Option<&str>| sql::is_migrations(comment, &uid, &muid);
-    if found.database.is_some_and(|d| !ours(d.comment.as_deref())) {
-        return Err(Error::fatal(
+    let conflict = |what: &str, name: &str| {
+        Error::fatal(
             "NameConflict",
             format!(
-                "a database {database:?} already exists on {} and was not created by this Migration; nothing was changed",
-                at(&target)
+                "a {what} {name:?} already exists on {} and was not created by this Migration; nothing was changed",
+                at(target)
             ),
-        ));
+        )
+    };
+    if found.database.is_some_and(|d| !ours(d.comment.as_deref())) {
+        return Err(conflict("database", database));
     }
     if found.role.is_some_and(|r| !ours(r.comment.as_deref())) {
-        return Err(Error::fatal(
-            "NameConflict",
-            format!(
-                "a role {role:?} already exists on {} and was not created by this Migration; nothing was changed",
-                at(&target)
-            ),
-        ));
+        return Err(conflict("role", role));
     }
-    drop(t);
-    let mode = choose_mode(saga, &source, &database, (target_num, &target_version)).await?;
-    let (pg_dump, pg_restore) = copy_programs(
-        saga,
-        (source_num, &source_version),
-        (target_num, &target_version),
-        // The Logical mode's schema copy picks from every program too: pg_restore 17+
-        // cannot restore into a server older than 17.
-        true,
-    )
-    .await
-    .map_err(|e| match e {
-        Error::Fatal { reason, message } => {
-            Error::fatal(reason, format!("{message}; nothing was changed"))
-        }
-        e => e,
-    })?;
-    Ok(StepOutcome::Done(format!(
-        "source PostgreSQL {source_version} on {}, target PostgreSQL {target_version} on {}; extensions {extensions:?} available; no role or database {database:?} on the target; mode {mode:?}, copying with pg_dump {} and pg_restore {}",
-        at(&source),
-        at(&target),
-        pg_dump.version.version,
-        pg_restore.version.version
-    )))
+    Ok((target_num, target_version))
 }
 
 /// The mode the Migration runs in: recorded once (with the ModeChosen condition and an
