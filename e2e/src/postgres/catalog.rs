@@ -1,0 +1,177 @@
+//! What a test asks a server's catalog: databases, roles, their marks, owners and limits,
+//! what a logical Migration may leave behind.
+
+use anyhow::{Context, Result};
+
+use super::PgServer;
+use super::text::quote_ident;
+
+impl PgServer {
+    /// Whether a database of this name exists.
+    pub async fn database_exists(&self, name: &str) -> Result<bool> {
+        self.query_one_value(
+            "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)",
+            name,
+        )
+        .await
+    }
+
+    /// Whether a role of this name exists.
+    pub async fn role_exists(&self, name: &str) -> Result<bool> {
+        self.query_one_value(
+            "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)",
+            name,
+        )
+        .await
+    }
+
+    /// What a Migration's replication might leave behind on this server, as (what, name):
+    /// replication slots, subscriptions and roles named `dbops_mig_*`.
+    pub async fn replication_leftovers(&self) -> Result<Vec<(&'static str, String)>> {
+        let admin = self.connect_as_superuser().await?;
+        let mut found = Vec::new();
+        for (what, sql) in [
+            ("slot", "SELECT slot_name::text FROM pg_replication_slots"),
+            ("subscription", "SELECT subname::text FROM pg_subscription"),
+            (
+                "role",
+                "SELECT rolname::text FROM pg_roles WHERE rolname LIKE 'dbops\\_mig\\_%'",
+            ),
+        ] {
+            for row in admin.query(sql, &[]).await? {
+                found.push((what, row.get::<_, String>(0)));
+            }
+        }
+        Ok(found)
+    }
+
+    /// The publications in database `dbname`.
+    pub async fn publications(&self, dbname: &str) -> Result<Vec<String>> {
+        let client = self.connect_as_superuser_to(dbname).await?;
+        let rows = client
+            .query("SELECT pubname::text FROM pg_publication", &[])
+            .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    /// Panics unless both the database and the role `name` are gone: for tests.
+    pub async fn assert_dropped(&self, name: &str) {
+        assert!(
+            !self.database_exists(name).await.expect("pg_database"),
+            "database {name} still exists"
+        );
+        assert!(
+            !self.role_exists(name).await.expect("pg_roles"),
+            "role {name} still exists"
+        );
+    }
+
+    /// How many roles have a name matching the SQL `LIKE` pattern (`_` and `%` are
+    /// wildcards; a backslash escapes them).
+    pub async fn count_roles_like(&self, pattern: &str) -> Result<i64> {
+        self.query_one_value(
+            "SELECT count(*) FROM pg_roles WHERE rolname LIKE $1",
+            pattern,
+        )
+        .await
+    }
+
+    /// How many databases have a name matching the SQL `LIKE` pattern.
+    pub async fn count_databases_like(&self, pattern: &str) -> Result<i64> {
+        self.query_one_value(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE $1",
+            pattern,
+        )
+        .await
+    }
+
+    /// The `COMMENT ON DATABASE` of a database; `None` when it has no comment or does not
+    /// exist.
+    pub async fn database_comment(&self, name: &str) -> Result<Option<String>> {
+        self.query_opt_string(
+            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1",
+            name,
+        )
+        .await
+    }
+
+    /// The `COMMENT ON ROLE` of a role; `None` when it has no comment or does not exist.
+    pub async fn role_comment(&self, name: &str) -> Result<Option<String>> {
+        self.query_opt_string(
+            "SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = $1",
+            name,
+        )
+        .await
+    }
+
+    /// The owner role of a database, `None` when it does not exist.
+    pub async fn database_owner(&self, name: &str) -> Result<Option<String>> {
+        self.query_opt_string(
+            "SELECT pg_get_userbyid(datdba)::text FROM pg_database WHERE datname = $1",
+            name,
+        )
+        .await
+    }
+
+    /// The OID of a database, `None` when it does not exist.
+    pub async fn database_oid(&self, name: &str) -> Result<Option<u32>> {
+        self.query_opt_value("SELECT oid FROM pg_database WHERE datname = $1", name)
+            .await
+    }
+
+    /// `pg_database.datconnlimit` of a database (-1: no limit), `None` when it does not
+    /// exist.
+    pub async fn connlimit(&self, name: &str) -> Result<Option<i32>> {
+        self.query_opt_value(
+            "SELECT datconnlimit FROM pg_database WHERE datname = $1",
+            name,
+        )
+        .await
+    }
+
+    /// `DROP DATABASE IF EXISTS <name> WITH (FORCE)`: drops it even with sessions open,
+    /// the way an operator acting behind the controller's back would.
+    pub async fn drop_database_force(&self, name: &str) -> Result<()> {
+        let client = self.connect_as_superuser().await?;
+        client
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                quote_ident(name)
+            ))
+            .await
+            .with_context(|| format!("dropping database {name}"))?;
+        Ok(())
+    }
+
+    async fn query_opt_string(&self, sql: &str, arg: &str) -> Result<Option<String>> {
+        Ok(self
+            .query_opt_value::<Option<String>>(sql, arg)
+            .await?
+            .flatten())
+    }
+
+    /// The first column of the one row `sql` returns for `$1 = arg`.
+    async fn query_one_value<T: tokio_postgres::types::FromSqlOwned>(
+        &self,
+        sql: &str,
+        arg: &str,
+    ) -> Result<T> {
+        self.query_opt_value(sql, arg)
+            .await?
+            .with_context(|| format!("{sql} [{arg}]: no row"))
+    }
+
+    /// The first column of the row `sql` returns for `$1 = arg`, `None` without a row.
+    async fn query_opt_value<T: tokio_postgres::types::FromSqlOwned>(
+        &self,
+        sql: &str,
+        arg: &str,
+    ) -> Result<Option<T>> {
+        let client = self.connect_as_superuser().await?;
+        let row = client
+            .query_opt(sql, &[&arg])
+            .await
+            .with_context(|| format!("{sql} [{arg}]"))?;
+        Ok(row.map(|r| r.get::<_, T>(0)))
+    }
+}
