@@ -129,7 +129,7 @@ pub trait Reason:
 {
     /// The kind whose conditions carry these reasons (`Database`), or `process`.
     const KIND: &'static str;
-    /// Every reason, in the order of docs/operations.md.
+    /// Every reason.
     const ALL: &'static [Self];
 
     /// The CamelCase string written in status.
@@ -164,7 +164,7 @@ macro_rules! reasons {
         }
 
         impl $name {
-            /// Every reason of the kind, in the order of docs/operations.md.
+            /// Every reason of the kind.
             pub const ALL: &'static [$name] = &[ $( $name::$variant, )+ ];
 
             /// The CamelCase string written in status.
@@ -287,12 +287,12 @@ reasons! {
         HostnameMismatch => Retried,
         /// TLS is required and the server does not offer it.
         ServerWithoutTLS => Retried,
+        /// Reading the version and TLS of the probe's session failed.
+        SqlError => Retried,
         /// A statement of the probe waited too long for a lock.
         LockTimeout => Retried,
         /// A statement of the probe ran too long.
         StatementTimeout => Retried,
-        /// Reading the version and TLS of the probe's session failed.
-        SqlError => Retried,
         /// The caches of servers, Secrets and namespaces are not filled yet.
         CacheNotSynced => Retried,
         /// The server is being deleted and Databases or Migrations still use it.
@@ -300,54 +300,81 @@ reasons! {
     }
 }
 
-reasons! {
+/// Declares the enum of a Database or a DatabaseUser: the kind's own reasons, then the
+/// ones both have. They come from the same code (the server's directory and probe, the
+/// namespace's RoleBinding, PostgreSQL, the session limits and the Secret template) and
+/// have the same class in both.
+macro_rules! database_reasons {
+    (
+        $(#[$doc:meta])*
+        $name:ident for $kind:literal { $($own:tt)* }
+    ) => {
+        reasons! {
+            $(#[$doc])*
+            $name for $kind {
+                $($own)*
+                /// The Database's `spec.serverRef` names no DatabaseServer this
+                /// installation serves.
+                ServerNotFound => Waits,
+                /// The server's `allowedNamespaces` does not select the namespace.
+                NamespaceNotAllowed => Waits,
+                /// The server's admin Secret is missing.
+                AdminSecretNotFound => Waits,
+                /// The server's admin Secret is unusable.
+                AdminSecretInvalid => Waits,
+                /// The server's CA Secret is missing.
+                CASecretNotFound => Waits,
+                /// The server's CA Secret is unusable.
+                CASecretInvalid => Waits,
+                /// A cache has not listed its objects yet.
+                CacheNotSynced => Retried,
+                /// A RoleBinding of the controller's name exists that dbops did not make.
+                RoleBindingConflict => Waits,
+                /// Writing the RoleBinding that grants the connection Secrets failed.
+                KubernetesApiError => Waits,
+                /// The server cannot be reached, or its breaker is open.
+                ServerUnreachable => Retried,
+                /// The server refused the admin.
+                AuthenticationFailed => Waits,
+                /// The server's certificate does not chain to the CA.
+                CertificateNotTrusted => Retried,
+                /// The certificate does not name the host.
+                HostnameMismatch => Retried,
+                /// TLS is required and the server does not offer it.
+                ServerWithoutTLS => Retried,
+                /// A statement waited longer than `--lock-timeout`.
+                LockTimeout => Retried,
+                /// A statement ran longer than `--statement-timeout`.
+                StatementTimeout => Retried,
+                /// Another SQL error.
+                SqlError => Retried,
+                /// A role, database or Secret of that name is not this object's.
+                NameConflict => Waits,
+                /// A Secret `<name>-connection` exists that this object did not create.
+                SecretConflict => Waits,
+                /// A connection limit or session setting is over the server's ceiling.
+                LimitExceeded => Waits,
+                /// A session setting is not a duration or an amount of memory.
+                InvalidSpec => Waits,
+                /// A `spec.secretTemplate` value does not render.
+                InvalidSecretTemplate => Waits,
+                /// A state the controller does not expect.
+                InternalError => Waits,
+            }
+        }
+    };
+}
+
+database_reasons! {
     /// The reasons of a Database's conditions: `Ready` (and while deleting
     /// `Progressing`), `Progressing`, `Degraded`, `SizeExceeded`, `MigrationInProgress`.
     DatabaseReason for "Database" {
         /// Role, database, extensions and connection Secret are as specified.
         Provisioned => Ready,
-        /// `spec.serverRef` names no DatabaseServer this installation serves.
-        ServerNotFound => Waits,
-        /// The server's `allowedNamespaces` does not select the namespace.
-        NamespaceNotAllowed => Waits,
         /// The namespace has more Databases on the server than it allows.
         QuotaExceeded => Waits,
         /// A new Database names a DatabaseServer being deleted.
         ServerDeleting => Waits,
-        /// The server's admin Secret is missing.
-        AdminSecretNotFound => Waits,
-        /// The server's admin Secret is unusable.
-        AdminSecretInvalid => Waits,
-        /// The server's CA Secret is missing.
-        CASecretNotFound => Waits,
-        /// The server's CA Secret is unusable.
-        CASecretInvalid => Waits,
-        /// A cache has not listed its objects yet.
-        CacheNotSynced => Retried,
-        /// A RoleBinding of the controller's name exists that dbops did not make.
-        RoleBindingConflict => Waits,
-        /// Writing the RoleBinding that grants the connection Secrets failed.
-        KubernetesApiError => Waits,
-        /// The server cannot be reached, or its breaker is open.
-        ServerUnreachable => Retried,
-        /// The server refused the admin.
-        AuthenticationFailed => Waits,
-        /// The server's certificate does not chain to the CA.
-        CertificateNotTrusted => Retried,
-        /// The certificate does not name the host.
-        HostnameMismatch => Retried,
-        /// TLS is required and the server does not offer it.
-        ServerWithoutTLS => Retried,
-        /// A statement waited longer than `--lock-timeout`.
-        LockTimeout => Retried,
-        /// A statement ran longer than `--statement-timeout`.
-        StatementTimeout => Retried,
-        /// Another SQL error.
-        SqlError => Retried,
-        /// A role or database of that name exists and is not this Database's.
-        NameConflict => Waits,
-        /// A Secret `<name>-connection` exists that this Database did not create.
-        SecretConflict => Waits,
         /// `spec.extensions` names an extension the server does not allow.
         ExtensionNotAllowed => Waits,
         /// An allowed extension is not installed on the server.
@@ -374,14 +401,6 @@ reasons! {
         PgRestoreTooOld => Waits,
         /// The pg_restores that read the artifact are too new for the server.
         PgRestoreTooNew => Waits,
-        /// A connection limit or session setting is over the server's ceiling.
-        LimitExceeded => Waits,
-        /// A session limit of the server is not a duration or an amount of memory.
-        InvalidSpec => Waits,
-        /// A `spec.secretTemplate` value does not render.
-        InvalidSecretTemplate => Waits,
-        /// A state the controller does not expect.
-        InternalError => Waits,
         /// The Database is being deleted (`Ready`).
         Deleting => Progressing,
         /// Deleting: the final Backup is not Ready yet, or failed.
@@ -422,9 +441,9 @@ impl DatabaseReason {
     }
 }
 
-reasons! {
-    /// The reasons of a DatabaseUser's `Ready` condition. The classes are the
-    /// Database's for the reasons both have; the user's status has no `Progressing`.
+database_reasons! {
+    /// The reasons of a DatabaseUser's `Ready` condition. The user's status has no
+    /// `Progressing`: the classes say what the Database's would.
     DatabaseUserReason for "DatabaseUser" {
         /// The logins, their privileges and the connection Secret are as specified.
         UserReady => Ready,
@@ -436,52 +455,6 @@ reasons! {
         DatabaseDeleting => Waits,
         /// `spec.schemas` names schemas that do not exist.
         SchemaNotFound => Waits,
-        /// A connection limit or session setting is over the server's ceiling.
-        LimitExceeded => Waits,
-        /// A session limit of the server is not a duration or an amount of memory.
-        InvalidSpec => Waits,
-        /// A `spec.secretTemplate` value does not render.
-        InvalidSecretTemplate => Waits,
-        /// A role of the user's names exists and is not this user's.
-        NameConflict => Waits,
-        /// A Secret `<name>-connection` exists that this user did not create.
-        SecretConflict => Waits,
-        /// The Database's server is not one this installation serves.
-        ServerNotFound => Waits,
-        /// The server's `allowedNamespaces` does not select the namespace.
-        NamespaceNotAllowed => Waits,
-        /// The server's admin Secret is missing.
-        AdminSecretNotFound => Waits,
-        /// The server's admin Secret is unusable.
-        AdminSecretInvalid => Waits,
-        /// The server's CA Secret is missing.
-        CASecretNotFound => Waits,
-        /// The server's CA Secret is unusable.
-        CASecretInvalid => Waits,
-        /// A RoleBinding of the controller's name exists that dbops did not make.
-        RoleBindingConflict => Waits,
-        /// A Kubernetes API request failed.
-        KubernetesApiError => Waits,
-        /// The server cannot be reached, or its breaker is open.
-        ServerUnreachable => Retried,
-        /// The server refused the admin.
-        AuthenticationFailed => Waits,
-        /// The server's certificate does not chain to the CA.
-        CertificateNotTrusted => Retried,
-        /// The certificate does not name the host.
-        HostnameMismatch => Retried,
-        /// TLS is required and the server does not offer it.
-        ServerWithoutTLS => Retried,
-        /// A statement waited longer than `--lock-timeout`.
-        LockTimeout => Retried,
-        /// A statement ran longer than `--statement-timeout`.
-        StatementTimeout => Retried,
-        /// Another SQL error.
-        SqlError => Retried,
-        /// A cache has not listed its objects yet.
-        CacheNotSynced => Retried,
-        /// A state the controller does not expect.
-        InternalError => Waits,
     }
 }
 
@@ -717,10 +690,12 @@ reasons! {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     fn check<R: Reason>() {
-        let mut seen = std::collections::BTreeSet::new();
+        let mut seen = BTreeSet::new();
         for r in R::ALL {
             assert!(seen.insert(r.as_str()), "{} twice in {}", r, R::KIND);
             assert_eq!(format!("{r:?}"), r.as_str());
@@ -772,14 +747,14 @@ mod tests {
     /// `degrades` lists (status.rs) exactly, so replacing them changes nothing.
     #[test]
     fn the_database_classes_are_the_controllers_lists() {
-        let retried: Vec<&str> = DatabaseReason::ALL
+        let retried: BTreeSet<&str> = DatabaseReason::ALL
             .iter()
             .filter(|r| r.class() == ReasonClass::Retried && **r != DatabaseReason::Retrying)
             .map(|r| r.as_str())
             .collect();
         assert_eq!(
             retried,
-            [
+            BTreeSet::from([
                 "CacheNotSynced",
                 "ServerUnreachable",
                 "CertificateNotTrusted",
@@ -790,16 +765,16 @@ mod tests {
                 "SqlError",
                 "StoreUnavailable",
                 "RestoreFailed",
-            ]
+            ])
         );
-        let degrades: Vec<&str> = DatabaseReason::ALL
+        let degrades: BTreeSet<&str> = DatabaseReason::ALL
             .iter()
             .filter(|r| r.degrades())
             .map(|r| r.as_str())
             .collect();
         assert_eq!(
             degrades,
-            [
+            BTreeSet::from([
                 "ServerUnreachable",
                 "AuthenticationFailed",
                 "CertificateNotTrusted",
@@ -807,7 +782,7 @@ mod tests {
                 "ServerWithoutTLS",
                 "SqlError",
                 "DatabaseMissing",
-            ]
+            ])
         );
         assert_eq!(
             DatabaseReason::WaitingForBackup.class(),
