@@ -41,7 +41,7 @@ pub struct Restorer {
 }
 
 /// A completed Backup's artifact, checked: its key and checksum.
-pub struct Verified {
+pub struct Artifact {
     pub key: ObjectKey,
     pub backup: String,
     pub checksum: String,
@@ -71,7 +71,7 @@ fn store_error(e: StoreError) -> Error {
 
 /// Step 1 and 2: the Backup named in `spec.restoreFrom`, completed, with an artifact whose
 /// SHA-256 matches both its manifest and the Backup's status.
-pub async fn verify(db: &Database, client: &kube::Client, restorer: &Restorer) -> Result<Verified> {
+pub async fn verify(db: &Database, client: &kube::Client, restorer: &Restorer) -> Result<Artifact> {
     let Some(source) = &db.spec.restore_from else {
         return Err(Error::Internal("no restoreFrom".into()));
     };
@@ -134,7 +134,7 @@ pub async fn verify(db: &Database, client: &kube::Client, restorer: &Restorer) -
     if expected != actual {
         return Err(mismatch("the Backup's status", &expected));
     }
-    Ok(Verified {
+    Ok(Artifact {
         key,
         backup: format!("{namespace}/{name}"),
         checksum: actual,
@@ -167,7 +167,7 @@ pub async fn restore(
     server: &Endpoint,
     session: &Session,
     restorer: &Restorer,
-    artifact: &Verified,
+    artifact: &Artifact,
     fresh: bool,
     owner: &str,
     password: &str,
@@ -203,7 +203,7 @@ pub async fn restore(
 async fn pick_pg_restore(
     session: &Session,
     restorer: &Restorer,
-    artifact: &Verified,
+    artifact: &Artifact,
 ) -> Result<std::path::PathBuf> {
     let (num, version) = ddl::server_version(session).await?;
     let target_major = u32::try_from(num / 10000).unwrap_or(0);
@@ -225,20 +225,19 @@ async fn pick_pg_restore(
         })
 }
 
+/// Runs `pg_restore` as `owner` into the database, fed the artifact from the store on its
+/// stdin; the bytes restored are hashed again and must match the verified checksum.
 async fn run_pg_restore(
     db: &Database,
     server: &Endpoint,
     pg_restore: &std::path::Path,
     restorer: &Restorer,
-    artifact: &Verified,
+    artifact: &Artifact,
     owner: &str,
     password: &str,
 ) -> Result<()> {
     let program = pg_restore.display().to_string();
-    let could_not_run = |e: std::io::Error| Error::Retry {
-        reason: "RestoreFailed",
-        message: format!("could not run {program}: {e}"),
-    };
+    let could_not_run = |e: std::io::Error| restore_failed(format!("could not run {program}: {e}"));
     // The password goes through the environment only: never on a command line. The
     // server's CA file (`_root_cert`) lives until pg_restore has ended.
     let (mut command, _root_cert) = pg_tools::command(
@@ -266,10 +265,41 @@ async fn run_pg_restore(
         .spawn()
         .map_err(could_not_run)?;
     let errors = pg_tools::keep_stderr(child.stderr.take());
-    let Some(mut stdin) = child.stdin.take() else {
+    let Some(stdin) = child.stdin.take() else {
         return Err(Error::Internal("pg_restore without pipes".into()));
     };
+    let (copy_error, restored) = feed(stdin, restorer, artifact).await?;
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| restore_failed(format!("waiting for pg_restore: {e}")))?;
+    let stderr = errors.await.unwrap_or_default();
+    if !status.success() {
+        return Err(restore_failed(format!(
+            "pg_restore failed ({status}): {stderr}"
+        )));
+    }
+    if let Some(e) = copy_error {
+        return Err(restore_failed(e));
+    }
+    if restored != artifact.checksum {
+        return Err(restore_failed(format!(
+            "the artifact changed while it was restored (SHA-256 {restored}, verified {})",
+            artifact.checksum
+        )));
+    }
+    Ok(())
+}
 
+/// Copies the artifact from the store to pg_restore's stdin (closed at the end); what
+/// went wrong on the way, if anything, and the SHA-256 of the bytes copied. If the
+/// artifact changed since `verify`, the attempt fails and the database keeps its pending
+/// mark, so the next attempt starts from an empty database and verifies again.
+async fn feed(
+    mut stdin: tokio::process::ChildStdin,
+    restorer: &Restorer,
+    artifact: &Artifact,
+) -> Result<(Option<String>, String)> {
     let reader = traced(
         "open_artifact",
         restorer.store.location(&artifact.key),
@@ -277,9 +307,6 @@ async fn run_pg_restore(
     )
     .await
     .map_err(store_error)?;
-    // The bytes restored are hashed again. If the artifact changed since `verify`, the
-    // attempt fails and the database keeps its pending mark, so the next attempt starts
-    // from an empty database and verifies again.
     let mut restored = HashingReader::new(reader);
     let copy_error = loop {
         let chunk = match restored.next_chunk().await {
@@ -293,34 +320,15 @@ async fn run_pg_restore(
         }
     };
     drop(stdin);
-    let status = child.wait().await.map_err(|e| Error::Retry {
+    Ok((copy_error, restored.sha256_hex()))
+}
+
+/// A restore that failed, retried with backoff.
+fn restore_failed(message: String) -> Error {
+    Error::Retry {
         reason: "RestoreFailed",
-        message: format!("waiting for pg_restore: {e}"),
-    })?;
-    let stderr = errors.await.unwrap_or_default();
-    if !status.success() {
-        return Err(Error::Retry {
-            reason: "RestoreFailed",
-            message: format!("pg_restore failed ({status}): {stderr}"),
-        });
+        message,
     }
-    if let Some(e) = copy_error {
-        return Err(Error::Retry {
-            reason: "RestoreFailed",
-            message: e,
-        });
-    }
-    let restored = restored.sha256_hex();
-    if restored != artifact.checksum {
-        return Err(Error::Retry {
-            reason: "RestoreFailed",
-            message: format!(
-                "the artifact changed while it was restored (SHA-256 {restored}, verified {})",
-                artifact.checksum
-            ),
-        });
-    }
-    Ok(())
 }
 
 /// Whether a Backup event concerns a Database still waiting to be restored from it.
