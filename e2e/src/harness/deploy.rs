@@ -21,6 +21,15 @@ use crate::wait::wait_for;
 
 /// Where the controllers, their ServiceAccounts and their Leases live.
 pub const SYSTEM_NAMESPACE: &str = "dbops-system";
+/// The ClusterRole of the Secret verbs the database-controller needs in a tenant
+/// namespace, and the RoleBinding of it it makes there.
+pub const TENANT_ROLE: &str =
+    "clusterroles.rbac.authorization.k8s.io/dbops-database-controller-tenant-secrets";
+pub const TENANT_BINDING: &str =
+    "rolebindings.rbac.authorization.k8s.io/dbops-database-controller-tenant-secrets";
+pub const TENANT_BINDING_NAME: &str = "dbops-database-controller-tenant-secrets";
+/// How often the database-controller compares the namespaces it reaches with those needed.
+pub const TENANT_TICK: Duration = Duration::from_secs(5);
 pub const CONTROLLERS: [&str; 3] = [
     "database-controller",
     "backup-controller",
@@ -123,5 +132,31 @@ pub async fn wait_leading(c: &ControllerProcess, timeout: Duration) {
             c.process.name(),
             redact_passwords(&c.process.log_tail(6000))
         );
+    }
+}
+
+/// `kubectl auth can-i <verb> <resource> -n <namespace> --as=<user>` (as the admin).
+pub fn can_i_as(
+    kubectl: &Kubectl,
+    user: &str,
+    verb: &str,
+    resource: &str,
+    namespace: &str,
+) -> bool {
+    let out = kubectl
+        .run(
+            &[
+                "auth", "can-i", verb, resource, "-n", namespace, "--as", user,
+            ],
+            None,
+        )
+        .unwrap();
+    match out.stdout.split_whitespace().next() {
+        Some("yes") => true,
+        Some("no") => false,
+        _ => panic!(
+            "can-i {verb} {resource} -n {namespace} --as {user}: {}",
+            out.text()
+        ),
     }
 }
