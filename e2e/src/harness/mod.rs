@@ -8,3 +8,4 @@ pub mod bed;
 pub mod database;
 pub mod deploy;
 pub mod migration;
+pub mod leader;
