@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use dbops_api::reasons::BackupReason;
 use dbops_api::{Backup, Database};
 use dbops_shared::backup_store::{ObjectKey, traced};
 use dbops_shared::controller::Context;
@@ -17,7 +18,7 @@ use kube::api::Api;
 use serde_json::json;
 
 use crate::dump::{self, Dumped, Source};
-use crate::error::Failure;
+use crate::error::{Failure, backup_reason};
 use crate::runner;
 use crate::state::State;
 use crate::status::Completed;
@@ -79,8 +80,12 @@ pub async fn run(
         &done,
         started_at,
     );
-    let body = serde_json::to_vec_pretty(&manifest)
-        .map_err(|e| Failure::transient("ManifestFailed", format!("encoding the manifest: {e}")))?;
+    let body = serde_json::to_vec_pretty(&manifest).map_err(|e| {
+        Failure::transient(
+            BackupReason::ManifestFailed,
+            format!("encoding the manifest: {e}"),
+        )
+    })?;
     traced(
         "put_manifest",
         location,
@@ -108,7 +113,7 @@ async fn pick_pg_dump(
     let pg_dumps = state.clients.pg_dumps().await;
     if pg_dumps.is_empty() {
         return Err(Failure::transient(
-            "ClientProgramFailed",
+            BackupReason::ClientProgramFailed,
             "no pg_dump answered `--version` (the log says why)",
         ));
     }
@@ -116,7 +121,7 @@ async fn pick_pg_dump(
     let pg_dump = pg_tools::pick_dump(&pg_dumps, server_major, &server_version)
         .map_err(|refusal| {
             Failure::permanent(
-                refusal.reason,
+                backup_reason(refusal.reason, BackupReason::PgDumpTooOld),
                 format!("{refusal}: run the backup-controller with one (--pg-dump, --pg-bin-dir)"),
             )
         })?
@@ -193,9 +198,10 @@ async fn server_of(ctx: &Context<State>, db: &Database) -> Result<Resolved, Fail
         directory.synced().await?;
         directory.resolve(&db.spec.server_ref.name)
     };
-    resolved
-        .await
-        .map_err(|e| Failure::transient(e.reason(), e.to_string()))
+    resolved.await.map_err(|e| {
+        let reason = backup_reason(e.reason(), BackupReason::ServerNotFound);
+        Failure::transient(reason, e.to_string())
+    })
 }
 
 /// Renews this replica's hold on attempt `attempt` every [`runner::RENEW_EVERY`]; returns

@@ -1,6 +1,7 @@
 //! The Database a Backup refers to (same namespace), and whether pg_dump can dump it now.
 
 use dbops_api::names::{annotation, label};
+use dbops_api::reasons::BackupReason;
 use dbops_api::{Backup, Database, DatabaseDeletionPolicy, condition};
 use dbops_shared::controller::Context;
 use kube::ResourceExt;
@@ -25,7 +26,7 @@ pub async fn dereference(backup: &Backup, ctx: &Context<State>) -> Result<Derefe
     let databases: Api<Database> = Api::namespaced(ctx.client.clone(), &namespace);
     let Some(db) = databases.get_opt(name).await? else {
         return Ok(Dereferenced::Missing(Failure::permanent(
-            "DatabaseNotFound",
+            BackupReason::DatabaseNotFound,
             format!("Database {namespace}/{name} does not exist"),
         )));
     };
@@ -33,7 +34,7 @@ pub async fn dereference(backup: &Backup, ctx: &Context<State>) -> Result<Derefe
         && db.uid().as_ref() != Some(wanted)
     {
         return Ok(Dereferenced::Missing(Failure::permanent(
-            "DatabaseReplaced",
+            BackupReason::DatabaseReplaced,
             format!(
                 "Backup is for the Database {namespace}/{name} with UID {wanted}, but the Database of that name now has UID {}: it was deleted and created again, and is not dumped in its place",
                 db.uid().unwrap_or_default()

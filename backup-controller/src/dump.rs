@@ -11,6 +11,7 @@ use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use dbops_api::reasons::BackupReason;
 use dbops_shared::pg_tools::{self, Connection, is_auth_failure, is_connection_failure};
 use dbops_shared::postgres::{Credentials, Endpoint};
 use tokio::process::Command;
@@ -42,16 +43,18 @@ pub enum DumpError {
 }
 
 impl DumpError {
-    /// The CamelCase condition reason.
-    pub fn reason(&self) -> &'static str {
+    /// The condition reason.
+    pub fn reason(&self) -> BackupReason {
         match self {
-            DumpError::Failed { stderr, .. } if is_auth_failure(stderr) => "AuthenticationFailed",
-            DumpError::Failed { stderr, .. } if is_connection_failure(stderr) => {
-                "ServerUnreachable"
+            DumpError::Failed { stderr, .. } if is_auth_failure(stderr) => {
+                BackupReason::AuthenticationFailed
             }
-            DumpError::Store(_) => "StoreUnavailable",
-            DumpError::LockTimeout { .. } => "LockTimeout",
-            _ => "DumpFailed",
+            DumpError::Failed { stderr, .. } if is_connection_failure(stderr) => {
+                BackupReason::ServerUnreachable
+            }
+            DumpError::Store(_) => BackupReason::StoreUnavailable,
+            DumpError::LockTimeout { .. } => BackupReason::LockTimeout,
+            _ => BackupReason::DumpFailed,
         }
     }
 
@@ -193,7 +196,7 @@ mod tests {
             relation: "public.orders".into(),
             waited: Duration::from_secs(10),
         };
-        assert_eq!(e.reason(), "LockTimeout");
+        assert_eq!(e.reason(), BackupReason::LockTimeout);
         assert!(!e.is_permanent());
         assert!(e.to_string().contains("public.orders"), "{e}");
     }
@@ -211,15 +214,15 @@ mod tests {
         let auth = failed(
             "pg_dump: error: connection to server at \"127.0.0.1\", port 5432 failed: FATAL:  password authentication failed for user \"postgres\"",
         );
-        assert_eq!(auth.reason(), "AuthenticationFailed");
+        assert_eq!(auth.reason(), BackupReason::AuthenticationFailed);
         assert!(auth.is_permanent());
         let down = failed(
             "pg_dump: error: connection to server at \"127.0.0.1\", port 1 failed: Connection refused",
         );
-        assert_eq!(down.reason(), "ServerUnreachable");
+        assert_eq!(down.reason(), BackupReason::ServerUnreachable);
         assert!(!down.is_permanent());
         let other = failed("pg_dump: error: query failed: ERROR:  permission denied");
-        assert_eq!(other.reason(), "DumpFailed");
+        assert_eq!(other.reason(), BackupReason::DumpFailed);
         assert!(!other.is_permanent());
     }
 }

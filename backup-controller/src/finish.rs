@@ -44,7 +44,7 @@ pub async fn finish(
     };
     let written = match ended {
         Ok(done) => end.completed(&done).await?,
-        Err(failure) if failure.permanent || attempt >= allowed(latest) => {
+        Err(failure) if failure.is_permanent() || attempt >= allowed(latest) => {
             end.failed(&failure).await?
         }
         Err(failure) => end.retrying(&failure).await?,
@@ -96,7 +96,7 @@ impl End<'_> {
     /// Failed, with no further attempt; `None` when the guard refused the write.
     async fn failed(&self, failure: &Failure) -> Result<Option<Action>> {
         tracing::warn!(
-            reason = failure.reason,
+            reason = %failure.reason,
             "Backup failed: {}",
             failure.message
         );
@@ -118,7 +118,7 @@ impl End<'_> {
             .backoff
             .jittered_delay(u32::try_from(attempt - 1).unwrap_or(0));
         tracing::info!(
-            reason = failure.reason,
+            reason = %failure.reason,
             attempt,
             ?retry_in,
             "attempt failed; retrying: {}",

@@ -27,6 +27,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dbops_api::reasons::BackupReason;
 use dbops_api::{Backup, BackupPhase, BackupStatus, Database};
 use dbops_shared::controller::Context;
 use dbops_shared::postgres::ServerKey;
@@ -143,7 +144,7 @@ async fn running(
                 return Ok(None);
             }
             let failure = Failure::permanent(
-                "Interrupted",
+                BackupReason::Interrupted,
                 format!("attempt {done} of {allowed} was interrupted and no retry is left"),
             );
             Ok(Some(
@@ -169,7 +170,7 @@ async fn ready_database(
         Dereferenced::NotReady(message) => message,
     };
     let waiting = Standing::Waiting {
-        reason: "WaitingForDatabase",
+        reason: BackupReason::WaitingForDatabase,
         message,
     };
     let recorder = &ctx.state.recorder;
@@ -201,7 +202,7 @@ async fn take_slot(
         return Ok(ControlFlow::Continue((server, slot)));
     }
     let waiting = Standing::Waiting {
-        reason: "WaitingForSlot",
+        reason: BackupReason::WaitingForSlot,
         message: format!(
             "waiting for a free dump slot (one dump per server at a time; {server} is busy or all slots are in use)"
         ),

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use dbops_api::reasons::BackupReason;
 use dbops_api::{Backup, BackupPhase, BackupRunner, BackupStatus, condition};
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, set_condition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -26,7 +27,7 @@ pub struct Completed {
 pub enum Standing<'a> {
     /// Nothing can start yet (the Database is not Ready, no dump slot is free).
     Waiting {
-        reason: &'static str,
+        reason: BackupReason,
         message: String,
     },
     /// Attempt `attempt` of `of` started at `started_at`, run by replica `runner`.
@@ -49,7 +50,7 @@ pub enum Standing<'a> {
 }
 
 /// One condition as `standing` asks for it: status, reason, message.
-type Wanted = (ConditionStatus, &'static str, String);
+type Wanted = (ConditionStatus, BackupReason, String);
 
 /// The phase and the Ready, Progressing and Failed conditions of a standing.
 struct Conditions {
@@ -78,7 +79,7 @@ pub fn desired(backup: &Backup, standing: &Standing<'_>, t: Time) -> BackupStatu
         let spec = ConditionSpec {
             type_,
             status,
-            reason,
+            reason: reason.as_str(),
             message,
             observed_generation: generation,
         };
@@ -92,7 +93,11 @@ pub fn desired(backup: &Backup, standing: &Standing<'_>, t: Time) -> BackupStatu
 /// The phase and conditions of `standing`.
 fn conditions(standing: &Standing<'_>) -> Conditions {
     use ConditionStatus::{False, True};
-    let not_failed = (False, "NoFailure", "the Backup has not failed".to_string());
+    let not_failed = (
+        False,
+        BackupReason::NoFailure,
+        "the Backup has not failed".to_string(),
+    );
     match standing {
         Standing::Waiting { reason, message } => Conditions {
             phase: BackupPhase::Pending,
@@ -106,8 +111,8 @@ fn conditions(standing: &Standing<'_>) -> Conditions {
             let message = format!("attempt {attempt} of {of}: {what}");
             Conditions {
                 phase: BackupPhase::Running,
-                ready: (False, "Running", message.clone()),
-                progressing: (True, "Running", message),
+                ready: (False, BackupReason::Running, message.clone()),
+                progressing: (True, BackupReason::Running, message),
                 failed: not_failed,
             }
         }
@@ -121,7 +126,7 @@ fn conditions(standing: &Standing<'_>) -> Conditions {
             ready: (False, failure.reason, failure.message.clone()),
             progressing: (
                 True,
-                "Retrying",
+                BackupReason::Retrying,
                 format!(
                     "attempt {attempt} of {of} failed ({}); retrying in {}s: {}",
                     failure.reason,
@@ -135,13 +140,17 @@ fn conditions(standing: &Standing<'_>) -> Conditions {
             phase: BackupPhase::Completed,
             ready: (
                 True,
-                "Completed",
+                BackupReason::Completed,
                 format!(
                     "{} bytes, sha256 {}, at {}",
                     done.size_bytes, done.checksum, done.location
                 ),
             ),
-            progressing: (False, "Completed", "nothing left to do".to_string()),
+            progressing: (
+                False,
+                BackupReason::Completed,
+                "nothing left to do".to_string(),
+            ),
             failed: not_failed,
         },
         Standing::Failed(failure) => Conditions {
@@ -207,7 +216,7 @@ pub fn event(standing: &Standing<'_>) -> Option<(bool, &'static str, String)> {
             ..
         } => Some((
             false,
-            failure.reason,
+            failure.reason.as_str(),
             format!("attempt {attempt} of {of} failed: {}", failure.message),
         )),
         Standing::Completed(done) => Some((
@@ -215,7 +224,9 @@ pub fn event(standing: &Standing<'_>) -> Option<(bool, &'static str, String)> {
             "Completed",
             format!("{} bytes at {}", done.size_bytes, done.location),
         )),
-        Standing::Failed(failure) => Some((false, failure.reason, failure.message.clone())),
+        Standing::Failed(failure) => {
+            Some((false, failure.reason.as_str(), failure.message.clone()))
+        }
     }
 }
 
@@ -266,7 +277,10 @@ mod tests {
 
     #[test]
     fn a_permanent_failure_sets_failed_with_its_reason() {
-        let failure = Failure::permanent("DatabaseNotFound", "Database ns/orders not found");
+        let failure = Failure::permanent(
+            BackupReason::DatabaseNotFound,
+            "Database ns/orders not found",
+        );
         let status = desired(&backup(), &Standing::Failed(&failure), at(1));
         assert_eq!(status.phase, Some(BackupPhase::Failed));
         let failed = get(&status.conditions, condition::FAILED).unwrap();

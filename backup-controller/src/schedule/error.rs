@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use dbops_api::reasons::ProcessReason;
 use dbops_shared::controller::{ErrorKind, ReconcileError};
 
 use dbops_api::names::label::SCHEDULE_OF;
@@ -38,12 +39,13 @@ impl ReconcileError for Error {
     }
 
     fn reason(&self) -> &'static str {
-        match self {
-            Error::Kube(_) => "KubernetesApiError",
-            Error::InvalidSchedule { .. } => "InvalidSchedule",
-            Error::NameTooLong { .. } => "NameTooLong",
-            Error::StoreNotSynced => "StoreNotSynced",
-        }
+        let reason = match self {
+            Error::Kube(_) => ProcessReason::KubernetesApiError,
+            Error::InvalidSchedule { .. } => ProcessReason::InvalidSchedule,
+            Error::NameTooLong { .. } => ProcessReason::NameTooLong,
+            Error::StoreNotSynced => ProcessReason::StoreNotSynced,
+        };
+        reason.as_str()
     }
 }
 
