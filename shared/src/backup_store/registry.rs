@@ -21,7 +21,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 
-use super::{BackupStore, StoreError, StoreIdentity};
+use super::error::StoreError;
+use super::identity::StoreIdentity;
+use super::store::BackupStore;
 
 /// The name of the registration ConfigMap.
 pub const CONFIG_MAP: &str = "dbops-backup-store";
