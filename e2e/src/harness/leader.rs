@@ -619,20 +619,6 @@ pub fn current_step(m: &Migration) -> Option<MigrationStep> {
     m.status.as_ref().and_then(|s| s.current_step)
 }
 
-/// `sha256sum` of a file, hex.
-pub fn sha256_of(path: &std::path::Path) -> String {
-    let out = std::process::Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "sha256sum {}", path.display());
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string()
-}
-
 /// A SIGKILLed leader, the standby expected to replace it, and when.
 pub struct Kill {
     pub leader: usize,

@@ -19,16 +19,15 @@ use std::time::{Duration, Instant};
 
 use dbops_api::{Backup, BackupPhase, Migration, MigrationPhase, MigrationStep};
 use dbops_e2e::PgServer;
-use dbops_e2e::postgres::redact_passwords;
-use k8s_openapi::jiff::Timestamp;
-use serde_json::json;
-
+use dbops_e2e::harness::backup::sha256_of;
 use dbops_e2e::harness::leader::{
     LEASE_DURATION, MIGRATION_PGBENCH_SCALE, Proxy, Scenario, TAKEOVER_AFTER_RELEASE,
     TAKEOVER_SLACK, TARGET_ADMIN, WORK, assert_takeovers_in_time, await_takeover, backup_phase,
     current_step, ddl_key, kill_leader, kill_leader_and_measure_takeover, migration_phase, pg_bin,
-    sha256_of,
 };
+use dbops_e2e::postgres::redact_passwords;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::json;
 
 #[tokio::test]
 async fn a_killed_leader_is_replaced_and_only_the_holder_writes() {
