@@ -8,6 +8,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use dbops_api::names::annotation;
+use dbops_api::names::finalizer::MIGRATION_ROLLBACK as FINALIZER;
 use dbops_api::{Database, Migration, MigrationStatus, MigrationStep};
 use dbops_shared::controller::Context;
 use dbops_shared::events::Recorder;
@@ -21,9 +23,6 @@ use serde_json::json;
 use crate::debug::{self, CrashPoint, Moment};
 use crate::error::Result;
 
-/// The finalizer that holds a Migration deleted mid-flight until it is rolled back (or,
-/// once SwitchTraffic has begun, finished).
-pub const FINALIZER: &str = "dbops.dev/migration-rollback";
 /// The field manager of this controller's writes (the Database's `spec.serverRef`).
 pub const FIELD_MANAGER: &str = "dbops-migration-controller";
 
@@ -126,11 +125,7 @@ impl Saga<'_> {
     /// later reconcile, and the objects it creates for the other controllers, join one
     /// trace for the whole Migration. Nothing is written when tracing is off.
     pub async fn adopt_trace(&mut self) -> Result<()> {
-        if self
-            .m
-            .annotations()
-            .contains_key(dbops_shared::telemetry::TRACEPARENT_ANNOTATION)
-        {
+        if self.m.annotations().contains_key(annotation::TRACEPARENT) {
             return Ok(());
         }
         let Some((key, value)) = dbops_shared::telemetry::trace_annotation() else {
@@ -148,7 +143,8 @@ impl Saga<'_> {
         Ok(())
     }
 
-    /// Puts the finalizer [`FINALIZER`] on (`present`) or takes it off, if needed.
+    /// Puts the finalizer `dbops.dev/migration-rollback` (a Migration deleted mid-flight
+    /// is rolled back first, or once SwitchTraffic has begun, finished first) on (`present`) or takes it off, if needed.
     pub async fn set_finalizer(&mut self, present: bool) -> Result<()> {
         let has = self.m.finalizers().iter().any(|f| f == FINALIZER);
         if has == present {

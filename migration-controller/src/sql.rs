@@ -11,6 +11,7 @@
 //! drops only what this Migration created (second word).
 
 use dbops_api::migration::FreezeRecord;
+use dbops_api::names::comment::MIGRATION_PREFIX;
 use dbops_shared::postgres::ddl;
 use dbops_shared::postgres::{PgError, Session, quote_ident, quote_literal};
 
@@ -25,7 +26,7 @@ pub use ddl::{
 /// The mark of objects this Migration created on the target.
 pub fn migration_mark(database_uid: &str, migration_uid: &str) -> String {
     format!(
-        "{} dbops.dev/migration={migration_uid}",
+        "{} {MIGRATION_PREFIX}{migration_uid}",
         database_mark(database_uid)
     )
 }
@@ -34,7 +35,7 @@ pub fn migration_mark(database_uid: &str, migration_uid: &str) -> String {
 /// Database `database_uid`.
 pub fn is_migrations(comment: Option<&str>, database_uid: &str, migration_uid: &str) -> bool {
     is_databases(comment, database_uid)
-        && ddl::has_note(comment, &format!("dbops.dev/migration={migration_uid}"))
+        && ddl::has_note(comment, &format!("{MIGRATION_PREFIX}{migration_uid}"))
 }
 
 /// Extensions installed in the database the session is connected to (not plpgsql, which

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use dbops_api::names::label;
 use dbops_api::{Backup, Database, DatabaseServer, Migration};
 use dbops_shared::controller::{self, Context};
 use kube::ResourceExt;
@@ -14,7 +15,6 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::context::State;
 use crate::saga::progress;
-use crate::steps::SNAPSHOT_LABEL;
 
 /// The snapshot Backups the Migrations own, the Databases they move (into the store of
 /// `databases`) and the DatabaseServers they move them between.
@@ -37,7 +37,7 @@ pub fn watches(
     let database_events = reflector::reflector(databases, database_watch).touched_objects();
     c.owns(
         controller::scoped_api::<Backup>(client.clone(), namespace),
-        watcher::Config::default().labels(SNAPSHOT_LABEL),
+        watcher::Config::default().labels(label::MIGRATION),
     )
     .watches(
         Api::<DatabaseServer>::all(client),

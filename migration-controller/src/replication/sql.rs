@@ -14,6 +14,7 @@
 //! the session's statement logging off (`ddl::execute_unlogged`), their spans masked.
 
 use dbops_api::TlsMode;
+use dbops_api::names::comment::{MIGRATION_PREFIX, REPLICATION};
 use dbops_shared::postgres::ddl::{self, Unlogged};
 use dbops_shared::postgres::{Endpoint, PgError, Session, quote_ident, quote_literal};
 
@@ -27,7 +28,7 @@ pub fn name(migration_uid: &str) -> String {
 
 /// The comment on the replication role: which Migration created it.
 pub fn role_mark(migration_uid: &str) -> String {
-    format!("dbops.dev/migration={migration_uid} dbops.dev/replication")
+    format!("{MIGRATION_PREFIX}{migration_uid} {REPLICATION}")
 }
 
 /// `LIKE` pattern of the table-synchronization slots of the subscription `oid`.

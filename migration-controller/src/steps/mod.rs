@@ -38,7 +38,6 @@ use crate::error::Result;
 use crate::replication;
 use crate::servers::names;
 
-pub use snapshot::SNAPSHOT_LABEL;
 pub use source::cleanup;
 
 /// Runs `step` (the saga records it Running before and its outcome after).

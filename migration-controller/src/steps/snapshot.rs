@@ -1,6 +1,7 @@
 //! Snapshot: the Backup `<migration>-snapshot`, owned by the Migration; waits for it. Its
 //! compensation keeps it as the rollback point.
 
+use dbops_api::names::{annotation, label};
 use dbops_api::{Backup, BackupPhase, Database, condition};
 use kube::api::{Api, PostParams};
 use kube::{Resource, ResourceExt};
@@ -9,14 +10,11 @@ use serde_json::json;
 use crate::context::{Saga, StepOutcome, trace_annotations};
 use crate::error::{Error, Result};
 
-/// Label on the snapshot Backup: the Migration it belongs to.
-pub const SNAPSHOT_LABEL: &str = "dbops.dev/migration";
-
 /// The snapshot Backup dumps this very Database (its UID), and continues the trace.
 fn snapshot_annotations(db: &Database) -> serde_json::Map<String, serde_json::Value> {
     let mut annotations = trace_annotations();
     annotations.insert(
-        dbops_api::marks::DATABASE_UID.to_string(),
+        annotation::DATABASE_UID.to_string(),
         serde_json::Value::String(db.uid().unwrap_or_default()),
     );
     annotations
@@ -35,7 +33,7 @@ pub async fn snapshot(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome>
                 "metadata": {
                     "name": name,
                     "namespace": saga.namespace,
-                    "labels": {SNAPSHOT_LABEL: saga.m.name_any()},
+                    "labels": {label::MIGRATION: saga.m.name_any()},
                     "annotations": snapshot_annotations(db),
                     "ownerReferences": owner,
                 },
