@@ -681,6 +681,9 @@ reasons! {
         ReconcileTimeout => Retried,
         /// The backup-scheduler's cache of Backups has not synced.
         StoreNotSynced => Retried,
+        /// The object a reconcile read was deleted or created again meanwhile; nothing
+        /// was written for it.
+        Superseded => Retried,
         /// A Database's `spec.backup.schedule` does not parse or never fires.
         InvalidSchedule => Waits,
         /// A Database name over 63 characters cannot have a schedule.
