@@ -9,3 +9,4 @@ pub mod database;
 pub mod deploy;
 pub mod migration;
 pub mod leader;
+pub mod api_validation;

@@ -1,0 +1,294 @@
+//! A DatabaseServer's fields and its guardrails.
+
+use dbops_e2e::harness::api_validation::{server_accepted, server_refused};
+
+use crate::bed;
+
+#[tokio::test]
+async fn database_servers_are_checked() {
+    let b = bed("dbserver").await;
+    let ok = "  host: pg-main.databases.svc\n  adminSecretRef: {name: pg-main-admin}";
+
+    server_refused(&b, "port0", &format!("{ok}\n  port: 0"), &["spec.port"]);
+    server_refused(&b, "port7", &format!("{ok}\n  port: 70000"), &["spec.port"]);
+
+    server_refused(
+        &b,
+        "badhost",
+        "  host: 'bad host!'\n  adminSecretRef: {name: pg-main-admin}",
+        &["spec.host", "DNS name or an IP address"],
+    );
+
+    server_refused(
+        &b,
+        "plainca",
+        &format!("{ok}\n  tls: {{mode: disable, caSecretRef: {{name: pg-main-ca}}}}"),
+        &[
+            "spec.tls.caSecretRef",
+            "caSecretRef needs a TLS mode other than disable",
+        ],
+    );
+
+    // libpq's `prefer` (TLS when offered, plain otherwise) is not a mode dbops offers.
+    server_refused(
+        &b,
+        "prefer",
+        &format!("{ok}\n  tls: {{mode: prefer}}"),
+        &["spec.tls.mode", "Unsupported value"],
+    );
+
+    server_refused(
+        &b,
+        "noadmin",
+        "  host: pg-main.databases.svc",
+        &["spec.adminSecretRef", "Required value"],
+    );
+
+    // The admin Secret is in the controllers' namespace: no namespace to name.
+    server_refused(
+        &b,
+        "elsewhere",
+        "  host: pg-main.databases.svc\n  adminSecretRef: {name: pg-main-admin, namespace: tenant}",
+        &["unknown field", "spec.adminSecretRef.namespace"],
+    );
+
+    server_refused(
+        &b,
+        "quota",
+        &format!("{ok}\n  limits: {{databasesPerNamespace: -1}}"),
+        &["spec.limits.databasesPerNamespace"],
+    );
+
+    // What is left out is defaulted: port 5432, TLS verify-full against the system's roots.
+    server_accepted(&b, "main", ok);
+    server_accepted(
+        &b,
+        "tls",
+        &format!(
+            "{ok}\n  tls: {{mode: verify-ca, caSecretRef: {{name: pg-main-ca}}}}\n  allowedNamespaces: {{matchLabels: {{dbops.dev/tenant: 'true'}}}}\n  limits: {{databasesPerNamespace: 20}}"
+        ),
+    );
+    let name = dbops_e2e::fixtures::server_name(b.ns.name(), "main");
+    let get = b
+        .kubectl
+        .run(
+            &[
+                "get",
+                "dbserver",
+                &name,
+                "-o",
+                "jsonpath={.spec.port} {.spec.tls.mode}",
+            ],
+            None,
+        )
+        .unwrap();
+    assert_eq!(get.stdout.trim(), "5432 verify-full", "{}", get.text());
+    let get = b.kubectl.run(&["get", "dbserver", &name], None).unwrap();
+    let header = get.stdout.lines().next().unwrap_or_default().to_string();
+    for column in [
+        "NAME",
+        "HOST",
+        "PORT",
+        "TLS",
+        "READY",
+        "VERSION",
+        "DATABASES",
+        "AGE",
+    ] {
+        assert!(header.contains(column), "column {column} missing: {header}");
+    }
+}
+
+/// The DatabaseServer's guardrails (`limits.connectionLimit`, `limits.databaseSize`,
+/// `sessionLimits`): bad values and a default over its max refused, `0s` as max accepted.
+#[tokio::test]
+async fn server_guardrails_are_checked() {
+    let b = bed("guardrails").await;
+    let ok = "  host: pg-main.databases.svc\n  adminSecretRef: {name: pg-main-admin}";
+
+    for limit in ["0", "-1", "100001"] {
+        server_refused(
+            &b,
+            "conns",
+            &format!("{ok}\n  limits: {{connectionLimit: {limit}}}"),
+            &["spec.limits.connectionLimit"],
+        );
+    }
+    // A Kubernetes quantity (binary or decimal suffix), not PostgreSQL's units.
+    for size in ["20GB", "lots", "'20 Gi'", "'-1Gi'", "1.5Gi", "''"] {
+        server_refused(
+            &b,
+            "size",
+            &format!("{ok}\n  limits: {{databaseSize: {size}}}"),
+            &["spec.limits.databaseSize"],
+        );
+    }
+    server_refused(
+        &b,
+        "size",
+        &format!("{ok}\n  limits: {{databaseSize: 20GB}}"),
+        &["spec.limits.databaseSize", "size such as 500Mi"],
+    );
+
+    server_refused(
+        &b,
+        "timeouts",
+        &format!("{ok}\n  sessionLimits: {{statementTimeout: {{default: 10m, max: 1m}}}}"),
+        &[
+            "spec.sessionLimits.statementTimeout.default",
+            "default must not exceed max",
+        ],
+    );
+    // `0s` (no timeout) as a default is more than any ceiling but `0s`.
+    server_refused(
+        &b,
+        "timeouts",
+        &format!("{ok}\n  sessionLimits: {{lockTimeout: {{default: 0s, max: 1h}}}}"),
+        &[
+            "spec.sessionLimits.lockTimeout.default",
+            "default must not exceed max",
+        ],
+    );
+    server_refused(
+        &b,
+        "timeouts",
+        &format!(
+            "{ok}\n  sessionLimits: {{idleInTransactionSessionTimeout: {{default: 90m, max: 1h}}}}"
+        ),
+        &[
+            "spec.sessionLimits.idleInTransactionSessionTimeout.default",
+            "default must not exceed max",
+        ],
+    );
+    for max in ["forever", "1d", "'10'"] {
+        server_refused(
+            &b,
+            "timeouts",
+            &format!("{ok}\n  sessionLimits: {{statementTimeout: {{default: 30s, max: {max}}}}}"),
+            &[
+                "spec.sessionLimits.statementTimeout.max",
+                "max must be a duration",
+            ],
+        );
+    }
+    server_refused(
+        &b,
+        "timeouts",
+        &format!("{ok}\n  sessionLimits: {{lockTimeout: {{default: soon}}}}"),
+        &[
+            "spec.sessionLimits.lockTimeout.default",
+            "default must be a duration",
+        ],
+    );
+    server_refused(
+        &b,
+        "workmem",
+        &format!("{ok}\n  sessionLimits: {{workMem: {{max: 1gb}}}}"),
+        &["spec.sessionLimits.workMem.max", "amount of memory"],
+    );
+    server_refused(
+        &b,
+        "workmem",
+        &format!("{ok}\n  sessionLimits: {{workMem: {{default: 4MiB}}}}"),
+        &["spec.sessionLimits.workMem.default", "amount of memory"],
+    );
+    server_refused(
+        &b,
+        "workmem",
+        &format!("{ok}\n  sessionLimits: {{workMem: {{default: 16kB}}}}"),
+        &[
+            "spec.sessionLimits.workMem.default",
+            "from 64kB to 2147483647kB",
+        ],
+    );
+    server_refused(
+        &b,
+        "timeouts",
+        &format!("{ok}\n  sessionLimits: {{statementTimeout: {{default: 700h, max: 0s}}}}"),
+        &[
+            "spec.sessionLimits.statementTimeout.default",
+            "at most 596h31m23s647ms",
+        ],
+    );
+    // Once CEL's `duration()` failed on these with "type conversion error … default
+    // must not exceed max"; now the form itself is refused.
+    for (default, max, field) in [("999999999h", "1h", "default"), ("1h", "999999999h", "max")] {
+        server_refused(
+            &b,
+            "timeouts",
+            &format!(
+                "{ok}\n  sessionLimits: {{statementTimeout: {{default: {default}, max: {max}}}}}"
+            ),
+            &[
+                &format!("spec.sessionLimits.statementTimeout.{field}"),
+                "must be a duration",
+            ],
+        );
+    }
+    server_refused(
+        &b,
+        "workmem",
+        &format!("{ok}\n  sessionLimits: {{workMem: {{default: 1GB, max: 64MB}}}}"),
+        &[
+            "spec.sessionLimits.workMem.default",
+            "default must not exceed max",
+        ],
+    );
+    server_refused(
+        &b,
+        "unknown",
+        &format!("{ok}\n  sessionLimits: {{searchPath: {{default: public}}}}"),
+        &["unknown field", "spec.sessionLimits.searchPath"],
+    );
+
+    server_accepted(
+        &b,
+        "guarded",
+        &format!(
+            r#"{ok}
+  limits: {{databasesPerNamespace: 20, connectionLimit: 50, databaseSize: 20Gi}}
+  sessionLimits:
+    statementTimeout: {{default: 30s, max: 10m}}
+    idleInTransactionSessionTimeout: {{default: 5m, max: 1h}}
+    lockTimeout: {{default: 10s, max: 0s}}
+    workMem: {{default: 4MB, max: 1GB}}"#
+        ),
+    );
+    // `0s` as max sets no ceiling: any default goes, `0s` (none) included; so does a
+    // default equal to its max, or either one alone.
+    server_accepted(
+        &b,
+        "noceiling",
+        &format!(
+            r#"{ok}
+  limits: {{connectionLimit: 1, databaseSize: '1048576'}}
+  sessionLimits:
+    statementTimeout: {{default: 0s, max: 0s}}
+    idleInTransactionSessionTimeout: {{default: 1h, max: 60m}}
+    lockTimeout: {{max: 1h30m}}
+    workMem: {{default: 1024kB, max: 1MB}}"#
+        ),
+    );
+    server_accepted(
+        &b,
+        "decimal",
+        &format!(
+            "{ok}\n  limits: {{databaseSize: 500M}}\n  sessionLimits: {{statementTimeout: {{default: 250ms}}}}"
+        ),
+    );
+    let name = dbops_e2e::fixtures::server_name(b.ns.name(), "guarded");
+    let get = b
+        .kubectl
+        .run(
+            &[
+                "get",
+                "dbserver",
+                &name,
+                "-o",
+                "jsonpath={.spec.limits.connectionLimit} {.spec.sessionLimits.lockTimeout.max}",
+            ],
+            None,
+        )
+        .unwrap();
+    assert_eq!(get.stdout.trim(), "50 0s", "{}", get.text());
+}
