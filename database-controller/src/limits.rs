@@ -5,12 +5,16 @@
 //! on the server. Pure functions; the SQL that applies the result is elsewhere.
 
 use dbops_api::access::{parse_duration, parse_memory_kb};
+use dbops_api::reasons::DatabaseReason;
 use dbops_api::{DatabaseServer, DurationLimit, MemoryLimit, SessionSettings};
 
 use crate::error::Error;
 
-/// The condition reason of a request over a DatabaseServer's ceiling.
-pub const LIMIT_EXCEEDED: &str = "LimitExceeded";
+/// The condition reason of a request over a DatabaseServer's ceiling (a Database's and a
+/// DatabaseUser's alike: `DatabaseUserReason::LimitExceeded` is the same string).
+pub const LIMIT_EXCEEDED: &str = DatabaseReason::LimitExceeded.as_str();
+/// The condition reason of a server's session limit that does not parse.
+const INVALID_SPEC: &str = DatabaseReason::InvalidSpec.as_str();
 
 /// The connection limit to set: `asked` (`-1`: none of its own) within the server's
 /// ceiling, which also replaces `-1`. `field` names the field in a refusal (for example
@@ -96,7 +100,7 @@ fn duration_setting(
     key: &str,
 ) -> Result<Option<u128>, Error> {
     let bad = |what: &str| Error::Blocked {
-        reason: "InvalidSpec",
+        reason: INVALID_SPEC,
         message: format!("{what} is not a duration"),
     };
     let max = match limit.and_then(|l| l.max.as_deref()) {
@@ -138,7 +142,7 @@ fn memory_setting(
     field: &str,
 ) -> Result<Option<u64>, Error> {
     let bad = |what: &str| Error::Blocked {
-        reason: "InvalidSpec",
+        reason: INVALID_SPEC,
         message: format!("{what} is not an amount of memory"),
     };
     let max = match limit.and_then(|l| l.max.as_deref()) {

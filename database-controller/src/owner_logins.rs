@@ -15,7 +15,9 @@
 //! Crash safety: the previous login's expiry is set before the new login is given out,
 //! so a login the Secret no longer names and without expiry is one to retire.
 
-use dbops_api::{Database, DatabaseStatus, ROTATE_ANNOTATION};
+use dbops_api::names::annotation::ROTATE;
+use dbops_api::reasons::DatabaseReason;
+use dbops_api::{Database, DatabaseStatus};
 use dbops_shared::postgres::Session;
 use kube::ResourceExt;
 
@@ -39,7 +41,7 @@ pub fn logins(owner: &str) -> [String; 2] {
 /// Whether the owner's logins are in play: rotation asked for (now or before).
 pub fn in_play(db: &Database, kept: Option<&Kept>) -> bool {
     db.spec.password_rotation.is_some()
-        || db.annotations().contains_key(ROTATE_ANNOTATION)
+        || db.annotations().contains_key(ROTATE)
         || kept.is_some_and(|k| k.login != db.owner_role())
 }
 
@@ -95,7 +97,7 @@ where
         .find(|r| !crate::sql::is_ours(r.comment.as_deref(), &uid))
     {
         return Err(Error::Blocked {
-            reason: "NameConflict",
+            reason: DatabaseReason::NameConflict.as_str(),
             message: format!(
                 "role {:?} (a login of the owner for password rotation) already exists and was not created by this Database; nothing was changed",
                 theirs.name

@@ -8,7 +8,8 @@ pub mod turn;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use dbops_api::{PasswordRotation, ROTATE_ANNOTATION, access::parse_duration};
+use dbops_api::names::annotation::ROTATE;
+use dbops_api::{PasswordRotation, access::parse_duration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// Now, in seconds since the epoch.
@@ -46,10 +47,10 @@ pub fn due(
     last_rotation: Option<&Time>,
     now: f64,
 ) -> Option<String> {
-    if let Some(asked) = annotations.get(ROTATE_ANNOTATION)
+    if let Some(asked) = annotations.get(ROTATE)
         && rotate_request != Some(asked)
     {
-        return Some(format!("asked for by {ROTATE_ANNOTATION}={asked:?}"));
+        return Some(format!("asked for by {ROTATE}={asked:?}"));
     }
     let every = every(rotation)?;
     let last = epoch(last_rotation?);
@@ -98,8 +99,7 @@ mod tests {
     fn a_rotation_is_due_for_a_new_annotation_value_or_after_every() {
         let now = 1_000_000.0;
         let last = Time(jiff::Timestamp::from_second(1_000_000 - 3600).unwrap());
-        let asked: BTreeMap<String, String> =
-            [(ROTATE_ANNOTATION.to_string(), "1".to_string())].into();
+        let asked: BTreeMap<String, String> = [(ROTATE.to_string(), "1".to_string())].into();
         let r = rotation(Some("1h"));
         assert!(due(&asked, Some(&r), None, Some(&last), now).is_some());
         assert!(

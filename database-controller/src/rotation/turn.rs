@@ -19,7 +19,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use dbops_api::{PasswordRotation, ROTATE_ANNOTATION};
+use dbops_api::PasswordRotation;
+use dbops_api::names::annotation::ROTATE;
 use dbops_shared::postgres::Session;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -219,7 +220,7 @@ pub fn plan(i: &Inputs<'_>, shape: Shape<'_>, new_password: impl FnOnce() -> Str
     }
     let mut rotate_request = i.rotate_request.cloned();
     if rotated.is_some() || rotate_request.is_none() {
-        rotate_request = i.annotations.get(ROTATE_ANNOTATION).cloned();
+        rotate_request = i.annotations.get(ROTATE).cloned();
     }
 
     let mut steps = Vec::new();
@@ -437,7 +438,7 @@ mod tests {
     }
 
     fn asked(value: &str) -> BTreeMap<String, String> {
-        [(ROTATE_ANNOTATION.to_string(), value.to_string())].into()
+        [(ROTATE.to_string(), value.to_string())].into()
     }
 
     #[test]

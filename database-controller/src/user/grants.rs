@@ -4,6 +4,7 @@
 //! on what it creates later (schemas included when the user covers every schema).
 
 use dbops_api::Access;
+use dbops_api::names::comment::GRANT_LOCK_PREFIX;
 use dbops_shared::postgres::{PgError, Session, quote_ident, quote_literal};
 
 use super::sql::in_transaction;
@@ -187,7 +188,7 @@ fn grant_statements(scope: Scope<'_>, found: &Grants) -> Vec<String> {
     // would meet "tuple concurrently updated" on the database's and schemas' ACLs.
     let mut statements = vec![format!(
         "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext({}))",
-        quote_literal(&format!("dbops.dev/grant/{database}"))
+        quote_literal(&format!("{GRANT_LOCK_PREFIX}{database}"))
     )];
     if found.public_create {
         // As the admin (public belongs to the bootstrap superuser before 15): CREATE in

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dbops_api::reasons::DatabaseUserReason;
 use dbops_api::{Database, DatabaseUser};
 use dbops_shared::controller::Context;
 use dbops_shared::postgres::Session;
@@ -27,14 +28,14 @@ pub async fn database_of(ctx: &Context<State>, user: &DatabaseUser) -> Result<Ar
     let namespace = user.namespace().unwrap_or_default();
     let name = &user.spec.database_ref.name;
     let store = ctx.state.databases.get().ok_or_else(|| Error::Retry {
-        reason: "CacheNotSynced",
+        reason: DatabaseUserReason::CacheNotSynced.as_str(),
         message: "the Database cache is not set up yet".into(),
     })?;
     match tokio::time::timeout(STORE_SYNC_WAIT, store.wait_until_ready()).await {
         Ok(Ok(())) => {}
         _ => {
             return Err(Error::Retry {
-                reason: "CacheNotSynced",
+                reason: DatabaseUserReason::CacheNotSynced.as_str(),
                 message: "the Database cache has not synced yet".into(),
             });
         }
@@ -42,7 +43,7 @@ pub async fn database_of(ctx: &Context<State>, user: &DatabaseUser) -> Result<Ar
     store
         .get(&ObjectRef::new(name).within(&namespace))
         .ok_or_else(|| Error::Blocked {
-            reason: "DatabaseNotFound",
+            reason: DatabaseUserReason::DatabaseNotFound.as_str(),
             message: format!(
                 "Database {name} does not exist in namespace {namespace}; the user is set up once it does"
             ),
@@ -55,7 +56,7 @@ pub fn server_of_database(ctx: &Context<State>, db: &Database) -> Result<Resolve
     let on = db.status.as_ref().and_then(|s| s.server.clone());
     let Some(on) = on.filter(|s| already_on(db, s)) else {
         return Err(Error::Blocked {
-            reason: "DatabaseNotReady",
+            reason: DatabaseUserReason::DatabaseNotReady.as_str(),
             message: format!(
                 "Database {} is not provisioned on DatabaseServer {name} yet; the user is set up once it is",
                 db.name_any()

@@ -34,6 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dbops_api::DatabaseUser;
+use dbops_api::reasons::DatabaseUserReason;
 use dbops_shared::controller::Context;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -73,12 +74,16 @@ pub async fn reconcile(user: Arc<DatabaseUser>, ctx: Arc<Context<State>>) -> Res
         // which may run ahead of the Database cache the reconcile reads; a short requeue
         // (not the resync, minutes) bounds that race (the benchmark left 1 user of 2,000
         // not Ready behind a Ready Database).
-        Err(Error::Blocked {
-            reason: "DatabaseNotReady" | "DatabaseNotFound",
-            ..
-        }) => Ok(Action::requeue(
-            DATABASE_WAIT_RECHECK.min(ctx.resync_interval),
-        )),
+        Err(Error::Blocked { reason, .. })
+            if matches!(
+                DatabaseUserReason::parse(reason),
+                Some(DatabaseUserReason::DatabaseNotReady | DatabaseUserReason::DatabaseNotFound)
+            ) =>
+        {
+            Ok(Action::requeue(
+                DATABASE_WAIT_RECHECK.min(ctx.resync_interval),
+            ))
+        }
         Err(Error::Blocked { .. }) => Ok(Action::requeue(ctx.resync_interval)),
         Err(e) => Err(e),
     }

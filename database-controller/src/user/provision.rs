@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dbops_api::reasons::DatabaseUserReason;
 use dbops_api::{Database, DatabaseUser, DatabaseUserStatus};
 use dbops_shared::controller::Context;
 use dbops_shared::server::Resolved;
@@ -63,7 +64,7 @@ async fn observe(user: &DatabaseUser, ctx: &Context<State>) -> Result<Observed> 
     let db = database_of(ctx, user).await?;
     if db.metadata.deletion_timestamp.is_some() {
         return Err(Error::Blocked {
-            reason: "DatabaseDeleting",
+            reason: DatabaseUserReason::DatabaseDeleting.as_str(),
             message: format!("Database {} is being deleted", db.name_any()),
         });
     }
@@ -79,7 +80,7 @@ async fn observe(user: &DatabaseUser, ctx: &Context<State>) -> Result<Observed> 
     let existing = connection_secret(ctx, &db, user, status.role.as_deref()).await?;
     if let Some(found) = &existing {
         secret::check_owned(found, &Owner::user(user)).map_err(|message| Error::Blocked {
-            reason: "SecretConflict",
+            reason: DatabaseUserReason::SecretConflict.as_str(),
             message,
         })?;
     }
@@ -180,7 +181,7 @@ async fn observe_roles(
         .find(|r| !crate::sql::is_ours(r.comment.as_deref(), &uid))
     {
         return Err(Error::Blocked {
-            reason: "NameConflict",
+            reason: DatabaseUserReason::NameConflict.as_str(),
             message: format!(
                 "role {:?} already exists on {} and was not created by this DatabaseUser; nothing was changed",
                 theirs.name, target.endpoint.key
@@ -294,7 +295,7 @@ async fn write_secret(
                 let found = secrets.get(&name).await?;
                 secret::check_owned(&found, &Owner::user(user)).map_err(|message| {
                     Error::Blocked {
-                        reason: "SecretConflict",
+                        reason: DatabaseUserReason::SecretConflict.as_str(),
                         message,
                     }
                 })?;

@@ -2,6 +2,7 @@
 //! Events its change implies (pure), [`publish`] writes it when it differs from the
 //! latest, then publishes those Events.
 
+use dbops_api::reasons::DatabaseUserReason;
 use dbops_api::{DatabaseUser, DatabaseUserStatus, condition};
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, get, now, set_condition};
 use dbops_shared::controller::{Context, ReconcileError};
@@ -28,7 +29,7 @@ fn ready(outcome: &Result<Done>) -> (ConditionStatus, &'static str, String) {
     if !done.missing_schemas.is_empty() {
         (
             ConditionStatus::False,
-            "SchemaNotFound",
+            DatabaseUserReason::SchemaNotFound.as_str(),
             format!(
                 "{}; schemas {} do not exist yet (granted once they do, at the next resync)",
                 done.message,
@@ -38,14 +39,18 @@ fn ready(outcome: &Result<Done>) -> (ConditionStatus, &'static str, String) {
     } else if let Some(former) = &done.former_server {
         (
             ConditionStatus::True,
-            "UserReady",
+            DatabaseUserReason::UserReady.as_str(),
             format!(
                 "{}; its roles on former DatabaseServer {former} are not dropped yet",
                 done.message
             ),
         )
     } else {
-        (ConditionStatus::True, "UserReady", done.message.clone())
+        (
+            ConditionStatus::True,
+            DatabaseUserReason::UserReady.as_str(),
+            done.message.clone(),
+        )
     }
 }
 

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::server_access::server_error;
 
 /// Held while the user's roles may exist on a server.
-pub const FINALIZER: &str = "dbops.dev/user-cleanup";
+pub const FINALIZER: &str = dbops_api::names::finalizer::USER_CLEANUP;
 
 /// Drops the user's roles (marked as this DatabaseUser's) on `server`: in each database
 /// where they hold privileges or own something, what they own goes to that database's
