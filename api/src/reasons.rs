@@ -43,8 +43,11 @@ use std::str::FromStr;
 ///   (status `Progressing=True`, reason `Retrying`, phase `Provisioning`),
 ///   [`ReasonClass::Progressing`] its `on_the_way` list plus the deletion's expected
 ///   steps (a Normal Event), [`ReasonClass::Waits`] every other failure (phase `Failed`,
-///   `Progressing=False`). Whether a failure also sets `Degraded` on a Database
+///   `Progressing=False`; some of them, `Error::Retry` in the controller, are still
+///   looked at again after a backoff), [`ReasonClass::Degraded`] `DatabaseMissing`
+///   (phase `Degraded`). Whether a failure also sets `Degraded` on a Database
 ///   provisioned before is [`DatabaseReason::degrades`], not a class: it crosses them.
+///   A DatabaseUser's reasons have the Database's classes.
 /// - Backup: [`ReasonClass::Failed`] is a permanent failure (phase `Failed` at once),
 ///   [`ReasonClass::Retried`] a transient one (retried up to `maxRetries`).
 /// - Migration: [`ReasonClass::Failed`] rolls back at once (`Error::Fatal`),
