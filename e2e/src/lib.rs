@@ -11,6 +11,7 @@ pub mod harness;
 pub mod jaeger;
 pub mod kubeconform;
 pub mod kubectl;
+pub mod live_writer;
 pub mod namespace;
 pub mod paths;
 pub mod postgres;
