@@ -2,11 +2,11 @@
 //! Backup, and 20 Databases being created; then what must hold once it settles.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dbops_api::{Backup, Database, Migration, MigrationPhase};
 use dbops_e2e::fixtures::Connection;
+use dbops_e2e::live_writer::{LiveWriter, Options};
 use dbops_e2e::wait::{Want, database_has, wait_for};
 use dbops_shared::postgres::tls::{Verify, connector, roots_from_pem};
 use futures::future::try_join_all;
@@ -24,7 +24,7 @@ pub const DATABASES: usize = 20;
 /// Work under way in a tenant namespace.
 pub struct Work {
     pub tenant: Tenant,
-    writer: Writer,
+    writer: LiveWriter,
 }
 
 /// Starts the work: Database `src` with a live writer and a Logical Migration of it to
@@ -50,11 +50,11 @@ pub async fn start(bed: &Bed, prefix: &str) -> Work {
         )
         .await
         .unwrap();
-    let writer = Writer::start(bed.client.clone(), ns.clone(), src.clone(), ca.clone());
+    let writer = start_writer(bed.client.clone(), ns.clone(), src.clone(), ca.clone());
     wait_for(
         "the writer's first commits",
         Duration::from_secs(60),
-        || async { Ok(writer.committed()) },
+        || async { Ok(writer.commits()) },
         |n: &usize| *n >= 10,
     )
     .await
@@ -166,7 +166,8 @@ impl Work {
             "{:?}",
             moved.status
         );
-        let (committed, failed) = self.writer.finish().await;
+        let log = self.writer.finish().await;
+        let committed = log.numbers();
         assert!(
             committed.len() >= 10,
             "the writer committed {}",
@@ -214,7 +215,7 @@ impl Work {
             lost.is_empty(),
             "{} committed writes are not on the target: {lost:?} (failed attempts: {})",
             lost.len(),
-            failed.len()
+            log.failures()
         );
 
         let backups: Api<Backup> = bed.api(&ns);
@@ -267,81 +268,22 @@ fn tls_config(c: &Connection) -> tokio_postgres::Config {
     config
 }
 
-/// Inserts 1, 2, 3, ... one autocommit statement each, through the connection Secret as it
-/// is when it (re)connects, until told to stop.
-struct Writer {
-    committed: Arc<Mutex<Vec<i64>>>,
-    failed: Arc<Mutex<Vec<String>>>,
-    stop: tokio::sync::watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Writer {
-    fn start(kube: kube::Client, ns: String, db: String, ca: Vec<u8>) -> Self {
-        let committed = Arc::new(Mutex::new(Vec::new()));
-        let failed = Arc::new(Mutex::new(Vec::new()));
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let (com, fail) = (committed.clone(), failed.clone());
-        let task = tokio::spawn(async move {
-            let mut client: Option<tokio_postgres::Client> = None;
-            let mut n: i64 = 0;
-            while !*stopped.borrow() {
-                if client.as_ref().is_none_or(|c| c.is_closed()) {
-                    let connected = async {
-                        let c = Connection::of_database(&kube, &ns, &db).await?;
-                        let (cl, conn) = tls_config(&c).connect(tls(&ca)).await?;
-                        tokio::spawn(conn);
-                        anyhow::Ok(cl)
-                    }
-                    .await;
-                    match connected {
-                        Ok(cl) => client = Some(cl),
-                        Err(e) => {
-                            fail.lock().unwrap().push(format!("connect: {e:#}"));
-                            tokio::select! {
-                                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                                _ = stopped.changed() => {}
-                            }
-                            continue;
-                        }
-                    }
-                }
-                n += 1;
-                let Some(cl) = client.as_ref() else { continue };
-                match cl
-                    .execute("INSERT INTO writes (n) VALUES ($1)", &[&n])
-                    .await
-                {
-                    Ok(_) => com.lock().unwrap().push(n),
-                    Err(e) => {
-                        fail.lock().unwrap().push(format!("insert {n}: {e}"));
-                        client = None;
-                    }
-                }
-                // Paced, so that a refused connection never spins.
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
-                    _ = stopped.changed() => {}
-                }
-            }
-        });
-        Self {
-            committed,
-            failed,
-            stop,
-            task,
+/// Inserts 1, 2, 3, ... into `writes`, one autocommit statement each, through the
+/// connection Secret of Database `db` as it is when it (re)connects (TLS, verify-full
+/// against `ca`), until finished; paced (20 ms after each insert, 200 ms after a failed
+/// connect) so that a refused connection never spins.
+fn start_writer(kube: kube::Client, ns: String, db: String, ca: Vec<u8>) -> LiveWriter {
+    let connect = move || {
+        let (kube, ns, db, ca) = (kube.clone(), ns.clone(), db.clone(), ca.clone());
+        async move {
+            let c = Connection::of_database(&kube, &ns, &db).await?;
+            let (client, conn) = tls_config(&c).connect(tls(&ca)).await?;
+            tokio::spawn(conn);
+            anyhow::Ok(client)
         }
-    }
-
-    fn committed(&self) -> usize {
-        self.committed.lock().unwrap().len()
-    }
-
-    async fn finish(self) -> (Vec<i64>, Vec<String>) {
-        let _ = self.stop.send(true);
-        self.task.await.unwrap();
-        let committed = self.committed.lock().unwrap().clone();
-        let failed = self.failed.lock().unwrap().clone();
-        (committed, failed)
-    }
+    };
+    let options = Options::new("writes")
+        .pause(Duration::from_millis(20))
+        .retry(Duration::from_millis(200));
+    LiveWriter::start(connect, options)
 }

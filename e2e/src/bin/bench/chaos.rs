@@ -263,7 +263,7 @@ pub async fn run_chaos(mut args: ChaosArgs) -> Result<Outcome> {
             )
         },
     );
-    writers.stop_all().await;
+    writers.stop_all(&world).await;
     let (expected, unsettled) = if args.self_test {
         let expected = inject::inject(&world, &writers).await?;
         (

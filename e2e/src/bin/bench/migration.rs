@@ -22,13 +22,12 @@
 //! dropped on the target) and the frozen source copy dropped, to keep the disk small.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dbops_api::{Database, Migration, MigrationPhase};
 use dbops_e2e::fixtures::Connection;
+use dbops_e2e::live_writer::{LiveWriter, Options};
 use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -334,7 +333,7 @@ async fn run_one(w: &World, size: &Size, mode: Mode) -> Result<Row> {
         t.elapsed().as_secs_f64()
     );
 
-    let writer = Writer::start(secrets.clone(), secret.clone(), w.pause);
+    let writer = start_writer(&secrets, &secret, w.pause);
     writer
         .wait_commits(200, Duration::from_secs(60))
         .await
@@ -393,7 +392,8 @@ async fn run_one(w: &World, size: &Size, mode: Mode) -> Result<Row> {
         .wait_commits(after + 100, Duration::from_secs(300))
         .await
         .context("the writer's commits on the target")?;
-    let (committed, gap) = writer.finish().await;
+    let log = writer.finish().await;
+    let (committed, (gap, _)) = (log.numbers(), log.longest_gap());
 
     let on_target: HashSet<i64> = w
         .target
@@ -455,101 +455,25 @@ async fn connect(c: &Connection) -> Result<tokio_postgres::Client> {
     Ok(client)
 }
 
+/// The application: inserts 1, 2, 3, ... into `bench_writes`, one autocommit statement at
+/// a time, through connection Secret `secret`, reading it again after every failure (so
+/// it follows the switch), `RETRY` after a failure and `pause` after each commit.
+fn start_writer(secrets: &Api<Secret>, secret: &str, pause: Duration) -> LiveWriter {
+    let (secrets, secret) = (secrets.clone(), secret.to_string());
+    let connect = move || {
+        let (secrets, secret) = (secrets.clone(), secret.clone());
+        async move { connect(&Connection::read(&secrets, &secret).await?).await }
+    };
+    let options = Options::new("bench_writes")
+        .pause(pause)
+        .after_failed_insert(RETRY)
+        .retry(RETRY);
+    LiveWriter::start(connect, options)
+}
+
 /// `pgbench -i -s scale` as the Database's own role.
 fn pgbench(w: &World, c: &Connection, scale: u32) -> Result<()> {
     c.pgbench_init(&w.bin, scale, Some("disable"))
-}
-
-/// What the writer has done so far.
-#[derive(Default)]
-struct Log {
-    committed: Vec<i64>,
-    last: Option<Instant>,
-    longest: Duration,
-}
-
-/// The application: inserts 1, 2, 3, ... one autocommit statement at a time through the
-/// connection Secret, reading it again after every failure (so it follows the switch);
-/// keeps every number it saw committed and the longest time between two commits.
-struct Writer {
-    log: Arc<Mutex<Log>>,
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Writer {
-    fn start(secrets: Api<Secret>, secret: String, pause: Duration) -> Self {
-        let log = Arc::new(Mutex::new(Log::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (l, st) = (log.clone(), stop.clone());
-        let task = tokio::spawn(async move {
-            let mut client: Option<tokio_postgres::Client> = None;
-            let mut n: i64 = 0;
-            while !st.load(Ordering::Acquire) {
-                if client.as_ref().is_none_or(|c| c.is_closed()) {
-                    client = match Connection::read(&secrets, &secret).await {
-                        Ok(conn) => connect(&conn).await.ok(),
-                        Err(_) => None,
-                    };
-                }
-                let Some(c) = client.as_ref() else {
-                    tokio::time::sleep(RETRY).await;
-                    continue;
-                };
-                n += 1;
-                match c
-                    .execute("INSERT INTO bench_writes (n) VALUES ($1)", &[&n])
-                    .await
-                {
-                    Ok(_) => {
-                        let now = Instant::now();
-                        let mut log = l.lock().unwrap_or_else(|p| p.into_inner());
-                        if let Some(last) = log.last {
-                            log.longest = log.longest.max(now - last);
-                        }
-                        log.last = Some(now);
-                        log.committed.push(n);
-                    }
-                    Err(_) => {
-                        client = None;
-                        tokio::time::sleep(RETRY).await;
-                        continue;
-                    }
-                }
-                if !pause.is_zero() {
-                    tokio::time::sleep(pause).await;
-                }
-            }
-        });
-        Self { log, stop, task }
-    }
-
-    fn commits(&self) -> usize {
-        self.log
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .committed
-            .len()
-    }
-
-    async fn wait_commits(&self, at_least: usize, limit: Duration) -> Result<()> {
-        dbops_e2e::wait::wait_for(
-            &format!("{at_least} commits"),
-            limit,
-            || async { Ok(self.commits()) },
-            |n| *n >= at_least,
-        )
-        .await
-        .map(|_| ())
-    }
-
-    /// Stops the writer: every number committed, and the longest gap between commits.
-    async fn finish(self) -> (Vec<i64>, Duration) {
-        self.stop.store(true, Ordering::Release);
-        let _ = self.task.await;
-        let log = std::mem::take(&mut *self.log.lock().unwrap_or_else(|p| p.into_inner()));
-        (log.committed, log.longest)
-    }
 }
 
 async fn server_version(pg: &PgServer) -> Result<String> {

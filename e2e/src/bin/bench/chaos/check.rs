@@ -486,7 +486,7 @@ fn check_store(world: &World, o: &Objects) -> Result<usize> {
 async fn check_writes(world: &World, o: &Objects, writers: &Writers) -> (usize, usize) {
     let (mut total, mut dbs) = (0, 0);
     for w in writers.all() {
-        let committed = w.committed.lock().map(|c| c.clone()).unwrap_or_default();
+        let committed = w.committed();
         // Where the rows must be: the Database's server, or for a deleted Database with
         // policy Retain the server it was last on (its database stays there).
         let (label, server_name, dbname) = match o

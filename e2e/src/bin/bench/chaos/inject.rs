@@ -90,11 +90,7 @@ pub(crate) async fn inject(world: &World, writers: &Writers) -> Result<Vec<Strin
     // (5) A committed write lost.
     let mut lost_in = None;
     for w in writers.all() {
-        let last = w
-            .committed
-            .lock()
-            .ok()
-            .and_then(|c| c.last().map(|(n, _)| *n));
+        let last = w.committed().last().map(|(n, _)| *n);
         let Some(d) = live
             .iter()
             .find(|d| d.uid().as_deref() == Some(w.uid.as_str()))

@@ -1,14 +1,16 @@
 //! Writers: an application per migrated Database that inserts numbered rows through the
 //! connection Secret (whatever it says at the moment: the source, then the target),
 //! reconnecting on any failure, and records which inserts committed (the server
-//! acknowledged the autocommit INSERT). The check then looks for every committed row on
-//! the server the Database ends on.
+//! acknowledged the autocommit INSERT): `dbops_e2e::live_writer`, one per Database. The
+//! check then looks for every committed row on the server the Database ends on.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anyhow::Context;
+use dbops_e2e::live_writer::{LiveWriter, Options};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
@@ -23,12 +25,19 @@ pub(crate) struct Writer {
     pub database: String,
     pub uid: String,
     pub base: i64,
-    /// Committed inserts: (n, when the commit was acknowledged).
-    pub committed: Mutex<Vec<(i64, Timestamp)>>,
-    /// Inserts that failed or whose outcome is unknown (not counted as committed).
-    pub failed: AtomicU64,
-    stop: AtomicBool,
-    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    live: LiveWriter,
+}
+
+impl Writer {
+    /// Committed inserts so far: (n, when the commit was acknowledged).
+    pub fn committed(&self) -> Vec<(i64, Timestamp)> {
+        self.live
+            .log()
+            .committed
+            .iter()
+            .map(|c| (c.n, c.time))
+            .collect()
+    }
 }
 
 #[derive(Default)]
@@ -38,7 +47,9 @@ pub(crate) struct Writers {
 }
 
 impl Writers {
-    /// Starts a writer on Database `name` (UID `uid`) unless one runs already.
+    /// Starts a writer on Database `name` (UID `uid`) unless one runs already: numbers
+    /// from its base on, the table created on each new session, 200 ms after each insert,
+    /// 500 ms after a failed connect, each insert bounded to 5 s.
     pub fn ensure(&self, world: &Arc<World>, name: &str, uid: &str) {
         let Ok(mut map) = self.by_uid.lock() else {
             return;
@@ -47,19 +58,34 @@ impl Writers {
             return;
         }
         let n = self.next.fetch_add(1, Ordering::Relaxed) as i64 + 1;
+        let base = n * 1_000_000_000;
+        let secrets: Api<Secret> = Api::namespaced(world.client.clone(), NS);
+        let secret_name = format!("{name}-connection");
+        let connect = move || {
+            let (secrets, secret_name) = (secrets.clone(), secret_name.clone());
+            async move {
+                let secret =
+                    tokio::time::timeout(Duration::from_secs(10), secrets.get_opt(&secret_name))
+                        .await;
+                let login = match secret {
+                    Ok(Ok(Some(s))) => login_of(&s),
+                    _ => None,
+                };
+                connect(&login.context("no usable connection Secret")?).await
+            }
+        };
+        let options = Options::new(TABLE)
+            .first(base + 1)
+            .create_table()
+            .pause(Duration::from_millis(200))
+            .retry(Duration::from_millis(500))
+            .insert_timeout(Duration::from_secs(5));
         let writer = Arc::new(Writer {
             database: name.to_string(),
             uid: uid.to_string(),
-            base: n * 1_000_000_000,
-            committed: Mutex::new(Vec::new()),
-            failed: AtomicU64::new(0),
-            stop: AtomicBool::new(false),
-            task: Mutex::new(None),
+            base,
+            live: LiveWriter::start(connect, options),
         });
-        let task = spawn(write_loop(world.clone(), writer.clone()));
-        if let Ok(mut t) = writer.task.lock() {
-            *t = Some(task);
-        }
         world
             .journal
             .line("WRITER", format!("writer starts on Database {name}"));
@@ -73,13 +99,23 @@ impl Writers {
             .unwrap_or_default()
     }
 
-    pub async fn stop_all(&self) {
+    /// Stops every writer (15 s each at most) and prints what each did.
+    pub async fn stop_all(&self, world: &World) {
         for w in self.all() {
-            w.stop.store(true, Ordering::SeqCst);
-            let task = w.task.lock().ok().and_then(|mut t| t.take());
-            if let Some(task) = task {
-                let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
-            }
+            let _ = tokio::time::timeout(Duration::from_secs(15), w.live.stop()).await;
+            let log = w.live.log();
+            world.journal.line(
+                "WRITER",
+                format!(
+                    "writer on {} stops: {} committed, {} failed or unknown (last error: {})",
+                    w.database,
+                    log.committed.len(),
+                    log.failed_inserts,
+                    log.last_failure
+                        .as_ref()
+                        .map_or("none", |f| f.error.as_str())
+                ),
+            );
         }
     }
 }
@@ -127,84 +163,4 @@ pub(crate) async fn connect(login: &Login) -> anyhow::Result<tokio_postgres::Cli
         let _ = connection.await;
     });
     Ok(client)
-}
-
-async fn write_loop(world: Arc<World>, w: Arc<Writer>) {
-    let secrets: Api<Secret> = Api::namespaced(world.client.clone(), NS);
-    let secret_name = format!("{}-connection", w.database);
-    let mut session: Option<tokio_postgres::Client> = None;
-    let mut n = w.base;
-    let mut last_error = String::new();
-    while !w.stop.load(Ordering::SeqCst) {
-        let Some(client) = session.as_ref() else {
-            let login =
-                match tokio::time::timeout(Duration::from_secs(10), secrets.get_opt(&secret_name))
-                    .await
-                {
-                    Ok(Ok(Some(s))) => login_of(&s),
-                    _ => None,
-                };
-            if let Some(login) = login {
-                match connect(&login).await {
-                    Ok(c) => {
-                        let made = tokio::time::timeout(
-                            Duration::from_secs(10),
-                            c.batch_execute(&format!(
-                                "CREATE TABLE IF NOT EXISTS {TABLE} (n bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"
-                            )),
-                        )
-                        .await;
-                        match made {
-                            Ok(Ok(())) => session = Some(c),
-                            Ok(Err(e)) => last_error = e.to_string(),
-                            Err(_) => last_error = "CREATE TABLE timed out".into(),
-                        }
-                    }
-                    Err(e) => last_error = format!("{e:#}"),
-                }
-            }
-            if session.is_none() {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            continue;
-        };
-        n += 1;
-        let inserted = tokio::time::timeout(
-            Duration::from_secs(5),
-            client.execute(&format!("INSERT INTO {TABLE} (n) VALUES ($1)"), &[&n]),
-        )
-        .await;
-        match inserted {
-            Ok(Ok(_)) => {
-                if let Ok(mut c) = w.committed.lock() {
-                    c.push((n, Timestamp::now()));
-                }
-            }
-            Ok(Err(e)) => {
-                w.failed.fetch_add(1, Ordering::Relaxed);
-                last_error = e.to_string();
-                session = None;
-            }
-            Err(_) => {
-                w.failed.fetch_add(1, Ordering::Relaxed);
-                last_error = "INSERT timed out".into();
-                session = None;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let committed = w.committed.lock().map(|c| c.len()).unwrap_or(0);
-    world.journal.line(
-        "WRITER",
-        format!(
-            "writer on {} stops: {committed} committed, {} failed or unknown (last error: {})",
-            w.database,
-            w.failed.load(Ordering::Relaxed),
-            if last_error.is_empty() {
-                "none"
-            } else {
-                &last_error
-            }
-        ),
-    );
 }
