@@ -430,30 +430,16 @@ impl ApiScope for ClusterResourceScope {
 }
 
 /// What the runner needs of a controller's kind: typed and watchable, namespaced or
-/// cluster-scoped.
-pub trait Watched:
-    Resource<DynamicType = (), Scope: ApiScope>
-    + HasConditions
-    + Clone
-    + DeserializeOwned
-    + Debug
-    + Send
-    + Sync
-    + 'static
-{
-}
+/// cluster-scoped, and [`Stored`].
+pub trait Watched: Resource<DynamicType = (), Scope: ApiScope> + HasConditions + Stored {}
 
-impl<K> Watched for K where
-    K: Resource<DynamicType = (), Scope: ApiScope>
-        + HasConditions
-        + Clone
-        + DeserializeOwned
-        + Debug
-        + Send
-        + Sync
-        + 'static
-{
-}
+impl<K: Resource<DynamicType = (), Scope: ApiScope> + HasConditions + Stored> Watched for K {}
+
+/// What an object kept in a watch store must be: decoded, cloned, shown and shared
+/// between tasks.
+pub trait Stored: Clone + DeserializeOwned + Debug + Send + Sync + 'static {}
+
+impl<K: Clone + DeserializeOwned + Debug + Send + Sync + 'static> Stored for K {}
 
 /// `K`'s API as the runner lists it.
 pub fn api_of<K: Watched>(client: Client, namespace: Option<&str>) -> Api<K> {

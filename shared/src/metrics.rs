@@ -200,7 +200,8 @@ struct ControllerLabels {
     controller: String,
 }
 
-type HistogramFamily = Family<ControllerLabels, Histogram, fn() -> Histogram>;
+/// One histogram per label set `L`, each made by the family's constructor (its buckets).
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Reconcile metrics of one controller; the `controller` label is fixed at registration.
 #[derive(Debug, Clone)]
@@ -208,7 +209,7 @@ pub struct ControllerMetrics {
     controller: String,
     reconciles: Family<OutcomeLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
-    duration: HistogramFamily,
+    duration: Histograms<ControllerLabels>,
     in_flight: Arc<InFlight>,
 }
 
@@ -272,7 +273,7 @@ impl ControllerMetrics {
             controller: controller.to_owned(),
             reconciles: Family::default(),
             errors: Family::default(),
-            duration: HistogramFamily::new_with_constructor(|| Histogram::new(DURATION_BUCKETS)),
+            duration: Histograms::new_with_constructor(|| Histogram::new(DURATION_BUCKETS)),
             in_flight: Arc::new(InFlight::default()),
         };
         registry.register_with_unit(
@@ -366,21 +367,17 @@ struct RollbackLabels {
     failed_step: String,
 }
 
-type StepHistogramFamily = Family<StepLabels, Histogram, fn() -> Histogram>;
-
 /// The migration saga's metrics.
 #[derive(Debug, Clone)]
 pub struct MigrationMetrics {
-    step_duration: StepHistogramFamily,
+    step_duration: Histograms<StepLabels>,
     rollbacks: Family<RollbackLabels, Counter>,
 }
 
 impl MigrationMetrics {
     fn register(registry: &mut Registry) -> Self {
         let metrics = Self {
-            step_duration: StepHistogramFamily::new_with_constructor(|| {
-                Histogram::new(STEP_BUCKETS)
-            }),
+            step_duration: Histograms::new_with_constructor(|| Histogram::new(STEP_BUCKETS)),
             rollbacks: Family::default(),
         };
         registry.register_with_unit(

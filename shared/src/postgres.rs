@@ -32,9 +32,9 @@
 //! | `quote` | [`quote_ident`], [`quote_literal`] |
 //! | `breaker` | the per-server circuit breaker: closed, open, half-open with one trial |
 //! | `connect` | opening one connection: TLS, the startup settings, [`ADMIN_SEARCH_PATH`] |
-//! | `pool` | [`Servers`]: per server the session limit, the breaker and the idle clients; a lease of one |
 //! | `redact` | [`statement_kind`], [`redact_statement`]: what a trace may show of a statement |
-//! | `trace` | the `sql` span and counter around each statement |
+//! | `trace` | the `sql` and `pg.connect` spans and the counter around each statement and connection |
+//! | `pool` | [`Servers`]: per server the session limit, the breaker and the idle clients; a lease of one |
 //! | `session` | [`Servers::connect`], [`Servers::probe`], [`Session`] and [`Transaction`] |
 //! | [`ddl`] | the statements both the database- and the migration-controller run |
 //! | [`extensions`] | what extensions a server offers, and creating them |

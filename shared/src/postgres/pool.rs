@@ -10,14 +10,13 @@ use std::time::{Duration, Instant};
 use dbops_api::TlsMode;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::Client;
-use tracing::{Instrument, field};
 
 use super::breaker::{Admission, Breaker};
 use super::connect::Timeouts;
 use super::credentials::Credentials;
 use super::endpoint::{CaBundle, Endpoint, ServerKey, TlsSettings};
 use super::error::PgError;
-use crate::metrics::{Target, record_external_request};
+use super::trace::traced_connect;
 
 /// Per-server state: a limit on concurrent sessions and a circuit breaker.
 #[derive(Debug)]
@@ -181,7 +180,8 @@ impl Servers {
         let client = match state.take_idle(&pool_key) {
             Some(client) => client,
             None => {
-                let result = self.connect_traced(server, credentials, dbname).await;
+                let connecting = self.timeouts.connect(server, credentials, dbname);
+                let result = traced_connect(&key, dbname, connecting).await;
                 let failure = match &result {
                     Err(PgError::Unreachable { message, .. }) => Some(message.clone()),
                     _ => None,
@@ -200,41 +200,6 @@ impl Servers {
             state,
             _permit: permit,
         })
-    }
-
-    /// A new connection inside a `pg.connect` span, counted in
-    /// `dbops_external_requests_total{target="postgres"}`.
-    async fn connect_traced(
-        &self,
-        server: &Endpoint,
-        credentials: &Credentials,
-        dbname: &str,
-    ) -> Result<Client, PgError> {
-        let key = &server.key;
-        let span = tracing::info_span!(
-            "pg.connect",
-            otel.kind = "client",
-            otel.status_code = field::Empty,
-            db.system = "postgresql",
-            db.name = dbname,
-            server.address = key.host.as_str(),
-            server.port = key.port,
-            error = field::Empty,
-        );
-        let result = self
-            .timeouts
-            .connect(server, credentials, dbname)
-            .instrument(span.clone())
-            .await;
-        match &result {
-            Ok(_) => record_external_request(Target::Postgres, "ok"),
-            Err(error) => {
-                record_external_request(Target::Postgres, "error");
-                span.record("otel.status_code", "ERROR");
-                span.record("error", error.reason());
-            }
-        }
-        result
     }
 }
 

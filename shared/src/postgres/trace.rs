@@ -1,12 +1,13 @@
-//! Traced statements: each one a `sql` span (`db.statement` redacted by
-//! [`redact_statement`](super::redact_statement)) and one
-//! `dbops_external_requests_total{target="postgres"}`.
+//! Traced statements and connections: each statement a `sql` span (`db.statement` redacted
+//! by [`redact_statement`](super::redact_statement)), each new connection a `pg.connect`
+//! span, and each one `dbops_external_requests_total{target="postgres"}`.
 
 use std::future::Future;
 
 use tracing::{Instrument, field};
 
 use super::endpoint::ServerKey;
+use super::error::PgError;
 use super::redact::{redact_statement, statement_kind};
 use crate::metrics::{Target, record_external_request};
 
@@ -48,6 +49,35 @@ pub(super) async fn traced<T>(
             span.record("otel.status_code", "ERROR");
             let code = error.code().map_or("none", |code| code.code());
             span.record("error", code);
+        }
+    }
+    result
+}
+
+/// Runs `connect` (a new connection to `dbname` on `server`) inside a `pg.connect` span
+/// and counts it.
+pub(super) async fn traced_connect<T>(
+    server: &ServerKey,
+    dbname: &str,
+    connect: impl Future<Output = Result<T, PgError>>,
+) -> Result<T, PgError> {
+    let span = tracing::info_span!(
+        "pg.connect",
+        otel.kind = "client",
+        otel.status_code = field::Empty,
+        db.system = "postgresql",
+        db.name = dbname,
+        server.address = server.host.as_str(),
+        server.port = server.port,
+        error = field::Empty,
+    );
+    let result = connect.instrument(span.clone()).await;
+    match &result {
+        Ok(_) => record_external_request(Target::Postgres, "ok"),
+        Err(error) => {
+            record_external_request(Target::Postgres, "error");
+            span.record("otel.status_code", "ERROR");
+            span.record("error", error.reason());
         }
     }
     result
