@@ -37,6 +37,7 @@ pub fn object_key(backup: &Backup) -> ObjectKey {
 }
 
 /// One attempt: credentials, server version, the dump into the store, the manifest.
+/// `backup` is the Backup as its claim returned it (its progress is written over it).
 pub async fn run(
     backup: &Backup,
     db: &Database,
@@ -143,9 +144,8 @@ async fn dump_into_store(
     let location = state.store.location(key);
     let create = state.store.create_artifact(key);
     let mut artifact = traced("create_artifact", location.clone(), create).await?;
-    let (name, uid) = (backup.name_any(), backup.uid().unwrap_or_default());
     let dumped = dump::run(pg_dump, source, &mut artifact, PROGRESS_EVERY, |bytes| {
-        write::progress(api, &name, &uid, bytes)
+        write::progress(state, api, backup, bytes)
     })
     .await?;
     traced("commit", location, artifact.commit()).await?;
@@ -207,10 +207,10 @@ async fn server_of(ctx: &Context<State>, db: &Database) -> Result<Resolved, Fail
 /// Renews this replica's hold on attempt `attempt` every [`runner::RENEW_EVERY`]; returns
 /// only when the status names another runner or attempt (an API error is retried at
 /// the next renewal: the hold lasts [`runner::LEASE`]).
-pub async fn hold(api: &Api<Backup>, name: &str, identity: &str, attempt: i32) {
+pub async fn hold(state: &State, api: &Api<Backup>, name: &str, identity: &str, attempt: i32) {
     loop {
         tokio::time::sleep(runner::RENEW_EVERY).await;
-        match write::renew(api, name, identity, attempt).await {
+        match write::renew(state, api, name, identity, attempt).await {
             Ok(true) => {}
             Ok(false) => {
                 tracing::warn!(

@@ -36,7 +36,9 @@ pub async fn sync_finalizer(backup: &Backup, api: &Api<Backup>) -> Result<()> {
 pub async fn cleanup(backup: &Backup, ctx: &Context<State>, api: &Api<Backup>) -> Result<Action> {
     let namespace = backup.namespace().unwrap_or_default();
     ctx.state.databases.forget(&namespace, &backup.name_any());
-    ctx.state.attempts.forget(&backup.uid().unwrap_or_default());
+    let uid = backup.uid().unwrap_or_default();
+    ctx.state.retries.forget(&uid);
+    ctx.state.statuses.forget(&uid);
     if !has_finalizer(backup) {
         return Ok(Action::await_change());
     }
@@ -45,9 +47,8 @@ pub async fn cleanup(backup: &Backup, ctx: &Context<State>, api: &Api<Backup>) -
         let store = &ctx.state.store;
         traced("delete", store.location(&key), store.delete(&key)).await?;
         write::publish_event(
-            &ctx.state.recorder,
+            &ctx.state,
             backup,
-            true,
             "ArtifactDeleted",
             &format!("removed {} and its manifest", store.location(&key)),
         )

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use dbops_api::{Backup, BackupPhase};
+use dbops_api::Backup;
 use dbops_shared::backup_store::traced;
 use dbops_shared::controller::Context;
 use kube::ResourceExt;
@@ -14,7 +14,7 @@ use crate::attempt::object_key;
 use crate::error::{Failure, Result};
 use crate::state::State;
 use crate::status::{Completed, Standing};
-use crate::write::{self, CHANGED_UNDER_US, Guard};
+use crate::write::{self, CHANGED_UNDER_US, Over};
 
 /// How many attempts a Backup may make: the first and `maxRetries` retries.
 pub fn allowed(backup: &Backup) -> i32 {
@@ -29,17 +29,17 @@ pub async fn finish(
     ctx: &Context<State>,
     api: &Api<Backup>,
     ended: std::result::Result<Completed, Failure>,
-    guard: Guard<'_>,
+    over: Over<'_>,
 ) -> Result<Action> {
-    let attempt = match guard {
-        Guard::Runner { attempt, .. } => attempt,
-        Guard::AsRead => latest.status.as_ref().and_then(|s| s.attempts).unwrap_or(0),
+    let attempt = match over {
+        Over::Runner { attempt, .. } => attempt,
+        Over::Read => ctx.state.statuses.latest(latest).attempts.unwrap_or(0),
     };
     let end = End {
         latest,
         ctx,
         api,
-        guard,
+        over,
         attempt,
     };
     let written = match ended {
@@ -58,27 +58,31 @@ pub async fn finish(
     }))
 }
 
-/// The end of attempt `attempt` of `latest`, to be written under `guard`.
+/// The end of attempt `attempt` of `latest`, to be written as `over` allows.
 struct End<'a> {
     latest: &'a Backup,
     ctx: &'a Context<State>,
     api: &'a Api<Backup>,
-    guard: Guard<'a>,
+    over: Over<'a>,
     attempt: i32,
 }
 
 impl End<'_> {
     /// Writes `standing`; `false` when the guard refused it.
     async fn publish(&self, standing: &Standing<'_>) -> Result<bool> {
-        let recorder = &self.ctx.state.recorder;
-        let written = write::publish(self.latest, recorder, self.api, standing, self.guard).await?;
-        Ok(written.is_some())
+        let state = &self.ctx.state;
+        let published = write::publish(self.latest, state, self.api, standing, self.over).await?;
+        Ok(!published.refused())
     }
 
-    fn wrote(&self, phase: BackupPhase, retry_at: Option<Instant>) {
+    /// The next attempt is not started before `retry_at` (none: as soon as asked).
+    fn retry_at(&self, retry_at: Option<Instant>) {
         let uid = self.latest.uid().unwrap_or_default();
-        let attempts = &self.ctx.state.attempts;
-        attempts.wrote(&uid, self.attempt, phase, retry_at);
+        let retries = &self.ctx.state.retries;
+        match retry_at {
+            Some(at) => retries.retry_at(&uid, at),
+            None => retries.forget(&uid),
+        }
     }
 
     /// Completed; `None` when the guard refused the write.
@@ -89,7 +93,7 @@ impl End<'_> {
         // Partial files of interrupted attempts of this key.
         discard_partial(self.latest, self.ctx).await;
         record_completed(self.latest, self.ctx, done);
-        self.wrote(BackupPhase::Completed, None);
+        self.retry_at(None);
         Ok(Some(Action::await_change()))
     }
 
@@ -104,7 +108,7 @@ impl End<'_> {
             return Ok(None);
         }
         discard_partial(self.latest, self.ctx).await;
-        self.wrote(BackupPhase::Failed, None);
+        self.retry_at(None);
         Ok(Some(Action::await_change()))
     }
 
@@ -133,7 +137,7 @@ impl End<'_> {
         if !self.publish(&retrying).await? {
             return Ok(None);
         }
-        self.wrote(BackupPhase::Pending, Some(Instant::now() + retry_in));
+        self.retry_at(Some(Instant::now() + retry_in));
         Ok(Some(Action::requeue(retry_in)))
     }
 }

@@ -22,13 +22,13 @@
 //! killed); the next process finds its Backup Running and starts it over.
 
 mod attempt;
-mod attempts;
 mod cleanup;
 mod dereference;
 mod dump;
 mod error;
 mod finish;
 mod reconcile;
+mod retries;
 mod runner;
 mod schedule;
 mod slots;
@@ -53,7 +53,7 @@ use kube::Api;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 
-use crate::attempts::Attempts;
+use crate::retries::Retries;
 use crate::slots::Slots;
 use crate::state::{DatabaseIndex, State};
 
@@ -140,7 +140,8 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                 },
                 recorder: Recorder::new(client.clone(), controller::reporter(CONTROLLER)),
                 databases: DatabaseIndex::default(),
-                attempts: Attempts::default(),
+                statuses: Default::default(),
+                retries: Retries::default(),
                 identity: dbops_shared::leader::identity(),
             };
             let ctx = run.context(CONTROLLER, state);

@@ -3,9 +3,11 @@
 //! 1. `cleanup` when the Backup is being deleted: its artifact and manifest leave the
 //!    store when `deletionPolicy` is Delete (behind the finalizer; [`crate::cleanup`]);
 //! 2. `sync_finalizer`: present exactly when deletion has work outside the cluster;
-//! 3. nothing more for a Completed or Failed Backup (`ended`); nothing yet while the watch
-//!    cache is older than this process's own last write or a retry is not due
-//!    (`not_yet`, [`crate::attempts`]);
+//! 3. every decision is made on the Backup's latest status: the one this process wrote
+//!    last while the watch cache does not show it yet, else the cached one
+//!    ([`dbops_shared::status::StatusWriter::latest`]); nothing more for a Completed or
+//!    Failed Backup (`ended`); nothing yet while a retry is not due (`not_yet`,
+//!    [`crate::retries`]);
 //! 4. a Backup found Running is left to the live replica that holds it, or started over
 //!    (`running`, [`crate::runner`]);
 //! 5. `ready_database`: the Database (same namespace) must exist (else Failed, at once)
@@ -44,7 +46,7 @@ use crate::runner::{self, Running};
 use crate::slots::Slot;
 use crate::state::State;
 use crate::status::Standing;
-use crate::write::{self, CHANGED_UNDER_US, Guard};
+use crate::write::{self, CHANGED_UNDER_US, Over, Published};
 
 /// How soon a Backup waiting for a dump slot looks again.
 const SLOT_POLL: Duration = Duration::from_secs(2);
@@ -57,11 +59,11 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context<State>>) -> Result<
         return cleanup::cleanup(&backup, &ctx, &api).await;
     }
     cleanup::sync_finalizer(&backup, &api).await?;
-    let current = backup.status.clone().unwrap_or_default();
+    let current = ctx.state.statuses.latest(&backup);
     if let Some(action) = ended(&backup, &ctx, &api, &current).await? {
         return Ok(action);
     }
-    if let Some(action) = not_yet(&backup, &ctx, &current) {
+    if let Some(action) = not_yet(&backup, &ctx) {
         return Ok(action);
     }
     if current.phase == Some(BackupPhase::Running)
@@ -77,7 +79,7 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context<State>>) -> Result<
         ControlFlow::Continue(taken) => taken,
         ControlFlow::Break(action) => return Ok(action),
     };
-    start(&backup, &ctx, &api, &db, &server, slot).await
+    start(&backup, &ctx, &api, &current, &db, &server, slot).await
 }
 
 /// A Completed or Failed Backup: forgotten, and a spec change (deletionPolicy,
@@ -96,26 +98,21 @@ async fn ended(
     }
     let namespace = backup.namespace().unwrap_or_default();
     ctx.state.databases.forget(&namespace, &backup.name_any());
-    ctx.state.attempts.forget(&backup.uid().unwrap_or_default());
-    write::observe_generation(backup, api).await?;
+    ctx.state.retries.forget(&backup.uid().unwrap_or_default());
+    write::observe_generation(backup, &ctx.state, api).await?;
     Ok(Some(Action::await_change()))
 }
 
-/// An unfinished Backup, indexed under its Database; nothing to do yet while the watch
-/// cache lags behind this process's own last write, or its failed attempt's retry is
-/// not due.
-fn not_yet(backup: &Backup, ctx: &Context<State>, current: &BackupStatus) -> Option<Action> {
+/// An unfinished Backup, indexed under its Database; nothing to do yet while its failed
+/// attempt's retry is not due.
+fn not_yet(backup: &Backup, ctx: &Context<State>) -> Option<Action> {
     let namespace = backup.namespace().unwrap_or_default();
     let uid = backup.uid().unwrap_or_default();
     let database = &backup.spec.database_ref.name;
     ctx.state
         .databases
         .record(&namespace, &backup.name_any(), database);
-    if ctx.state.attempts.is_stale(&uid, current) {
-        // Our own last write has not reached the watch cache yet.
-        return Some(Action::requeue(Duration::from_secs(1)));
-    }
-    ctx.state.attempts.retry_in(&uid).map(Action::requeue)
+    ctx.state.retries.retry_in(&uid).map(Action::requeue)
 }
 
 /// A Backup found Running: left to the live replica that holds it; started over when its
@@ -148,7 +145,7 @@ async fn running(
                 format!("attempt {done} of {allowed} was interrupted and no retry is left"),
             );
             Ok(Some(
-                finish(backup, ctx, api, Err(failure), Guard::AsRead).await?,
+                finish(backup, ctx, api, Err(failure), Over::Read).await?,
             ))
         }
     }
@@ -164,7 +161,7 @@ async fn ready_database(
     let message = match dereference(backup, ctx).await? {
         Dereferenced::Ready(db) => return Ok(ControlFlow::Continue(db)),
         Dereferenced::Missing(failure) => {
-            let action = finish(backup, ctx, api, Err(failure), Guard::AsRead).await?;
+            let action = finish(backup, ctx, api, Err(failure), Over::Read).await?;
             return Ok(ControlFlow::Break(action));
         }
         Dereferenced::NotReady(message) => message,
@@ -173,12 +170,12 @@ async fn ready_database(
         reason: BackupReason::WaitingForDatabase,
         message,
     };
-    let recorder = &ctx.state.recorder;
-    let written = write::publish(backup, recorder, api, &waiting, Guard::AsRead).await?;
-    Ok(ControlFlow::Break(match written {
-        None => Action::requeue(CHANGED_UNDER_US),
+    let published = write::publish(backup, &ctx.state, api, &waiting, Over::Read).await?;
+    Ok(ControlFlow::Break(if published.refused() {
+        Action::requeue(CHANGED_UNDER_US)
+    } else {
         // The Database watch brings the Backup back when it changes.
-        Some(_) => Action::requeue(ctx.resync_interval),
+        Action::requeue(ctx.resync_interval)
     }))
 }
 
@@ -207,22 +204,24 @@ async fn take_slot(
             "waiting for a free dump slot (one dump per server at a time; {server} is busy or all slots are in use)"
         ),
     };
-    write::publish(backup, &ctx.state.recorder, api, &waiting, Guard::AsRead).await?;
+    write::publish(backup, &ctx.state, api, &waiting, Over::Read).await?;
     Ok(ControlFlow::Break(Action::requeue(SLOT_POLL)))
 }
 
-/// The next attempt: claimed by a status write over the Backup as read, run while this
-/// replica renews its hold, and finished as its runner. `slot` is held to the end.
+/// The next attempt after `current`'s: claimed by a status write over the version
+/// decided on, run while this replica renews its hold, and finished as its runner.
+/// `slot` is held to the end.
 async fn start(
     backup: &Backup,
     ctx: &Context<State>,
     api: &Api<Backup>,
+    current: &BackupStatus,
     db: &Database,
     server: &ServerKey,
     slot: Slot,
 ) -> Result<Action> {
     let (name, uid) = (backup.name_any(), backup.uid().unwrap_or_default());
-    let attempt = backup.status.as_ref().and_then(|s| s.attempts).unwrap_or(0) + 1;
+    let attempt = current.attempts.unwrap_or(0) + 1;
     let started_at = dbops_shared::conditions::now();
     let identity = ctx.state.identity.as_str();
     let running = Standing::Running {
@@ -234,27 +233,24 @@ async fn start(
     };
     // The claim: written only over the Backup as read, so that of two replicas that saw
     // it Pending one starts the attempt and the other gets a conflict.
-    let recorder = &ctx.state.recorder;
-    let Some(claimed) = write::publish(backup, recorder, api, &running, Guard::AsRead).await?
-    else {
-        tracing::debug!("another replica changed the Backup first; not starting an attempt");
-        return Ok(Action::requeue(CHANGED_UNDER_US));
+    let claimed = match write::publish(backup, &ctx.state, api, &running, Over::Read).await? {
+        Published::Stored(claimed) => claimed,
+        Published::Unchanged | Published::Refused => {
+            tracing::debug!("another replica changed the Backup first; not starting an attempt");
+            return Ok(Action::requeue(CHANGED_UNDER_US));
+        }
     };
-    let mut latest = backup.clone();
-    latest.status = Some(claimed);
-    ctx.state
-        .attempts
-        .wrote(&uid, attempt, BackupPhase::Running, None);
-    let as_runner = Guard::Runner { identity, attempt };
+    let as_runner = Over::Runner { identity, attempt };
     let ended = tokio::select! {
-        ended = attempt::run(&latest, db, ctx, api, &started_at) => Some(ended),
-        () = attempt::hold(api, &name, identity, attempt) => None,
+        ended = attempt::run(&claimed, db, ctx, api, &started_at) => Some(ended),
+        () = attempt::hold(&ctx.state, api, &name, identity, attempt) => None,
     };
     let action = match ended {
-        Some(ended) => finish(&latest, ctx, api, ended, as_runner).await,
+        Some(ended) => finish(&claimed, ctx, api, ended, as_runner).await,
         None => {
             // The dump (and pg_dump with it) was dropped: the attempt is another's now.
-            ctx.state.attempts.forget(&uid);
+            ctx.state.statuses.forget(&uid);
+            ctx.state.retries.forget(&uid);
             Ok(Action::requeue(runner::LEASE))
         }
     };

@@ -1,6 +1,6 @@
 //! What the Backup controller keeps for the life of the process: its flags turned into
 //! clients, the caches and memos its reconciles share. Depends on nothing of this crate
-//! but the memo types it holds.
+//! but the slot and retry types it holds.
 
 use dbops_shared::backoff::Backoff;
 use dbops_shared::backup_store::BackupStore;
@@ -9,7 +9,10 @@ use dbops_shared::pg_tools;
 use dbops_shared::postgres::Servers;
 use dbops_shared::server::Directory;
 
-use crate::attempts::Attempts;
+use dbops_api::Backup;
+use dbops_shared::status::StatusWriter;
+
+use crate::retries::Retries;
 use crate::slots::Slots;
 
 /// The backup-controller's own state.
@@ -27,7 +30,10 @@ pub struct State {
     pub backoff: Backoff,
     pub recorder: Recorder,
     pub databases: DatabaseIndex,
-    pub attempts: Attempts,
+    /// The one writer of Backup statuses in this process, and its answer to a watch
+    /// cache older than its own last write ([`StatusWriter::latest`]).
+    pub statuses: StatusWriter<Backup>,
+    pub retries: Retries,
     /// This replica, as `status.runner` names it: `$POD_NAME`.
     pub identity: String,
 }

@@ -1,11 +1,13 @@
 //! The Backup status derived from where a Backup stands, and the Event that tells about
-//! it: pure, no API call (the writes are [`crate::write`]'s).
+//! it: the Backup's pure `desired` of the shared status path ([`dbops_shared::status`]);
+//! no API call (the writes are [`crate::write`]'s).
 
 use std::time::Duration;
 
 use dbops_api::reasons::BackupReason;
 use dbops_api::{Backup, BackupPhase, BackupRunner, BackupStatus, condition};
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, set_condition};
+use dbops_shared::status::{Desired, Note};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::error::Failure;
@@ -60,9 +62,15 @@ struct Conditions {
     failed: Wanted,
 }
 
-/// The status `standing` asks for, from the current one.
-pub fn desired(backup: &Backup, standing: &Standing<'_>, t: Time) -> BackupStatus {
-    let mut new = backup.status.clone().unwrap_or_default();
+/// The status `standing` asks for, from `current` (the latest status of `backup`: see
+/// [`dbops_shared::status::StatusWriter::latest`]), and the Event its write tells.
+pub fn desired(
+    backup: &Backup,
+    current: &BackupStatus,
+    standing: &Standing<'_>,
+    t: Time,
+) -> Desired<BackupStatus> {
+    let mut new = current.clone();
     let generation = backup.metadata.generation;
     new.observed_generation = generation;
     let Conditions {
@@ -87,7 +95,10 @@ pub fn desired(backup: &Backup, standing: &Standing<'_>, t: Time) -> BackupStatu
     }
     new.phase = Some(phase);
     record(&mut new, standing, t);
-    new
+    match note(standing) {
+        Some(note) => Desired::new(new).with(note),
+        None => Desired::new(new),
+    }
 }
 
 /// The phase and conditions of `standing`.
@@ -197,15 +208,18 @@ fn record(new: &mut BackupStatus, standing: &Standing<'_>, t: Time) {
     }
 }
 
+/// What the Events about a Backup say they were doing.
+pub const ACTION: &str = "Backup";
+
 /// The Event that tells about `standing` once its status is written: attempts that
-/// start, fail or end (Normal or Warning, reason, note); none while waiting.
-pub fn event(standing: &Standing<'_>) -> Option<(bool, &'static str, String)> {
+/// start, fail or end; none while waiting.
+fn note(standing: &Standing<'_>) -> Option<Note> {
     match standing {
         Standing::Waiting { .. } => None,
         Standing::Running {
             attempt, of, what, ..
-        } => Some((
-            true,
+        } => Some(Note::normal(
+            ACTION,
             "Started",
             format!("attempt {attempt} of {of}: {what}"),
         )),
@@ -214,19 +228,21 @@ pub fn event(standing: &Standing<'_>) -> Option<(bool, &'static str, String)> {
             attempt,
             of,
             ..
-        } => Some((
-            false,
+        } => Some(Note::warning(
+            ACTION,
             failure.reason.as_str(),
             format!("attempt {attempt} of {of} failed: {}", failure.message),
         )),
-        Standing::Completed(done) => Some((
-            true,
+        Standing::Completed(done) => Some(Note::normal(
+            ACTION,
             "Completed",
             format!("{} bytes at {}", done.size_bytes, done.location),
         )),
-        Standing::Failed(failure) => {
-            Some((false, failure.reason.as_str(), failure.message.clone()))
-        }
+        Standing::Failed(failure) => Some(Note::warning(
+            ACTION,
+            failure.reason.as_str(),
+            failure.message.clone(),
+        )),
     }
 }
 
@@ -237,12 +253,12 @@ mod tests {
     use serde_json::json;
 
     fn backup() -> Backup {
-        serde_json::from_value(json!({
-            "apiVersion": "dbops.dev/v1alpha1", "kind": "Backup",
-            "metadata": {"name": "b", "namespace": "ns", "uid": "u", "generation": 1},
-            "spec": {"databaseRef": {"name": "orders"}}
-        }))
-        .unwrap()
+        let spec = serde_json::from_value(json!({"databaseRef": {"name": "orders"}})).unwrap();
+        let mut b = Backup::new("b", spec);
+        b.metadata.namespace = Some("ns".into());
+        b.metadata.uid = Some("u".into());
+        b.metadata.generation = Some(1);
+        b
     }
 
     fn at(s: i64) -> Time {
@@ -260,7 +276,14 @@ mod tests {
             completed_at: at(10),
             database_uid: "db-uid".into(),
         };
-        let status = desired(&b, &Standing::Completed(&done), at(10));
+        let completed = desired(
+            &b,
+            &BackupStatus::default(),
+            &Standing::Completed(&done),
+            at(10),
+        );
+        assert_eq!(completed.notes.len(), 1, "one Event");
+        let status = completed.status;
         assert_eq!(status.phase, Some(BackupPhase::Completed));
         assert_eq!(status.size_bytes, Some(42));
         assert_eq!(status.database_uid.as_deref(), Some("db-uid"));
@@ -272,7 +295,8 @@ mod tests {
         let progressing = get(&status.conditions, condition::PROGRESSING).unwrap();
         assert_eq!(progressing.status, "False");
         b.status = Some(status.clone());
-        assert_eq!(desired(&b, &Standing::Completed(&done), at(20)), status);
+        let again = desired(&b, &status, &Standing::Completed(&done), at(20));
+        assert_eq!(again.status, status);
     }
 
     #[test]
@@ -281,7 +305,14 @@ mod tests {
             BackupReason::DatabaseNotFound,
             "Database ns/orders not found",
         );
-        let status = desired(&backup(), &Standing::Failed(&failure), at(1));
+        let failed = desired(
+            &backup(),
+            &BackupStatus::default(),
+            &Standing::Failed(&failure),
+            at(1),
+        );
+        assert!(!failed.notes[0].normal, "a Warning Event");
+        let status = failed.status;
         assert_eq!(status.phase, Some(BackupPhase::Failed));
         let failed = get(&status.conditions, condition::FAILED).unwrap();
         assert_eq!(

@@ -1,17 +1,31 @@
-//! The Backup's status writes, each guarded so that two replicas cannot both start or
-//! end one attempt (see [`crate::runner`]), and the Events that go with them.
+//! The Backup's status writes, all through the shared status path
+//! ([`dbops_shared::status`]): a pure [`status::desired`], then one JSON patch guarded by
+//! the uid and the resourceVersion the decision was made on ([`Guard::ResourceVersion`]:
+//! a Backup's attempts are a state machine), the Events only once written.
+//!
+//! Each write is decided on [`StatusWriter::latest`](dbops_shared::status::StatusWriter::latest): the status this process wrote last
+//! until the watch cache shows it (the shared answer to a cache older than our own
+//! write), else the cached one. With two replicas that answer alone would not do (the
+//! other replica writes too), so every write also holds the guarantees of
+//! [`crate::runner`]:
+//! - [`Over::Read`]: over the version decided on, or nothing (of two replicas that saw a
+//!   Backup Pending, one claims the attempt and the other gets [`Published::Refused`]);
+//! - [`Over::Runner`]: the status is read afresh (a GET) and written only while it names
+//!   this replica the runner of that attempt; a conflict (a progress report or renewal
+//!   of our own in between) reads again, up to five times;
+//! - progress: over the version this process wrote last, or not at all.
 
 use std::time::Duration;
 
 use dbops_api::{Backup, BackupRunner, BackupStatus};
 use dbops_shared::conditions::now;
-use dbops_shared::events::Recorder;
+use dbops_shared::status::{Desired, Guard, Write};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
-use serde_json::json;
+use kube::api::Api;
 
 use crate::error::Result;
 use crate::runner;
+use crate::state::State;
 use crate::status::{self, Standing};
 
 /// How soon a reconcile whose guarded write met a newer version looks again (the watch
@@ -20,176 +34,169 @@ pub const CHANGED_UNDER_US: Duration = Duration::from_secs(1);
 
 /// What a status write may overwrite (see [`crate::runner`]).
 #[derive(Debug, Clone, Copy)]
-pub enum Guard<'a> {
-    /// Only the Backup as it was read (its resourceVersion): a replica that decided on an
-    /// older version writes nothing.
-    AsRead,
+pub enum Over<'a> {
+    /// Only the version the reconcile decided on: a replica that decided on an older
+    /// version writes nothing.
+    Read,
     /// Only a status that still names `identity` the runner of attempt `attempt`, read
     /// afresh; the new status is derived from that one.
     Runner { identity: &'a str, attempt: i32 },
 }
 
-/// Writes the status for `standing` if it differs from the stored one, and returns it;
-/// `None` when `guard` refused the write (another replica changed the Backup first).
-/// An Event tells about attempts that start, fail or end.
+/// What a status write did.
+#[derive(Debug)]
+pub enum Published {
+    /// The status was the desired one already: nothing written.
+    Unchanged,
+    /// Written; the Backup as the API server returned it.
+    Stored(Box<Backup>),
+    /// The guard refused it: another replica (or a person) changed the Backup first, it
+    /// names another runner, or it is gone.
+    Refused,
+}
+
+impl Published {
+    pub fn refused(&self) -> bool {
+        matches!(self, Published::Refused)
+    }
+}
+
+impl From<Write<Backup>> for Published {
+    fn from(write: Write<Backup>) -> Self {
+        match write {
+            Write::Unchanged => Published::Unchanged,
+            Write::Written(backup) => Published::Stored(backup),
+            Write::Conflict | Write::Gone => Published::Refused,
+        }
+    }
+}
+
+/// Writes the status for `standing` as `over` allows, with the Event that tells about
+/// attempts that start, fail or end.
 pub async fn publish(
     backup: &Backup,
-    recorder: &Recorder,
+    state: &State,
     api: &Api<Backup>,
     standing: &Standing<'_>,
-    guard: Guard<'_>,
-) -> Result<Option<BackupStatus>> {
-    let new = match guard {
-        Guard::AsRead => {
-            let new = status::desired(backup, standing, now());
-            if Some(&new) == backup.status.as_ref() {
-                return Ok(Some(new));
-            }
-            if !write_if_unchanged(api, backup, &new).await? {
-                return Ok(None);
-            }
-            new
+    over: Over<'_>,
+) -> Result<Published> {
+    match over {
+        Over::Read => {
+            let current = state.statuses.latest(backup);
+            let desired = status::desired(backup, &current, standing, now());
+            Ok(write(state, api, backup, desired).await?.into())
         }
-        Guard::Runner { identity, attempt } => {
-            let written = write_as_runner(api, &backup.name_any(), identity, attempt, |fresh| {
-                status::desired(fresh, standing, now())
-            })
-            .await?;
-            match written {
-                AsRunner::Changed(new) => new,
-                AsRunner::Unchanged(new) => return Ok(Some(new)),
-                AsRunner::Lost => return Ok(None),
-            }
+        Over::Runner { identity, attempt } => {
+            as_runner(
+                state,
+                api,
+                &backup.name_any(),
+                identity,
+                attempt,
+                |fresh, current| status::desired(fresh, current, standing, now()),
+            )
+            .await
         }
-    };
-    if let Some((normal, reason, note)) = status::event(standing) {
-        publish_event(recorder, backup, normal, reason, &note).await;
     }
-    Ok(Some(new))
 }
 
 /// The runner's renewal of its hold on attempt `attempt`: `false` once the status names
 /// another runner or attempt.
-pub async fn renew(api: &Api<Backup>, name: &str, identity: &str, attempt: i32) -> Result<bool> {
-    let written = write_as_runner(api, name, identity, attempt, |fresh| {
-        let mut status = fresh.status.clone().unwrap_or_default();
-        status.runner = Some(BackupRunner {
-            identity: identity.to_string(),
-            renew_time: now(),
-        });
-        status
-    })
-    .await?;
-    Ok(!matches!(written, AsRunner::Lost))
-}
-
-/// What a write as the attempt's runner did.
-enum AsRunner {
-    Changed(BackupStatus),
-    Unchanged(BackupStatus),
-    /// The status names another runner or attempt (or kept changing): nothing written.
-    Lost,
-}
-
-/// Writes `make(fresh)` while the freshly read status names `identity` the runner of
-/// `attempt`; a conflict (a progress report of our own in between) reads again.
-async fn write_as_runner(
+pub async fn renew(
+    state: &State,
     api: &Api<Backup>,
     name: &str,
     identity: &str,
     attempt: i32,
-    make: impl Fn(&Backup) -> BackupStatus,
-) -> Result<AsRunner> {
+) -> Result<bool> {
+    let renewed = as_runner(state, api, name, identity, attempt, |_, current| {
+        let mut status = current.clone();
+        status.runner = Some(BackupRunner {
+            identity: identity.to_string(),
+            renew_time: now(),
+        });
+        Desired::new(status)
+    })
+    .await?;
+    Ok(!renewed.refused())
+}
+
+/// Writes `make(fresh, latest)` while the freshly read status names `identity` the runner
+/// of `attempt`; a conflict (a progress report of our own in between) reads again.
+async fn as_runner(
+    state: &State,
+    api: &Api<Backup>,
+    name: &str,
+    identity: &str,
+    attempt: i32,
+    make: impl Fn(&Backup, &BackupStatus) -> Desired<BackupStatus>,
+) -> Result<Published> {
     const TRIES: usize = 5;
     for _ in 0..TRIES {
         let fresh = api.get_status(name).await?;
         if !runner::holds(fresh.status.as_ref(), identity, attempt) {
-            return Ok(AsRunner::Lost);
+            return Ok(Published::Refused);
         }
-        let new = make(&fresh);
-        if Some(&new) == fresh.status.as_ref() {
-            return Ok(AsRunner::Unchanged(new));
-        }
-        if write_if_unchanged(api, &fresh, &new).await? {
-            return Ok(AsRunner::Changed(new));
+        let current = state.statuses.latest(&fresh);
+        match write(state, api, &fresh, make(&fresh, &current)).await? {
+            Write::Conflict => {}
+            written => return Ok(written.into()),
         }
     }
     tracing::warn!(
         attempts = TRIES,
         "the Backup kept changing under its runner's status write; leaving it"
     );
-    Ok(AsRunner::Lost)
+    Ok(Published::Refused)
 }
 
 /// Records that the current generation was seen, without changing anything else (for a
-/// Backup that has ended).
-pub async fn observe_generation(backup: &Backup, api: &Api<Backup>) -> Result<()> {
-    let old = backup.status.clone().unwrap_or_default();
+/// Backup that has ended); a Backup that changed meanwhile is left to the next reconcile.
+pub async fn observe_generation(backup: &Backup, state: &State, api: &Api<Backup>) -> Result<()> {
+    let mut new = state.statuses.latest(backup);
     let generation = backup.metadata.generation;
-    let mut new = old.clone();
     new.observed_generation = generation;
     for c in &mut new.conditions {
         c.observed_generation = generation;
     }
-    if new != old {
-        write_if_unchanged(api, backup, &new).await?;
-    }
+    write(state, api, backup, Desired::new(new)).await?;
     Ok(())
 }
 
-/// Only `status.progressBytes` of a running attempt, on the Backup `uid` only: a JSON
-/// patch whose test makes the UID a precondition (a Backup deleted and created again under
-/// that name while the dump runs is not written; a merge patch's `metadata.uid` is no
-/// precondition on the status subresource).
-pub async fn progress(api: &Api<Backup>, name: &str, uid: &str, bytes: u64) {
-    let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
-    let patch = serde_json::from_value(json!([
-        {"op": "test", "path": "/metadata/uid", "value": uid},
-        {"op": "add", "path": "/status/progressBytes", "value": bytes},
-    ]));
-    let written = match patch {
-        Ok(patch) => {
-            api.patch_status(name, &PatchParams::default(), &Patch::<()>::Json(patch))
-                .await
+/// `status.progressBytes` of a running attempt, written over the version this process
+/// wrote last about `runner` (the Backup as its attempt's claim returned it) and only
+/// then: a Backup changed by anyone else since, or deleted and created again under its
+/// name, is not written (the next renewal reads it again).
+pub async fn progress(state: &State, api: &Api<Backup>, runner: &Backup, bytes: u64) {
+    let mut new = state.statuses.latest(runner);
+    new.progress_bytes = Some(i64::try_from(bytes).unwrap_or(i64::MAX));
+    match write(state, api, runner, Desired::new(new)).await {
+        Ok(Write::Unchanged | Write::Written(_)) => {}
+        Ok(Write::Conflict | Write::Gone) => {
+            tracing::debug!("progress not reported: the Backup changed since our last write");
         }
-        Err(e) => {
-            tracing::debug!(error = %e, "could not build the progress patch");
-            return;
-        }
-    };
-    if let Err(e) = written {
-        tracing::debug!(error = %e, "could not report progress");
+        Err(e) => tracing::debug!(error = %e, "could not report progress"),
     }
 }
 
-/// Writes `new` over the status of `read` unless the Backup changed since it was read
-/// (the resourceVersion in a merge patch is a precondition): `false` on a conflict.
-async fn write_if_unchanged(api: &Api<Backup>, read: &Backup, new: &BackupStatus) -> Result<bool> {
-    let patch = json!({
-        "metadata": {"resourceVersion": read.metadata.resource_version},
-        "status": new,
-    });
-    match api
-        .patch_status(
-            &read.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(patch),
-        )
+/// The one write: over the version `read` was decided on (uid and resourceVersion).
+async fn write(
+    state: &State,
+    api: &Api<Backup>,
+    read: &Backup,
+    desired: Desired<BackupStatus>,
+) -> kube::Result<Write<Backup>> {
+    let recorder = &state.recorder;
+    let guard = Guard::ResourceVersion;
+    state
+        .statuses
+        .write(api, read, desired, guard, recorder, None)
         .await
-    {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-        Err(e) => Err(e.into()),
-    }
 }
 
-/// Publishes an Event about the Backup; failures are logged, never fatal.
-pub async fn publish_event(
-    recorder: &Recorder,
-    backup: &Backup,
-    normal: bool,
-    reason: &str,
-    note: &str,
-) {
-    dbops_shared::events::publish(recorder, backup, normal, "Backup", reason, note).await;
+/// Publishes an Event about the Backup that no status write carries (the artifact's
+/// removal on deletion); failures are logged, never fatal.
+pub async fn publish_event(state: &State, backup: &Backup, reason: &str, note: &str) {
+    dbops_shared::events::publish(&state.recorder, backup, true, status::ACTION, reason, note)
+        .await;
 }
