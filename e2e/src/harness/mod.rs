@@ -10,3 +10,4 @@ pub mod deploy;
 pub mod migration;
 pub mod leader;
 pub mod api_validation;
+pub mod migration_logical;

@@ -14,201 +14,23 @@
 //! is left on either server.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dbops_api::{ChosenMode, Migration, MigrationPhase, MigrationStep, StepState};
+use dbops_api::{ChosenMode, MigrationPhase, MigrationStep, StepState};
 use dbops_e2e::fixtures::approve_migration;
+use dbops_e2e::harness::migration::{
+    DEBUG_EXIT, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, assert_each_once, assert_has_event,
+    assert_step, condition, step_state,
+};
+use dbops_e2e::harness::migration_logical::{
+    Writer, app_with_tables, assert_every_commit_in, assert_slot_without_subscription,
+    assert_source_writable, leftovers, logical_setup, mode_of, replication_name, secrets,
+    writes_on,
+};
 use dbops_e2e::wait::wait_for;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use serde_json::json;
-
-use dbops_e2e::harness::migration::{
-    Conn, DEBUG_EXIT, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, assert_each_once, assert_has_event,
-    assert_step, condition, step_state,
-};
-
-/// The source's settings for logical replication.
-const LOGICAL: &[(&str, &str)] = &[
-    ("wal_level", "logical"),
-    ("max_replication_slots", "10"),
-    ("max_wal_senders", "10"),
-];
-
-async fn logical_setup(prefix: &str) -> Setup {
-    Setup::with_source_settings(prefix, LOGICAL).await
-}
-
-/// A Database `app` on the source with `writes` (the writer's) and `items` (a serial key,
-/// 10,000 rows): its sequence must arrive with the data.
-async fn app_with_tables(s: &Setup) -> Conn {
-    s.create_database("app").await;
-    let c = s.connection("app").await;
-    s.source
-        .connect(&c.user, &c.password, "app")
-        .await
-        .unwrap()
-        .batch_execute(
-            "CREATE TABLE writes (n bigint PRIMARY KEY, at timestamptz DEFAULT now()); \
-             CREATE TABLE items (id serial PRIMARY KEY, v text); \
-             INSERT INTO items (v) SELECT md5(i::text) FROM generate_series(1, 10000) i",
-        )
-        .await
-        .unwrap();
-    c
-}
-
-/// What a Migration of this test bed might leave behind, by server: replication slots,
-/// publications (in `app`), subscriptions and roles named `dbops_mig_*`.
-async fn leftovers(s: &Setup) -> Vec<String> {
-    let mut found = Vec::new();
-    for (side, pg) in [("source", &s.source), ("target", &s.target)] {
-        for (what, name) in pg.replication_leftovers().await.unwrap() {
-            found.push(format!("{side} {what} {name}"));
-        }
-        if pg.database_exists("app").await.unwrap() {
-            for name in pg.publications("app").await.unwrap() {
-                found.push(format!("{side} publication {name}"));
-            }
-        }
-    }
-    found
-}
-
-/// A writer that behaves like an application: it inserts 1, 2, 3, ... (one autocommit
-/// statement each) through the Database's connection Secret, and after a failure reads
-/// the Secret again, so it follows the switch to the target. It records when each commit
-/// succeeded.
-struct Writer {
-    committed: Arc<Mutex<Vec<(i64, Instant)>>>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Writer {
-    fn start(secrets: Api<Secret>, name: String) -> Self {
-        use std::sync::atomic::Ordering;
-        let committed = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (com, st) = (committed.clone(), stop.clone());
-        let task = tokio::spawn(async move {
-            let mut client: Option<tokio_postgres::Client> = None;
-            let mut n: i64 = 0;
-            while !st.load(Ordering::Acquire) {
-                if client.as_ref().is_none_or(|c| c.is_closed()) {
-                    client = connect(&secrets, &name).await;
-                    if client.is_none() {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                }
-                n += 1;
-                let Some(cl) = client.as_ref() else { continue };
-                match cl
-                    .execute("INSERT INTO writes (n) VALUES ($1)", &[&n])
-                    .await
-                {
-                    Ok(_) => com.lock().unwrap().push((n, Instant::now())),
-                    Err(_) => client = None,
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        });
-        Self {
-            committed,
-            stop,
-            task,
-        }
-    }
-
-    fn committed(&self) -> usize {
-        self.committed.lock().unwrap().len()
-    }
-
-    /// The numbers committed so far, from the `from`-th commit on.
-    fn numbers_from(&self, from: usize) -> Vec<i64> {
-        let committed = self.committed.lock().unwrap();
-        committed
-            .get(from..)
-            .unwrap_or_default()
-            .iter()
-            .map(|(n, _)| *n)
-            .collect()
-    }
-
-    /// After the switch: waits (60 s at most) for 50 more commits, which can only land on
-    /// the target through the rewritten Secret, then stops; the commits, the longest gap
-    /// between two of them and the commit before that gap.
-    async fn finish_on_target(self) -> (Vec<(i64, Instant)>, Duration, i64) {
-        let before = self.committed();
-        wait_for(
-            "the writer to commit on the target",
-            Duration::from_secs(60),
-            || async { Ok(self.committed()) },
-            |n| *n >= before + 50,
-        )
-        .await
-        .unwrap();
-        let committed = self.finish().await;
-        let (gap, after) = longest_gap(&committed);
-        (committed, gap, after)
-    }
-
-    async fn finish(self) -> Vec<(i64, Instant)> {
-        self.stop.store(true, std::sync::atomic::Ordering::Release);
-        self.task.await.unwrap();
-        self.committed.lock().unwrap().clone()
-    }
-}
-
-/// Migration `name`, stopped right after its slot was created: the slot is on the source
-/// and nothing of the subscription is recorded in its status (`at` says when).
-async fn assert_slot_without_subscription(s: &Setup, name: &str, at: &str) {
-    let m = s.migrations().get(name).await.unwrap();
-    let slot = replication_name(&m);
-    assert!(
-        leftovers(s).await.contains(&format!("source slot {slot}")),
-        "the slot exists {at}"
-    );
-    assert_eq!(
-        m.status
-            .as_ref()
-            .and_then(|st| st.replication.as_ref())
-            .and_then(|r| r.subscription_oid),
-        None,
-        "nothing of the subscription is recorded {at}"
-    );
-}
-
-/// A session as the connection Secret says now (`None` when it cannot log in).
-async fn connect(secrets: &Api<Secret>, name: &str) -> Option<tokio_postgres::Client> {
-    let (client, connection) = Conn::read(secrets, name)
-        .await
-        .ok()?
-        .config()
-        .connect_timeout(Duration::from_secs(5))
-        .connect(tokio_postgres::NoTls)
-        .await
-        .ok()?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Some(client)
-}
-
-/// The longest time between two successful commits, and the commit before it.
-fn longest_gap(committed: &[(i64, Instant)]) -> (Duration, i64) {
-    committed
-        .windows(2)
-        .map(|w| (w[1].1 - w[0].1, w[0].0))
-        .max()
-        .unwrap_or_default()
-}
-
-fn mode_of(m: &Migration) -> Option<ChosenMode> {
-    m.status.as_ref().and_then(|s| s.mode)
-}
 
 /// (1) The happy path under a live writer: the Database moves in Logical mode while the
 /// writer commits; every committed write is on the target; the writer's longest gap is
@@ -457,68 +279,6 @@ async fn a_manual_cutover_replicates_until_a_schema_change_rolls_it_back() {
         .expect("the source stays writable");
     let db = s.databases().get("app").await.unwrap();
     assert_eq!(db.spec.server_ref.name, s.server(SOURCE_ADMIN));
-}
-
-/// The Database's connection Secrets, for the writer.
-fn secrets(s: &Setup) -> Api<Secret> {
-    Api::namespaced(s.b.client.clone(), s.ns())
-}
-
-/// The name of the Migration's slot, publication, subscription and role (the
-/// controller's `replication::name`: `dbops_mig_` and its UID).
-fn replication_name(m: &Migration) -> String {
-    let uid = m.metadata.uid.as_deref().unwrap();
-    format!("dbops_mig_{}", uid.replace('-', "_").to_lowercase())
-}
-
-/// The rows of `writes` in `app` on a server.
-async fn writes_on(pg: &dbops_e2e::PgServer) -> BTreeSet<i64> {
-    pg.connect_as_superuser_to("app")
-        .await
-        .unwrap()
-        .query("SELECT n FROM writes", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-}
-
-/// Every write the writer saw committed is among `rows`.
-fn assert_every_commit_in(committed: &[(i64, Instant)], rows: &BTreeSet<i64>) {
-    let committed: BTreeSet<i64> = committed.iter().map(|(n, _)| *n).collect();
-    assert!(
-        committed.is_subset(rows),
-        "{} committed rows missing on the target, first {:?}",
-        committed.difference(rows).count(),
-        committed.difference(rows).take(10).collect::<Vec<_>>()
-    );
-}
-
-/// The source as before the Migration: the owner writes there, and the database's
-/// connection limit and settings are as they were (-1; none set).
-async fn assert_source_writable(s: &Setup, c: &Conn, n: i64, after: &str) {
-    let owner = s
-        .source
-        .connect(&c.user, &c.password, "app")
-        .await
-        .unwrap_or_else(|e| panic!("after {after}: the owner cannot log in on the source: {e}"));
-    owner
-        .execute("INSERT INTO writes (n) VALUES ($1)", &[&n])
-        .await
-        .unwrap_or_else(|e| panic!("after {after}: the source is not writable: {e}"));
-    assert_eq!(
-        s.source.connlimit("app").await.unwrap(),
-        Some(-1),
-        "after {after}"
-    );
-    let settings = Setup::superuser_scalar_i64(
-        &s.source,
-        "postgres",
-        "SELECT count(*) FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = 'app'",
-    )
-    .await;
-    assert_eq!(settings, 0, "after {after}: the freeze's setting was reset");
 }
 
 /// (5) The controller exits at every step of the Logical saga, before the step's effects
