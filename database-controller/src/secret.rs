@@ -511,23 +511,11 @@ mod tests {
         let s = desired(&db(), &plain(), "p@ss/word");
         let data = s.data.as_ref().unwrap();
         let get = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
-        for key in [
-            "host",
-            "port",
-            "dbname",
-            "username",
-            "password",
-            "uri",
-            "jdbc-url",
-            "sslmode",
-            "PGHOST",
-            "PGPORT",
-            "PGDATABASE",
-            "PGUSER",
-            "PGPASSWORD",
-        ] {
-            assert!(data.contains_key(key), "missing {key}");
+        // Every key of the controller's own; `ca.crt` only from a server with a CA.
+        for key in RESERVED_KEYS.iter().filter(|k| **k != "ca.crt") {
+            assert!(data.contains_key(*key), "missing {key}");
         }
+        assert!(!data.contains_key("ca.crt"));
         assert_eq!(get("dbname"), "orders");
         assert_eq!(get("username"), "orders_owner");
         assert_eq!(

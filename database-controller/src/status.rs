@@ -174,37 +174,7 @@ fn provisioned(
         generation: db.metadata.generation,
         t,
     };
-    match p.size_limit {
-        Some(limit) => {
-            let over = p.size_bytes > limit;
-            let message = format!(
-                "the database takes {} bytes; DatabaseServer {}'s limits.databaseSize is {limit} bytes{}",
-                p.size_bytes,
-                p.server,
-                if over {
-                    " (reported, not enforced)"
-                } else {
-                    ""
-                }
-            );
-            if over {
-                conditions.set(
-                    SIZE_EXCEEDED,
-                    ConditionStatus::True,
-                    "SizeExceeded",
-                    message,
-                );
-            } else {
-                conditions.set(
-                    SIZE_EXCEEDED,
-                    ConditionStatus::False,
-                    "WithinLimit",
-                    message,
-                );
-            }
-        }
-        None => conditions.list.retain(|c| c.type_ != SIZE_EXCEEDED),
-    }
+    size_condition(&mut conditions, p);
     let msg = format!(
         "database {} on DatabaseServer {} ({}) is ready; connect with Secret {}",
         db.database_name(),
@@ -225,6 +195,40 @@ fn provisioned(
         "AsExpected",
         "the database is as specified".into(),
     );
+}
+
+/// SizeExceeded while the server sets `limits.databaseSize` (True above it); none else.
+fn size_condition(conditions: &mut Conditions<'_>, p: &Provisioned) {
+    let Some(limit) = p.size_limit else {
+        conditions.list.retain(|c| c.type_ != SIZE_EXCEEDED);
+        return;
+    };
+    let over = p.size_bytes > limit;
+    let message = format!(
+        "the database takes {} bytes; DatabaseServer {}'s limits.databaseSize is {limit} bytes{}",
+        p.size_bytes,
+        p.server,
+        if over {
+            " (reported, not enforced)"
+        } else {
+            ""
+        }
+    );
+    if over {
+        conditions.set(
+            SIZE_EXCEEDED,
+            ConditionStatus::True,
+            "SizeExceeded",
+            message,
+        );
+    } else {
+        conditions.set(
+            SIZE_EXCEEDED,
+            ConditionStatus::False,
+            "WithinLimit",
+            message,
+        );
+    }
 }
 
 /// Not Ready: the phase and conditions a failure's reason calls for.
@@ -509,6 +513,214 @@ mod tests {
         assert_eq!(
             sticky_message(&ready, "ServerUnreachable", "refused".into()),
             "refused"
+        );
+    }
+
+    fn database() -> Database {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
+            "metadata": {"name": "orders", "namespace": "shop", "uid": "u-1", "generation": 2},
+            "spec": {"serverRef": {"name": "pg-main"}}
+        }))
+        .unwrap()
+    }
+
+    fn ready_on(size_bytes: i64, size_limit: Option<i64>) -> Provisioned {
+        Provisioned {
+            provider_id: "pg.example:5432/16384".into(),
+            server_version: "17.2".into(),
+            server: "pg-main".into(),
+            endpoint: "pg.example:5432".into(),
+            size_bytes,
+            size_limit,
+            logins: crate::owner_logins::Logins {
+                login: "orders_owner".into(),
+                ..Default::default()
+            },
+        }
+    }
+
+    fn condition_of<'a>(s: &'a DatabaseStatus, type_: &str) -> (&'a str, &'a str) {
+        let c = get(&s.conditions, type_).unwrap_or_else(|| panic!("no {type_}"));
+        (c.status.as_str(), c.reason.as_str())
+    }
+
+    fn reasons(events: &[Event]) -> Vec<(bool, &str)> {
+        events
+            .iter()
+            .map(|e| (e.normal, e.reason.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn a_provisioned_database_is_ready_with_one_normal_event_and_none_when_nothing_changes() {
+        let db = database();
+        let old = DatabaseStatus::default();
+        let new = desired(&db, &old, &Ok(ready_on(1000, None)), None, now());
+        assert_eq!(new.phase, Some(DatabasePhase::Ready));
+        assert_eq!(new.observed_generation, Some(2));
+        assert_eq!(new.provider_id.as_deref(), Some("pg.example:5432/16384"));
+        assert_eq!(new.connection_secret.as_deref(), Some("orders-connection"));
+        assert_eq!(new.login.as_deref(), Some("orders_owner"));
+        assert_eq!(
+            condition_of(&new, condition::READY),
+            ("True", "Provisioned")
+        );
+        assert_eq!(
+            condition_of(&new, condition::PROGRESSING),
+            ("False", "Provisioned")
+        );
+        assert_eq!(
+            condition_of(&new, condition::DEGRADED),
+            ("False", "AsExpected")
+        );
+        assert_eq!(
+            condition_of(&new, condition::MIGRATION_IN_PROGRESS),
+            ("False", "NoMigration")
+        );
+        assert!(get(&new.conditions, SIZE_EXCEEDED).is_none());
+        assert_eq!(reasons(&events(&old, &new)), [(true, "Provisioned")]);
+        // The next reconcile finds the same: the same status, no Event.
+        let again = desired(&db, &new, &Ok(ready_on(1001, None)), None, now());
+        assert_eq!(again, new);
+        assert!(events(&new, &again).is_empty());
+    }
+
+    #[test]
+    fn a_database_over_its_size_limit_is_reported_once_with_a_warning() {
+        let db = database();
+        let within = desired(
+            &db,
+            &DatabaseStatus::default(),
+            &Ok(ready_on(900, Some(1000))),
+            None,
+            now(),
+        );
+        assert_eq!(
+            condition_of(&within, SIZE_EXCEEDED),
+            ("False", "WithinLimit")
+        );
+        let over = desired(&db, &within, &Ok(ready_on(1100, Some(1000))), None, now());
+        assert_eq!(condition_of(&over, SIZE_EXCEEDED), ("True", "SizeExceeded"));
+        assert_eq!(over.size_bytes, Some(1100));
+        assert_eq!(reasons(&events(&within, &over)), [(false, "SizeExceeded")]);
+        // The limit lifted: the condition goes.
+        let lifted = desired(&db, &over, &Ok(ready_on(1100, None)), None, now());
+        assert!(get(&lifted.conditions, SIZE_EXCEEDED).is_none());
+    }
+
+    #[test]
+    fn a_failure_is_degraded_retrying_on_the_way_or_failed_by_its_reason() {
+        let db = database();
+        let ready = desired(
+            &db,
+            &DatabaseStatus::default(),
+            &Ok(ready_on(1, None)),
+            Some("orders-move"),
+            now(),
+        );
+        assert_eq!(
+            condition_of(&ready, condition::MIGRATION_IN_PROGRESS),
+            ("True", "MigrationRunning")
+        );
+        let unreachable = Err(Error::Retry {
+            reason: "ServerUnreachable",
+            message: "server pg.example:5432 is unreachable".into(),
+        });
+        // Provisioned before: it worked and is broken now.
+        let degraded = desired(&db, &ready, &unreachable, None, now());
+        assert_eq!(degraded.phase, Some(DatabasePhase::Degraded));
+        assert_eq!(
+            condition_of(&degraded, condition::DEGRADED),
+            ("True", "ServerUnreachable")
+        );
+        assert_eq!(
+            condition_of(&degraded, condition::PROGRESSING),
+            ("True", "Retrying")
+        );
+        assert_eq!(
+            reasons(&events(&ready, &degraded)),
+            [(false, "ServerUnreachable")]
+        );
+        // Never provisioned: on its way (retried), not degraded.
+        let fresh = DatabaseStatus::default();
+        let retrying = desired(&db, &fresh, &unreachable, None, now());
+        assert_eq!(retrying.phase, Some(DatabasePhase::Provisioning));
+        assert_eq!(
+            condition_of(&retrying, condition::DEGRADED),
+            ("False", "AsExpected")
+        );
+        // A restore's wait is a step on the way: Progressing, a Normal Event.
+        let waiting = Err(Error::Blocked {
+            reason: "WaitingForBackup",
+            message: "waiting for Backup shop/nightly to complete before restoring".into(),
+        });
+        let on_the_way = desired(&db, &fresh, &waiting, None, now());
+        assert_eq!(on_the_way.phase, Some(DatabasePhase::Provisioning));
+        assert_eq!(
+            condition_of(&on_the_way, condition::PROGRESSING),
+            ("True", "WaitingForBackup")
+        );
+        assert_eq!(
+            reasons(&events(&fresh, &on_the_way)),
+            [(true, "WaitingForBackup")]
+        );
+        // Blocked until something changes: Failed, not progressing.
+        let conflict = Err(Error::Blocked {
+            reason: "NameConflict",
+            message: "role \"orders_owner\" already exists".into(),
+        });
+        let failed = desired(&db, &fresh, &conflict, None, now());
+        assert_eq!(failed.phase, Some(DatabasePhase::Failed));
+        assert_eq!(
+            condition_of(&failed, condition::PROGRESSING),
+            ("False", "NameConflict")
+        );
+        assert_eq!(reasons(&events(&fresh, &failed)), [(false, "NameConflict")]);
+    }
+
+    #[test]
+    fn a_deletion_that_waits_says_why_once_per_reason() {
+        let db = database();
+        let ready = desired(
+            &db,
+            &DatabaseStatus::default(),
+            &Ok(ready_on(1, None)),
+            None,
+            now(),
+        );
+        let waiting = Error::Blocked {
+            reason: "WaitingForFinalBackup",
+            message: "waiting for the final Backup orders-final-u1 to be Ready".into(),
+        };
+        let deleting_ = deleting(&db, &ready, &waiting, now());
+        assert_eq!(deleting_.phase, Some(DatabasePhase::Deleting));
+        assert_eq!(
+            condition_of(&deleting_, condition::READY),
+            ("False", "Deleting")
+        );
+        assert_eq!(
+            condition_of(&deleting_, condition::PROGRESSING),
+            ("True", "WaitingForFinalBackup")
+        );
+        assert!(
+            deleting_
+                .conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(2))
+        );
+        assert_eq!(
+            reasons(&events(&ready, &deleting_)),
+            [(true, "Deleting"), (true, "WaitingForFinalBackup")]
+        );
+        let conflict = Error::Blocked {
+            reason: "FinalSnapshotConflict",
+            message: "Backup orders-final-u1 was not made as the final snapshot".into(),
+        };
+        let blocked = deleting(&db, &deleting_, &conflict, now());
+        assert_eq!(
+            reasons(&events(&deleting_, &blocked)),
+            [(false, "FinalSnapshotConflict")]
         );
     }
 }
