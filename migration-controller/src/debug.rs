@@ -2,7 +2,7 @@
 //! step, to prove that a new process resumes from there) and `--debug-fail-at` (a step
 //! fails for good once its effects are done, to prove the rollback from there).
 
-use dbops_api::MigrationStep;
+use dbops_api::{MigrationReason, MigrationStep};
 
 use crate::error::Error;
 
@@ -59,8 +59,8 @@ pub fn injected_failure(step: MigrationStep) -> Error {
         step = step.as_str(),
         "--debug-fail-at reached: failing the step"
     );
-    Error::fatal(
-        "InjectedFailure",
+    Error::permanent(
+        MigrationReason::InjectedFailure,
         format!(
             "--debug-fail-at={}: the step's effects are done and it fails for good, as the test asked",
             step.as_str()

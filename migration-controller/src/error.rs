@@ -1,53 +1,61 @@
 //! Why a saga step did not finish, sorted by what happens next.
 
+use dbops_api::{MigrationReason, ProcessReason};
 use dbops_shared::controller::{ErrorKind, ReconcileError};
 use dbops_shared::postgres::PgError;
 use dbops_shared::server::ServerError;
 
 use crate::dump::pipe::CopyError;
 
+/// In the one vocabulary of `dbops_shared::controller::ErrorKind`: [`Error::Permanent`]
+/// (before SwitchTraffic the saga rolls back at once), every other kind transient
+/// (retried with backoff; counted against the step's attempts unless said otherwise).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The Kubernetes API failed or refused a write (a 409 means our view was stale):
-    /// retried with backoff, and it never counts against a step's attempts.
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    /// A PostgreSQL server failed; retried, and counted against the step's attempts.
-    #[error(transparent)]
-    Postgres(#[from] PgError),
+    /// The step cannot succeed as things are (a name conflict, an older target, a failed
+    /// snapshot, a mismatch after the copy): the saga rolls back at once.
+    #[error("{message}")]
+    Permanent {
+        reason: MigrationReason,
+        message: String,
+    },
+    /// Something that retrying may cure and that fits no other kind.
+    #[error("{message}")]
+    Transient {
+        reason: MigrationReason,
+        message: String,
+    },
+    /// The cache of Databases Preflight counts for the target's quota did not fill in
+    /// time: retried, and (unlike the servers' caches) counted against the attempts.
+    #[error("the cache of Databases has not synced yet")]
+    DatabasesNotSynced,
     /// A DatabaseServer of the Migration cannot be used (not found, namespace not allowed,
     /// admin or CA Secret missing or invalid): counted against the step's attempts like a
     /// server failure, and refused for good at Preflight (`steps::preflight`). The
     /// caches not synced yet (`CacheNotSynced`) is only retried with backoff.
     #[error(transparent)]
     Server(#[from] ServerError),
+    /// A PostgreSQL server failed; retried, and counted against the step's attempts.
+    #[error(transparent)]
+    Postgres(#[from] PgError),
     /// pg_dump or pg_restore failed; retried, and counted against the step's attempts.
     #[error(transparent)]
     Copy(#[from] CopyError),
-    /// The step cannot succeed as things are (a name conflict, an older target, a failed
-    /// snapshot, a mismatch after the copy): the saga rolls back at once.
-    #[error("{message}")]
-    Fatal {
-        reason: &'static str,
-        message: String,
-    },
-    /// Something that retrying may cure and that fits no other kind.
-    #[error("{message}")]
-    Transient {
-        reason: &'static str,
-        message: String,
-    },
+    /// The Kubernetes API failed or refused a write (a 409 means our view was stale):
+    /// retried with backoff, and it never counts against a step's attempts.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
 }
 
 impl Error {
-    pub fn fatal(reason: &'static str, message: impl Into<String>) -> Self {
-        Error::Fatal {
+    pub fn permanent(reason: MigrationReason, message: impl Into<String>) -> Self {
+        Error::Permanent {
             reason,
             message: message.into(),
         }
     }
 
-    pub fn transient(reason: &'static str, message: impl Into<String>) -> Self {
+    pub fn transient(reason: MigrationReason, message: impl Into<String>) -> Self {
         Error::Transient {
             reason,
             message: message.into(),
@@ -69,23 +77,31 @@ impl Error {
 impl ReconcileError for Error {
     fn kind(&self) -> ErrorKind {
         match self {
-            Error::Fatal { .. } => ErrorKind::Permanent,
+            Error::Permanent { .. } => ErrorKind::Permanent,
             _ => ErrorKind::Transient,
         }
     }
 
     fn reason(&self) -> &'static str {
         match self {
-            Error::Kube(_) => "KubernetesApiError",
+            Error::Kube(_) => ProcessReason::KubernetesApiError.as_str(),
+            Error::DatabasesNotSynced => ServerError::NotSynced.reason(),
             Error::Postgres(e) => e.reason(),
             Error::Server(e) => e.reason(),
-            Error::Copy(e) => e.reason(),
-            Error::Fatal { reason, .. } | Error::Transient { reason, .. } => reason,
+            Error::Copy(e) => e.reason().as_str(),
+            Error::Permanent { reason, .. } | Error::Transient { reason, .. } => reason.as_str(),
         }
     }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The Migration reason of a failure the shared crate names (a server's error, TLS, a
+/// client program's or an extension's refusal): each of them is one (tested below);
+/// `InternalError` if one ever is not.
+pub fn reason_of(text: &str) -> MigrationReason {
+    MigrationReason::parse(text).unwrap_or(MigrationReason::InternalError)
+}
 
 #[cfg(test)]
 mod tests {
@@ -106,5 +122,52 @@ mod tests {
         let unsynced = Error::from(ServerError::NotSynced);
         assert_eq!(unsynced.reason(), "CacheNotSynced");
         assert!(!unsynced.counts_as_attempt());
+    }
+
+    #[test]
+    fn every_reason_the_shared_crate_gives_a_migration_is_a_migration_reason() {
+        use dbops_shared::postgres::tls::TlsFailure;
+        let servers = [
+            ServerError::NotFound("pg".into()),
+            ServerError::Deleting("pg".into()),
+            ServerError::NamespaceNotAllowed {
+                server: "pg".into(),
+                namespace: "shop".into(),
+                detail: "labels".into(),
+            },
+            ServerError::AdminSecretNotFound {
+                server: "pg".into(),
+                secret: "s".into(),
+            },
+        ];
+        let tls = [
+            TlsFailure::CertificateNotTrusted,
+            TlsFailure::HostnameMismatch,
+            TlsFailure::ServerWithoutTls,
+        ];
+        let named = [
+            "ServerUnreachable",
+            "AuthenticationFailed",
+            "LockTimeout",
+            "StatementTimeout",
+            "SqlError",
+            "AdminSecretInvalid",
+            "CASecretNotFound",
+            "CASecretInvalid",
+            "ExtensionNotAllowed",
+            "ExtensionNotAvailable",
+            "PgDumpTooOld",
+            "PgRestoreTooOld",
+            "PgRestoreTooNew",
+        ];
+        let texts = servers
+            .iter()
+            .map(ServerError::reason)
+            .chain(tls.into_iter().map(TlsFailure::reason))
+            .chain(named);
+        for text in texts {
+            assert_eq!(reason_of(text).as_str(), text);
+        }
+        assert_eq!(reason_of("NoSuchReason"), MigrationReason::InternalError);
     }
 }

@@ -21,11 +21,12 @@
 //! the verdict is tested without a server.
 //!
 //! This file is also compiled into the e2e test binary (`#[path]` in
-//! `e2e/tests/e2e/migration.rs`, the controller having no library target): it uses
-//! nothing of this crate but `dbops_shared`.
+//! `e2e/tests/e2e/migration/preflight.rs`, the controller having no library target): it
+//! uses nothing of this crate, only `dbops_api` and `dbops_shared`.
 
 use std::fmt;
 
+use dbops_api::MigrationReason;
 use dbops_shared::postgres::{PgError, Session};
 
 /// Table names a message lists before it says "and N more" (a condition message must stay
@@ -110,15 +111,17 @@ pub enum Unmet {
 }
 
 impl Unmet {
-    /// The CamelCase condition reason, one per check.
-    pub fn reason(&self) -> &'static str {
+    /// The condition reason, one per check.
+    pub fn reason(&self) -> MigrationReason {
         match self {
-            Unmet::LogicalUnsafeBefore16 { .. } => "LogicalUnsafeBefore16",
-            Unmet::WalLevelNotLogical { .. } => "WalLevelNotLogical",
-            Unmet::NoFreeReplicationSlot { .. } => "NoFreeReplicationSlot",
-            Unmet::NoFreeWalSender { .. } => "NoFreeWalSender",
-            Unmet::TablesWithoutReplicaIdentity { .. } => "TablesWithoutReplicaIdentity",
-            Unmet::LargeObjectsPresent { .. } => "LargeObjectsPresent",
+            Unmet::LogicalUnsafeBefore16 { .. } => MigrationReason::LogicalUnsafeBefore16,
+            Unmet::WalLevelNotLogical { .. } => MigrationReason::WalLevelNotLogical,
+            Unmet::NoFreeReplicationSlot { .. } => MigrationReason::NoFreeReplicationSlot,
+            Unmet::NoFreeWalSender { .. } => MigrationReason::NoFreeWalSender,
+            Unmet::TablesWithoutReplicaIdentity { .. } => {
+                MigrationReason::TablesWithoutReplicaIdentity
+            }
+            Unmet::LargeObjectsPresent { .. } => MigrationReason::LargeObjectsPresent,
         }
     }
 
@@ -237,7 +240,7 @@ pub fn unmet(facts: &SourceFacts, target_version_num: i32, target_version: &str)
 
 /// One condition for all of them: the first reason, and every reason with its message.
 /// `None` when nothing is unmet.
-pub fn condition(unmet: &[Unmet]) -> Option<(&'static str, String)> {
+pub fn condition(unmet: &[Unmet]) -> Option<(MigrationReason, String)> {
     let first = unmet.first()?;
     let message = unmet
         .iter()

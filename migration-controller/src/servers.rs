@@ -4,7 +4,7 @@
 //! Preflight recorded it, the target from `spec.target.serverRef`; admin sessions; the
 //! database and role names Preflight recorded.
 
-use dbops_api::{Database, ServerReference};
+use dbops_api::{Database, MigrationReason, ServerReference};
 use dbops_shared::postgres::Session;
 use dbops_shared::server::Resolved;
 use kube::ResourceExt;
@@ -33,7 +33,10 @@ pub async fn session(saga: &Saga<'_>, server: &Resolved, dbname: &str) -> Result
 /// The source DatabaseServer recorded by Preflight.
 pub fn source_ref(saga: &Saga<'_>) -> Result<ServerReference> {
     saga.status().source_server.ok_or_else(|| {
-        Error::transient("SourceNotRecorded", "Preflight has not recorded the source")
+        Error::transient(
+            MigrationReason::SourceNotRecorded,
+            "Preflight has not recorded the source",
+        )
     })
 }
 
@@ -51,7 +54,7 @@ pub async fn target_server(saga: &Saga<'_>) -> Result<Resolved> {
 pub fn database_uid(saga: &Saga<'_>) -> Result<String> {
     saga.status().database_uid.ok_or_else(|| {
         Error::transient(
-            "SourceNotRecorded",
+            MigrationReason::SourceNotRecorded,
             "Preflight has not recorded the Database",
         )
     })
@@ -65,7 +68,7 @@ pub fn names(saga: &Saga<'_>, db: Option<&Database>) -> Result<(String, String)>
         (Some(database), Some(role), _) => Ok((database, role)),
         (_, _, Some(db)) => Ok((db.database_name(), db.owner_role())),
         _ => Err(Error::transient(
-            "DatabaseNotFound",
+            MigrationReason::DatabaseNotFound,
             "the Database is gone and Preflight recorded no names",
         )),
     }

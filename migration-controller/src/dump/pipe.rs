@@ -20,6 +20,7 @@
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 
+use dbops_api::MigrationReason;
 use dbops_shared::pg_tools::{self, Connection, RootCertFile, is_connection_failure};
 use dbops_shared::postgres::{Credentials, Endpoint};
 use tokio::process::{Child, Command};
@@ -48,17 +49,17 @@ pub enum CopyError {
 }
 
 impl CopyError {
-    /// The CamelCase condition reason.
-    pub fn reason(&self) -> &'static str {
+    /// The condition reason.
+    pub fn reason(&self) -> MigrationReason {
         match self {
             CopyError::Failed { stderr, .. } if is_connection_failure(stderr) => {
-                "ServerUnreachable"
+                MigrationReason::ServerUnreachable
             }
             CopyError::Failed {
                 program: "pg_dump", ..
-            } => "DumpFailed",
-            CopyError::Failed { .. } => "RestoreFailed",
-            CopyError::Spawn { .. } | CopyError::Wait { .. } => "CopyFailed",
+            } => MigrationReason::DumpFailed,
+            CopyError::Failed { .. } => MigrationReason::RestoreFailed,
+            CopyError::Spawn { .. } | CopyError::Wait { .. } => MigrationReason::CopyFailed,
         }
     }
 }

@@ -2,10 +2,11 @@
 //! the pair that suits both majors of every program (`--pg-bin-dir`), the Logical mode's
 //! schema copy and Preflight likewise.
 
+use dbops_api::MigrationReason;
 use dbops_shared::pg_tools;
 
 use crate::context::Saga;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, reason_of};
 use crate::servers::major;
 
 /// The pg_dump and pg_restore that copy from a server of `source` (`server_version_num`,
@@ -31,7 +32,7 @@ pub async fn copy_programs(
     let (dumps, restores) = (clients.pg_dumps().await, clients.pg_restores().await);
     if dumps.is_empty() || restores.is_empty() {
         return Err(Error::transient(
-            "ClientProgramFailed",
+            MigrationReason::ClientProgramFailed,
             "no pg_dump or no pg_restore answered `--version` (the log says why)",
         ));
     }
@@ -53,8 +54,8 @@ fn refused(refusal: pg_tools::Refusal, all: bool) -> Error {
     } else {
         "--pg-dump, --pg-restore: the Logical mode's schema copy"
     };
-    Error::fatal(
-        refusal.reason,
+    Error::permanent(
+        reason_of(refusal.reason),
         format!("{refusal}: run the migration-controller with one ({flags})"),
     )
 }
@@ -74,7 +75,7 @@ mod tests {
         let refusal =
             pg_tools::pick_copy(&dumps, &restores, (18, "18.4"), (18, "18.4")).unwrap_err();
         match refused(refusal, true) {
-            Error::Fatal { reason, message } => {
+            Error::Permanent { reason, message } => {
                 assert_eq!(reason, "PgDumpTooOld");
                 assert!(
                     message.contains("15.14") && message.contains("PostgreSQL 18.4"),

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use dbops_api::{Database, MigrationStep};
+use dbops_api::{Database, MigrationReason, MigrationStep};
 
 use super::observe::{ends, observe, record, update};
 use super::sql;
@@ -47,8 +47,8 @@ pub async fn catch_up(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome>
             if started.elapsed() >= CATCH_UP_INLINE {
                 record(saga, &seen).await?;
                 if frozen_for(saga) >= CATCH_UP_LIMIT {
-                    return Err(Error::fatal(
-                        "CatchUpTimedOut",
+                    return Err(Error::permanent(
+                        MigrationReason::CatchUpTimedOut,
                         format!(
                             "the target did not apply the source's changes up to {lsn} within {} s of the freeze ({})",
                             CATCH_UP_LIMIT.as_secs(),

@@ -2,7 +2,7 @@
 //! (an apply error, the subscription or slot gone, the WAL lost, a schema change), and the
 //! progress goes into `status.replication`.
 
-use dbops_api::ReplicationStatus;
+use dbops_api::{MigrationReason, ReplicationStatus};
 use dbops_shared::postgres::Session;
 use dbops_shared::server::Resolved;
 
@@ -59,8 +59,8 @@ impl Seen {
 pub async fn observe(saga: &Saga<'_>, e: &Ends, catch_up_lsn: Option<&str>) -> Result<Seen> {
     let t = session(saga, &e.target, &e.database).await?;
     let Some(sub) = sql::subscription(&t, &e.name).await? else {
-        return Err(Error::fatal(
-            "SubscriptionGone",
+        return Err(Error::permanent(
+            MigrationReason::SubscriptionGone,
             format!(
                 "subscription {} is gone from {}: the replication stopped",
                 e.name,
@@ -71,8 +71,8 @@ pub async fn observe(saga: &Saga<'_>, e: &Ends, catch_up_lsn: Option<&str>) -> R
     let (target_num, _) = crate::sql::server_version(&t).await?;
     let errors = sql::subscription_errors(&t, sub.oid, target_num).await?;
     if let Some((apply, sync)) = errors.filter(|(a, s)| a + s > 0) {
-        return Err(Error::fatal(
-            "ReplicationApplyFailed",
+        return Err(Error::permanent(
+            MigrationReason::ReplicationApplyFailed,
             format!(
                 "the target {} failed to apply the replicated changes ({apply} apply errors, {sync} table-synchronization errors; the target server's log says which): the copies would diverge",
                 at(&e.target)
@@ -80,8 +80,8 @@ pub async fn observe(saga: &Saga<'_>, e: &Ends, catch_up_lsn: Option<&str>) -> R
         ));
     }
     if !sub.enabled {
-        return Err(Error::fatal(
-            "ReplicationApplyFailed",
+        return Err(Error::permanent(
+            MigrationReason::ReplicationApplyFailed,
             format!(
                 "subscription {} on {} was disabled by an apply error (the target server's log says which): the copies would diverge",
                 e.name,
@@ -93,8 +93,8 @@ pub async fn observe(saga: &Saga<'_>, e: &Ends, catch_up_lsn: Option<&str>) -> R
     let target_bytes = sql::database_size(&t).await?;
     let s = session(saga, &e.source, &e.database).await?;
     let Some(slot) = sql::slot_progress(&s, &e.name, catch_up_lsn).await? else {
-        return Err(Error::fatal(
-            "ReplicationSlotGone",
+        return Err(Error::permanent(
+            MigrationReason::ReplicationSlotGone,
             format!(
                 "replication slot {} is gone from {}: the replication stopped",
                 e.name,
@@ -103,8 +103,8 @@ pub async fn observe(saga: &Saga<'_>, e: &Ends, catch_up_lsn: Option<&str>) -> R
         ));
     };
     if slot.wal_status.as_deref() == Some("lost") {
-        return Err(Error::fatal(
-            "ReplicationSlotLost",
+        return Err(Error::permanent(
+            MigrationReason::ReplicationSlotLost,
             format!(
                 "the WAL replication slot {} needs was removed from {} (max_slot_wal_keep_size)",
                 e.name,
@@ -141,8 +141,8 @@ async fn schema_unchanged(s: &Session, t: &Session, e: &Ends) -> Result<()> {
             .filter(|x| !tables.contains(x))
             .map(|(n, t)| format!("{n}.{t}"))
             .collect();
-        return Err(Error::fatal(
-            "SchemaChanged",
+        return Err(Error::permanent(
+            MigrationReason::SchemaChanged,
             format!(
                 "the source's tables changed during the replication (new: {new:?}, dropped: {gone:?}); schema changes are not replicated, so the Migration is rolled back: migrate again after the change"
             ),
@@ -156,8 +156,8 @@ async fn schema_unchanged(s: &Session, t: &Session, e: &Ends) -> Result<()> {
             .chain(on_target.iter().filter(|c| !on_source.contains(c)))
             .take(10)
             .collect();
-        return Err(Error::fatal(
-            "SchemaChanged",
+        return Err(Error::permanent(
+            MigrationReason::SchemaChanged,
             format!(
                 "the columns of the source's tables changed during the replication ({differ:?} differ between the servers); schema changes are not replicated, so the Migration is rolled back: migrate again after the change"
             ),

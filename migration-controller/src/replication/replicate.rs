@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dbops_api::{Database, MigrationStep};
+use dbops_api::{Database, MigrationReason, MigrationStep};
 use dbops_shared::postgres::Session;
 
 use super::observe::{Ends, ends, observe, record};
@@ -73,8 +73,8 @@ async fn publish(saga: &Saga<'_>, s: &mut Session, e: &Ends) -> Result<Option<St
             Ok(Some(password))
         }
         Some(comment) if comment.as_deref() == Some(mark.as_str()) => Ok(None),
-        Some(_) => Err(Error::fatal(
-            "NameConflict",
+        Some(_) => Err(Error::permanent(
+            MigrationReason::NameConflict,
             format!(
                 "a role {} exists on {} and was not created by this Migration",
                 e.name,
@@ -111,7 +111,7 @@ async fn subscribe(
     // Preflight refuses such a target; a Migration that chose Logical before that rule
     // (an older controller) ends here, before anything runs as the admin.
     if let Some(unsafe_target) = crate::logical::unsafe_target(target_num, &target_version) {
-        return Err(Error::fatal(
+        return Err(Error::permanent(
             unsafe_target.reason(),
             unsafe_target.message(),
         ));
@@ -149,7 +149,7 @@ fn subscription_error(err: dbops_shared::postgres::PgError, e: &Ends) -> Error {
     }
     if text.contains("could not connect to the publisher") {
         return Error::transient(
-            "SourceUnreachableFromTarget",
+            MigrationReason::SourceUnreachableFromTarget,
             format!(
                 "the target {} cannot connect to the source {} for the subscription: {text}",
                 at(&e.target),
@@ -157,5 +157,5 @@ fn subscription_error(err: dbops_shared::postgres::PgError, e: &Ends) -> Error {
             ),
         );
     }
-    Error::transient("SubscriptionFailed", text)
+    Error::transient(MigrationReason::SubscriptionFailed, text)
 }

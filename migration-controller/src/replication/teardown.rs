@@ -1,6 +1,7 @@
 //! The replication taken down: the compensation of Replicate and CatchUp, the end of
 //! CatchUp and (once more) of Cleanup.
 
+use dbops_api::MigrationReason;
 use dbops_shared::postgres::Session;
 
 use super::observe::update;
@@ -101,7 +102,7 @@ pub async fn drop_slot(s: &Session, slot: &str) -> Result<()> {
         return Ok(());
     }
     Err(Error::transient(
-        "ReplicationSlotActive",
+        MigrationReason::ReplicationSlotActive,
         format!("replication slot {slot} is still in use after its WAL sender was ended"),
     ))
 }

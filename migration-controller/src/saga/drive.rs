@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use dbops_api::{Database, Migration, MigrationPhase, MigrationStep};
+use dbops_api::{Database, Migration, MigrationPhase, MigrationReason, MigrationStep};
 use dbops_shared::controller::{Context, ReconcileError};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -55,7 +55,7 @@ async fn run(saga: &mut Saga<'_>) -> Result<Action> {
             saga.save(status).await?;
             saga.event(
                 false,
-                "MigrationAlreadyActive",
+                MigrationReason::MigrationAlreadyActive.as_str(),
                 &format!("refused: Migration {other} of the same Database is active"),
             )
             .await;
@@ -114,7 +114,7 @@ async fn drive(saga: &mut Saga<'_>) -> Result<Action> {
                 step,
                 reason,
                 message,
-            } => rollback::begin(saga, status, step, reason, &message).await?,
+            } => rollback::begin(saga, status, step, reason.as_str(), &message).await?,
             Move::AwaitApproval { next, replicating } => {
                 return await_approval(saga, next, replicating).await;
             }
@@ -139,7 +139,7 @@ async fn database_not_found(saga: &mut Saga<'_>) -> Result<Action> {
     progress::pending(
         &mut status,
         saga.generation(),
-        "DatabaseNotFound",
+        MigrationReason::DatabaseNotFound,
         format!(
             "Database {}/{} does not exist",
             saga.namespace, saga.m.spec.database_ref.name
@@ -151,7 +151,7 @@ async fn database_not_found(saga: &mut Saga<'_>) -> Result<Action> {
 
 fn database_missing(saga: &Saga<'_>) -> Error {
     Error::transient(
-        "DatabaseNotFound",
+        MigrationReason::DatabaseNotFound,
         format!("Database {} does not exist", saga.m.spec.database_ref.name),
     )
 }
@@ -196,9 +196,9 @@ async fn run_step(
 async fn failed(saga: &mut Saga<'_>, step: MigrationStep, e: Error) -> Result<()> {
     let before_switch = super::next_move::before_switch(step);
     match e {
-        Error::Fatal { reason, message } if before_switch => {
+        Error::Permanent { reason, message } if before_switch => {
             let status = saga.status();
-            rollback::begin(saga, status, step, reason, &message).await
+            rollback::begin(saga, status, step, reason.as_str(), &message).await
         }
         e if e.counts_as_attempt() => {
             let mut status = saga.status();
@@ -267,7 +267,7 @@ async fn await_approval(
     if first {
         saga.event(
             true,
-            "AwaitingApproval",
+            MigrationReason::AwaitingApproval.as_str(),
             progress::approval_message(saga.status().mode),
         )
         .await;
@@ -277,9 +277,9 @@ async fn await_approval(
     }
     match replication::watch_replication(saga).await {
         Ok(()) => Ok(Action::requeue(saga.ctx.resync_interval)),
-        Err(Error::Fatal { reason, message }) => {
+        Err(Error::Permanent { reason, message }) => {
             let (status, step) = (saga.status(), MigrationStep::Replicate);
-            rollback::begin(saga, status, step, reason, &message).await?;
+            rollback::begin(saga, status, step, reason.as_str(), &message).await?;
             Box::pin(drive(saga)).await
         }
         Err(e) => Err(e),
@@ -295,7 +295,8 @@ async fn finish(saga: &mut Saga<'_>) -> Result<Action> {
     );
     progress::succeeded(&mut status, saga.generation(), message.clone());
     saga.save(status).await?;
-    saga.event(true, "Succeeded", &message).await;
+    saga.event(true, MigrationReason::Succeeded.as_str(), &message)
+        .await;
     saga.set_finalizer(false).await?;
     Ok(Action::await_change())
 }

@@ -3,7 +3,8 @@
 //! executes the move; every decision is tested here without a cluster.
 
 use dbops_api::{
-    ChosenMode, Cutover, Database, Migration, MigrationPhase, MigrationStatus, MigrationStep,
+    ChosenMode, Cutover, Database, Migration, MigrationPhase, MigrationReason, MigrationStatus,
+    MigrationStep,
 };
 
 use super::progress;
@@ -32,7 +33,7 @@ pub enum Move {
     /// Start the rollback from `step`.
     RollBack {
         step: MigrationStep,
-        reason: &'static str,
+        reason: MigrationReason,
         message: String,
     },
     /// Manual cutover: wait for `spec.approved` before `next`; `replicating` in the
@@ -79,7 +80,7 @@ pub fn next_move(m: &Migration, status: &MigrationStatus, db: DatabaseView<'_>) 
         };
         return Move::RollBack {
             step,
-            reason: "DatabaseDeleted",
+            reason: MigrationReason::DatabaseDeleted,
             message: format!(
                 "Database {} {what} and its server was not switched yet; the Migration is rolled back so that its deletion can proceed on the source",
                 m.spec.database_ref.name
@@ -91,7 +92,7 @@ pub fn next_move(m: &Migration, status: &MigrationStatus, db: DatabaseView<'_>) 
     {
         return Move::RollBack {
             step,
-            reason: "MigrationDeleted",
+            reason: MigrationReason::MigrationDeleted,
             message: "the Migration was deleted before SwitchTraffic".into(),
         };
     }
@@ -222,7 +223,8 @@ mod tests {
     #[test]
     fn rolling_back_and_finishing_need_no_database() {
         let mut status = status_at(ChosenMode::Dump, CopyData);
-        progress::begin_rollback(&mut status, CopyData, "VerifyFailed", "differ", Some(1));
+        let verify_failed = MigrationReason::VerifyFailed.as_str();
+        progress::begin_rollback(&mut status, CopyData, verify_failed, "differ", Some(1));
         assert_eq!(
             next_move(&plain(), &status, DatabaseView::Unread),
             Move::Compensate
@@ -249,7 +251,7 @@ mod tests {
                     reason,
                     message,
                 } => {
-                    assert_eq!((step, reason), (CopyData, "DatabaseDeleted"));
+                    assert_eq!((step, reason), (CopyData, MigrationReason::DatabaseDeleted));
                     assert!(message.contains(what), "{message}");
                 }
                 other => panic!("{what}: {other:?}"),
@@ -280,7 +282,7 @@ mod tests {
             next_move(&deleted, &verifying, DatabaseView::Found(&db)),
             Move::RollBack {
                 step: Verify,
-                reason: "MigrationDeleted",
+                reason: MigrationReason::MigrationDeleted,
                 message: "the Migration was deleted before SwitchTraffic".into(),
             }
         );

@@ -2,6 +2,7 @@
 //! starting, finishing or failing, a rollback and the end change the status. The driver
 //! (`drive`) writes each result before and after the step's side effects.
 
+use dbops_api::MigrationReason as R;
 use dbops_api::{
     ChosenMode, MigrationPhase, MigrationStatus, MigrationStep, StepState, StepStatus, condition,
 };
@@ -141,7 +142,7 @@ pub fn start(status: &mut MigrationStatus, name: MigrationStep, generation: Opti
         generation,
         (
             false,
-            "InProgress",
+            R::InProgress.as_str(),
             format!("step {} is running", name.as_str()),
         ),
         (
@@ -149,7 +150,7 @@ pub fn start(status: &mut MigrationStatus, name: MigrationStep, generation: Opti
             name.as_str(),
             format!("step {} is running", name.as_str()),
         ),
-        (false, "NoFailure", "no step has failed".into()),
+        (false, R::NoFailure.as_str(), "no step has failed".into()),
     );
 }
 
@@ -205,12 +206,12 @@ pub fn begin_rollback(
         generation,
         (
             false,
-            "RollingBack",
+            R::RollingBack.as_str(),
             format!("rolling back after {} failed", name.as_str()),
         ),
         (
             true,
-            "RollingBack",
+            R::RollingBack.as_str(),
             "undoing the steps that ran, in reverse order".into(),
         ),
         (true, reason, format!("{}: {message}", name.as_str())),
@@ -266,7 +267,7 @@ pub fn compensation_failed(
         generation,
         (
             false,
-            "RollingBack",
+            R::RollingBack.as_str(),
             format!(
                 "rolling back after {} failed",
                 status.failed_step.map_or("a step", |s| s.as_str())
@@ -274,7 +275,7 @@ pub fn compensation_failed(
         ),
         (
             true,
-            "CompensationRetrying",
+            R::CompensationRetrying.as_str(),
             format!("undoing {} failed, retrying: {message}", name.as_str()),
         ),
         (true, &reason, failure),
@@ -302,12 +303,12 @@ pub fn rolled_back(status: &mut MigrationStatus, generation: Option<i64>) {
         generation,
         (
             false,
-            "RolledBack",
+            R::RolledBack.as_str(),
             format!(
                 "{failed} failed; every step that ran was undone; the source is writable again"
             ),
         ),
-        (false, "RolledBack", "nothing left to do".into()),
+        (false, R::RolledBack.as_str(), "nothing left to do".into()),
         (true, &reason, message),
     );
 }
@@ -317,7 +318,7 @@ pub fn failure(status: &MigrationStatus) -> (String, String) {
     dbops_shared::conditions::get(&status.conditions, condition::FAILED)
         .filter(|c| c.status == "True")
         .map(|c| (c.reason.clone(), c.message.clone()))
-        .unwrap_or_else(|| ("StepFailed".into(), "a step failed".into()))
+        .unwrap_or_else(|| (R::StepFailed.as_str().into(), "a step failed".into()))
 }
 
 /// The saga finished.
@@ -326,9 +327,9 @@ pub fn succeeded(status: &mut MigrationStatus, generation: Option<i64>, message:
     conditions(
         status,
         generation,
-        (true, "Succeeded", message),
-        (false, "Succeeded", "nothing left to do".into()),
-        (false, "NoFailure", "no step has failed".into()),
+        (true, R::Succeeded.as_str(), message),
+        (false, R::Succeeded.as_str(), "nothing left to do".into()),
+        (false, R::NoFailure.as_str(), "no step has failed".into()),
     );
 }
 
@@ -355,13 +356,13 @@ pub fn awaiting_approval(
     conditions(
         status,
         generation,
-        (false, "AwaitingApproval", message.into()),
+        (false, R::AwaitingApproval.as_str(), message.into()),
         (
             false,
-            "AwaitingApproval",
+            R::AwaitingApproval.as_str(),
             "waiting for spec.approved: true (cutover: Manual)".into(),
         ),
-        (false, "NoFailure", "no step has failed".into()),
+        (false, R::NoFailure.as_str(), "no step has failed".into()),
     );
 }
 
@@ -374,26 +375,21 @@ pub fn refused(status: &mut MigrationStatus, generation: Option<i64>, other: &st
     conditions(
         status,
         generation,
-        (false, "MigrationAlreadyActive", message.clone()),
-        (false, "MigrationAlreadyActive", "refused".into()),
-        (true, "MigrationAlreadyActive", message),
+        (false, R::MigrationAlreadyActive.as_str(), message.clone()),
+        (false, R::MigrationAlreadyActive.as_str(), "refused".into()),
+        (true, R::MigrationAlreadyActive.as_str(), message),
     );
 }
 
 /// Preflight cannot begin yet (for example the Database is not Ready).
-pub fn pending(
-    status: &mut MigrationStatus,
-    generation: Option<i64>,
-    reason: &str,
-    message: String,
-) {
+pub fn pending(status: &mut MigrationStatus, generation: Option<i64>, reason: R, message: String) {
     status.phase = Some(MigrationPhase::Pending);
     conditions(
         status,
         generation,
-        (false, reason, message.clone()),
-        (true, reason, message),
-        (false, "NoFailure", "no step has failed".into()),
+        (false, reason.as_str(), message.clone()),
+        (true, reason.as_str(), message),
+        (false, R::NoFailure.as_str(), "no step has failed".into()),
     );
 }
 

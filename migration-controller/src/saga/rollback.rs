@@ -2,7 +2,7 @@
 //! the compensations of the steps that ran, in reverse order, each recorded as it
 //! completes, ending RolledBack ([`roll_back`]).
 
-use dbops_api::{MigrationStatus, MigrationStep};
+use dbops_api::{MigrationReason, MigrationStatus, MigrationStep};
 use kube::runtime::controller::Action;
 
 use super::progress;
@@ -71,7 +71,7 @@ pub async fn roll_back(saga: &mut Saga<'_>) -> Result<Action> {
     let (reason, message) = progress::failure(&saga.status());
     saga.event(
         false,
-        "RolledBack",
+        MigrationReason::RolledBack.as_str(),
         &format!("{reason}: {message}; every step that ran was undone"),
     )
     .await;

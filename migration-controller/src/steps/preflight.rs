@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dbops_api::{ChosenMode, Database, DatabaseServer, MigrationMode, condition};
+use dbops_api::{ChosenMode, Database, DatabaseServer, MigrationMode, MigrationReason, condition};
 use dbops_shared::controller::ReconcileError;
 use dbops_shared::postgres::{PgError, extensions};
 use dbops_shared::server::{Resolved, ServerError};
@@ -13,7 +13,7 @@ use kube::ResourceExt;
 
 use crate::context::{Saga, StepOutcome};
 use crate::dump::programs::copy_programs;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, reason_of};
 use crate::servers::{at, database_uid, major, migration_uid, resolve, session, source_ref};
 use crate::sql;
 
@@ -27,18 +27,20 @@ fn preflight_error(e: Error) -> Error {
     match e {
         Error::Postgres(PgError::AuthenticationFailed { .. })
         | Error::Postgres(PgError::Tls { .. }) => {
-            let reason = e.reason();
-            Error::fatal(reason, e.to_string())
+            let reason = reason_of(e.reason());
+            Error::permanent(reason, e.to_string())
         }
-        Error::Server(e) if !e.is_transient() => Error::fatal(e.reason(), e.to_string()),
+        Error::Server(e) if !e.is_transient() => {
+            Error::permanent(reason_of(e.reason()), e.to_string())
+        }
         e => e,
     }
 }
 
 pub async fn preflight(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
     if db.metadata.deletion_timestamp.is_some() {
-        return Err(Error::fatal(
-            "DatabaseDeleting",
+        return Err(Error::permanent(
+            MigrationReason::DatabaseDeleting,
             format!("Database {} is being deleted", db.name_any()),
         ));
     }
@@ -96,8 +98,8 @@ async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutc
     )
     .await
     .map_err(|e| match e {
-        Error::Fatal { reason, message } => {
-            Error::fatal(reason, format!("{message}; nothing was changed"))
+        Error::Permanent { reason, message } => {
+            Error::permanent(reason, format!("{message}; nothing was changed"))
         }
         e => e,
     })?;
@@ -117,8 +119,8 @@ async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutc
 async fn two_servers(saga: &Saga<'_>, db: &Database) -> Result<(Resolved, Resolved)> {
     let source_ref = source_ref(saga)?;
     if source_ref == saga.m.spec.target.server_ref {
-        return Err(Error::fatal(
-            "TargetIsSource",
+        return Err(Error::permanent(
+            MigrationReason::TargetIsSource,
             format!(
                 "the target DatabaseServer {} is the one the Database is on",
                 source_ref.name
@@ -128,8 +130,8 @@ async fn two_servers(saga: &Saga<'_>, db: &Database) -> Result<(Resolved, Resolv
     let target = admitted_target(saga, db).await?;
     let source = resolve(saga, &source_ref).await?;
     if source.endpoint.key == target.endpoint.key {
-        return Err(Error::fatal(
-            "TargetIsSource",
+        return Err(Error::permanent(
+            MigrationReason::TargetIsSource,
             format!(
                 "the target {} is the server the Database is on ({})",
                 at(&target),
@@ -154,8 +156,8 @@ async fn source_database(
     let found = sql::observe(&s, role, database).await?.database;
     drop(s);
     if !found.is_some_and(|d| sql::is_databases(d.comment.as_deref(), &uid)) {
-        return Err(Error::fatal(
-            "SourceNotFound",
+        return Err(Error::permanent(
+            MigrationReason::SourceNotFound,
             format!(
                 "database {database:?} on {} does not exist or was not created by this Database",
                 at(source)
@@ -179,8 +181,8 @@ async fn target_takes(
     let t = session(saga, target, "postgres").await?;
     let (target_num, target_version) = sql::server_version(&t).await?;
     if major(target_num) < major(source_num) {
-        return Err(Error::fatal(
-            "TargetVersionTooOld",
+        return Err(Error::permanent(
+            MigrationReason::TargetVersionTooOld,
             format!(
                 "the target runs PostgreSQL {target_version}, older than the source's {source_version}"
             ),
@@ -191,8 +193,8 @@ async fn target_takes(
     let offered = extensions::available(&t, extensions).await?;
     let allowed = target.server.spec.allowed_extensions.as_deref();
     if let Some(refused) = extensions::refusal(extensions, allowed, &offered, &target.name) {
-        return Err(Error::fatal(
-            refused.reason,
+        return Err(Error::permanent(
+            reason_of(refused.reason),
             format!(
                 "the database uses extensions the target does not take: {}",
                 refused.message
@@ -203,8 +205,8 @@ async fn target_takes(
     let found = sql::observe(&t, role, database).await?;
     let ours = |comment: Option<&str>| sql::is_migrations(comment, &uid, &muid);
     let conflict = |what: &str, name: &str| {
-        Error::fatal(
-            "NameConflict",
+        Error::permanent(
+            MigrationReason::NameConflict,
             format!(
                 "a {what} {name:?} already exists on {} and was not created by this Migration; nothing was changed",
                 at(target)
@@ -235,7 +237,7 @@ async fn choose_mode(
     let (mode, reason, message) = match saga.m.spec.mode {
         MigrationMode::Dump => (
             ChosenMode::Dump,
-            "DumpRequested",
+            MigrationReason::DumpRequested,
             "mode Dump: the source is frozen for the whole copy".to_string(),
         ),
         requested => {
@@ -245,16 +247,16 @@ async fn choose_mode(
             match crate::logical::auto_mode(unmet) {
                 crate::logical::Mode::Logical => (
                     ChosenMode::Logical,
-                    "LogicalPossible",
+                    MigrationReason::LogicalPossible,
                     format!(
                         "mode {requested:?}: the source can replicate logically; it stays writable until a short freeze for the final catch-up"
                     ),
                 ),
                 crate::logical::Mode::Dump { because } => {
                     let (reason, why) = crate::logical::condition(&because)
-                        .unwrap_or(("LogicalNotPossible", String::new()));
+                        .unwrap_or((MigrationReason::LogicalNotPossible, String::new()));
                     if requested == MigrationMode::Logical {
-                        return Err(Error::fatal(
+                        return Err(Error::permanent(
                             reason,
                             format!("mode Logical is not possible on {}: {why}", at(source)),
                         ));
@@ -278,7 +280,7 @@ async fn choose_mode(
         dbops_shared::conditions::ConditionSpec {
             type_: crate::saga::progress::MODE_CHOSEN,
             status: dbops_shared::conditions::ConditionStatus::from(mode == ChosenMode::Logical),
-            reason,
+            reason: reason.as_str(),
             message: message.clone(),
             observed_generation: saga.m.metadata.generation,
         },
@@ -329,18 +331,15 @@ async fn check_quota(saga: &Saga<'_>, db: &Database, server: &DatabaseServer) ->
         tokio::time::timeout(DATABASES_SYNC_WAIT, store.wait_until_ready()).await,
         Ok(Ok(()))
     ) {
-        return Err(Error::transient(
-            "CacheNotSynced",
-            "the cache of Databases has not synced yet",
-        ));
+        return Err(Error::DatabasesNotSynced);
     }
     let name = server.name_any();
     let there = databases_on(&store.state(), &saga.namespace, &name, db);
     if has_room(limit, there) {
         return Ok(());
     }
-    Err(Error::fatal(
-        "QuotaExceeded",
+    Err(Error::permanent(
+        MigrationReason::QuotaExceeded,
         format!(
             "DatabaseServer {name} allows {limit} Databases per namespace and namespace {} has {there} there already; nothing was changed",
             saga.namespace
@@ -412,7 +411,7 @@ mod tests {
     #[test]
     fn preflight_refuses_an_unusable_server_for_good_and_waits_for_the_caches() {
         let refused = |e: ServerError| match preflight_error(e.into()) {
-            Error::Fatal { reason, .. } => reason,
+            Error::Permanent { reason, .. } => reason,
             other => panic!("not fatal: {other:?}"),
         };
         assert_eq!(
@@ -443,7 +442,10 @@ mod tests {
             Error::Server(ServerError::NotSynced)
         ));
         assert!(matches!(
-            preflight_error(Error::transient("SessionsRemain", "1 session")),
+            preflight_error(Error::transient(
+                MigrationReason::SessionsRemain,
+                "1 session"
+            )),
             Error::Transient { .. }
         ));
     }

@@ -1,7 +1,7 @@
 //! The source's steps: FreezeSource (and its compensation, the unfreeze) and Cleanup
 //! (`sourceRetention`).
 
-use dbops_api::{ChosenMode, Database, SourceRetention};
+use dbops_api::{ChosenMode, Database, MigrationReason, SourceRetention};
 
 use crate::context::{Saga, StepOutcome};
 use crate::error::{Error, Result};
@@ -19,8 +19,8 @@ pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOut
         Some(r) => r,
         None => {
             let found = sql::freeze_state(&s, &database).await?.ok_or_else(|| {
-                Error::fatal(
-                    "SourceNotFound",
+                Error::permanent(
+                    MigrationReason::SourceNotFound,
                     format!("database {database:?} is gone from {}", at(&source)),
                 )
             })?;
@@ -36,7 +36,7 @@ pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOut
     let (ended, left) = sql::freeze(&s, &database, spare.as_deref()).await?;
     if left > 0 {
         return Err(Error::transient(
-            "SessionsRemain",
+            MigrationReason::SessionsRemain,
             format!("{left} sessions on {database} survived pg_terminate_backend"),
         ));
     }

@@ -1,7 +1,7 @@
 //! ProvisionTarget: the role and database on the target, marked with this Migration, and
 //! the source's extensions; its compensation drops what carries this Migration's mark.
 
-use dbops_api::Database;
+use dbops_api::{Database, MigrationReason};
 use dbops_shared::postgres::extensions;
 
 use crate::context::{Saga, StepOutcome};
@@ -23,14 +23,14 @@ pub async fn provision_target(saga: &mut Saga<'_>, db: &Database) -> Result<Step
     let found = sql::observe(&t, &role, &database).await?;
     let ours = |comment: Option<&str>| sql::is_migrations(comment, &uid, &muid);
     if found.role.is_some() && !found.role_is(ours) {
-        return Err(Error::fatal(
-            "NameConflict",
+        return Err(Error::permanent(
+            MigrationReason::NameConflict,
             format!("role {role:?} appeared on {} meanwhile", at(&target)),
         ));
     }
     if found.database.is_some() && !found.database_is(ours, &role) {
-        return Err(Error::fatal(
-            "NameConflict",
+        return Err(Error::permanent(
+            MigrationReason::NameConflict,
             format!(
                 "database {database:?} appeared on {} meanwhile",
                 at(&target)

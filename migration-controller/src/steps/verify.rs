@@ -1,6 +1,6 @@
 //! Verify: the same tables, with the same row counts, on both servers (read only).
 
-use dbops_api::Database;
+use dbops_api::{Database, MigrationReason};
 
 use crate::context::{Saga, StepOutcome};
 use crate::error::{Error, Result};
@@ -23,8 +23,8 @@ pub async fn verify(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
             .iter()
             .filter(|x| !on_source.contains(x))
             .collect();
-        return Err(Error::fatal(
-            "VerifyFailed",
+        return Err(Error::permanent(
+            MigrationReason::VerifyFailed,
             format!(
                 "tables differ: missing on the target {missing:?}, only on the target {extra:?}"
             ),
@@ -45,8 +45,8 @@ pub async fn verify(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
         rows += a;
     }
     if !mismatches.is_empty() {
-        return Err(Error::fatal(
-            "VerifyFailed",
+        return Err(Error::permanent(
+            MigrationReason::VerifyFailed,
             format!("row counts differ: {}", mismatches.join("; ")),
         ));
     }
