@@ -40,6 +40,21 @@ use prometheus_client::{
 /// Upper bounds (seconds) of the reconcile duration buckets.
 const DURATION_BUCKETS: [f64; 11] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 
+/// Registers metric families on a registry, each `"name" [in Unit] => family, "help";`
+/// (the unit, `Seconds` or `Bytes`, becomes the name's suffix). The registry keeps a clone
+/// of each family: a handle on the same series.
+macro_rules! register {
+    ($registry:expr; $($name:literal $(in $unit:ident)? => $metric:expr, $help:literal;)*) => {
+        $(register!(@one $registry, $name, $help, $metric $(, $unit)?);)*
+    };
+    (@one $registry:expr, $name:literal, $help:literal, $metric:expr) => {
+        $registry.register($name, $help, $metric.clone())
+    };
+    (@one $registry:expr, $name:literal, $help:literal, $metric:expr, $unit:ident) => {
+        $registry.register_with_unit($name, $help, Unit::$unit, $metric.clone())
+    };
+}
+
 /// The registry of a process and the metrics of its controller.
 #[derive(Debug)]
 pub struct Metrics {
@@ -63,23 +78,20 @@ impl Metrics {
             (controller == BACKUP_CONTROLLER).then(|| BackupMetrics::register(&mut registry));
         let controller = ControllerMetrics::register(&mut registry, controller);
         let resources = Arc::new(Resources::default());
-        registry.register(
-            "resources",
-            "Objects in the controller's watch store by condition type and status",
-            resources.gauge.clone(),
-        );
-        if controller.controller == DATABASE_CONTROLLER {
-            registry.register(
-                "database_size_bytes",
-                "Size on disk of each Database's database (pg_database_size) at its last full check",
-                DATABASE_SIZE.clone(),
-            );
+        register! { registry;
+            "resources" => resources.gauge,
+                "Objects in the controller's watch store by condition type and status";
         }
-        registry.register(
-            "external_requests",
-            "Requests to the Kubernetes API, PostgreSQL and the backup store, by outcome",
-            EXTERNAL_REQUESTS.clone(),
-        );
+        if controller.controller == DATABASE_CONTROLLER {
+            register! { registry;
+                "database_size_bytes" => DATABASE_SIZE,
+                    "Size on disk of each Database's database (pg_database_size) at its last full check";
+            }
+        }
+        register! { registry;
+            "external_requests" => EXTERNAL_REQUESTS,
+                "Requests to the Kubernetes API, PostgreSQL and the backup store, by outcome";
+        }
         Self {
             registry: Arc::new(registry),
             controller,
@@ -276,28 +288,16 @@ impl ControllerMetrics {
             duration: Histograms::new_with_constructor(|| Histogram::new(DURATION_BUCKETS)),
             in_flight: Arc::new(InFlight::default()),
         };
-        registry.register_with_unit(
-            "reconcile_oldest_in_flight",
-            "Age of the oldest reconcile running now (0 when none runs)",
-            Unit::Seconds,
-            metrics.in_flight.gauge.clone(),
-        );
-        registry.register(
-            "reconciles",
-            "Finished reconciles by outcome",
-            metrics.reconciles.clone(),
-        );
-        registry.register(
-            "reconcile_errors",
-            "Failed reconciles by error reason",
-            metrics.errors.clone(),
-        );
-        registry.register_with_unit(
-            "reconcile_duration",
-            "Duration of reconciles",
-            Unit::Seconds,
-            metrics.duration.clone(),
-        );
+        register! { registry;
+            "reconcile_oldest_in_flight" in Seconds => metrics.in_flight.gauge,
+                "Age of the oldest reconcile running now (0 when none runs)";
+            "reconciles" => metrics.reconciles,
+                "Finished reconciles by outcome";
+            "reconcile_errors" => metrics.errors,
+                "Failed reconciles by error reason";
+            "reconcile_duration" in Seconds => metrics.duration,
+                "Duration of reconciles";
+        }
         metrics
     }
 
@@ -380,17 +380,12 @@ impl MigrationMetrics {
             step_duration: Histograms::new_with_constructor(|| Histogram::new(STEP_BUCKETS)),
             rollbacks: Family::default(),
         };
-        registry.register_with_unit(
-            "migration_step_duration",
-            "Duration of migration saga steps, from start to success",
-            Unit::Seconds,
-            metrics.step_duration.clone(),
-        );
-        registry.register(
-            "migration_rollbacks",
-            "Migration rollbacks started, by the step that failed",
-            metrics.rollbacks.clone(),
-        );
+        register! { registry;
+            "migration_step_duration" in Seconds => metrics.step_duration,
+                "Duration of migration saga steps, from start to success";
+            "migration_rollbacks" => metrics.rollbacks,
+                "Migration rollbacks started, by the step that failed";
+        }
         metrics
     }
 
@@ -570,28 +565,16 @@ impl BackupMetrics {
             last_success: Family::default(),
             schedule_interval: Family::default(),
         };
-        registry.register(
-            "backup_schedule_interval_seconds",
-            "Seconds between two slots of a Database's backup schedule (Databases with spec.backup)",
-            metrics.schedule_interval.clone(),
-        );
-        registry.register_with_unit(
-            "backup",
-            "Bytes of completed backup artifacts",
-            Unit::Bytes,
-            metrics.bytes.clone(),
-        );
-        registry.register_with_unit(
-            "backup_duration",
-            "Time from a Backup's start to its completion",
-            Unit::Seconds,
-            metrics.duration.clone(),
-        );
-        registry.register(
-            "backup_last_success_timestamp_seconds",
-            "When the last Backup of a Database completed, in seconds since the Unix epoch",
-            metrics.last_success.clone(),
-        );
+        register! { registry;
+            "backup_schedule_interval_seconds" => metrics.schedule_interval,
+                "Seconds between two slots of a Database's backup schedule (Databases with spec.backup)";
+            "backup" in Bytes => metrics.bytes,
+                "Bytes of completed backup artifacts";
+            "backup_duration" in Seconds => metrics.duration,
+                "Time from a Backup's start to its completion";
+            "backup_last_success_timestamp_seconds" => metrics.last_success,
+                "When the last Backup of a Database completed, in seconds since the Unix epoch";
+        }
         metrics
     }
 
