@@ -1,7 +1,7 @@
 //! Deletion of a Database: what its `deletionPolicy` asks for in PostgreSQL (`Retain`:
 //! nothing; `Delete`: drop the database and role it made; `Snapshot`: a final Backup, then
-//! drop), then the finalizer goes. Separate from provisioning (`reconcile`), which calls
-//! [`cleanup`] once the Database has a `deletionTimestamp`.
+//! drop), then the finalizer goes. Separate from provisioning (`provision`): `reconcile`
+//! calls [`cleanup`] once the Database has a `deletionTimestamp`.
 
 use dbops_api::{Backup, Database, DatabaseDeletionPolicy};
 use dbops_shared::controller::Context;

@@ -27,7 +27,7 @@ pub enum Error {
     Internal(String),
     /// The Database this reconcile read is no longer the live object of its name (gone,
     /// created again with another UID, being deleted, or at a new generation): the
-    /// reconcile is abandoned, nothing more is written for it (`reconcile::confirm_live`).
+    /// reconcile is abandoned, nothing more is written for it (`live::confirm_live`).
     #[error("{0}")]
     Superseded(String),
 }
