@@ -44,10 +44,9 @@ use dbops_api::{Backup, Database, DatabaseServer};
 use dbops_shared::events::Recorder;
 use dbops_shared::{
     backoff::Backoff,
-    cli::{BackupStoreArgs, CommonArgs, PostgresArgs},
     controller::{self, Context, ControllerError, Process, Trigger},
     server::Directory,
-    telemetry,
+    startup::{self, StoreControllerArgs},
 };
 use kube::Api;
 use kube::runtime::reflector::{self, ObjectRef};
@@ -68,13 +67,7 @@ const CONTROLLER: &str = "backup-controller";
 )]
 struct Args {
     #[command(flatten)]
-    common: CommonArgs,
-
-    #[command(flatten)]
-    postgres: PostgresArgs,
-
-    #[command(flatten)]
-    store: BackupStoreArgs,
+    base: StoreControllerArgs,
 
     /// How many pg_dump runs may be in flight at once (at least 1).
     #[arg(long, env = "DBOPS_MAX_CONCURRENT_BACKUPS", default_value_t = 2,
@@ -95,15 +88,11 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    let _telemetry = match telemetry::init("dbops-backup-controller", &args.common) {
-        Ok(guard) => guard,
-        Err(error) => {
-            eprintln!("dbops-backup-controller: {error}");
-            return ExitCode::FAILURE;
-        }
+    let Some(_telemetry) = startup::telemetry("dbops-backup-controller", &args.base.common) else {
+        return ExitCode::FAILURE;
     };
     tracing::info!(
-        backup_store = %args.store.backup_store,
+        backup_store = %args.base.store.backup_store,
         max_concurrent_backups = args.max_concurrent_backups,
         pg_dump = %args.pg_dump.display(),
         pg_bin_dirs = ?args.pg_bin_dirs,
@@ -116,27 +105,27 @@ async fn main() -> ExitCode {
 /// the scheduler of Databases with `spec.backup`, reconciled when their spec changes, when
 /// one of their scheduled Backups changes, and at each slot.
 async fn run(args: Args) -> Result<(), ControllerError> {
-    let process = Process::start::<Backup>(CONTROLLER, &args.common).await?;
+    let process = Process::start::<Backup>(CONTROLLER, &args.base.common).await?;
     // Writable, and the store the database-controller reads restores from.
-    let store = args.store.backup_store.clone();
+    let store = args.base.store.backup_store.clone();
     // The servers' caches fill while the backup store is checked and the Lease is taken.
-    let directory = Directory::for_process(process.client(), &args.common);
+    let directory = Directory::for_process(process.client(), &args.base.common);
     process
         .run(Some(&store), |run| async move {
             let client = run.client().clone();
             let state = State {
-                store: args.store.backup_store,
+                store: args.base.store.backup_store,
                 clients: dbops_shared::pg_tools::Clients::new(
                     Some(args.pg_dump),
                     None,
                     &args.pg_bin_dirs,
                 ),
-                servers: args.postgres.servers(),
+                servers: args.base.postgres.servers(),
                 directory,
                 slots: Slots::new(usize::from(args.max_concurrent_backups)),
                 backoff: Backoff {
-                    base: args.common.backoff_base,
-                    max: args.common.backoff_max,
+                    base: args.base.common.backoff_base,
+                    max: args.base.common.backoff_max,
                 },
                 recorder: Recorder::new(client.clone(), controller::reporter(CONTROLLER)),
                 databases: DatabaseIndex::default(),
@@ -221,7 +210,7 @@ mod tests {
     fn the_flags_have_their_documented_defaults() {
         let args = Args::try_parse_from(["dbops-backup-controller"]).unwrap();
         assert_eq!(
-            args.store.backup_store,
+            args.base.store.backup_store,
             BackupStore::File {
                 root: "/var/lib/dbops/backups".into()
             }

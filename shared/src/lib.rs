@@ -20,6 +20,7 @@ pub mod rate_limit;
 pub mod ref_index;
 pub mod server;
 pub mod shutdown;
+pub mod startup;
 pub mod status;
 pub mod telemetry;
 pub mod watch_health;
