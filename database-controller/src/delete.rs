@@ -215,11 +215,11 @@ pub enum FinalSnapshot {
 /// Database's UID (annotation and label), was created after the deletion began, refers to
 /// this Database, and, once Ready, says it dumped this UID (`status.databaseUID`).
 pub fn judge_final_snapshot(db: &Database, backup: &Backup) -> FinalSnapshot {
-    use dbops_api::marks;
+    use dbops_api::names::{annotation, label};
     let uid = db.uid().unwrap_or_default();
     let name = backup.name_any();
-    if backup.annotations().get(marks::DATABASE_UID) != Some(&uid)
-        || backup.labels().get(marks::FINAL_SNAPSHOT_OF) != Some(&uid)
+    if backup.annotations().get(annotation::DATABASE_UID) != Some(&uid)
+        || backup.labels().get(label::FINAL_SNAPSHOT_OF) != Some(&uid)
     {
         return FinalSnapshot::Foreign(format!(
             "Backup {name} was not made as the final snapshot of this Database (UID {uid})"
@@ -262,7 +262,7 @@ pub fn judge_final_snapshot(db: &Database, backup: &Backup) -> FinalSnapshot {
 /// that name that is not provably this Database's final snapshot is never trusted: the
 /// database is kept and the Database says why.
 async fn final_snapshot(db: &Database, ctx: &Context<State>) -> Result<()> {
-    use dbops_api::marks;
+    use dbops_api::names::{annotation, label};
     let namespace = db.namespace().unwrap_or_default();
     let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), &namespace);
     let name = final_snapshot_name(db);
@@ -276,8 +276,8 @@ async fn final_snapshot(db: &Database, ctx: &Context<State>) -> Result<()> {
                 "metadata": {
                     "name": name,
                     "namespace": namespace,
-                    "labels": {marks::FINAL_SNAPSHOT_OF: uid},
-                    "annotations": {marks::DATABASE_UID: uid},
+                    "labels": {label::FINAL_SNAPSHOT_OF: uid},
+                    "annotations": {annotation::DATABASE_UID: uid},
                 },
                 "spec": {"databaseRef": {"name": db.name_any()}, "deletionPolicy": "Retain"},
             }))

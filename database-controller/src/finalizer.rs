@@ -6,9 +6,9 @@ use dbops_api::{Database, DatabaseDeletionPolicy};
 use kube::ResourceExt;
 use kube::api::Api;
 
-use crate::error::Result;
+use dbops_api::names::finalizer::DATABASE_CLEANUP as FINALIZER;
 
-pub const FINALIZER: &str = "dbops.dev/database-cleanup";
+use crate::error::Result;
 
 pub(crate) fn needs_finalizer(db: &Database, migration_active: bool) -> bool {
     db.spec.deletion_policy != DatabaseDeletionPolicy::Retain || migration_active

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use dbops_api::names::{OWN_KEYS_SHA256_KEY, annotation, label};
 use dbops_api::{Database, DatabaseUser, SecretTemplate};
 use dbops_shared::server::Resolved;
 use k8s_openapi::ByteString;
@@ -11,16 +12,6 @@ use kube::Resource;
 use kube::api::ObjectMeta;
 
 use crate::template::{self, RESERVED_KEYS, TemplateError, Values, percent_encode as encode};
-
-/// Marks the password the controller wrote, so an edit of it is noticed (and rotated).
-pub const PASSWORD_HASH_ANNOTATION: &str = "dbops.dev/password-sha256";
-pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "dbops");
-pub const DATABASE_LABEL: &str = "dbops.dev/database";
-/// On a DatabaseUser's connection Secret: the DatabaseUser's name.
-pub const USER_LABEL: &str = "dbops.dev/database-user";
-/// The keys rendered from `spec.secretTemplate`, comma-separated: they are this
-/// controller's too (kept current, covered by the digest).
-pub const TEMPLATE_KEYS_ANNOTATION: &str = "dbops.dev/template-keys";
 
 /// Whose connection Secret it is: a Database's or a DatabaseUser's.
 #[derive(Debug, Clone)]
@@ -56,11 +47,16 @@ impl<'a> Owner<'a> {
     }
 
     pub fn database(db: &'a Database) -> Self {
-        Self::of(db, "Database", DATABASE_LABEL, &db.spec.secret_template)
+        Self::of(db, "Database", label::DATABASE, &db.spec.secret_template)
     }
 
     pub fn user(user: &'a DatabaseUser) -> Self {
-        Self::of(user, "DatabaseUser", USER_LABEL, &user.spec.secret_template)
+        Self::of(
+            user,
+            "DatabaseUser",
+            label::DATABASE_USER,
+            &user.spec.secret_template,
+        )
     }
 
     pub fn secret_name(&self) -> String {
@@ -80,7 +76,7 @@ pub fn kept_password(secret: &Secret) -> Option<String> {
         .metadata
         .annotations
         .as_ref()?
-        .get(PASSWORD_HASH_ANNOTATION)?;
+        .get(annotation::PASSWORD_SHA256)?;
     (recorded == &sha256_hex(&password) && !password.is_empty()).then_some(password)
 }
 
@@ -236,11 +232,14 @@ fn own_keys(
 /// The Secret's name, labels, owner and annotations: the password's digest and the keys
 /// rendered from the template.
 fn metadata(owner: &Owner<'_>, password: &str, rendered: &BTreeMap<String, String>) -> ObjectMeta {
-    let mut annotations: BTreeMap<String, String> =
-        [(PASSWORD_HASH_ANNOTATION.to_string(), sha256_hex(password))].into();
+    let mut annotations: BTreeMap<String, String> = [(
+        annotation::PASSWORD_SHA256.to_string(),
+        sha256_hex(password),
+    )]
+    .into();
     if !rendered.is_empty() {
         annotations.insert(
-            TEMPLATE_KEYS_ANNOTATION.to_string(),
+            annotation::TEMPLATE_KEYS.to_string(),
             rendered.keys().cloned().collect::<Vec<_>>().join(","),
         );
     }
@@ -249,7 +248,10 @@ fn metadata(owner: &Owner<'_>, password: &str, rendered: &BTreeMap<String, Strin
         namespace: owner.namespace.map(str::to_string),
         labels: Some(
             [
-                (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
+                (
+                    label::MANAGED_BY.0.to_string(),
+                    label::MANAGED_BY.1.to_string(),
+                ),
                 (owner.label.to_string(), owner.name.to_string()),
             ]
             .into(),
@@ -260,17 +262,13 @@ fn metadata(owner: &Owner<'_>, password: &str, rendered: &BTreeMap<String, Strin
     }
 }
 
-/// Where the cache's copy of a connection Secret keeps [`digest`] of its data. Not a valid
-/// Secret key (it has a `/`), so it can never be one a user wrote.
-const DIGEST_KEY: &str = "dbops.dev/own-keys-sha256";
-
-/// The keys a Secret's [`TEMPLATE_KEYS_ANNOTATION`] names.
+/// The keys a Secret's `dbops.dev/template-keys` annotation ([`annotation::TEMPLATE_KEYS`]) names.
 fn template_keys(secret: &Secret) -> Vec<String> {
     secret
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(TEMPLATE_KEYS_ANNOTATION))
+        .and_then(|a| a.get(annotation::TEMPLATE_KEYS))
         .map(|keys| {
             keys.split(',')
                 .filter(|k| !k.is_empty())
@@ -315,7 +313,7 @@ pub fn keep_in_cache(secret: &mut Secret) {
     let mut kept = BTreeMap::new();
     let templated = template_keys(secret);
     kept.insert(
-        DIGEST_KEY.to_string(),
+        OWN_KEYS_SHA256_KEY.to_string(),
         ByteString(digest(Some(&data), &templated)),
     );
     // The password (a reconcile reuses it) and the login it belongs to (a DatabaseUser's
@@ -358,7 +356,11 @@ pub fn is_current(actual: &Secret, desired: &Secret) -> bool {
     // The kept digest covers the template keys the actual Secret names; the desired ones
     // must be the same keys (the annotation is compared below).
     let templated = template_keys(desired);
-    let actual_digest = match actual.data.as_ref().and_then(|d| d.get(DIGEST_KEY)) {
+    let actual_digest = match actual
+        .data
+        .as_ref()
+        .and_then(|d| d.get(OWN_KEYS_SHA256_KEY))
+    {
         Some(kept) => kept.0.clone(),
         None => digest(actual.data.as_ref(), &template_keys(actual)),
     };

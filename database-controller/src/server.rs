@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use dbops_api::server::IN_USE_FINALIZER;
+use dbops_api::names::finalizer::SERVER_IN_USE as IN_USE_FINALIZER;
 use dbops_api::{
     Database, DatabaseServer, DatabaseServerStatus, Migration, MigrationPhase, ServerTlsStatus,
     TlsMode, condition,

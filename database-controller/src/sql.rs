@@ -18,7 +18,7 @@ pub use ddl::{
 
 /// The second word of a database's mark while `spec.restoreFrom` has not been restored
 /// into it yet: a database found with it may hold half a restore and is made anew.
-const RESTORE_PENDING: &str = "dbops.dev/restore=pending";
+use dbops_api::names::comment::RESTORE_PENDING;
 
 /// The mark of a database created for a restore that has not completed.
 pub fn restore_pending_mark(uid: &str) -> String {

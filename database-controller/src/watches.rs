@@ -213,7 +213,7 @@ fn of_backup(b: &Backup, databases: &Store<Database>) -> Vec<ObjectRef<Database>
     let (namespace, name) = (b.namespace().unwrap_or_default(), b.name_any());
     let final_of = b
         .labels()
-        .contains_key(dbops_api::marks::FINAL_SNAPSHOT_OF)
+        .contains_key(dbops_api::names::label::FINAL_SNAPSHOT_OF)
         .then(|| ObjectRef::new(&b.spec.database_ref.name).within(&namespace));
     let restoring = databases
         .state()

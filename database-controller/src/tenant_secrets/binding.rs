@@ -22,7 +22,7 @@ use tokio::task::AbortHandle;
 
 use super::service_account::ServiceAccount;
 use crate::error::{Error, Result};
-use crate::secret;
+use dbops_api::names::label;
 
 /// The ClusterRole holding exactly the Secret verbs the controller needs in a tenant
 /// namespace (`deploy/database-controller/rbac.yaml`).
@@ -41,10 +41,10 @@ const CREATED_GRACE: Duration = Duration::from_secs(30);
 /// The labels of the RoleBindings this module writes (the ones it may delete carry the
 /// first one).
 const LABELS: [(&str, &str); 4] = [
-    secret::MANAGED_BY,
-    ("app.kubernetes.io/part-of", "dbops"),
-    ("app.kubernetes.io/component", "database-controller"),
-    ("app.kubernetes.io/name", "dbops-database-controller"),
+    label::MANAGED_BY,
+    label::PART_OF,
+    label::COMPONENT,
+    label::NAME,
 ];
 
 /// What to do with a namespace's RoleBinding [`ROLE_BINDING`] so that it grants `me`
@@ -64,7 +64,7 @@ pub enum BindingChange {
 
 /// Whether `binding` is one this module writes: dbops' label, and the ClusterRole.
 fn is_ours(binding: &RoleBinding) -> bool {
-    let (key, value) = secret::MANAGED_BY;
+    let (key, value) = label::MANAGED_BY;
     binding.labels().get(key).map(String::as_str) == Some(value)
         && binding.role_ref.kind == "ClusterRole"
         && binding.role_ref.name == CLUSTER_ROLE
@@ -87,8 +87,8 @@ pub fn plan_binding(
             BindingChange::Foreign(format!(
                 "RoleBinding {}/{ROLE_BINDING} exists and was not made by dbops (it lacks the label {}={} or does not bind ClusterRole {CLUSTER_ROLE}); it is left untouched: delete or rename it",
                 binding.namespace().unwrap_or_default(),
-                secret::MANAGED_BY.0,
-                secret::MANAGED_BY.1,
+                label::MANAGED_BY.0,
+                label::MANAGED_BY.1,
             ))
         } else {
             BindingChange::Keep
@@ -178,7 +178,7 @@ impl Bindings {
     /// list) and dbops' label, in `--watch-namespace` or everywhere.
     pub(super) fn watch(&self) {
         let (store, writer) = reflector::store();
-        let (key, value) = secret::MANAGED_BY;
+        let (key, value) = label::MANAGED_BY;
         let events = reflector::reflector(
             writer,
             watcher(

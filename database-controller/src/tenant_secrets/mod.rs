@@ -309,7 +309,7 @@ impl TenantSecrets {
     /// sent to the Database controller.
     fn watch(&self, namespace: &str) -> Store<Secret> {
         let (store, writer) = reflector::store();
-        let (key, value) = secret::MANAGED_BY;
+        let (key, value) = dbops_api::names::label::MANAGED_BY;
         let events = watcher(
             Api::<Secret>::namespaced(self.inner.client.clone(), namespace),
             watcher::Config::default()
