@@ -15,13 +15,14 @@ use dbops_shared::controller::Context;
 use dbops_shared::events::Recorder;
 use dbops_shared::postgres::Servers;
 use dbops_shared::server::Directory;
+use dbops_shared::status::{Desired, Guard, Note, StatusWriter, Write};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::Store;
 use serde_json::json;
 
 use crate::debug::{self, CrashPoint, Moment};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The field manager of this controller's writes (the Database's `spec.serverRef`).
 pub const FIELD_MANAGER: &str = "dbops-migration-controller";
@@ -36,6 +37,8 @@ pub struct State {
     /// counts those on the target for its `databasesPerNamespace` limit.
     pub databases: Store<Database>,
     pub recorder: Recorder,
+    /// The one writer of Migration statuses in this process (`dbops_shared::status`).
+    pub status_writer: StatusWriter<Migration>,
     pub index: DatabaseIndex,
     /// The `--pg-dump` and `--pg-restore` programs (the Logical mode's schema copy).
     pub pg_dump: PathBuf,
@@ -88,37 +91,48 @@ impl Saga<'_> {
         self.m.metadata.deletion_timestamp.is_some()
     }
 
-    /// Writes the status if it changed, guarded by the resourceVersion it was built on:
-    /// a stale view or a second replica gets a 409 instead of overwriting progress.
+    /// Writes `status` if it changed: [`Self::write`] without Events.
     pub async fn save(&mut self, status: MigrationStatus) -> Result<()> {
-        if self.m.status.as_ref() == Some(&status) {
-            return Ok(());
-        }
-        let patch = json!({
-            "metadata": {"resourceVersion": self.m.resource_version()},
-            "status": status,
-        });
-        self.m = self
-            .api
-            .patch_status(
-                &self.m.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
-        Ok(())
+        self.write(Desired::new(status)).await
     }
 
-    pub async fn event(&self, normal: bool, reason: &str, note: &str) {
-        dbops_shared::events::publish(
-            &self.ctx.state.recorder,
-            &self.m,
-            normal,
-            "Migrate",
-            reason,
-            note,
-        )
-        .await;
+    /// Writes `desired.status` if it changed, then publishes its Events (`desired.notes`,
+    /// [`note`]), through the one status path of `dbops_shared::status` with
+    /// [`Guard::ResourceVersion`]: the write holds only over the resourceVersion of
+    /// [`Self::m`], the Migration as this reconcile last read or wrote it, so a stale view
+    /// or a second replica never writes a decision made on an older status (a step never
+    /// goes backwards). That is [`Error::Stale`]: retried with backoff, from a fresh read.
+    pub async fn write(&mut self, desired: Desired<MigrationStatus>) -> Result<()> {
+        if self.m.status.as_ref() == Some(&desired.status) {
+            return Ok(());
+        }
+        let state = &self.ctx.state;
+        let guard = Guard::ResourceVersion;
+        let written = state
+            .status_writer
+            .write(&self.api, &self.m, desired, guard, &state.recorder, None)
+            .await?;
+        match written {
+            Write::Written(m) => {
+                self.m = *m;
+                Ok(())
+            }
+            // The writer remembers writing this status, which the Migration as read does
+            // not hold: another writer came between. Forget it and read again.
+            Write::Unchanged => {
+                self.forget_written();
+                Err(Error::Stale)
+            }
+            Write::Conflict | Write::Gone => Err(Error::Stale),
+        }
+    }
+
+    /// Drops what the status writer remembers of this Migration (its last write is seen,
+    /// or it will not be written again).
+    pub fn forget_written(&self) {
+        if let Some(uid) = self.m.uid() {
+            self.ctx.state.status_writer.forget(&uid);
+        }
     }
 
     /// Records this reconcile's trace on the Migration (once, while it runs), so every
@@ -173,6 +187,17 @@ impl Saga<'_> {
     /// this point.
     pub fn crash_point(&self, step: MigrationStep, moment: Moment) {
         debug::crash_if(self.ctx.state.crash_at, CrashPoint { step, moment });
+    }
+}
+
+/// An Event of the Migration (action `Migrate`), published once the status that implies
+/// it is written ([`Saga::write`]).
+pub fn note(normal: bool, reason: impl Into<String>, message: impl Into<String>) -> Note {
+    let action = "Migrate";
+    if normal {
+        Note::normal(action, reason, message)
+    } else {
+        Note::warning(action, reason, message)
     }
 }
 

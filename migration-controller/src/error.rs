@@ -41,6 +41,11 @@ pub enum Error {
     /// pg_dump or pg_restore failed; retried, and counted against the step's attempts.
     #[error(transparent)]
     Copy(#[from] CopyError),
+    /// The Migration changed since this reconcile read it (or is gone): its status is not
+    /// written over a newer one. Retried with backoff from a fresh read; it never counts
+    /// against a step's attempts.
+    #[error("the Migration changed since it was read; reading it again")]
+    Stale,
     /// The Kubernetes API failed or refused a write (a 409 means our view was stale):
     /// retried with backoff, and it never counts against a step's attempts.
     #[error("Kubernetes API: {0}")]
@@ -67,7 +72,7 @@ impl Error {
     /// not synced yet).
     pub fn counts_as_attempt(&self) -> bool {
         match self {
-            Error::Kube(_) => false,
+            Error::Kube(_) | Error::Stale => false,
             Error::Server(e) => !e.is_transient(),
             _ => true,
         }
@@ -84,7 +89,7 @@ impl ReconcileError for Error {
 
     fn reason(&self) -> &'static str {
         match self {
-            Error::Kube(_) => ProcessReason::KubernetesApiError.as_str(),
+            Error::Kube(_) | Error::Stale => ProcessReason::KubernetesApiError.as_str(),
             Error::DatabasesNotSynced => ServerError::NotSynced.reason(),
             Error::Postgres(e) => e.reason(),
             Error::Server(e) => e.reason(),

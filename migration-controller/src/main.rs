@@ -59,6 +59,7 @@ use dbops_shared::cli::{CommonArgs, PostgresArgs};
 use dbops_shared::controller::{self, ControllerError, Process, Trigger};
 use dbops_shared::events::Recorder;
 use dbops_shared::server::Directory;
+use dbops_shared::status::StatusWriter;
 use dbops_shared::telemetry;
 use kube::runtime::reflector;
 use kube::runtime::watcher;
@@ -147,6 +148,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                 directory,
                 databases,
                 recorder: Recorder::new(client.clone(), controller::reporter(CONTROLLER)),
+                status_writer: StatusWriter::default(),
                 index: DatabaseIndex::default(),
                 clients: dbops_shared::pg_tools::Clients::new(
                     Some(args.pg_dump.clone()),

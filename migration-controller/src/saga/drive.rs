@@ -5,13 +5,14 @@ use std::sync::Arc;
 
 use dbops_api::{Database, Migration, MigrationPhase, MigrationReason, MigrationStep};
 use dbops_shared::controller::{Context, ReconcileError};
+use dbops_shared::status::Desired;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 
 use super::next_move::{DatabaseView, Move, gives_up, next_move};
 use super::{progress, rollback};
-use crate::context::{Saga, State, StepOutcome};
+use crate::context::{Saga, State, StepOutcome, note};
 use crate::debug::{Moment, injected_failure};
 use crate::error::{Error, Result};
 use crate::{replication, steps};
@@ -22,6 +23,9 @@ pub async fn reconcile(obj: Arc<Migration>, ctx: Arc<Context<State>>) -> Result<
     let api: Api<Migration> = Api::namespaced(ctx.client.clone(), &namespace);
     let Some(m) = api.get_opt(&obj.name_any()).await? else {
         ctx.state.index.forget(&namespace, &obj.name_any());
+        if let Some(uid) = obj.uid() {
+            ctx.state.status_writer.forget(&uid);
+        }
         return Ok(Action::await_change());
     };
     ctx.state
@@ -41,6 +45,8 @@ pub async fn reconcile(obj: Arc<Migration>, ctx: Arc<Context<State>>) -> Result<
 async fn run(saga: &mut Saga<'_>) -> Result<Action> {
     let status = saga.status();
     if progress::is_terminal(&status) {
+        // Its last status is written and read back: nothing of it left to remember.
+        saga.forget_written();
         saga.set_finalizer(false).await?;
         return Ok(Action::await_change());
     }
@@ -52,13 +58,12 @@ async fn run(saga: &mut Saga<'_>) -> Result<Action> {
         if let Some(other) = active_sibling(saga).await? {
             let mut status = status;
             progress::refused(&mut status, saga.generation(), &other);
-            saga.save(status).await?;
-            saga.event(
+            let refused = note(
                 false,
                 MigrationReason::MigrationAlreadyActive.as_str(),
-                &format!("refused: Migration {other} of the same Database is active"),
-            )
-            .await;
+                format!("refused: Migration {other} of the same Database is active"),
+            );
+            saga.write(Desired::new(status).with(refused)).await?;
             return Ok(Action::await_change());
         }
     }
@@ -208,13 +213,12 @@ async fn failed(saga: &mut Saga<'_>, step: MigrationStep, e: Error) -> Result<()
                 let message = format!("{message} (after {attempts} attempts)");
                 return rollback::begin(saga, status, step, e.reason(), &message).await;
             }
-            saga.save(status).await?;
-            saga.event(
+            let retrying = note(
                 false,
-                &format!("{}Retrying", step.as_str()),
-                &format!("attempt {attempts} failed: {message}"),
-            )
-            .await;
+                format!("{}Retrying", step.as_str()),
+                format!("attempt {attempts} failed: {message}"),
+            );
+            saga.write(Desired::new(status).with(retrying)).await?;
             Err(e)
         }
         e => Err(e),
@@ -242,12 +246,11 @@ async fn finish_without_database(saga: &mut Saga<'_>, step: MigrationStep) -> Re
 async fn succeeded(saga: &mut Saga<'_>, step: MigrationStep, message: String) -> Result<()> {
     let mut status = saga.status();
     let seconds = progress::succeed(&mut status, step, message.clone());
-    saga.save(status).await?;
+    let event = note(true, format!("{}Succeeded", step.as_str()), message);
+    saga.write(Desired::new(status).with(event)).await?;
     if let Some(metrics) = saga.ctx.metrics.migration() {
         metrics.observe_step(step.as_str(), seconds);
     }
-    saga.event(true, &format!("{}Succeeded", step.as_str()), &message)
-        .await;
     Ok(())
 }
 
@@ -263,15 +266,16 @@ async fn await_approval(
     let mut status = saga.status();
     let first = status.phase != Some(MigrationPhase::AwaitingApproval);
     progress::awaiting_approval(&mut status, next, saga.generation());
-    saga.save(status).await?;
+    let message = progress::approval_message(status.mode);
+    let mut desired = Desired::new(status);
     if first {
-        saga.event(
+        desired = desired.with(note(
             true,
             MigrationReason::AwaitingApproval.as_str(),
-            progress::approval_message(saga.status().mode),
-        )
-        .await;
+            message,
+        ));
     }
+    saga.write(desired).await?;
     if !replicating {
         return Ok(Action::await_change());
     }
@@ -294,9 +298,8 @@ async fn finish(saga: &mut Saga<'_>) -> Result<Action> {
         saga.m.spec.database_ref.name, saga.m.spec.target.server_ref.name
     );
     progress::succeeded(&mut status, saga.generation(), message.clone());
-    saga.save(status).await?;
-    saga.event(true, MigrationReason::Succeeded.as_str(), &message)
-        .await;
+    let succeeded = note(true, MigrationReason::Succeeded.as_str(), message);
+    saga.write(Desired::new(status).with(succeeded)).await?;
     saga.set_finalizer(false).await?;
     Ok(Action::await_change())
 }

@@ -3,10 +3,11 @@
 //! completes, ending RolledBack ([`roll_back`]).
 
 use dbops_api::{MigrationReason, MigrationStatus, MigrationStep};
+use dbops_shared::status::Desired;
 use kube::runtime::controller::Action;
 
 use super::progress;
-use crate::context::Saga;
+use crate::context::{Saga, note};
 use crate::error::{Error, Result};
 use crate::steps;
 
@@ -21,16 +22,15 @@ pub async fn begin(
 ) -> Result<()> {
     progress::begin_rollback(&mut status, step, reason, message, saga.generation());
     let (reason, message) = progress::failure(&status);
-    saga.save(status).await?;
+    let started = note(
+        false,
+        "RollbackStarted",
+        format!("{reason}: {message}; undoing the steps that ran"),
+    );
+    saga.write(Desired::new(status).with(started)).await?;
     if let Some(metrics) = saga.ctx.metrics.migration() {
         metrics.record_rollback(step.as_str());
     }
-    saga.event(
-        false,
-        "RollbackStarted",
-        &format!("{reason}: {message}; undoing the steps that ran"),
-    )
-    .await;
     Ok(())
 }
 
@@ -46,14 +46,13 @@ pub async fn roll_back(saga: &mut Saga<'_>) -> Result<Action> {
             Ok(message) => {
                 let mut status = saga.status();
                 progress::compensated(&mut status, step, message.clone());
-                saga.save(status).await?;
-                saga.event(true, &format!("{}Compensated", step.as_str()), &message)
-                    .await;
+                let compensated = note(true, format!("{}Compensated", step.as_str()), message);
+                saga.write(Desired::new(status).with(compensated)).await?;
             }
             // A server that cannot be reached holds up its own compensation only: the
             // others (above all unfreezing the source) go ahead; this one is retried
             // with backoff.
-            Err(e) if pending.is_none() && !matches!(e, Error::Kube(_)) => {
+            Err(e) if pending.is_none() && !matches!(e, Error::Kube(_) | Error::Stale) => {
                 pending = Some((step, e));
             }
             Err(e) => return Err(e),
@@ -67,14 +66,13 @@ pub async fn roll_back(saga: &mut Saga<'_>) -> Result<Action> {
     }
     let mut status = saga.status();
     progress::rolled_back(&mut status, saga.generation());
-    saga.save(status).await?;
-    let (reason, message) = progress::failure(&saga.status());
-    saga.event(
+    let (reason, message) = progress::failure(&status);
+    let rolled_back = note(
         false,
         MigrationReason::RolledBack.as_str(),
-        &format!("{reason}: {message}; every step that ran was undone"),
-    )
-    .await;
+        format!("{reason}: {message}; every step that ran was undone"),
+    );
+    saga.write(Desired::new(status).with(rolled_back)).await?;
     saga.set_finalizer(false).await?;
     Ok(Action::await_change())
 }

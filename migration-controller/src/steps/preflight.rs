@@ -9,9 +9,10 @@ use dbops_api::{ChosenMode, Database, DatabaseServer, MigrationMode, MigrationRe
 use dbops_shared::controller::ReconcileError;
 use dbops_shared::postgres::{PgError, extensions};
 use dbops_shared::server::{Resolved, ServerError};
+use dbops_shared::status::Desired;
 use kube::ResourceExt;
 
-use crate::context::{Saga, StepOutcome};
+use crate::context::{Saga, StepOutcome, note};
 use crate::dump::programs::copy_programs;
 use crate::error::{Error, Result, reason_of};
 use crate::servers::{at, database_uid, major, migration_uid, resolve, session, source_ref};
@@ -286,13 +287,13 @@ async fn choose_mode(
         },
         dbops_shared::conditions::now(),
     );
-    saga.save(status).await?;
     let fallback = saga.m.spec.mode == MigrationMode::Auto && mode == ChosenMode::Dump;
     let event = match mode {
         ChosenMode::Logical => "LogicalModeChosen",
         ChosenMode::Dump => "DumpModeChosen",
     };
-    saga.event(!fallback, event, &message).await;
+    let chosen = note(!fallback, event, message);
+    saga.write(Desired::new(status).with(chosen)).await?;
     Ok(mode)
 }
 

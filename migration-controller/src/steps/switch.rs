@@ -2,11 +2,12 @@
 //! target and waits until it is Ready there at the new generation.
 
 use dbops_api::{Database, condition};
+use dbops_shared::status::Desired;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::context::{FIELD_MANAGER, Saga, StepOutcome, trace_annotations};
+use crate::context::{FIELD_MANAGER, Saga, StepOutcome, note, trace_annotations};
 use crate::error::Result;
 
 /// Needs no session: the target is named, not resolved, so the switch and its wait do not
@@ -37,17 +38,17 @@ pub async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<StepOu
             )
             .await?;
         status.switched_generation = db.metadata.generation;
-        saga.save(status.clone()).await?;
-        saga.event(
+        let switched = note(
             true,
             "TrafficSwitched",
-            &format!(
+            format!(
                 "Database {} spec.serverRef now {}; waiting for it to be Ready there",
                 db.name_any(),
                 target.name
             ),
-        )
-        .await;
+        );
+        saga.write(Desired::new(status.clone()).with(switched))
+            .await?;
     } else if status.switched_generation.is_none() {
         // Patched, then a crash before the record: this generation is at least the patched one.
         status.switched_generation = db.metadata.generation;
