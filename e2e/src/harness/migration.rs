@@ -4,7 +4,6 @@
 //! ServiceAccounts; what the tests ask of a Migration; and the writer that keeps inserting
 //! numbered rows through a connection Secret while a Database moves.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dbops_api::{Database, Migration, MigrationPhase, MigrationStep, StepState};
@@ -16,6 +15,7 @@ use crate::controllers::ControllerProcess;
 use crate::fixtures::{create_admin_secret, pgbench_database, server_name};
 use crate::harness::bed::{Bed, bed};
 use crate::jaeger::Jaeger;
+use crate::live_writer::{Failure, LiveWriter, Options};
 use crate::postgres::PgServer;
 use crate::postgres::redact_passwords;
 use crate::tls::TestCa;
@@ -481,101 +481,45 @@ pub fn step_state(m: &Migration, step: MigrationStep) -> Option<StepState> {
         .map(|s| s.state)
 }
 
-/// The writer: inserts 1, 2, 3, ... one autocommit statement each, through the
-/// connection Secret's values as read at its start (the source), reconnecting after an
-/// error, until told to stop. Pacing (1 ms between attempts) keeps it from spinning on
-/// refused connections; nothing waits on a sleep.
-pub struct Writer {
-    pub committed: Arc<Mutex<Vec<i64>>>,
-    /// (number, error) of every attempt that failed.
-    pub failed: Arc<Mutex<Vec<(i64, String)>>>,
-    pub stop: tokio_util_like::Stop,
-    pub task: tokio::task::JoinHandle<()>,
-}
-
-/// A tiny stop flag (tokio-util is not a dependency of the e2e crate).
-mod tokio_util_like {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    #[derive(Clone, Default)]
-    pub struct Stop(Arc<AtomicBool>);
-
-    impl Stop {
-        pub fn stop(&self) {
-            self.0.store(true, Ordering::Release);
-        }
-        pub fn stopped(&self) -> bool {
-            self.0.load(Ordering::Acquire)
-        }
-    }
-}
+/// The writer: [`LiveWriter`] inserting 1, 2, 3, ... into `writes`, one autocommit
+/// statement each, through the connection Secret's values as read at its start (the
+/// source), reconnecting after an error, until told to stop. Pacing (1 ms between
+/// attempts) keeps it from spinning on refused connections; nothing waits on a sleep.
+pub struct Writer(LiveWriter);
 
 impl Writer {
     pub fn start(pg_port: u16, c: Conn) -> Self {
-        let committed = Arc::new(Mutex::new(Vec::new()));
-        let failed = Arc::new(Mutex::new(Vec::new()));
-        let stop = tokio_util_like::Stop::default();
-        let (com, fail, st) = (committed.clone(), failed.clone(), stop.clone());
-        let task = tokio::spawn(async move {
-            let mut client: Option<tokio_postgres::Client> = None;
-            let mut n: i64 = 0;
-            while !st.stopped() {
-                n += 1;
-                if client.as_ref().is_none_or(|c| c.is_closed()) {
-                    let mut config = tokio_postgres::Config::new();
-                    config
-                        .host(&c.host)
-                        .port(pg_port)
-                        .user(&c.user)
-                        .password(&c.password)
-                        .dbname(&c.dbname)
-                        .connect_timeout(Duration::from_secs(5));
-                    match config.connect(tokio_postgres::NoTls).await {
-                        Ok((cl, connection)) => {
-                            tokio::spawn(async move {
-                                let _ = connection.await;
-                            });
-                            client = Some(cl);
-                        }
-                        Err(e) => {
-                            fail.lock().unwrap().push((n, format!("connect: {e}")));
-                            tokio::time::sleep(Duration::from_millis(1)).await;
-                            continue;
-                        }
-                    }
-                }
-                let cl = client.as_ref().unwrap();
-                match cl
-                    .execute("INSERT INTO writes (n) VALUES ($1)", &[&n])
-                    .await
-                {
-                    Ok(_) => com.lock().unwrap().push(n),
-                    Err(e) => {
-                        fail.lock().unwrap().push((n, format!("insert: {e}")));
-                        client = None;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
+        let connect = move || {
+            let mut config = tokio_postgres::Config::new();
+            config
+                .host(&c.host)
+                .port(pg_port)
+                .user(&c.user)
+                .password(&c.password)
+                .dbname(&c.dbname)
+                .connect_timeout(Duration::from_secs(5));
+            async move {
+                let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                Ok(client)
             }
-        });
-        Self {
-            committed,
-            failed,
-            stop,
-            task,
-        }
+        };
+        let pace = Duration::from_millis(1);
+        Self(LiveWriter::start(
+            connect,
+            Options::new("writes").pause(pace).retry(pace),
+        ))
     }
 
     pub fn committed(&self) -> usize {
-        self.committed.lock().unwrap().len()
+        self.0.commits()
     }
 
-    pub async fn finish(self) -> (Vec<i64>, Vec<(i64, String)>) {
-        self.stop.stop();
-        self.task.await.unwrap();
-        let committed = self.committed.lock().unwrap().clone();
-        let failed = self.failed.lock().unwrap().clone();
-        (committed, failed)
+    /// Stops it: the numbers committed, in order, and the first failed attempt.
+    pub async fn finish(self) -> (Vec<i64>, Option<Failure>) {
+        let log = self.0.finish().await;
+        (log.numbers(), log.first_failure)
     }
 }

@@ -6,7 +6,6 @@
 //! rollback.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dbops_api::{ChosenMode, Migration};
@@ -14,6 +13,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
 use crate::harness::migration::{Conn, Setup};
+use crate::live_writer::{LiveWriter, Options};
 use crate::wait::wait_for;
 
 /// The source's settings for logical replication.
@@ -63,65 +63,28 @@ pub async fn leftovers(s: &Setup) -> Vec<String> {
     found
 }
 
-/// A writer that behaves like an application: it inserts 1, 2, 3, ... (one autocommit
-/// statement each) through the Database's connection Secret, and after a failure reads
-/// the Secret again, so it follows the switch to the target. It records when each commit
+/// A writer that behaves like an application: [`LiveWriter::through_secret`] inserting 1,
+/// 2, 3, ... into `writes` (one autocommit statement each) through the Database's
+/// connection Secret, read again after a failure, so it follows the switch to the target;
+/// 2 ms after each insert, 20 ms after a failed connect. It records when each commit
 /// succeeded.
-pub struct Writer {
-    pub committed: Arc<Mutex<Vec<(i64, Instant)>>>,
-    pub stop: Arc<std::sync::atomic::AtomicBool>,
-    pub task: tokio::task::JoinHandle<()>,
-}
+pub struct Writer(LiveWriter);
 
 impl Writer {
     pub fn start(secrets: Api<Secret>, name: String) -> Self {
-        use std::sync::atomic::Ordering;
-        let committed = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (com, st) = (committed.clone(), stop.clone());
-        let task = tokio::spawn(async move {
-            let mut client: Option<tokio_postgres::Client> = None;
-            let mut n: i64 = 0;
-            while !st.load(Ordering::Acquire) {
-                if client.as_ref().is_none_or(|c| c.is_closed()) {
-                    client = connect(&secrets, &name).await;
-                    if client.is_none() {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                }
-                n += 1;
-                let Some(cl) = client.as_ref() else { continue };
-                match cl
-                    .execute("INSERT INTO writes (n) VALUES ($1)", &[&n])
-                    .await
-                {
-                    Ok(_) => com.lock().unwrap().push((n, Instant::now())),
-                    Err(_) => client = None,
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        });
-        Self {
-            committed,
-            stop,
-            task,
-        }
+        let options = Options::new("writes")
+            .pause(Duration::from_millis(2))
+            .retry(Duration::from_millis(20));
+        Self(LiveWriter::through_secret(secrets, &name, options))
     }
 
     pub fn committed(&self) -> usize {
-        self.committed.lock().unwrap().len()
+        self.0.commits()
     }
 
     /// The numbers committed so far, from the `from`-th commit on.
     pub fn numbers_from(&self, from: usize) -> Vec<i64> {
-        let committed = self.committed.lock().unwrap();
-        committed
-            .get(from..)
-            .unwrap_or_default()
-            .iter()
-            .map(|(n, _)| *n)
-            .collect()
+        self.0.numbers_from(from)
     }
 
     /// After the switch: waits (60 s at most) for 50 more commits, which can only land on
@@ -137,15 +100,10 @@ impl Writer {
         )
         .await
         .unwrap();
-        let committed = self.finish().await;
-        let (gap, after) = longest_gap(&committed);
+        let log = self.0.finish().await;
+        let (gap, after) = log.longest_gap();
+        let committed = log.committed.iter().map(|c| (c.n, c.at)).collect();
         (committed, gap, after)
-    }
-
-    pub async fn finish(self) -> Vec<(i64, Instant)> {
-        self.stop.store(true, std::sync::atomic::Ordering::Release);
-        self.task.await.unwrap();
-        self.committed.lock().unwrap().clone()
     }
 }
 
@@ -166,31 +124,6 @@ pub async fn assert_slot_without_subscription(s: &Setup, name: &str, at: &str) {
         None,
         "nothing of the subscription is recorded {at}"
     );
-}
-
-/// A session as the connection Secret says now (`None` when it cannot log in).
-pub async fn connect(secrets: &Api<Secret>, name: &str) -> Option<tokio_postgres::Client> {
-    let (client, connection) = Conn::read(secrets, name)
-        .await
-        .ok()?
-        .config()
-        .connect_timeout(Duration::from_secs(5))
-        .connect(tokio_postgres::NoTls)
-        .await
-        .ok()?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Some(client)
-}
-
-/// The longest time between two successful commits, and the commit before it.
-pub fn longest_gap(committed: &[(i64, Instant)]) -> (Duration, i64) {
-    committed
-        .windows(2)
-        .map(|w| (w[1].1 - w[0].1, w[0].0))
-        .max()
-        .unwrap_or_default()
 }
 
 pub fn mode_of(m: &Migration) -> Option<ChosenMode> {

@@ -57,10 +57,7 @@ async fn a_database_moves_with_every_committed_write() {
     let (committed, failed) = writer.finish().await;
 
     // The freeze stopped the writer, loudly, and for good.
-    let first_failure = failed
-        .first()
-        .map(|(n, _)| *n)
-        .expect("the freeze made writes fail");
+    let first_failure = failed.map(|f| f.n).expect("the freeze made writes fail");
     assert!(
         committed.iter().all(|n| *n < first_failure),
         "a write succeeded after the freeze: first failure at {first_failure}, last success {:?}",
