@@ -32,21 +32,6 @@ pub const READY: Duration = Duration::from_secs(60);
 /// Resync interval given to the controller.
 pub const RESYNC: Duration = Duration::from_secs(3);
 
-pub const SECRET_KEYS: [&str; 12] = [
-    "host",
-    "port",
-    "dbname",
-    "username",
-    "password",
-    "uri",
-    "jdbc-url",
-    "PGHOST",
-    "PGPORT",
-    "PGDATABASE",
-    "PGUSER",
-    "PGPASSWORD",
-];
-
 pub fn ready() -> Want<'static> {
     Want::new("Ready", "True", Some("Provisioned"))
 }
