@@ -56,15 +56,11 @@ use crate::retries::Retries;
 use crate::slots::Slots;
 use crate::state::{DatabaseIndex, State};
 
-/// The controller name: metrics label, Lease `dbops-backup-controller`, Event reporter.
-const CONTROLLER: &str = "backup-controller";
-
+// The program's name is the package's (`dbops-backup-controller`), its `about` the doc
+// comment's one line.
+/// Reconciles dbops.dev Backup objects
 #[derive(Parser, Debug)]
-#[command(
-    name = "dbops-backup-controller",
-    version,
-    about = "Reconciles dbops.dev Backup objects"
-)]
+#[command(version)]
 struct Args {
     #[command(flatten)]
     base: StoreControllerArgs,
@@ -84,6 +80,9 @@ struct Args {
     #[arg(long = "pg-bin-dir", env = "DBOPS_PG_BIN_DIRS", value_delimiter = ',')]
     pg_bin_dirs: Vec<PathBuf>,
 }
+
+/// The controller name: metrics label, Lease `dbops-backup-controller`, Event reporter.
+const CONTROLLER: &str = "backup-controller";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -205,6 +204,19 @@ mod tests {
     use dbops_shared::backup_store::BackupStore;
 
     use super::*;
+
+    #[test]
+    fn the_program_is_named_and_described() {
+        use clap::CommandFactory;
+        let command = Args::command();
+        assert_eq!(command.get_name(), "dbops-backup-controller");
+        let about = command.get_about().map(ToString::to_string);
+        assert_eq!(
+            about.as_deref(),
+            Some("Reconciles dbops.dev Backup objects")
+        );
+        assert_eq!(command.get_long_about(), None);
+    }
 
     #[test]
     fn the_flags_have_their_documented_defaults() {
