@@ -4,8 +4,11 @@
 //!   turns: the connection Secret names one; after a rotation the other keeps working
 //!   until its `VALID UNTIL` (`keepPrevious`), then loses LOGIN and its sessions end.
 //!
-//! The privileges of the group are [`super::grants`]. Every identifier and literal is
-//! quoted; passwords travel only as SCRAM verifiers, unlogged.
+//! The login SQL (observe, activate, repair, keep until, retire) serves the Database
+//! owner's two rotation logins too (`crate::rotation::turn` runs it for both); the
+//! settings SQL serves the owner role. The privileges of the group are
+//! [`super::grants`]. Every identifier and literal is quoted; passwords travel only as
+//! SCRAM verifiers, unlogged.
 
 use dbops_shared::postgres::ddl::{self, Unlogged};
 use dbops_shared::postgres::{PgError, Session, quote_ident, quote_literal};
