@@ -11,3 +11,5 @@ pub mod migration;
 pub mod leader;
 pub mod api_validation;
 pub mod migration_logical;
+pub mod isolation;
+pub mod majors;
