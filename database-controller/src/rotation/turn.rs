@@ -324,7 +324,12 @@ where
 {
     let role = |name: &str| roles.iter().find(|r| r.name == name);
     if let Some(why) = &plan.rotating {
-        tracing::info!(login = %plan.logins.login, why, "rotating the password");
+        let previous = plan
+            .logins
+            .previous
+            .as_ref()
+            .map(|(login, _)| login.as_str());
+        tracing::info!(login = %plan.logins.login, previous, why, "rotating the password");
     }
     for step in &plan.steps {
         confirm().await?;
