@@ -1,6 +1,7 @@
 //! Admission: whether a Database may be (or stay) on its DatabaseServer, by the server's
 //! namespace selector and its `limits.databasesPerNamespace` quota.
 
+use dbops_api::reasons::DatabaseReason;
 use std::sync::Arc;
 
 use dbops_api::Database;
@@ -45,7 +46,7 @@ pub(crate) fn admit(state: &State, db: &Database, server: &Resolved) -> Result<(
         let (place, total) = quota_place(db, &peers, &server.name);
         if place >= usize::try_from(limit).unwrap_or(0) {
             return Err(Error::Blocked {
-                reason: "QuotaExceeded",
+                reason: DatabaseReason::QuotaExceeded.as_str(),
                 message: format!(
                     "DatabaseServer {:?} allows {limit} Databases per namespace and namespace {namespace:?} asks for {total}; this one is not among the {limit} oldest: nothing was created on the server",
                     server.name

@@ -3,6 +3,7 @@
 //! own, written (create, else server-side apply) only when it differs from what
 //! `secret::desired_for` builds. What it holds is `secret`'s.
 
+use dbops_api::reasons::DatabaseReason;
 use std::sync::Arc;
 
 use dbops_api::Database;
@@ -48,7 +49,7 @@ pub(crate) async fn existing_secret(
     db: &Database,
 ) -> Result<Option<Arc<Secret>>> {
     let existing = cached_secret(ctx, db).await?;
-    let latest_login = ctx.state.written.latest(db).login;
+    let latest_login = ctx.state.statuses.latest(db).login;
     let existing = match (existing, latest_login.as_deref()) {
         (Some(found), Some(login)) if secret::username(&found).is_some_and(|u| u != login) => {
             let secrets: Api<Secret> =
@@ -140,7 +141,7 @@ async fn apply_secret(
 
 fn secret_conflict(message: String) -> Error {
     Error::Blocked {
-        reason: "SecretConflict",
+        reason: DatabaseReason::SecretConflict.as_str(),
         message,
     }
 }

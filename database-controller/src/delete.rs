@@ -3,6 +3,7 @@
 //! drop), then the finalizer goes. Separate from provisioning (`provision`): `reconcile`
 //! calls [`cleanup`] once the Database has a `deletionTimestamp`.
 
+use dbops_api::reasons::DatabaseReason;
 use dbops_api::{Backup, Database, DatabaseDeletionPolicy};
 use dbops_shared::controller::Context;
 use kube::ResourceExt;
@@ -29,7 +30,7 @@ pub(crate) async fn cleanup(
     }
     if let Some(migration) = migration {
         let waiting = Error::Blocked {
-            reason: "MigrationInProgress",
+            reason: DatabaseReason::MigrationInProgress.as_str(),
             message: format!(
                 "deletion waits for Migration {migration} to end: it rolls back if it has not switched the server yet, and finishes if it has"
             ),
@@ -75,7 +76,7 @@ pub(crate) async fn cleanup(
     match outcome {
         Ok(()) => {
             remove_finalizer(db, api).await?;
-            ctx.state.written.forget(&db.uid().unwrap_or_default());
+            ctx.state.statuses.forget(&db.uid().unwrap_or_default());
             status::event(ctx, db, true, "Deleted", &note).await;
             Ok(Action::await_change())
         }
@@ -297,19 +298,19 @@ async fn final_snapshot(db: &Database, ctx: &Context<State>) -> Result<()> {
     match judge_final_snapshot(db, &backup) {
         FinalSnapshot::Ready => Ok(()),
         FinalSnapshot::Pending => Err(Error::Blocked {
-            reason: "WaitingForFinalBackup",
+            reason: DatabaseReason::WaitingForFinalBackup.as_str(),
             message: format!(
                 "waiting for the final Backup {name} to be Ready before dropping the database"
             ),
         }),
         FinalSnapshot::Failed(why) => Err(Error::Blocked {
-            reason: "WaitingForFinalBackup",
+            reason: DatabaseReason::WaitingForFinalBackup.as_str(),
             message: format!(
                 "final Backup {name} failed ({why}); the database is kept until a final Backup is Ready (delete Backup {name} to try again)"
             ),
         }),
         FinalSnapshot::Foreign(why) => Err(Error::Blocked {
-            reason: "FinalSnapshotConflict",
+            reason: DatabaseReason::FinalSnapshotConflict.as_str(),
             message: format!(
                 "{why}; it is not trusted as this Database's final snapshot and the database is kept: delete or rename Backup {name} so that a final snapshot of this Database can be taken"
             ),

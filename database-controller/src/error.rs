@@ -1,5 +1,6 @@
 //! Why a Database reconcile did not converge, and what to do about it.
 
+use dbops_api::reasons::DatabaseReason;
 use dbops_shared::controller::{ErrorKind, ReconcileError};
 use dbops_shared::postgres::PgError;
 
@@ -46,10 +47,10 @@ impl ReconcileError for Error {
 
     fn reason(&self) -> &'static str {
         match self {
-            Error::Kube(_) => "KubernetesApiError",
+            Error::Kube(_) => DatabaseReason::KubernetesApiError.as_str(),
             Error::Postgres(e) => e.reason(),
             Error::Blocked { reason, .. } | Error::Retry { reason, .. } => reason,
-            Error::Internal(_) => "InternalError",
+            Error::Internal(_) => DatabaseReason::InternalError.as_str(),
             Error::Superseded(_) => "Superseded",
         }
     }
@@ -57,10 +58,67 @@ impl ReconcileError for Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl Error {
+    /// The Database reason of this error. Every reason the controller and the shared
+    /// crate give a Database is one (tested below); `InternalError` if one ever is not.
+    pub fn database_reason(&self) -> DatabaseReason {
+        DatabaseReason::parse(ReconcileError::reason(self)).unwrap_or(DatabaseReason::InternalError)
+    }
+}
+
 /// A `spec.secretTemplate` that does not render: refused, naming the key.
 pub(crate) fn template_error(e: TemplateError) -> Error {
     Error::Blocked {
-        reason: "InvalidSecretTemplate",
+        reason: DatabaseReason::InvalidSecretTemplate.as_str(),
         message: format!("{e}; nothing was written"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dbops_shared::postgres::tls::TlsFailure;
+    use dbops_shared::server::ServerError;
+
+    #[test]
+    fn every_reason_a_database_meets_is_a_database_reason() {
+        let from_servers = [
+            ServerError::NotFound("pg".into()),
+            ServerError::Deleting("pg".into()),
+            ServerError::NotSynced,
+            ServerError::AdminSecretNotFound {
+                server: "pg".into(),
+                secret: "s".into(),
+            },
+        ]
+        .map(|e| crate::server_access::server_error(e).database_reason());
+        let from_tls = [
+            TlsFailure::CertificateNotTrusted,
+            TlsFailure::HostnameMismatch,
+            TlsFailure::ServerWithoutTls,
+        ]
+        .map(|f| DatabaseReason::parse(f.reason()));
+        assert!(from_tls.iter().all(Option::is_some), "{from_tls:?}");
+        assert!(
+            !from_servers.contains(&DatabaseReason::InternalError),
+            "{from_servers:?}"
+        );
+        // What PostgreSQL, the extensions' and pg_restore's refusals are named.
+        for named in [
+            "ServerUnreachable",
+            "AuthenticationFailed",
+            "LockTimeout",
+            "StatementTimeout",
+            "SqlError",
+            "NamespaceNotAllowed",
+            "ExtensionNotAllowed",
+            "ExtensionNotAvailable",
+            "PgRestoreTooOld",
+            "PgRestoreTooNew",
+        ] {
+            assert!(DatabaseReason::parse(named).is_some(), "{named}");
+        }
+        let internal = Error::Internal("boom".into());
+        assert_eq!(internal.database_reason(), DatabaseReason::InternalError);
     }
 }

@@ -56,7 +56,7 @@ use dbops_shared::telemetry;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 
-use crate::state::{State, Verified, Written};
+use crate::state::{State, Verified};
 use crate::tenant_secrets::TenantSecrets;
 
 /// The controller name: metrics label, Lease `dbops-database-controller`, Event reporter.
@@ -140,7 +140,7 @@ impl Shared {
             recorder: Recorder::new(self.client.clone(), controller::reporter(CONTROLLER)),
             migrations: self.migrations.clone(),
             verified: Verified::default(),
-            written: Written::default(),
+            statuses: dbops_shared::status::StatusWriter::default(),
             databases: self.databases.clone(),
             tenants: self.tenants.clone(),
             last_prune: std::sync::Mutex::new(None),

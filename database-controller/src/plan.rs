@@ -18,6 +18,7 @@
 //! - a database for `spec.restoreFrom` carries "restore pending" until it is filled, and
 //!   one found pending (or unmarked) is filled again from an empty database.
 
+use dbops_api::reasons::DatabaseReason;
 use dbops_shared::postgres::ddl::Observed;
 
 use crate::error::Error;
@@ -85,7 +86,7 @@ pub fn plan(i: &Inputs<'_>, observed: &Observed) -> Result<Plan, Error> {
     }
     if observed.database.is_none() && i.provisioned_before {
         return Err(Error::Blocked {
-            reason: "DatabaseMissing",
+            reason: DatabaseReason::DatabaseMissing.as_str(),
             message: format!(
                 "database {:?} was created on {} but no longer exists; it is not re-created: restore it or delete this Database",
                 i.database, i.server
@@ -148,7 +149,7 @@ pub fn missing_extensions<'a>(wanted: &'a [String], installed: &[String]) -> Vec
 
 fn conflict(what: &str, name: &str, server: &str) -> Error {
     Error::Blocked {
-        reason: "NameConflict",
+        reason: DatabaseReason::NameConflict.as_str(),
         message: format!(
             "{what} {name:?} already exists on {server} and was not created by this Database; nothing was changed"
         ),

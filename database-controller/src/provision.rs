@@ -4,6 +4,7 @@
 //! only, and a check soon after a full one ([`State::verified`]) reads the Secret only.
 
 use dbops_api::Database;
+use dbops_api::reasons::DatabaseReason;
 use dbops_shared::controller::Context;
 use dbops_shared::postgres::ddl::Observed;
 use dbops_shared::postgres::{Session, extensions};
@@ -35,7 +36,7 @@ pub(crate) async fn provision(
         .recent(&uid, generation, ctx.resync_interval / 2)
         && !owner_logins::due(
             db,
-            &ctx.state.written.latest(db),
+            &ctx.state.statuses.latest(db),
             crate::rotation::secs_now(),
         )
         && secret_is_current(db, ctx).await?
@@ -246,7 +247,7 @@ async fn converge_logins(
     }
     owner_logins::converge(
         db,
-        &ctx.state.written.latest(db),
+        &ctx.state.statuses.latest(db),
         session,
         found.login.as_ref(),
         password,
@@ -337,7 +338,7 @@ async fn restore(
     let api: Api<Database> =
         Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
     let restoring = Err(Error::Blocked {
-        reason: "Restoring",
+        reason: DatabaseReason::Restoring.as_str(),
         message: format!("restoring Backup {} (SHA-256 verified)", artifact.backup),
     });
     status::publish(db, ctx, &api, &restoring, None).await?;
@@ -355,7 +356,7 @@ async fn restore(
     let database = db.database_name();
     let again = sql::observe(session, &db.owner_role(), &database).await?;
     again.database.map(|d| d.oid).ok_or_else(|| Error::Blocked {
-        reason: "DatabaseMissing",
+        reason: DatabaseReason::DatabaseMissing.as_str(),
         message: format!("database {database:?} vanished right after its restore"),
     })
 }
@@ -391,7 +392,7 @@ async fn apply(
                         .database
                         .map(|d| d.oid)
                         .ok_or_else(|| Error::Blocked {
-                            reason: "DatabaseMissing",
+                            reason: DatabaseReason::DatabaseMissing.as_str(),
                             message: format!("database {database:?} vanished right after creation"),
                         })?,
                 );
@@ -412,7 +413,7 @@ async fn apply(
     }
     // Every plan without CreateDatabase starts from an observed database.
     oid.ok_or_else(|| Error::Blocked {
-        reason: "DatabaseMissing",
+        reason: DatabaseReason::DatabaseMissing.as_str(),
         message: format!("database {database:?} is not on {server}"),
     })
 }

@@ -10,6 +10,7 @@
 //! 4. `status::publish`: the status derived from the outcome, written only if it differs,
 //!    and an Event for every condition transition.
 
+use dbops_api::reasons::DatabaseReason;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,7 +93,7 @@ async fn active_migration(ctx: &Context<State>, db: &Database) -> Result<Option<
                 Ok(Ok(())) => store.state(),
                 _ => {
                     return Err(Error::Retry {
-                        reason: "CacheNotSynced",
+                        reason: DatabaseReason::CacheNotSynced.as_str(),
                         message: "the Migration cache has not synced yet".into(),
                     });
                 }

@@ -20,6 +20,7 @@
 //! Store layout and checksums are the backup-controller's (`shared::backup_store`): the
 //! database-controller must run with the same `--backup-store`.
 
+use dbops_api::reasons::DatabaseReason;
 use std::process::Stdio;
 
 use dbops_api::{Backup, BackupPhase, Database};
@@ -56,16 +57,16 @@ fn blocked(reason: &'static str, message: String) -> Error {
 fn store_error(e: StoreError) -> Error {
     match e {
         StoreError::NotFound(what) => blocked(
-            "ArtifactNotFound",
+            DatabaseReason::ArtifactNotFound.as_str(),
             format!(
                 "{what}: the Backup's artifact is missing (does this controller use the backup-controller's --backup-store?)"
             ),
         ),
         e if e.is_transient() => Error::Retry {
-            reason: "StoreUnavailable",
+            reason: DatabaseReason::StoreUnavailable.as_str(),
             message: e.to_string(),
         },
-        e => blocked("StoreUnavailable", e.to_string()),
+        e => blocked(DatabaseReason::StoreUnavailable.as_str(), e.to_string()),
     }
 }
 
@@ -80,7 +81,7 @@ pub async fn verify(db: &Database, client: &kube::Client, restorer: &Restorer) -
     let backups: Api<Backup> = Api::namespaced(client.clone(), &namespace);
     let Some(backup) = backups.get_opt(name).await? else {
         return Err(blocked(
-            "BackupNotFound",
+            DatabaseReason::BackupNotFound.as_str(),
             format!("Backup {namespace}/{name} named in spec.restoreFrom does not exist"),
         ));
     };
@@ -89,13 +90,13 @@ pub async fn verify(db: &Database, client: &kube::Client, restorer: &Restorer) -
         Some(BackupPhase::Completed) => {}
         Some(BackupPhase::Failed) => {
             return Err(blocked(
-                "BackupFailed",
+                DatabaseReason::BackupFailed.as_str(),
                 format!("Backup {namespace}/{name} failed; there is nothing to restore"),
             ));
         }
         _ => {
             return Err(blocked(
-                "WaitingForBackup",
+                DatabaseReason::WaitingForBackup.as_str(),
                 format!("waiting for Backup {namespace}/{name} to complete before restoring"),
             ));
         }
@@ -120,7 +121,7 @@ pub async fn verify(db: &Database, client: &kube::Client, restorer: &Restorer) -
     let actual = sha256_of(restorer, &key).await?;
     let mismatch = |what: &str, want: &str| {
         blocked(
-            "ChecksumMismatch",
+            DatabaseReason::ChecksumMismatch.as_str(),
             format!(
                 "the artifact of Backup {namespace}/{name} has SHA-256 {actual}, but {what} says {want}; nothing was restored"
             ),
@@ -154,7 +155,7 @@ async fn sha256_of(restorer: &Restorer, key: &ObjectKey) -> Result<String> {
         .sha256_hex_to_end()
         .await
         .map_err(|e| Error::Retry {
-            reason: "StoreUnavailable",
+            reason: DatabaseReason::StoreUnavailable.as_str(),
             message: format!("reading {}: {e}", restorer.store.location(key)),
         })
 }
@@ -326,7 +327,7 @@ async fn feed(
 /// A restore that failed, retried with backoff.
 fn restore_failed(message: String) -> Error {
     Error::Retry {
-        reason: "RestoreFailed",
+        reason: DatabaseReason::RestoreFailed.as_str(),
         message,
     }
 }

@@ -8,6 +8,9 @@
 //! the database is created `OWNER` that marked role and then marked itself, so after a
 //! crash at any point the controller can tell its own objects from anyone else's.
 
+// The second word of a database's mark while `spec.restoreFrom` has not been restored
+// into it yet: a database found with it may hold half a restore and is made anew.
+use dbops_api::names::comment::RESTORE_PENDING;
 use dbops_shared::postgres::ddl;
 use dbops_shared::postgres::{PgError, Session, quote_ident};
 
@@ -15,10 +18,6 @@ pub use ddl::{
     Fate, comment_database, create_role, drop_database, drop_marked, installed_extensions,
     is_marked as is_ours, mark, mark_database, observe,
 };
-
-/// The second word of a database's mark while `spec.restoreFrom` has not been restored
-/// into it yet: a database found with it may hold half a restore and is made anew.
-use dbops_api::names::comment::RESTORE_PENDING;
 
 /// The mark of a database created for a restore that has not completed.
 pub fn restore_pending_mark(uid: &str) -> String {

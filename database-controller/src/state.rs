@@ -1,17 +1,18 @@
 //! The Database controller's state, shared by its reconciles: the caches it reads, the
-//! sessions to the servers, and what it remembers per Database ([`Written`], the status
-//! it wrote last; [`Verified`], the last full check) with what a check produced
+//! sessions to the servers, and what it remembers per Database (the status it wrote last,
+//! in its [`StatusWriter`]; [`Verified`], the last full check) with what a check produced
 //! ([`Provisioned`]). Nothing here talks to the API or to PostgreSQL.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dbops_api::{Database, DatabaseStatus, Migration};
+use dbops_api::{Database, Migration};
 use dbops_shared::events::Recorder;
 use dbops_shared::memo::Memo;
 use dbops_shared::postgres::Servers;
 use dbops_shared::server::Directory;
+use dbops_shared::status::StatusWriter;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 
@@ -32,8 +33,9 @@ pub struct State {
     pub migrations: Arc<std::sync::OnceLock<Store<Migration>>>,
     /// When each Database's PostgreSQL state was last verified, and at which generation.
     pub verified: Verified,
-    /// The status last written for each Database.
-    pub written: Written,
+    /// The Database status writes (the shared path), and the status to decide on when
+    /// the cache has not shown the last one yet ([`StatusWriter::latest`]).
+    pub statuses: StatusWriter<Database>,
     /// The controller's own cache of Databases (set up with the watches), to forget
     /// what is remembered about Databases that are gone, count a server's Databases and
     /// apply its quota. Shared with the DatabaseServer controller.
@@ -73,7 +75,7 @@ impl State {
         self.verified
             .checks
             .retain(|uid, (_, _, at)| live.contains(uid) && at.elapsed() < every);
-        self.written.statuses.retain(|uid, _| live.contains(uid));
+        self.statuses.retain(|uid| live.contains(uid));
         let named: HashSet<(String, String)> = store
             .state()
             .iter()
@@ -89,72 +91,6 @@ impl State {
                 }
                 keep
             });
-    }
-}
-
-/// The status this controller last wrote for each Database (by uid). A reconcile that
-/// runs on a cached object older than its own last status write (the watch has not
-/// caught up yet) would otherwise write the same status, and send the same Event, twice.
-///
-/// An entry lives until the cache shows the write: the next reconcile drops it, and so does
-/// a sweep whenever the map has doubled since the last one (a burst of new Databases is
-/// written faster than it is reconciled again), so the map stays near the number of
-/// writes the watch has not delivered yet rather than the number of Databases.
-#[derive(Default)]
-pub struct Written {
-    statuses: Memo<DatabaseStatus>,
-    /// The size at which `record` sweeps next.
-    sweep_at: Mutex<usize>,
-}
-
-/// The smallest map `Written::record` sweeps.
-const WRITTEN_SWEEP_MIN: usize = 64;
-
-impl Written {
-    /// The status to build on: the one last written if there is one (this controller is
-    /// the only writer, so the cached object can only be older), else the cached one.
-    /// Once the cache has caught up (it holds what was written), the entry is dropped:
-    /// memory is spent only on Databases whose last write the watch has not shown yet.
-    pub fn latest(&self, db: &Database) -> DatabaseStatus {
-        let uid = db.uid().unwrap_or_default();
-        let cached = || db.status.clone().unwrap_or_default();
-        if self
-            .statuses
-            .forget_if(&uid, |written| db.status.as_ref() == Some(written))
-        {
-            return cached();
-        }
-        self.statuses
-            .get(&uid, DatabaseStatus::clone)
-            .unwrap_or_else(cached)
-    }
-
-    pub fn is_current(&self, db: &Database, status: &DatabaseStatus) -> bool {
-        self.statuses
-            .is(&db.uid().unwrap_or_default(), |written| written == status)
-    }
-
-    pub fn record(&self, db: &Database, status: &DatabaseStatus, cache: Option<&Store<Database>>) {
-        let len = self
-            .statuses
-            .insert(&db.uid().unwrap_or_default(), status.clone());
-        let mut sweep_at = self.sweep_at.lock().unwrap_or_else(|e| e.into_inner());
-        if len < (*sweep_at).max(WRITTEN_SWEEP_MIN) {
-            return;
-        }
-        if let Some(cache) = cache {
-            for cached in cache.state() {
-                if let Some(uid) = cached.metadata.uid.as_deref() {
-                    self.statuses
-                        .forget_if(uid, |written| cached.status.as_ref() == Some(written));
-                }
-            }
-        }
-        *sweep_at = self.statuses.len() * 2;
-    }
-
-    pub(crate) fn forget(&self, uid: &str) {
-        self.statuses.forget(uid);
     }
 }
 
@@ -209,15 +145,6 @@ pub struct Provisioned {
 mod tests {
     use super::*;
 
-    fn database(name: &str) -> Database {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
-            "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}")},
-            "spec": {"serverRef": {"name": "pg-main"}}
-        }))
-        .unwrap()
-    }
-
     #[test]
     fn a_verification_is_recent_only_for_its_generation_and_window() {
         let verified = Verified::default();
@@ -247,52 +174,5 @@ mod tests {
         );
         verified.forget("uid-1");
         assert_eq!(verified.recent("uid-1", 1, Duration::from_secs(60)), None);
-    }
-
-    #[test]
-    fn a_written_status_is_remembered_until_the_cache_shows_it() {
-        let written = Written::default();
-        let cached = database("a");
-        let mine = DatabaseStatus {
-            observed_generation: Some(1),
-            ..DatabaseStatus::default()
-        };
-        written.record(&cached, &mine, None);
-        assert_eq!(
-            written.latest(&cached),
-            mine,
-            "the cache is older: ours counts"
-        );
-        assert!(written.is_current(&cached, &mine));
-        let mut caught_up = cached.clone();
-        caught_up.status = Some(mine.clone());
-        assert_eq!(written.latest(&caught_up), mine);
-        assert!(
-            written.statuses.is_empty(),
-            "nothing kept once the cache holds it"
-        );
-    }
-
-    #[test]
-    fn a_burst_of_writes_is_swept_once_the_cache_shows_them() {
-        use kube::runtime::{reflector, watcher};
-        let (cache, mut writer) = reflector::store::<Database>();
-        let written = Written::default();
-        let mine = DatabaseStatus {
-            observed_generation: Some(1),
-            ..DatabaseStatus::default()
-        };
-        for i in 0..WRITTEN_SWEEP_MIN {
-            let db = database(&format!("db-{i}"));
-            // The watch shows every write but the first one's.
-            if i > 0 {
-                let mut shown = db.clone();
-                shown.status = Some(mine.clone());
-                writer.apply_watcher_event(&watcher::Event::Apply(shown));
-            }
-            written.record(&db, &mine, Some(&cache));
-        }
-        let left: Vec<String> = written.statuses.uids();
-        assert_eq!(left, ["uid-db-0"], "only the write the cache has not shown");
     }
 }

@@ -1,63 +1,47 @@
 //! The Database status: [`desired`] derives it from a reconcile's outcome (pure, as is
-//! [`deleting`] for a deletion that cannot finish yet, and [`events`], the Events a change
-//! of status implies); [`publish`] writes it only when it differs from the latest one,
-//! then sends those Events.
+//! [`deleting`] for a deletion that cannot finish yet), with the Events the change from
+//! the latest status implies; [`publish`] writes it through the shared status path
+//! (`dbops_shared::status`: written only when it differs from the latest one, the uid a
+//! precondition, the Events once written). What a reason does to the status is its
+//! class (`dbops_api::reasons::DatabaseReason`).
 
+use dbops_api::reasons::{DatabaseReason, ReasonClass};
 use dbops_api::{Database, DatabasePhase, DatabaseStatus, condition};
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, get, now, set_condition};
-use dbops_shared::controller::{Context, ReconcileError};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use dbops_shared::controller::Context;
+use dbops_shared::status::{Desired, Guard, Note, Write};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
-use serde_json::json;
+use kube::api::Api;
 
 use crate::error::{Error, Result};
 use crate::live::confirm_live;
 use crate::state::{Provisioned, State};
+
+/// The action the Database's Events name.
+const ACTION: &str = "Reconcile";
 
 /// Where the database was created, once it was.
 pub fn provider_id(db: &Database) -> Option<&str> {
     db.status.as_ref()?.provider_id.as_deref()
 }
 
-/// Reasons that mean "it worked before and is broken now".
-fn degrades(reason: &str) -> bool {
-    matches!(
-        reason,
-        "ServerUnreachable"
-            | "DatabaseMissing"
-            | "SqlError"
-            | "AuthenticationFailed"
-            | "CertificateNotTrusted"
-            | "HostnameMismatch"
-            | "ServerWithoutTLS"
-    )
-}
-
-/// Reasons retried by backoff rather than waiting for a change.
-fn retrying(reason: &str) -> bool {
-    matches!(
-        reason,
-        "ServerUnreachable"
-            | "CacheNotSynced"
-            | "LockTimeout"
-            | "StatementTimeout"
-            | "SqlError"
-            | "RestoreFailed"
-            | "StoreUnavailable"
-            | "CertificateNotTrusted"
-            | "HostnameMismatch"
-            | "ServerWithoutTLS"
-    )
+/// The class of a reason stored in a condition (`None`: not a Database reason).
+fn class_of(stored: &str) -> Option<ReasonClass> {
+    DatabaseReason::parse(stored).map(DatabaseReason::class)
 }
 
 /// The message for a failure retried with backoff: the one already in status while the
 /// reason stays the same (an outage's details vary from one attempt to the next, a
 /// connection refused or reset, and the status is written once per outage, not per
 /// retry); the new one otherwise.
-fn sticky_message(old: &DatabaseStatus, reason: &str, message: String) -> String {
+fn sticky_message(old: &DatabaseStatus, reason: DatabaseReason, message: String) -> String {
     match get(&old.conditions, condition::READY) {
-        Some(c) if retrying(reason) && c.status == "False" && c.reason == reason => {
+        Some(c)
+            if reason.class() == ReasonClass::Retried
+                && c.status == "False"
+                && c.reason == reason =>
+        {
             c.message.clone()
         }
         _ => message,
@@ -79,26 +63,27 @@ pub fn reported_size(old: Option<i64>, now: i64, limit: Option<i64>) -> i64 {
     if crossed || moved { now } else { old }
 }
 
-/// Reasons that are steps on the expected way to Ready (a restore).
-pub fn on_the_way(reason: &str) -> bool {
-    matches!(reason, "WaitingForBackup" | "Restoring")
-}
-
 /// The conditions of one generation, all stamped `t`.
 struct Conditions<'a> {
-    list: &'a mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    list: &'a mut Vec<Condition>,
     generation: Option<i64>,
     t: Time,
 }
 
 impl Conditions<'_> {
-    fn set(&mut self, type_: &str, status: ConditionStatus, reason: &str, message: String) {
+    fn set(
+        &mut self,
+        type_: &str,
+        status: ConditionStatus,
+        reason: DatabaseReason,
+        message: String,
+    ) {
         set_condition(
             self.list,
             ConditionSpec {
                 type_,
                 status,
-                reason,
+                reason: reason.as_str(),
                 message,
                 observed_generation: self.generation,
             },
@@ -108,14 +93,15 @@ impl Conditions<'_> {
 }
 
 /// The status a provisioning outcome asks for, built on `old` (the latest status) at time
-/// `t`. `migration` is the Migration of this Database that has not ended.
+/// `t`, and the Events the change implies. `migration` is the Migration of this Database
+/// that has not ended.
 pub fn desired(
     db: &Database,
     old: &DatabaseStatus,
     outcome: &Result<Provisioned>,
     migration: Option<&str>,
     t: Time,
-) -> DatabaseStatus {
+) -> Desired<DatabaseStatus> {
     let mut new = old.clone();
     new.observed_generation = db.metadata.generation;
     new.database_name = Some(db.database_name());
@@ -132,17 +118,17 @@ pub fn desired(
         Some(m) => conditions.set(
             condition::MIGRATION_IN_PROGRESS,
             ConditionStatus::True,
-            "MigrationRunning",
+            DatabaseReason::MigrationRunning,
             format!("Migration {m} is moving this database; its freeze is not drift"),
         ),
         None => conditions.set(
             condition::MIGRATION_IN_PROGRESS,
             ConditionStatus::False,
-            "NoMigration",
+            DatabaseReason::NoMigration,
             "no Migration is running".into(),
         ),
     }
-    new
+    with_events(old, new)
 }
 
 /// Ready: where the database is, its size and logins, and the conditions that say so.
@@ -182,17 +168,22 @@ fn provisioned(
         p.endpoint,
         db.connection_secret_name()
     );
-    conditions.set(condition::READY, ConditionStatus::True, "Provisioned", msg);
+    conditions.set(
+        condition::READY,
+        ConditionStatus::True,
+        DatabaseReason::Provisioned,
+        msg,
+    );
     conditions.set(
         condition::PROGRESSING,
         ConditionStatus::False,
-        "Provisioned",
+        DatabaseReason::Provisioned,
         "nothing left to do".into(),
     );
     conditions.set(
         condition::DEGRADED,
         ConditionStatus::False,
-        "AsExpected",
+        DatabaseReason::AsExpected,
         "the database is as specified".into(),
     );
 }
@@ -218,20 +209,24 @@ fn size_condition(conditions: &mut Conditions<'_>, p: &Provisioned) {
         conditions.set(
             SIZE_EXCEEDED,
             ConditionStatus::True,
-            "SizeExceeded",
+            DatabaseReason::SizeExceeded,
             message,
         );
     } else {
         conditions.set(
             SIZE_EXCEEDED,
             ConditionStatus::False,
-            "WithinLimit",
+            DatabaseReason::WithinLimit,
             message,
         );
     }
 }
 
-/// Not Ready: the phase and conditions a failure's reason calls for.
+/// Not Ready: the phase and conditions a failure's reason calls for. Its class: a
+/// `Retried` reason is retried with backoff (`Progressing=True`, reason `Retrying`), a
+/// `Progressing` one is a step on the way (a restore), any other waits for a change
+/// (phase `Failed`); one that [`degrades`](DatabaseReason::degrades) a Database
+/// provisioned before makes it `Degraded`.
 fn failed(
     old: &DatabaseStatus,
     new: &mut DatabaseStatus,
@@ -239,16 +234,14 @@ fn failed(
     generation: Option<i64>,
     t: Time,
 ) {
-    let reason = e.reason();
+    let reason = e.database_reason();
     let message = sticky_message(old, reason, e.to_string());
     let provisioned_before = old.provider_id.is_some();
-    let degraded = provisioned_before && degrades(reason);
-    new.phase = Some(if degraded {
-        DatabasePhase::Degraded
-    } else if retrying(reason) || on_the_way(reason) {
-        DatabasePhase::Provisioning
-    } else {
-        DatabasePhase::Failed
+    let degraded = provisioned_before && reason.degrades();
+    new.phase = Some(match reason.class() {
+        _ if degraded => DatabasePhase::Degraded,
+        ReasonClass::Retried | ReasonClass::Progressing => DatabasePhase::Provisioning,
+        _ => DatabasePhase::Failed,
     });
     let mut conditions = Conditions {
         list: &mut new.conditions,
@@ -261,27 +254,25 @@ fn failed(
         reason,
         message.clone(),
     );
-    if on_the_way(reason) {
-        conditions.set(
+    match reason.class() {
+        ReasonClass::Progressing => conditions.set(
             condition::PROGRESSING,
             ConditionStatus::True,
             reason,
             message.clone(),
-        );
-    } else if retrying(reason) {
-        conditions.set(
+        ),
+        ReasonClass::Retried => conditions.set(
             condition::PROGRESSING,
             ConditionStatus::True,
-            "Retrying",
+            DatabaseReason::Retrying,
             format!("retrying with backoff: {message}"),
-        );
-    } else {
-        conditions.set(
+        ),
+        _ => conditions.set(
             condition::PROGRESSING,
             ConditionStatus::False,
             reason,
             "waiting for the spec, its Secret or the server to change".into(),
-        );
+        ),
     }
     if degraded {
         conditions.set(condition::DEGRADED, ConditionStatus::True, reason, message);
@@ -289,14 +280,20 @@ fn failed(
         conditions.set(
             condition::DEGRADED,
             ConditionStatus::False,
-            "AsExpected",
+            DatabaseReason::AsExpected,
             "no provisioned database is affected".into(),
         );
     }
 }
 
-/// The status of a deletion that cannot finish yet (`e` says why), built on `old`.
-pub fn deleting(db: &Database, old: &DatabaseStatus, e: &Error, t: Time) -> DatabaseStatus {
+/// The status of a deletion that cannot finish yet (`e` says why), built on `old`, and
+/// the Events the change implies.
+pub fn deleting(
+    db: &Database,
+    old: &DatabaseStatus,
+    e: &Error,
+    t: Time,
+) -> Desired<DatabaseStatus> {
     let mut new = old.clone();
     new.phase = Some(DatabasePhase::Deleting);
     new.observed_generation = db.metadata.generation;
@@ -312,65 +309,54 @@ pub fn deleting(db: &Database, old: &DatabaseStatus, e: &Error, t: Time) -> Data
     conditions.set(
         condition::READY,
         ConditionStatus::False,
-        "Deleting",
+        DatabaseReason::Deleting,
         "the Database is being deleted".into(),
     );
     conditions.set(
         condition::PROGRESSING,
         ConditionStatus::True,
-        e.reason(),
+        e.database_reason(),
         format!("deleting: {e}"),
     );
-    new
+    with_events(old, new)
 }
 
-/// An Event about the Database: Normal or Warning, its reason and note.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
-    pub normal: bool,
-    pub reason: String,
-    pub note: String,
-}
-
-/// The Events the change from `old` to `new` implies: Ready's status or reason changed;
-/// SizeExceeded turned True (a Warning); while deleting, Progressing's reason changed
-/// (waiting for the final Backup is the expected path, not a warning).
-pub fn events(old: &DatabaseStatus, new: &DatabaseStatus) -> Vec<Event> {
-    let mut out = Vec::new();
+/// `new` with the Events the change from `old` implies: Ready's status or reason changed
+/// (Normal when True or a step on the way); SizeExceeded turned True (a Warning); while
+/// deleting, Progressing's reason changed (waiting for the final Backup is the expected
+/// path, a Normal Event; anything else a Warning).
+fn with_events(old: &DatabaseStatus, new: DatabaseStatus) -> Desired<DatabaseStatus> {
+    let mut notes = Vec::new();
+    let note = |normal: bool, c: &Condition| {
+        let (reason, message) = (c.reason.clone(), c.message.clone());
+        if normal {
+            Note::normal(ACTION, reason, message)
+        } else {
+            Note::warning(ACTION, reason, message)
+        }
+    };
     let before =
         get(&old.conditions, condition::READY).map(|c| (c.status.clone(), c.reason.clone()));
     if let Some(after) = get(&new.conditions, condition::READY)
         && before.as_ref() != Some(&(after.status.clone(), after.reason.clone()))
     {
-        let normal =
-            after.status == "True" || after.reason == "Deleting" || on_the_way(&after.reason);
-        out.push(Event {
-            normal,
-            reason: after.reason.clone(),
-            note: after.message.clone(),
-        });
+        let on_the_way = class_of(&after.reason) == Some(ReasonClass::Progressing);
+        notes.push(note(after.status == "True" || on_the_way, after));
     }
     if let Some(size) = get(&new.conditions, SIZE_EXCEEDED)
         && size.status == "True"
         && get(&old.conditions, SIZE_EXCEEDED).is_none_or(|c| c.status != "True")
     {
-        out.push(Event {
-            normal: false,
-            reason: "SizeExceeded".into(),
-            note: size.message.clone(),
-        });
+        notes.push(note(false, size));
     }
     if let Some(progress) = get(&new.conditions, condition::PROGRESSING)
         && new.phase == Some(DatabasePhase::Deleting)
         && get(&old.conditions, condition::PROGRESSING).map(|c| &c.reason) != Some(&progress.reason)
     {
-        out.push(Event {
-            normal: progress.reason == "WaitingForFinalBackup",
-            reason: progress.reason.clone(),
-            note: progress.message.clone(),
-        });
+        let expected = class_of(&progress.reason) == Some(ReasonClass::Progressing);
+        notes.push(note(expected, progress));
     }
-    out
+    Desired { status: new, notes }
 }
 
 /// Writes the status for a provisioning outcome (nothing for Kubernetes API errors, nor
@@ -385,9 +371,8 @@ pub async fn publish(
     if matches!(outcome, Err(Error::Kube(_) | Error::Superseded(_))) {
         return Ok(());
     }
-    let old = ctx.state.written.latest(db);
-    let new = desired(db, &old, outcome, migration, now());
-    write(db, ctx, api, &old, new).await
+    let old = ctx.state.statuses.latest(db);
+    write(db, ctx, api, desired(db, &old, outcome, migration, now())).await
 }
 
 /// Writes the status of a deletion that cannot finish yet (`e` says why).
@@ -397,60 +382,44 @@ pub async fn publish_deleting(
     api: &Api<Database>,
     e: &Error,
 ) -> Result<()> {
-    let old = ctx.state.written.latest(db);
-    let new = deleting(db, &old, e, now());
-    write(db, ctx, api, &old, new).await
+    let old = ctx.state.statuses.latest(db);
+    write(db, ctx, api, deleting(db, &old, e, now())).await
 }
 
-/// Writes `new` unless it is what `old` or the last write already holds, then sends the
-/// Events the change implies.
+/// The shared write, guarded by the uid only: a Database's status is recomputed from
+/// PostgreSQL and its Secret each reconcile, so the last write wins. A Database gone or
+/// replaced since the reconcile read it abandons the reconcile ([`Error::Superseded`]).
 async fn write(
     db: &Database,
     ctx: &Context<State>,
     api: &Api<Database>,
-    old: &DatabaseStatus,
-    new: DatabaseStatus,
+    desired: Desired<DatabaseStatus>,
 ) -> Result<()> {
-    if &new == old || ctx.state.written.is_current(db, &new) {
-        return Ok(());
-    }
-    // The UID is a precondition: a Database deleted and created again with the same name
-    // since the reconcile read it never gets this one's status. (A merge patch's
-    // `metadata.uid` is not one on the status subresource: the apiserver takes the
-    // metadata from the stored object there; a JSON patch's test is checked against it.)
-    let patch = serde_json::from_value(json!([
-        {"op": "test", "path": "/metadata/uid", "value": db.uid().unwrap_or_default()},
-        {"op": "add", "path": "/status", "value": new},
-    ]))
-    .map_err(|e| Error::Internal(format!("building the status patch: {e}")))?;
-    let written = api
-        .patch_status(
-            &db.name_any(),
-            &PatchParams::default(),
-            &Patch::<()>::Json(patch),
-        )
-        .await;
-    match written {
-        Ok(_) => {}
-        // Gone (404), or the test failed (422): is it still the live one?
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 422 => {
+    let state = &ctx.state;
+    let cache = state.databases.get();
+    match state
+        .statuses
+        .write(api, db, desired, Guard::Uid, &state.recorder, cache)
+        .await?
+    {
+        Write::Unchanged | Write::Written(_) | Write::Conflict => Ok(()),
+        Write::Gone => {
             confirm_live(&ctx.client, db).await?;
-            return Err(kube::Error::Api(e).into());
+            Err(Error::Retry {
+                reason: DatabaseReason::KubernetesApiError.as_str(),
+                message: format!(
+                    "the status write found no Database {} of UID {}, yet it is the live one; trying again",
+                    db.name_any(),
+                    db.uid().unwrap_or_default()
+                ),
+            })
         }
-        Err(e) => return Err(e.into()),
     }
-    ctx.state
-        .written
-        .record(db, &new, ctx.state.databases.get());
-    for e in events(old, &new) {
-        event(ctx, db, e.normal, &e.reason, &e.note).await;
-    }
-    Ok(())
 }
 
 /// Publishes an Event about the Database; failures are logged, never fatal.
 pub async fn event(ctx: &Context<State>, db: &Database, normal: bool, reason: &str, note: &str) {
-    dbops_shared::events::publish(&ctx.state.recorder, db, normal, "Reconcile", reason, note).await;
+    dbops_shared::events::publish(&ctx.state.recorder, db, normal, ACTION, reason, note).await;
 }
 
 #[cfg(test)]
@@ -493,25 +462,25 @@ mod tests {
         assert_eq!(
             sticky_message(
                 &old,
-                "ServerUnreachable",
+                DatabaseReason::ServerUnreachable,
                 "server h:1 is unreachable: reset".into()
             ),
             "server h:1 is unreachable: refused"
         );
         // Another reason, or a reason that waits for a change, takes the new message.
         assert_eq!(
-            sticky_message(&old, "AuthenticationFailed", "denied".into()),
+            sticky_message(&old, DatabaseReason::AuthenticationFailed, "denied".into()),
             "denied"
         );
         let blocked = with_ready("False", "NameConflict", "old");
         assert_eq!(
-            sticky_message(&blocked, "NameConflict", "new".into()),
+            sticky_message(&blocked, DatabaseReason::NameConflict, "new".into()),
             "new"
         );
         // After Ready, a new outage gets its own message.
         let ready = with_ready("True", "Provisioned", "ready");
         assert_eq!(
-            sticky_message(&ready, "ServerUnreachable", "refused".into()),
+            sticky_message(&ready, DatabaseReason::ServerUnreachable, "refused".into()),
             "refused"
         );
     }
@@ -545,10 +514,10 @@ mod tests {
         (c.status.as_str(), c.reason.as_str())
     }
 
-    fn reasons(events: &[Event]) -> Vec<(bool, &str)> {
-        events
+    fn reasons(d: &Desired<DatabaseStatus>) -> Vec<(bool, &str)> {
+        d.notes
             .iter()
-            .map(|e| (e.normal, e.reason.as_str()))
+            .map(|n| (n.normal, n.reason.as_str()))
             .collect()
     }
 
@@ -557,33 +526,39 @@ mod tests {
         let db = database();
         let old = DatabaseStatus::default();
         let new = desired(&db, &old, &Ok(ready_on(1000, None)), None, now());
-        assert_eq!(new.phase, Some(DatabasePhase::Ready));
-        assert_eq!(new.observed_generation, Some(2));
-        assert_eq!(new.provider_id.as_deref(), Some("pg.example:5432/16384"));
-        assert_eq!(new.connection_secret.as_deref(), Some("orders-connection"));
-        assert_eq!(new.login.as_deref(), Some("orders_owner"));
+        assert_eq!(new.status.phase, Some(DatabasePhase::Ready));
+        assert_eq!(new.status.observed_generation, Some(2));
         assert_eq!(
-            condition_of(&new, condition::READY),
+            new.status.provider_id.as_deref(),
+            Some("pg.example:5432/16384")
+        );
+        assert_eq!(
+            new.status.connection_secret.as_deref(),
+            Some("orders-connection")
+        );
+        assert_eq!(new.status.login.as_deref(), Some("orders_owner"));
+        assert_eq!(
+            condition_of(&new.status, condition::READY),
             ("True", "Provisioned")
         );
         assert_eq!(
-            condition_of(&new, condition::PROGRESSING),
+            condition_of(&new.status, condition::PROGRESSING),
             ("False", "Provisioned")
         );
         assert_eq!(
-            condition_of(&new, condition::DEGRADED),
+            condition_of(&new.status, condition::DEGRADED),
             ("False", "AsExpected")
         );
         assert_eq!(
-            condition_of(&new, condition::MIGRATION_IN_PROGRESS),
+            condition_of(&new.status, condition::MIGRATION_IN_PROGRESS),
             ("False", "NoMigration")
         );
-        assert!(get(&new.conditions, SIZE_EXCEEDED).is_none());
-        assert_eq!(reasons(&events(&old, &new)), [(true, "Provisioned")]);
+        assert!(get(&new.status.conditions, SIZE_EXCEEDED).is_none());
+        assert_eq!(reasons(&new), [(true, "Provisioned")]);
         // The next reconcile finds the same: the same status, no Event.
-        let again = desired(&db, &new, &Ok(ready_on(1001, None)), None, now());
-        assert_eq!(again, new);
-        assert!(events(&new, &again).is_empty());
+        let again = desired(&db, &new.status, &Ok(ready_on(1001, None)), None, now());
+        assert_eq!(again.status, new.status);
+        assert!(again.notes.is_empty());
     }
 
     #[test]
@@ -597,16 +572,25 @@ mod tests {
             now(),
         );
         assert_eq!(
-            condition_of(&within, SIZE_EXCEEDED),
+            condition_of(&within.status, SIZE_EXCEEDED),
             ("False", "WithinLimit")
         );
-        let over = desired(&db, &within, &Ok(ready_on(1100, Some(1000))), None, now());
-        assert_eq!(condition_of(&over, SIZE_EXCEEDED), ("True", "SizeExceeded"));
-        assert_eq!(over.size_bytes, Some(1100));
-        assert_eq!(reasons(&events(&within, &over)), [(false, "SizeExceeded")]);
+        let over = desired(
+            &db,
+            &within.status,
+            &Ok(ready_on(1100, Some(1000))),
+            None,
+            now(),
+        );
+        assert_eq!(
+            condition_of(&over.status, SIZE_EXCEEDED),
+            ("True", "SizeExceeded")
+        );
+        assert_eq!(over.status.size_bytes, Some(1100));
+        assert_eq!(reasons(&over), [(false, "SizeExceeded")]);
         // The limit lifted: the condition goes.
-        let lifted = desired(&db, &over, &Ok(ready_on(1100, None)), None, now());
-        assert!(get(&lifted.conditions, SIZE_EXCEEDED).is_none());
+        let lifted = desired(&db, &over.status, &Ok(ready_on(1100, None)), None, now());
+        assert!(get(&lifted.status.conditions, SIZE_EXCEEDED).is_none());
     }
 
     #[test]
@@ -620,7 +604,7 @@ mod tests {
             now(),
         );
         assert_eq!(
-            condition_of(&ready, condition::MIGRATION_IN_PROGRESS),
+            condition_of(&ready.status, condition::MIGRATION_IN_PROGRESS),
             ("True", "MigrationRunning")
         );
         let unreachable = Err(Error::Retry {
@@ -628,26 +612,23 @@ mod tests {
             message: "server pg.example:5432 is unreachable".into(),
         });
         // Provisioned before: it worked and is broken now.
-        let degraded = desired(&db, &ready, &unreachable, None, now());
-        assert_eq!(degraded.phase, Some(DatabasePhase::Degraded));
+        let degraded = desired(&db, &ready.status, &unreachable, None, now());
+        assert_eq!(degraded.status.phase, Some(DatabasePhase::Degraded));
         assert_eq!(
-            condition_of(&degraded, condition::DEGRADED),
+            condition_of(&degraded.status, condition::DEGRADED),
             ("True", "ServerUnreachable")
         );
         assert_eq!(
-            condition_of(&degraded, condition::PROGRESSING),
+            condition_of(&degraded.status, condition::PROGRESSING),
             ("True", "Retrying")
         );
-        assert_eq!(
-            reasons(&events(&ready, &degraded)),
-            [(false, "ServerUnreachable")]
-        );
+        assert_eq!(reasons(&degraded), [(false, "ServerUnreachable")]);
         // Never provisioned: on its way (retried), not degraded.
         let fresh = DatabaseStatus::default();
         let retrying = desired(&db, &fresh, &unreachable, None, now());
-        assert_eq!(retrying.phase, Some(DatabasePhase::Provisioning));
+        assert_eq!(retrying.status.phase, Some(DatabasePhase::Provisioning));
         assert_eq!(
-            condition_of(&retrying, condition::DEGRADED),
+            condition_of(&retrying.status, condition::DEGRADED),
             ("False", "AsExpected")
         );
         // A restore's wait is a step on the way: Progressing, a Normal Event.
@@ -656,27 +637,24 @@ mod tests {
             message: "waiting for Backup shop/nightly to complete before restoring".into(),
         });
         let on_the_way = desired(&db, &fresh, &waiting, None, now());
-        assert_eq!(on_the_way.phase, Some(DatabasePhase::Provisioning));
+        assert_eq!(on_the_way.status.phase, Some(DatabasePhase::Provisioning));
         assert_eq!(
-            condition_of(&on_the_way, condition::PROGRESSING),
+            condition_of(&on_the_way.status, condition::PROGRESSING),
             ("True", "WaitingForBackup")
         );
-        assert_eq!(
-            reasons(&events(&fresh, &on_the_way)),
-            [(true, "WaitingForBackup")]
-        );
+        assert_eq!(reasons(&on_the_way), [(true, "WaitingForBackup")]);
         // Blocked until something changes: Failed, not progressing.
         let conflict = Err(Error::Blocked {
             reason: "NameConflict",
             message: "role \"orders_owner\" already exists".into(),
         });
         let failed = desired(&db, &fresh, &conflict, None, now());
-        assert_eq!(failed.phase, Some(DatabasePhase::Failed));
+        assert_eq!(failed.status.phase, Some(DatabasePhase::Failed));
         assert_eq!(
-            condition_of(&failed, condition::PROGRESSING),
+            condition_of(&failed.status, condition::PROGRESSING),
             ("False", "NameConflict")
         );
-        assert_eq!(reasons(&events(&fresh, &failed)), [(false, "NameConflict")]);
+        assert_eq!(reasons(&failed), [(false, "NameConflict")]);
     }
 
     #[test]
@@ -693,34 +671,32 @@ mod tests {
             reason: "WaitingForFinalBackup",
             message: "waiting for the final Backup orders-final-u1 to be Ready".into(),
         };
-        let deleting_ = deleting(&db, &ready, &waiting, now());
-        assert_eq!(deleting_.phase, Some(DatabasePhase::Deleting));
+        let deleting_ = deleting(&db, &ready.status, &waiting, now());
+        assert_eq!(deleting_.status.phase, Some(DatabasePhase::Deleting));
         assert_eq!(
-            condition_of(&deleting_, condition::READY),
+            condition_of(&deleting_.status, condition::READY),
             ("False", "Deleting")
         );
         assert_eq!(
-            condition_of(&deleting_, condition::PROGRESSING),
+            condition_of(&deleting_.status, condition::PROGRESSING),
             ("True", "WaitingForFinalBackup")
         );
         assert!(
             deleting_
+                .status
                 .conditions
                 .iter()
                 .all(|c| c.observed_generation == Some(2))
         );
         assert_eq!(
-            reasons(&events(&ready, &deleting_)),
+            reasons(&deleting_),
             [(true, "Deleting"), (true, "WaitingForFinalBackup")]
         );
         let conflict = Error::Blocked {
             reason: "FinalSnapshotConflict",
             message: "Backup orders-final-u1 was not made as the final snapshot".into(),
         };
-        let blocked = deleting(&db, &deleting_, &conflict, now());
-        assert_eq!(
-            reasons(&events(&deleting_, &blocked)),
-            [(false, "FinalSnapshotConflict")]
-        );
+        let blocked = deleting(&db, &deleting_.status, &conflict, now());
+        assert_eq!(reasons(&blocked), [(false, "FinalSnapshotConflict")]);
     }
 }

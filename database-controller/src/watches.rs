@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use dbops_api::reasons::DatabaseReason;
 use dbops_api::{Backup, Database, DatabaseServer, DatabaseUser, Migration, condition};
 use dbops_shared::conditions;
 use dbops_shared::controller::{self, Context};
@@ -195,7 +196,7 @@ fn over_quota_beside(
                 && other.uid() != db.uid()
                 && other.status.as_ref().is_some_and(|s| {
                     conditions::get(&s.conditions, condition::READY)
-                        .is_some_and(|c| c.reason == "QuotaExceeded")
+                        .is_some_and(|c| c.reason == DatabaseReason::QuotaExceeded)
                 })
         })
         .map(|other| ObjectRef::from_obj(other.as_ref()))

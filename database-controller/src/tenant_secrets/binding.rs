@@ -3,6 +3,7 @@
 //! one ([`plan_binding`], pure), and [`Bindings`], which watches this installation's
 //! RoleBindings and writes one only where it differs from what is wanted.
 
+use dbops_api::reasons::DatabaseReason;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -244,7 +245,7 @@ impl Bindings {
                 BindingChange::Keep => return Ok(()),
                 BindingChange::Foreign(message) => {
                     return Err(Error::Retry {
-                        reason: "RoleBindingConflict",
+                        reason: DatabaseReason::RoleBindingConflict.as_str(),
                         message: message.clone(),
                     });
                 }
@@ -269,7 +270,7 @@ impl Bindings {
                 }
                 Err(e) => {
                     return Err(Error::Retry {
-                        reason: "KubernetesApiError",
+                        reason: DatabaseReason::KubernetesApiError.as_str(),
                         message: format!(
                             "RoleBinding {namespace}/{ROLE_BINDING}, which grants ServiceAccount {me} the connection Secrets there: {e}"
                         ),

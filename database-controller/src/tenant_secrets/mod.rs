@@ -34,6 +34,7 @@ mod binding;
 mod service_account;
 mod tenancy;
 
+use dbops_api::reasons::DatabaseReason;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
@@ -182,7 +183,7 @@ impl TenantSecrets {
             None => {
                 if !needs_secrets(db, &self.inner.directory) {
                     return Err(Error::Retry {
-                        reason: "NamespaceNotAllowed",
+                        reason: DatabaseReason::NamespaceNotAllowed.as_str(),
                         message: format!(
                             "no DatabaseServer this controller serves allows namespace {namespace:?}: its connection Secrets are out of this controller's reach"
                         ),
@@ -401,7 +402,7 @@ impl TenantSecrets {
 
 fn not_synced(namespace: &str) -> Error {
     Error::Retry {
-        reason: "CacheNotSynced",
+        reason: DatabaseReason::CacheNotSynced.as_str(),
         message: format!(
             "the watch of namespace {namespace:?}'s connection Secrets has not listed them yet"
         ),
@@ -417,7 +418,7 @@ where
     match tokio::time::timeout(SET_UP_WAIT, store.wait_until_ready()).await {
         Ok(Ok(())) => Ok(()),
         _ => Err(Error::Retry {
-            reason: "CacheNotSynced",
+            reason: DatabaseReason::CacheNotSynced.as_str(),
             message: format!("the {what} cache has not synced yet"),
         }),
     }
