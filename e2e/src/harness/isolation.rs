@@ -13,6 +13,7 @@ use crate::controllers::ControllerProcess;
 use crate::fixtures::{Connection, create_admin_secret, create_migration, merge_patch};
 use crate::harness::bed::{Bed, bed};
 use crate::harness::migration::{READY, SAGA, phase_of};
+use crate::harness::object::Object;
 use crate::postgres::PgServer;
 use crate::postgres::{LOGICAL_REPLICATION, redact_passwords};
 use crate::traps::{Traps, pinned_superuser, reached};
@@ -137,21 +138,14 @@ impl World {
 
     /// Polls `api`'s object `name` until `done` holds; on timeout the panic shows what was
     /// last seen and the controllers' logs.
-    pub async fn wait<K>(
+    pub async fn wait<K: Object>(
         &self,
         api: Api<K>,
         name: &str,
         what: &str,
         timeout: Duration,
         done: impl Fn(&K) -> bool,
-    ) -> K
-    where
-        K: kube::Resource<DynamicType = ()>
-            + Clone
-            + serde::de::DeserializeOwned
-            + serde::Serialize
-            + std::fmt::Debug,
-    {
+    ) -> K {
         crate::wait::object_or_logs(&api, name, what, timeout, done, || self.logs_of_all()).await
     }
 

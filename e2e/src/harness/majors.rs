@@ -20,6 +20,7 @@ use crate::fixtures::{
 };
 use crate::harness::bed::{Bed, bed};
 use crate::harness::migration::{READY, SAGA, condition, phase_of};
+use crate::harness::object::Object;
 use crate::postgres::PgServer;
 use crate::postgres::{LOGICAL_REPLICATION, client_bin_dir, redact_passwords, server_majors};
 use crate::wait::Want;
@@ -229,21 +230,14 @@ impl Majors {
 
     /// Polls `api`'s object `name` until `done` holds; on timeout the panic shows what was
     /// last seen and the controllers' logs.
-    pub async fn wait<K>(
+    pub async fn wait<K: Object>(
         &self,
         api: Api<K>,
         name: &str,
         what: &str,
         timeout: Duration,
         done: impl Fn(&K) -> bool,
-    ) -> K
-    where
-        K: kube::Resource<DynamicType = ()>
-            + Clone
-            + serde::de::DeserializeOwned
-            + serde::Serialize
-            + std::fmt::Debug,
-    {
+    ) -> K {
         crate::wait::object_or_logs(&api, name, what, timeout, done, || self.logs_of_all()).await
     }
 

@@ -3,13 +3,14 @@
 //! per kind the controllers, servers and stores one test runs against. A test file reads
 //! top to bottom; how its world is built lives here.
 
+pub mod api_validation;
 pub mod backup;
 pub mod bed;
 pub mod database;
 pub mod deploy;
-pub mod migration;
-pub mod leader;
-pub mod api_validation;
-pub mod migration_logical;
 pub mod isolation;
+pub mod leader;
 pub mod majors;
+pub mod migration;
+pub mod migration_logical;
+pub mod object;
