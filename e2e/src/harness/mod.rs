@@ -14,3 +14,4 @@ pub mod majors;
 pub mod migration;
 pub mod migration_logical;
 pub mod object;
+pub mod observability;

@@ -4,10 +4,9 @@
 use std::collections::BTreeMap;
 
 use dbops_e2e::ControllerProcess;
+use dbops_e2e::harness::observability::World;
 use kube::api::PostParams;
 use serde_json::json;
-
-use crate::traces::World;
 
 /// `/metrics` of a controller as `series -> value` (`name{labels}` as printed).
 fn scrape(controller: &ControllerProcess) -> BTreeMap<String, f64> {
@@ -53,7 +52,7 @@ async fn metrics_move_with_a_database_and_a_backup() {
     let db = &w.database_controller;
     let m = dbops_e2e::wait::eventually(
         "the database-controller counts one Ready Database",
-        crate::traces::SLOW,
+        dbops_e2e::harness::observability::SLOW,
         || async { Ok(scrape(db)) },
         |m| {
             value(
@@ -96,7 +95,7 @@ async fn metrics_move_with_a_database_and_a_backup() {
     // The backup-controller: the completed dump's bytes, duration and time.
     let bk = dbops_e2e::wait::eventually(
         "the backup-controller counts one Ready Backup",
-        crate::traces::SLOW,
+        dbops_e2e::harness::observability::SLOW,
         || async { Ok(scrape(&w.backup_controller)) },
         |m| {
             value(
