@@ -6,8 +6,9 @@
 //! once no Database uses it) → the probe (admin Secret, CA Secret, a session as the admin
 //! role with the TLS asked for, `server_version` and the TLS in use; every minute while
 //! Ready, every 10 s while failing, at once when the server or one of its Secrets
-//! changed, and never more often because its Databases changed) → the status,
-//! written only when it differs, with an Event when Ready changes.
+//! changed, and never more often because its Databases changed) → the status (a pure
+//! `desired`), written through the shared path only when it differs, with an Event when
+//! Ready changes.
 //!
 //! Watches: DatabaseServers (generation changes), Secrets of the controllers' namespace
 //! (mapped to the servers naming them) and Databases (mapped to their server: the count
@@ -18,6 +19,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use dbops_api::names::finalizer::SERVER_IN_USE as IN_USE_FINALIZER;
+use dbops_api::reasons::DatabaseServerReason;
 use dbops_api::{
     Database, DatabaseServer, DatabaseServerStatus, Migration, MigrationPhase, ServerTlsStatus,
     TlsMode, condition,
@@ -27,14 +29,14 @@ use dbops_shared::controller::{Context, ErrorKind, ReconcileError};
 use dbops_shared::events::Recorder;
 use dbops_shared::postgres::{PgError, Servers};
 use dbops_shared::server::{Directory, ServerError};
+use dbops_shared::status::{Desired, Guard, Note, StatusWriter};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use serde_json::json;
 
 /// How soon a failing server is probed again.
 const PROBE_RETRY: Duration = Duration::from_secs(10);
@@ -59,6 +61,8 @@ pub struct State {
     pub migrations: Arc<OnceLock<Store<Migration>>>,
     /// The last probe of each server (by uid), with what it depended on.
     probes: Mutex<HashMap<String, (Fingerprint, Instant, Probe)>>,
+    /// The DatabaseServer status writes (the shared path).
+    statuses: StatusWriter<DatabaseServer>,
 }
 
 impl State {
@@ -76,6 +80,7 @@ impl State {
             databases,
             migrations,
             probes: Mutex::new(HashMap::new()),
+            statuses: StatusWriter::default(),
         }
     }
 }
@@ -181,7 +186,7 @@ pub async fn reconcile(
                 Ok(Ok(())) => store.state(),
                 _ => {
                     return Err(Error::Probe {
-                        reason: "CacheNotSynced",
+                        reason: DatabaseServerReason::CacheNotSynced.as_str(),
                         message: "the Database cache has not synced yet".into(),
                     });
                 }
@@ -201,11 +206,13 @@ pub async fn reconcile(
     if server.metadata.deletion_timestamp.is_some() {
         if using.is_empty() {
             dbops_shared::finalizer::set(server.as_ref(), &api, IN_USE_FINALIZER, false).await?;
+            let uid = server.uid().unwrap_or_default();
             ctx.state
                 .probes
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .remove(&server.uid().unwrap_or_default());
+                .remove(&uid);
+            ctx.state.statuses.forget(&uid);
             return Ok(Action::await_change());
         }
         let shown: Vec<&str> = using.iter().take(10).map(String::as_str).collect();
@@ -220,7 +227,7 @@ pub async fn reconcile(
                 String::new()
             }
         );
-        publish(&server, &ctx, &api, None, Some(message), on_it).await?;
+        publish(&server, &ctx, &api, Report::InUse(message), on_it).await?;
         // Looked at again soon: the Database cache this reads may lag the event that
         // brought the reconcile here by a moment.
         return Ok(Action::requeue(ctx.resync_interval.min(HELD_RECHECK)));
@@ -228,7 +235,7 @@ pub async fn reconcile(
     dbops_shared::finalizer::set(server.as_ref(), &api, IN_USE_FINALIZER, true).await?;
 
     let probe = probe(&server, &ctx).await;
-    publish(&server, &ctx, &api, Some(&probe), None, on_it).await?;
+    publish(&server, &ctx, &api, Report::Probe(&probe), on_it).await?;
     match probe {
         // A failing server is probed on a fixed short interval, one connection per server
         // whatever the number of its Databases: its return is noticed within that interval
@@ -343,24 +350,33 @@ async fn probe_now(server: &DatabaseServer, ctx: &Context<State>) -> Probe {
     }
 }
 
-/// Writes the status for a probe (or, while deletion waits, the `InUse` message), only
-/// when it differs; an Event when Ready changes.
-async fn publish(
+/// What a server's status reports: its probe, or, while its deletion waits, what still
+/// uses it.
+enum Report<'a> {
+    Probe(&'a Probe),
+    InUse(String),
+}
+
+/// The status a report asks for, built on `old` (the latest status) at time `t`, with an
+/// Event when `Ready` changes (pure).
+fn desired(
     server: &DatabaseServer,
-    ctx: &Context<State>,
-    api: &Api<DatabaseServer>,
-    probe: Option<&Probe>,
-    deleting: Option<String>,
+    old: &DatabaseServerStatus,
+    report: Report<'_>,
     databases: usize,
-) -> Result<(), Error> {
-    let old = server.status.clone().unwrap_or_default();
+    t: Time,
+) -> Desired<DatabaseServerStatus> {
     let mut new = old.clone();
     let generation = server.metadata.generation;
     new.observed_generation = generation;
     new.databases = Some(i32::try_from(databases).unwrap_or(i32::MAX));
-    let (status, reason, message) = match (probe, deleting) {
-        (_, Some(message)) => (ConditionStatus::False, "InUse", message),
-        (Some(Probe::Ready { version, tls, user }), None) => {
+    let (status, reason, message) = match report {
+        Report::InUse(message) => (
+            ConditionStatus::False,
+            DatabaseServerReason::InUse.as_str(),
+            message,
+        ),
+        Report::Probe(Probe::Ready { version, tls, user }) => {
             new.server_version = Some(version.clone());
             new.tls = Some(tls.clone());
             let over = match &tls.protocol {
@@ -369,18 +385,15 @@ async fn publish(
             };
             (
                 ConditionStatus::True,
-                "Reachable",
+                DatabaseServerReason::Reachable.as_str(),
                 format!("connected as {user} over {over}; PostgreSQL {version}"),
             )
         }
-        (
-            Some(Probe::Failed {
-                reason,
-                message,
-                transient,
-            }),
-            None,
-        ) => {
+        Report::Probe(Probe::Failed {
+            reason,
+            message,
+            transient,
+        }) => {
             // Written once per outage: while the reason stays, the first message stays
             // (the details of a failing connection vary from one probe to the next).
             let kept = dbops_shared::conditions::get(&old.conditions, condition::READY)
@@ -392,7 +405,6 @@ async fn publish(
                 kept.unwrap_or_else(|| message.clone()),
             )
         }
-        (None, None) => return Ok(()),
     };
     let changed_ready = set_condition(
         &mut new.conditions,
@@ -403,37 +415,40 @@ async fn publish(
             message: message.clone(),
             observed_generation: generation,
         },
-        Time(jiff::Timestamp::now()),
+        t,
     );
-    if new == old {
-        return Ok(());
+    let desired = Desired::new(new);
+    match (changed_ready, status) {
+        (false, _) => desired,
+        (true, ConditionStatus::True) => desired.with(Note::normal("Probe", reason, message)),
+        (true, _) => desired.with(Note::warning("Probe", reason, message)),
     }
-    write_status(api, &server.name_any(), &new).await?;
-    if changed_ready {
-        dbops_shared::events::publish(
-            &ctx.state.recorder,
-            server,
-            status == ConditionStatus::True,
-            "Probe",
-            reason,
-            &message,
-        )
-        .await;
-    }
-    Ok(())
 }
 
-async fn write_status(
+/// Writes the status for a report through the shared path (only when it differs from the
+/// latest one, the uid a precondition, the Event once written). The status is recomputed
+/// from the probe each time: the last write wins ([`Guard::Uid`]); a server gone since is
+/// left to its deletion.
+async fn publish(
+    server: &DatabaseServer,
+    ctx: &Context<State>,
     api: &Api<DatabaseServer>,
-    name: &str,
-    status: &DatabaseServerStatus,
+    report: Report<'_>,
+    databases: usize,
 ) -> Result<(), Error> {
-    api.patch_status(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": status})),
-    )
-    .await?;
+    let state = &ctx.state;
+    let old = state.statuses.latest(server);
+    let desired = desired(
+        server,
+        &old,
+        report,
+        databases,
+        Time(jiff::Timestamp::now()),
+    );
+    state
+        .statuses
+        .write(api, server, desired, Guard::Uid, &state.recorder, None)
+        .await?;
     Ok(())
 }
 
@@ -489,4 +504,74 @@ fn servers_of(db: &Database) -> Vec<ObjectRef<DatabaseServer>> {
         names.push(on);
     }
     names.iter().map(|n| ObjectRef::new(n)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dbops_shared::conditions::now;
+
+    fn pg_main() -> DatabaseServer {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbops.dev/v1alpha1", "kind": "DatabaseServer",
+            "metadata": {"name": "pg-main", "uid": "s-1", "generation": 3},
+            "spec": {"host": "pg.example", "adminSecretRef": {"name": "pg-main-admin"}}
+        }))
+        .unwrap()
+    }
+
+    fn ready_reason(s: &DatabaseServerStatus) -> (&str, &str, &str) {
+        let c = dbops_shared::conditions::get(&s.conditions, condition::READY).unwrap();
+        (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+    }
+
+    #[test]
+    fn a_probe_is_told_once_and_an_outage_keeps_its_first_message() {
+        let server = pg_main();
+        let ready = Probe::Ready {
+            version: "17.2".into(),
+            tls: ServerTlsStatus {
+                mode: TlsMode::Disable,
+                protocol: None,
+                cipher: None,
+            },
+            user: "postgres".into(),
+        };
+        let first = desired(
+            &server,
+            &Default::default(),
+            Report::Probe(&ready),
+            2,
+            now(),
+        );
+        assert_eq!(first.status.databases, Some(2));
+        assert_eq!(first.status.observed_generation, Some(3));
+        assert_eq!(ready_reason(&first.status).1, "Reachable");
+        assert_eq!(first.notes.len(), 1);
+        assert!(first.notes[0].normal);
+        let again = desired(&server, &first.status, Report::Probe(&ready), 2, now());
+        assert_eq!(again.status, first.status);
+        assert!(again.notes.is_empty(), "nothing changed, nothing told");
+        let down = |detail: &str| Probe::Failed {
+            reason: "ServerUnreachable",
+            message: format!("server pg.example:5432 is unreachable: {detail}"),
+            transient: true,
+        };
+        let refused = down("refused");
+        let outage = desired(&server, &first.status, Report::Probe(&refused), 2, now());
+        assert_eq!(ready_reason(&outage.status).0, "False");
+        assert!(!outage.notes[0].normal);
+        let reset = down("reset");
+        let later = desired(&server, &outage.status, Report::Probe(&reset), 2, now());
+        assert!(ready_reason(&later.status).2.ends_with("refused"));
+        assert!(later.notes.is_empty());
+        let in_use = desired(
+            &server,
+            &later.status,
+            Report::InUse("deletion waits for Database shop/orders".into()),
+            1,
+            now(),
+        );
+        assert_eq!(ready_reason(&in_use.status).1, "InUse");
+    }
 }
