@@ -15,3 +15,4 @@ pub mod migration;
 pub mod migration_logical;
 pub mod object;
 pub mod observability;
+pub mod schedule;
