@@ -526,33 +526,20 @@ mod tests {
         let db = database();
         let old = DatabaseStatus::default();
         let new = desired(&db, &old, &Ok(ready_on(1000, None)), None, now());
-        assert_eq!(new.status.phase, Some(DatabasePhase::Ready));
-        assert_eq!(new.status.observed_generation, Some(2));
-        assert_eq!(
-            new.status.provider_id.as_deref(),
-            Some("pg.example:5432/16384")
-        );
-        assert_eq!(
-            new.status.connection_secret.as_deref(),
-            Some("orders-connection")
-        );
-        assert_eq!(new.status.login.as_deref(), Some("orders_owner"));
-        assert_eq!(
-            condition_of(&new.status, condition::READY),
-            ("True", "Provisioned")
-        );
-        assert_eq!(
-            condition_of(&new.status, condition::PROGRESSING),
-            ("False", "Provisioned")
-        );
-        assert_eq!(
-            condition_of(&new.status, condition::DEGRADED),
-            ("False", "AsExpected")
-        );
-        assert_eq!(
-            condition_of(&new.status, condition::MIGRATION_IN_PROGRESS),
-            ("False", "NoMigration")
-        );
+        let s = &new.status;
+        assert_eq!(s.phase, Some(DatabasePhase::Ready));
+        assert_eq!(s.observed_generation, Some(2));
+        assert_eq!(s.provider_id.as_deref(), Some("pg.example:5432/16384"));
+        assert_eq!(s.connection_secret.as_deref(), Some("orders-connection"));
+        assert_eq!(s.login.as_deref(), Some("orders_owner"));
+        for (type_, want) in [
+            (condition::READY, ("True", "Provisioned")),
+            (condition::PROGRESSING, ("False", "Provisioned")),
+            (condition::DEGRADED, ("False", "AsExpected")),
+            (condition::MIGRATION_IN_PROGRESS, ("False", "NoMigration")),
+        ] {
+            assert_eq!(condition_of(s, type_), want, "{type_}");
+        }
         assert!(get(&new.status.conditions, SIZE_EXCEEDED).is_none());
         assert_eq!(reasons(&new), [(true, "Provisioned")]);
         // The next reconcile finds the same: the same status, no Event.
