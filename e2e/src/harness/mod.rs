@@ -16,3 +16,4 @@ pub mod migration_logical;
 pub mod object;
 pub mod observability;
 pub mod schedule;
+pub mod users;
