@@ -10,15 +10,15 @@
 use std::time::{Duration, Instant};
 
 use dbops_api::{ChosenMode, Database, DatabaseUser, MigrationPhase};
+use dbops_e2e::harness::database::{connect, value};
+use dbops_e2e::harness::migration::{READY, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, phase_of};
+use dbops_e2e::harness::users::refused;
 use dbops_e2e::postgres::LOGICAL_REPLICATION;
 use dbops_e2e::wait::eventually;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use tokio_postgres::error::SqlState;
-
-use dbops_e2e::harness::database::{connect, value};
-use dbops_e2e::harness::migration::{READY, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, phase_of};
 
 /// The Database of these tests, and its two users.
 const DB: &str = "shop";
@@ -143,14 +143,6 @@ async fn login_with(secret: &Secret) -> tokio_postgres::Client {
             value(secret, "host")
         )
     })
-}
-
-/// The SQLSTATE of a statement that must fail.
-async fn refused(c: &tokio_postgres::Client, sql: &str) -> SqlState {
-    match c.batch_execute(sql).await {
-        Ok(()) => panic!("{sql:?} succeeded; it must be refused"),
-        Err(e) => e.code().cloned().unwrap_or_else(|| panic!("{sql:?}: {e}")),
-    }
 }
 
 async fn count(c: &tokio_postgres::Client, table: &str, who: &str) -> i64 {
