@@ -16,8 +16,8 @@ use serde_json::json;
 use crate::controllers::ControllerProcess;
 use crate::fixtures::{create_admin_secret, pgbench_database};
 use crate::harness::bed::{Bed, bed};
+use crate::harness::redact::redact;
 use crate::postgres::PgServer;
-use crate::postgres::redact_passwords;
 use crate::s3::S3Server;
 use crate::wait::Want;
 
@@ -197,11 +197,11 @@ impl Setup {
     }
 
     pub fn redact(&self, text: &str) -> String {
-        let mut text = text.replace(self.pg.superuser_password(), "<superuser-password>");
+        let mut text = text.to_string();
         if let Some(s3) = &self.s3 {
             text = text.replace(s3.secret_key(), "<s3-secret-key>");
         }
-        redact_passwords(&text)
+        redact(&text, [("superuser", &self.pg)])
     }
 
     pub fn databases(&self) -> Api<Database> {

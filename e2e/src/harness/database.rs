@@ -17,8 +17,8 @@ use serde_json::json;
 
 use crate::controllers::ControllerProcess;
 use crate::harness::bed::{Bed, bed};
+use crate::harness::redact::redact;
 use crate::postgres::PgServer;
-use crate::postgres::redact_passwords;
 use crate::wait::{Want, describe_database, eventually, holds_for};
 
 /// The controller's Event reporter (`reportingComponent`).
@@ -143,7 +143,7 @@ impl Setup {
     }
 
     pub fn redact(&self, text: &str) -> String {
-        redact_passwords(&text.replace(self.pg.superuser_password(), "<superuser-password>"))
+        redact(text, [("superuser", &self.pg)])
     }
 
     pub fn databases(&self) -> Api<Database> {

@@ -14,8 +14,9 @@ use crate::fixtures::{Connection, create_admin_secret, create_migration, merge_p
 use crate::harness::bed::{Bed, bed};
 use crate::harness::migration::{READY, SAGA, phase_of};
 use crate::harness::object::Object;
+use crate::harness::redact::redact;
+use crate::postgres::LOGICAL_REPLICATION;
 use crate::postgres::PgServer;
-use crate::postgres::{LOGICAL_REPLICATION, redact_passwords};
 use crate::traps::{Traps, pinned_superuser, reached};
 use crate::wait::{Want, database_has};
 
@@ -113,11 +114,7 @@ impl World {
     }
 
     pub fn redact(&self, text: &str) -> String {
-        let mut text = text.to_string();
-        for (name, pg) in &self.servers {
-            text = text.replace(pg.superuser_password(), &format!("<{name}-password>"));
-        }
-        redact_passwords(&text)
+        redact(text, self.servers.iter().map(|(name, pg)| (name, pg)))
     }
 
     pub fn logs_of_all(&self) -> String {

@@ -23,6 +23,7 @@ use crate::controllers::ControllerProcess;
 use crate::fixtures::{create_backup, create_migration, pgbench_database, server_name};
 use crate::harness::bed::{Bed, bed};
 use crate::harness::deploy::start_controller;
+use crate::harness::redact::redact;
 use crate::postgres::PgServer;
 use crate::postgres::redact_passwords;
 use crate::wait::{Want, eventually};
@@ -280,12 +281,13 @@ impl Scenario {
             .chain(self.singles.iter().map(|(identity, _)| identity.as_str()))
             .map(|identity| {
                 let path = self.logs.path().join(format!("{identity}.log"));
-                let mut text = crate::process::log_tail(&path, 3000)
-                    .replace(self.pg.superuser_password(), "<superuser-password>");
-                if let Some(target) = &self.target {
-                    text = text.replace(target.superuser_password(), "<target-password>");
-                }
-                format!("---- {identity} log ----\n{}\n", redact_passwords(&text))
+                let tail = crate::process::log_tail(&path, 3000);
+                let servers = [
+                    ("superuser", Some(&self.pg)),
+                    ("target", self.target.as_ref()),
+                ];
+                let servers = servers.into_iter().filter_map(|(l, pg)| Some((l, pg?)));
+                format!("---- {identity} log ----\n{}\n", redact(&tail, servers))
             })
             .collect()
     }

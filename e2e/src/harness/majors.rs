@@ -21,8 +21,9 @@ use crate::fixtures::{
 use crate::harness::bed::{Bed, bed};
 use crate::harness::migration::{READY, SAGA, condition, phase_of};
 use crate::harness::object::Object;
+use crate::harness::redact::redact;
 use crate::postgres::PgServer;
-use crate::postgres::{LOGICAL_REPLICATION, client_bin_dir, redact_passwords, server_majors};
+use crate::postgres::{LOGICAL_REPLICATION, client_bin_dir, server_majors};
 use crate::wait::Want;
 
 /// Rows of `items` in every Database of these tests.
@@ -212,11 +213,11 @@ impl Majors {
     }
 
     pub fn redact(&self, text: &str) -> String {
-        let mut text = text.to_string();
-        for (major, pg) in &self.servers {
-            text = text.replace(pg.superuser_password(), &format!("<pg{major}-password>"));
-        }
-        redact_passwords(&text)
+        let servers = self
+            .servers
+            .iter()
+            .map(|(major, pg)| (format!("pg{major}"), pg));
+        redact(text, servers)
     }
 
     pub fn logs_of_all(&self) -> String {

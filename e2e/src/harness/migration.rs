@@ -14,10 +14,10 @@ use serde_json::json;
 use crate::controllers::ControllerProcess;
 use crate::fixtures::{create_admin_secret, pgbench_database, server_name};
 use crate::harness::bed::{Bed, bed};
+use crate::harness::redact::redact;
 use crate::jaeger::Jaeger;
 use crate::live_writer::{Failure, LiveWriter, Options};
 use crate::postgres::PgServer;
-use crate::postgres::redact_passwords;
 use crate::tls::TestCa;
 use crate::wait::Want;
 
@@ -283,11 +283,7 @@ impl Setup {
     }
 
     pub fn redact(&self, text: &str) -> String {
-        redact_passwords(
-            &text
-                .replace(self.source.superuser_password(), "<source-password>")
-                .replace(self.target.superuser_password(), "<target-password>"),
-        )
+        redact(text, [("source", &self.source), ("target", &self.target)])
     }
 
     pub fn databases(&self) -> Api<Database> {

@@ -15,5 +15,6 @@ pub mod migration;
 pub mod migration_logical;
 pub mod object;
 pub mod observability;
+pub mod redact;
 pub mod schedule;
 pub mod users;

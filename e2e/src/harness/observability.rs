@@ -12,6 +12,7 @@ use serde_json::json;
 use crate::controllers::ControllerProcess;
 use crate::fixtures::create_admin_secret;
 use crate::harness::bed::{Bed, bed};
+use crate::harness::redact::redact;
 use crate::jaeger::Jaeger;
 use crate::postgres::PgServer;
 use crate::postgres::redact_passwords;
@@ -96,9 +97,9 @@ impl World {
     /// The last bytes of a controller's log, passwords redacted.
     pub fn log(&self, controller: &str) -> String {
         let path = self.logs.path().join(format!("{controller}.log"));
-        redact_passwords(
-            &crate::process::log_tail(&path, 6000)
-                .replace(self.pg.superuser_password(), "<superuser-password>"),
+        redact(
+            &crate::process::log_tail(&path, 6000),
+            [("superuser", &self.pg)],
         )
     }
 

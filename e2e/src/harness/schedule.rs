@@ -17,8 +17,8 @@ use serde_json::json;
 use crate::controllers::ControllerProcess;
 use crate::fixtures::create_admin_secret;
 use crate::harness::bed::{Bed, bed};
+use crate::harness::redact::redact;
 use crate::postgres::PgServer;
-use crate::postgres::redact_passwords;
 use crate::wait::{Want, eventually};
 
 pub const ADMIN_SECRET: &str = "pg-admin";
@@ -119,7 +119,7 @@ impl World {
     }
 
     pub fn redact(&self, text: &str) -> String {
-        redact_passwords(&text.replace(self.pg.superuser_password(), "<superuser-password>"))
+        redact(text, [("superuser", &self.pg)])
     }
 
     pub fn databases(&self) -> Api<Database> {
