@@ -282,11 +282,8 @@ impl Scenario {
             .map(|identity| {
                 let path = self.logs.path().join(format!("{identity}.log"));
                 let tail = crate::process::log_tail(&path, 3000);
-                let servers = [
-                    ("superuser", Some(&self.pg)),
-                    ("target", self.target.as_ref()),
-                ];
-                let servers = servers.into_iter().filter_map(|(l, pg)| Some((l, pg?)));
+                let target = self.target.as_ref().map(|pg| ("target", pg));
+                let servers = std::iter::once(("superuser", &self.pg)).chain(target);
                 format!("---- {identity} log ----\n{}\n", redact(&tail, servers))
             })
             .collect()
