@@ -4,9 +4,9 @@
 //! API), and the apiserver refuses a controller a verb it does not need.
 //!
 //! The ServiceAccounts, RBAC, Deployments, PodDisruptionBudgets and Services are applied
-//! once per control plane into `dbops-system` ([`deployed`]); nothing runs the
-//! Deployments (there is no scheduler or kubelet), the controllers run here as processes
-//! with the ServiceAccounts' tokens, the way they would in those pods.
+//! once per control plane into `dbops-system` (`dbops_e2e::harness::deploy::deployed`);
+//! nothing runs the Deployments (there is no scheduler or kubelet), the controllers run
+//! here as processes with the ServiceAccounts' tokens, the way they would in those pods.
 
 mod identity;
 mod manifests;
