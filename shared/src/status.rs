@@ -327,7 +327,7 @@ mod tests {
     fn db(uid: &str, rv: &str, phase: Option<&str>) -> Database {
         let mut v = json!({
             "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
-            "metadata": {"name": "orders", "namespace": "ns", "uid": uid, "resourceVersion": rv},
+            "metadata": {"name": format!("db-{uid}"), "namespace": "ns", "uid": uid, "resourceVersion": rv},
             "spec": {"serverRef": {"name": "pg"}},
         });
         if let Some(p) = phase {
@@ -363,6 +363,46 @@ mod tests {
         assert_eq!(w.pending(), 0);
         // Another object: its own cached status.
         assert_eq!(w.latest(&db("u2", "3", None)), DatabaseStatus::default());
+    }
+
+    #[test]
+    fn a_burst_of_writes_is_swept_once_the_cache_shows_them() {
+        use kube::runtime::{reflector, watcher};
+        let w = StatusWriter::<Database>::default();
+        let (cache, mut feed) = reflector::store::<Database>();
+        // 200 writes; the cache shows the first 150 of them, the last 50 not yet.
+        for i in 0..200 {
+            let uid = format!("u{i}");
+            let shown = if i < 150 {
+                Some("Ready")
+            } else {
+                Some("Pending")
+            };
+            feed.apply_watcher_event(&watcher::Event::Apply(db(&uid, "1", shown)));
+        }
+        for i in 0..200 {
+            w.remember(
+                &format!("u{i}"),
+                status("Ready"),
+                Some("2".into()),
+                Some(&cache),
+            );
+        }
+        // Swept whenever the memo doubled since the last sweep (64, then twice what was
+        // left): what the cache shows is gone, what it does not show is kept.
+        assert!(w.pending() >= 50, "a write the cache has not shown is kept");
+        assert!(w.pending() < 200, "a sweep ran: {}", w.pending());
+        for i in 150..200 {
+            assert_eq!(
+                w.latest(&db(&format!("u{i}"), "1", Some("Pending"))),
+                status("Ready")
+            );
+        }
+        w.retain(|uid| uid != "u199");
+        assert_eq!(
+            w.latest(&db("u199", "1", Some("Pending"))),
+            status("Pending")
+        );
     }
 
     #[test]
