@@ -1,5 +1,7 @@
 //! The examples of `deploy/examples` apply and print their columns.
 
+use dbops_e2e::harness::api_validation::jsonpath;
+
 use crate::bed;
 
 #[tokio::test]
@@ -79,20 +81,8 @@ async fn examples_apply_and_print_their_columns() {
         assert!(header.contains(column), "column {column} missing: {header}");
     }
     // Defaults land in the stored object.
-    let db = b
-        .kubectl
-        .run(
-            &[
-                "get",
-                "backup",
-                "orders-manual-1",
-                "-n",
-                b.ns.name(),
-                "-o",
-                "jsonpath={.spec.maxRetries}",
-            ],
-            None,
-        )
-        .unwrap();
-    assert_eq!(db.stdout.trim(), "3");
+    assert_eq!(
+        jsonpath(&b, "backup", "orders-manual-1", "{.spec.maxRetries}"),
+        "3"
+    );
 }

@@ -1,6 +1,6 @@
 //! A Migration's cutover and mode: known values only, the mode immutable.
 
-use dbops_e2e::harness::api_validation::{accepted, refused};
+use dbops_e2e::harness::api_validation::{accepted, jsonpath, refused};
 
 use crate::bed;
 
@@ -62,23 +62,8 @@ async fn migration_mode_must_be_known_and_is_immutable() {
         &["spec.mode", "Unsupported value", "Auto", "Logical", "Dump"],
     );
     accepted(&b, &migration(""));
-    let mode = b
-        .kubectl
-        .run(
-            &[
-                "get",
-                "migration",
-                "m1",
-                "-n",
-                b.ns.name(),
-                "-o",
-                "jsonpath={.spec.mode}",
-            ],
-            None,
-        )
-        .unwrap();
     assert_eq!(
-        mode.stdout.trim(),
+        jsonpath(&b, "migration", "m1", "{.spec.mode}"),
         "Auto",
         "the default lands in the object"
     );

@@ -1,6 +1,6 @@
 //! A DatabaseServer's fields and its guardrails.
 
-use dbops_e2e::harness::api_validation::{server_accepted, server_refused};
+use dbops_e2e::harness::api_validation::{jsonpath, server_accepted, server_refused};
 
 use crate::bed;
 
@@ -69,20 +69,11 @@ async fn database_servers_are_checked() {
         ),
     );
     let name = dbops_e2e::fixtures::server_name(b.ns.name(), "main");
-    let get = b
-        .kubectl
-        .run(
-            &[
-                "get",
-                "dbserver",
-                &name,
-                "-o",
-                "jsonpath={.spec.port} {.spec.tls.mode}",
-            ],
-            None,
-        )
-        .unwrap();
-    assert_eq!(get.stdout.trim(), "5432 verify-full", "{}", get.text());
+    // A DatabaseServer is cluster-scoped: the namespace jsonpath passes is ignored.
+    assert_eq!(
+        jsonpath(&b, "dbserver", &name, "{.spec.port} {.spec.tls.mode}"),
+        "5432 verify-full"
+    );
     let get = b.kubectl.run(&["get", "dbserver", &name], None).unwrap();
     let header = get.stdout.lines().next().unwrap_or_default().to_string();
     for column in [
@@ -277,18 +268,13 @@ async fn server_guardrails_are_checked() {
         ),
     );
     let name = dbops_e2e::fixtures::server_name(b.ns.name(), "guarded");
-    let get = b
-        .kubectl
-        .run(
-            &[
-                "get",
-                "dbserver",
-                &name,
-                "-o",
-                "jsonpath={.spec.limits.connectionLimit} {.spec.sessionLimits.lockTimeout.max}",
-            ],
-            None,
-        )
-        .unwrap();
-    assert_eq!(get.stdout.trim(), "50 0s", "{}", get.text());
+    assert_eq!(
+        jsonpath(
+            &b,
+            "dbserver",
+            &name,
+            "{.spec.limits.connectionLimit} {.spec.sessionLimits.lockTimeout.max}",
+        ),
+        "50 0s"
+    );
 }
