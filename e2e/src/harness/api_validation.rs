@@ -136,3 +136,12 @@ pub fn jsonpath(b: &Bed, what: &str, name: &str, path: &str) -> String {
     assert!(out.success, "{}", out.text());
     out.stdout.trim().to_string()
 }
+
+/// `kubectl get <args>` prints a header naming each of `columns`.
+pub fn assert_columns(b: &Bed, args: &[&str], columns: &[&str]) {
+    let get = b.kubectl.run(&[&["get"], args].concat(), None).unwrap();
+    let header = get.stdout.lines().next().unwrap_or_default().to_string();
+    for column in columns {
+        assert!(header.contains(column), "column {column} missing: {header}");
+    }
+}

@@ -1,6 +1,6 @@
 //! The examples of `deploy/examples` apply and print their columns.
 
-use dbops_e2e::harness::api_validation::jsonpath;
+use dbops_e2e::harness::api_validation::{assert_columns, jsonpath};
 
 use crate::bed;
 
@@ -37,49 +37,40 @@ async fn examples_apply_and_print_their_columns() {
         .filter_map(|l| l.split_whitespace().next())
         .collect();
     for server in &servers {
-        let get = b.kubectl.run(&["get", "dbserver", server], None).unwrap();
-        let header = get.stdout.lines().next().unwrap_or_default().to_string();
-        for column in [
-            "NAME",
-            "HOST",
-            "PORT",
-            "TLS",
-            "READY",
-            "VERSION",
-            "DATABASES",
-        ] {
-            assert!(header.contains(column), "column {column} missing: {header}");
-        }
+        assert_columns(
+            &b,
+            &["dbserver", server],
+            &[
+                "NAME",
+                "HOST",
+                "PORT",
+                "TLS",
+                "READY",
+                "VERSION",
+                "DATABASES",
+            ],
+        );
         let deleted = b
             .kubectl
             .run(&["delete", "dbserver", server, "--wait=false"], None)
             .unwrap();
         assert!(deleted.success, "{}", deleted.text());
     }
-    let get = b
-        .kubectl
-        .run(&["get", "pgdb", "-n", b.ns.name()], None)
-        .unwrap();
-    let header = get.stdout.lines().next().unwrap_or_default().to_string();
-    for column in ["NAME", "PHASE", "READY", "SERVER", "DATABASE", "AGE"] {
-        assert!(header.contains(column), "column {column} missing: {header}");
-    }
-    let get = b
-        .kubectl
-        .run(&["get", "dbuser", "-n", b.ns.name()], None)
-        .unwrap();
-    let header = get.stdout.lines().next().unwrap_or_default().to_string();
-    for column in ["NAME", "DATABASE", "ACCESS", "ROLE", "READY", "ROTATED"] {
-        assert!(header.contains(column), "column {column} missing: {header}");
-    }
-    let get = b
-        .kubectl
-        .run(&["get", "pgmig", "-n", b.ns.name()], None)
-        .unwrap();
-    let header = get.stdout.lines().next().unwrap_or_default().to_string();
-    for column in ["DATABASE", "TARGET", "PHASE", "MODE", "STEP"] {
-        assert!(header.contains(column), "column {column} missing: {header}");
-    }
+    assert_columns(
+        &b,
+        &["pgdb", "-n", b.ns.name()],
+        &["NAME", "PHASE", "READY", "SERVER", "DATABASE", "AGE"],
+    );
+    assert_columns(
+        &b,
+        &["dbuser", "-n", b.ns.name()],
+        &["NAME", "DATABASE", "ACCESS", "ROLE", "READY", "ROTATED"],
+    );
+    assert_columns(
+        &b,
+        &["pgmig", "-n", b.ns.name()],
+        &["DATABASE", "TARGET", "PHASE", "MODE", "STEP"],
+    );
     // Defaults land in the stored object.
     assert_eq!(
         jsonpath(&b, "backup", "orders-manual-1", "{.spec.maxRetries}"),

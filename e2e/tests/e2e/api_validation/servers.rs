@@ -1,6 +1,8 @@
 //! A DatabaseServer's fields and its guardrails.
 
-use dbops_e2e::harness::api_validation::{jsonpath, server_accepted, server_refused};
+use dbops_e2e::harness::api_validation::{
+    assert_columns, jsonpath, server_accepted, server_refused,
+};
 
 use crate::bed;
 
@@ -74,20 +76,20 @@ async fn database_servers_are_checked() {
         jsonpath(&b, "dbserver", &name, "{.spec.port} {.spec.tls.mode}"),
         "5432 verify-full"
     );
-    let get = b.kubectl.run(&["get", "dbserver", &name], None).unwrap();
-    let header = get.stdout.lines().next().unwrap_or_default().to_string();
-    for column in [
-        "NAME",
-        "HOST",
-        "PORT",
-        "TLS",
-        "READY",
-        "VERSION",
-        "DATABASES",
-        "AGE",
-    ] {
-        assert!(header.contains(column), "column {column} missing: {header}");
-    }
+    assert_columns(
+        &b,
+        &["dbserver", &name],
+        &[
+            "NAME",
+            "HOST",
+            "PORT",
+            "TLS",
+            "READY",
+            "VERSION",
+            "DATABASES",
+            "AGE",
+        ],
+    );
 }
 
 /// The DatabaseServer's guardrails (`limits.connectionLimit`, `limits.databaseSize`,
