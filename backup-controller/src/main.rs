@@ -112,7 +112,9 @@ async fn run(args: Args) -> Result<(), ControllerError> {
     process
         .run(Some(&store), |run| async move {
             let client = run.client().clone();
+            let backups = run.controller(watcher::Config::default(), Trigger::AnyChange);
             let state = State {
+                cache: backups.store(),
                 store: args.base.store.backup_store,
                 clients: dbops_shared::pg_tools::Clients::new(
                     Some(args.pg_dump),
@@ -133,7 +135,6 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                 identity: dbops_shared::leader::identity(),
             };
             let ctx = run.context(CONTROLLER, state);
-            let backups = run.controller(watcher::Config::default(), Trigger::AnyChange);
             let backups = watches(backups, &ctx, run.namespace());
 
             let (scheduled, writer) = reflector::store::<Backup>();

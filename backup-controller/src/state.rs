@@ -11,12 +11,16 @@ use dbops_shared::server::Directory;
 
 use dbops_api::Backup;
 use dbops_shared::status::StatusWriter;
+use kube::runtime::reflector::Store;
 
 use crate::retries::Retries;
 use crate::slots::Slots;
 
 /// The backup-controller's own state.
 pub struct State {
+    /// The Backups as the controller's watch cache holds them: what the status writer's
+    /// memo is pruned against.
+    pub cache: Store<Backup>,
     pub store: BackupStore,
     /// The pg_dump programs (`--pg-dump`, `--pg-bin-dir`): each dump takes the oldest
     /// major that dumps its server.

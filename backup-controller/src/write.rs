@@ -190,7 +190,7 @@ async fn write(
     let guard = Guard::ResourceVersion;
     state
         .statuses
-        .write(api, read, desired, guard, recorder, None)
+        .write(api, read, desired, guard, recorder, Some(&state.cache))
         .await
 }
 
