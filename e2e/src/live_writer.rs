@@ -209,16 +209,9 @@ impl LiveWriter {
             move || {
                 let (secrets, name) = (secrets.clone(), name.clone());
                 async move {
-                    let (client, connection) = Connection::read(&secrets, &name)
-                        .await?
-                        .config()
-                        .connect_timeout(Duration::from_secs(5))
-                        .connect(tokio_postgres::NoTls)
-                        .await?;
-                    tokio::spawn(async move {
-                        let _ = connection.await;
-                    });
-                    Ok(client)
+                    let mut config = Connection::read(&secrets, &name).await?.config();
+                    config.connect_timeout(Duration::from_secs(5));
+                    crate::postgres::connect_config(&config).await
                 }
             },
             options,

@@ -93,6 +93,15 @@ pub struct PgServer {
     settings: Vec<(String, String)>,
 }
 
+/// Connects with `config`, without TLS; the connection task runs on the current runtime.
+pub async fn connect_config(config: &tokio_postgres::Config) -> Result<Client> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
 impl PgServer {
     /// initdb and start a server in a new temporary directory.
     pub async fn start(name: &str) -> Result<Self> {
@@ -483,11 +492,7 @@ impl PgServer {
             .password(password)
             .dbname(dbname)
             .connect_timeout(Duration::from_secs(5));
-        let (client, connection) = config.connect(NoTls).await?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(client)
+        connect_config(&config).await
     }
 
     /// The server's log, for failure reports (passwords in logged statements redacted).

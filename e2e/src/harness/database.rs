@@ -462,13 +462,7 @@ pub async fn connect(
     connect_config(&config).await
 }
 
-pub async fn connect_config(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client> {
-    let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(client)
-}
+pub use crate::postgres::connect_config;
 
 /// Whether a login works: Ok(false) when the server refuses the password, an error when
 /// the server could not be asked.

@@ -494,13 +494,7 @@ impl Writer {
                 .password(&c.password)
                 .dbname(&c.dbname)
                 .connect_timeout(Duration::from_secs(5));
-            async move {
-                let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                Ok(client)
-            }
+            async move { crate::postgres::connect_config(&config).await }
         };
         let pace = Duration::from_millis(1);
         Self(LiveWriter::start(

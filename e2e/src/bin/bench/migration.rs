@@ -443,16 +443,11 @@ async fn create_database(w: &World, api: &Api<Database>, name: &str) -> Result<(
 
 /// A session as the connection Secret says, each statement bounded.
 async fn connect(c: &Connection) -> Result<tokio_postgres::Client> {
-    let (client, connection) = c
-        .config()
+    let mut config = c.config();
+    config
         .options("-c statement_timeout=10000")
-        .connect_timeout(Duration::from_secs(5))
-        .connect(tokio_postgres::NoTls)
-        .await?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(client)
+        .connect_timeout(Duration::from_secs(5));
+    dbops_e2e::postgres::connect_config(&config).await
 }
 
 /// The application: inserts 1, 2, 3, ... into `bench_writes`, one autocommit statement at
