@@ -163,17 +163,8 @@ impl PgServer {
         let tmp = tempfile::Builder::new()
             .prefix(&format!("dbops-pg-{name}-"))
             .tempdir()?;
-        let dir = tmp.path().to_path_buf();
-        let mut server = Self::init_in(name, &dir, None, bin)?;
+        let mut server = Self::start_in_bin(name, tmp.path(), None, cert, settings, bin).await?;
         server._tmp = Some(tmp);
-        server.settings = settings
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        if let Some(cert) = cert {
-            server.install_tls(cert)?;
-        }
-        server.start_again().await?;
         Ok(server)
     }
 
