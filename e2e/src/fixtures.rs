@@ -232,6 +232,25 @@ pub async fn create_database(
     create_namespaced(client, ns, "Database", name, merged(spec, extra_spec)).await
 }
 
+/// [`create_database`], then waits up to `timeout` until the Database is provisioned
+/// (Ready=True, Provisioned); on timeout panics with `log()`, the database-controller's
+/// log: for tests.
+pub async fn create_provisioned_database(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    admin: &str,
+    extra_spec: serde_json::Value,
+    timeout: std::time::Duration,
+    log: impl FnOnce() -> String,
+) -> dbops_api::Database {
+    create_database(client, ns, name, admin, extra_spec)
+        .await
+        .unwrap();
+    crate::wait::database_condition_or_log(client, ns, name, Want::provisioned(), timeout, log)
+        .await
+}
+
 /// Creates Backup `ns/name` of Database `db` with the further spec fields in `extra_spec`
 /// (a JSON object: storage, …). Not waited for.
 pub async fn create_backup(

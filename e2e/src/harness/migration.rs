@@ -19,7 +19,6 @@ use crate::jaeger::Jaeger;
 use crate::live_writer::{Failure, LiveWriter, Options};
 use crate::postgres::PgServer;
 use crate::tls::TestCa;
-use crate::wait::Want;
 
 pub const SOURCE_ADMIN: &str = "pg-source-admin";
 pub const TARGET_ADMIN: &str = "pg-target-admin";
@@ -307,14 +306,12 @@ impl Setup {
 
     /// A Database on the source server with `spec` merged into its spec, Ready.
     pub async fn create_database_spec(&self, name: &str, spec: serde_json::Value) -> Database {
-        crate::fixtures::create_database(&self.b.client, self.ns(), name, SOURCE_ADMIN, spec)
-            .await
-            .unwrap();
-        crate::wait::database_condition_or_log(
+        crate::fixtures::create_provisioned_database(
             &self.b.client,
             self.ns(),
             name,
-            Want::provisioned(),
+            SOURCE_ADMIN,
+            spec,
             READY,
             || self.log("database-controller", 6000),
         )

@@ -16,7 +16,6 @@ use crate::harness::redact::redact;
 use crate::jaeger::Jaeger;
 use crate::postgres::PgServer;
 use crate::postgres::redact_passwords;
-use crate::wait::Want;
 
 pub const ADMIN_SECRET: &str = "pg-admin";
 /// Provisioning, a small dump, or a span export on a busy 2-core machine.
@@ -105,20 +104,12 @@ impl World {
 
     /// A Database on this world's server with `deletionPolicy`, waited for until Ready.
     pub async fn create_ready_database(&self, name: &str, policy: &str) -> Database {
-        crate::fixtures::create_database(
+        crate::fixtures::create_provisioned_database(
             &self.b.client,
             self.ns(),
             name,
             ADMIN_SECRET,
             json!({"deletionPolicy": policy}),
-        )
-        .await
-        .unwrap();
-        crate::wait::database_condition_or_log(
-            &self.b.client,
-            self.ns(),
-            name,
-            Want::provisioned(),
             SLOW,
             || self.log("database-controller"),
         )
