@@ -294,12 +294,7 @@ async fn measure(launch: &Launch<'_>, controller: &mut ControllerProcess) -> Res
 /// (statements, DDL statements) the controller's sessions ran, from the server's log
 /// after byte `offset`.
 fn controller_statements(log_path: &Path, offset: u64) -> Result<(usize, usize)> {
-    let mut file =
-        std::fs::File::open(log_path).with_context(|| format!("opening {}", log_path.display()))?;
-    file.seek(SeekFrom::Start(offset))?;
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)
-        .with_context(|| format!("reading {}", log_path.display()))?;
+    let bytes = bytes_since(log_path, offset)?;
     let text = String::from_utf8_lossy(&bytes);
     let statements: Vec<&str> = text
         .lines()
@@ -308,6 +303,17 @@ fn controller_statements(log_path: &Path, offset: u64) -> Result<(usize, usize)>
         .collect();
     let ddl = statements.iter().filter(|s| is_ddl(s)).count();
     Ok((statements.len(), ddl))
+}
+
+/// The bytes of the file at `path` after byte `offset` (a log read since a mark).
+pub(crate) fn bytes_since(path: &Path, offset: u64) -> Result<Vec<u8>> {
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    file.seek(SeekFrom::Start(offset))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
+        .with_context(|| format!("reading {}", path.display()))?;
+    Ok(bytes)
 }
 
 /// The SQL of a `log_statement` line: `LOG:  statement: <sql>` (simple query protocol) or

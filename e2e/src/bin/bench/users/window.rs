@@ -208,12 +208,7 @@ impl AuditTail {
     }
 
     pub(crate) fn count(&mut self) -> Result<usize> {
-        use std::io::{Read, Seek, SeekFrom};
-        let mut file = std::fs::File::open(&self.path)
-            .with_context(|| format!("opening {}", self.path.display()))?;
-        file.seek(SeekFrom::Start(self.offset))?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)?;
+        let bytes = scale::bytes_since(&self.path, self.offset)?;
         // Whole lines only: the apiserver may be writing the last one.
         let end = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
         let user = format!("\"username\":\"{USER}\"");
@@ -286,13 +281,7 @@ pub(crate) fn controller_sql(
     log_path: &Path,
     offset: u64,
 ) -> Result<(Vec<String>, Vec<LoginChange>, usize)> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut file =
-        std::fs::File::open(log_path).with_context(|| format!("opening {}", log_path.display()))?;
-    file.seek(SeekFrom::Start(offset))?;
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)
-        .with_context(|| format!("reading {}", log_path.display()))?;
+    let bytes = scale::bytes_since(log_path, offset)?;
     let text = String::from_utf8_lossy(&bytes);
     let mut statements = Vec::new();
     let mut logins = Vec::new();
