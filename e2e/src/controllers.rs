@@ -149,6 +149,14 @@ impl ControllerProcess {
     }
 }
 
+/// Ends `controller`, if one runs: `signal` (`TERM`, `KILL`), then waits up to `timeout`
+/// for its exit; panics if it does not exit: for tests.
+pub fn end(controller: Option<ControllerProcess>, signal: &str, timeout: Duration) {
+    if let Some(mut c) = controller {
+        c.process.signal_and_wait(signal, timeout).unwrap();
+    }
+}
+
 /// `--controller-namespace=<ns>` for a controller started with `--watch-namespace=<ns>`
 /// and no controller namespace of its own (neither the flag nor `POD_NAMESPACE` among
 /// `env_names`): a test's namespace stands in for `dbops-system`, where the Deployments'

@@ -181,6 +181,12 @@ impl Supervised {
         Ok(())
     }
 
+    /// Sends `signal` and waits up to `timeout` for the program to end.
+    pub fn signal_and_wait(&mut self, signal: &str, timeout: Duration) -> Result<ExitStatus> {
+        self.signal(signal)?;
+        self.wait_exit(timeout)
+    }
+
     /// The exit status if the program has ended.
     pub fn try_exit(&mut self) -> Result<Option<ExitStatus>> {
         if self.exit.is_none() {

@@ -165,10 +165,11 @@ impl Setup {
 
     /// SIGKILL the database-controller.
     pub fn kill_database_controller(&mut self) {
-        if let Some(mut c) = self.database_controller.take() {
-            c.process.signal("KILL").unwrap();
-            c.process.wait_exit(Duration::from_secs(10)).unwrap();
-        }
+        crate::controllers::end(
+            self.database_controller.take(),
+            "KILL",
+            Duration::from_secs(10),
+        );
     }
 
     pub fn start_backup_controller(&mut self) {
@@ -185,10 +186,11 @@ impl Setup {
 
     /// SIGKILL: no chance to finish anything.
     pub fn kill_backup_controller(&mut self) {
-        if let Some(mut c) = self.backup_controller.take() {
-            c.process.signal("KILL").unwrap();
-            c.process.wait_exit(Duration::from_secs(10)).unwrap();
-        }
+        crate::controllers::end(
+            self.backup_controller.take(),
+            "KILL",
+            Duration::from_secs(10),
+        );
     }
 
     pub fn log(&self, controller: &str, max_bytes: u64) -> String {

@@ -120,10 +120,7 @@ impl Setup {
 
     /// SIGKILL: no chance to finish anything.
     pub fn kill_controller(&mut self) {
-        if let Some(mut c) = self.controller.take() {
-            c.process.signal("KILL").unwrap();
-            c.process.wait_exit(Duration::from_secs(10)).unwrap();
-        }
+        crate::controllers::end(self.controller.take(), "KILL", Duration::from_secs(10));
     }
 
     pub fn controller(&self) -> &ControllerProcess {

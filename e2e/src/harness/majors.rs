@@ -178,10 +178,11 @@ impl Majors {
     /// Stops the backup-controller (SIGTERM) and starts it again with these client program
     /// flags.
     pub fn restart_backup_controller(&mut self, programs: &[String]) {
-        if let Some(mut c) = self.backup_controller.take() {
-            c.process.signal("TERM").unwrap();
-            c.process.wait_exit(Duration::from_secs(20)).unwrap();
-        }
+        crate::controllers::end(
+            self.backup_controller.take(),
+            "TERM",
+            Duration::from_secs(20),
+        );
         self.backup_controller = Some(self.start_backup_controller(programs));
     }
 

@@ -270,10 +270,11 @@ impl Setup {
 
     /// SIGTERM, and waits for the exit.
     pub fn stop_migration_controller(&mut self) {
-        if let Some(mut c) = self.migration_controller.take() {
-            c.process.signal("TERM").unwrap();
-            c.process.wait_exit(Duration::from_secs(20)).unwrap();
-        }
+        crate::controllers::end(
+            self.migration_controller.take(),
+            "TERM",
+            Duration::from_secs(20),
+        );
     }
 
     pub fn log(&self, controller: &str, max_bytes: u64) -> String {

@@ -107,10 +107,7 @@ impl World {
 
     /// SIGKILL: the controller is down until it is started again.
     pub fn kill_backup_controller(&mut self, user: &str) {
-        if let Some(mut c) = self.replicas.remove(user) {
-            c.process.signal("KILL").unwrap();
-            c.process.wait_exit(Duration::from_secs(10)).unwrap();
-        }
+        crate::controllers::end(self.replicas.remove(user), "KILL", Duration::from_secs(10));
     }
 
     pub fn log(&self, user: &str, binary: &str, max_bytes: u64) -> String {
