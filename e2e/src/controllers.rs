@@ -152,8 +152,10 @@ impl ControllerProcess {
 /// Ends `controller`, if one runs: `signal` (`TERM`, `KILL`), then waits up to `timeout`
 /// for its exit; panics if it does not exit: for tests.
 pub fn end(controller: Option<ControllerProcess>, signal: &str, timeout: Duration) {
-    if let Some(mut c) = controller {
-        c.process.signal_and_wait(signal, timeout).unwrap();
+    if let Some(mut c) = controller
+        && let Err(e) = c.process.signal_and_wait(signal, timeout)
+    {
+        panic!("ending a controller with SIG{signal}: {e:#}");
     }
 }
 

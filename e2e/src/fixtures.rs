@@ -244,9 +244,9 @@ pub async fn create_provisioned_database(
     timeout: std::time::Duration,
     log: impl FnOnce() -> String,
 ) -> dbops_api::Database {
-    create_database(client, ns, name, admin, extra_spec)
-        .await
-        .unwrap();
+    if let Err(e) = create_database(client, ns, name, admin, extra_spec).await {
+        panic!("creating Database {ns}/{name}: {e:#}");
+    }
     crate::wait::database_condition_or_log(client, ns, name, Want::provisioned(), timeout, log)
         .await
 }
