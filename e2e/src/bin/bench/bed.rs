@@ -174,25 +174,57 @@ pub(crate) async fn wait_ready(
     limit: Duration,
 ) -> Result<()> {
     let mut ready = HashSet::new();
-    let stream = watcher(api, watcher::Config::default()).applied_objects();
-    futures::pin_mut!(stream);
-    let deadline = tokio::time::sleep(limit);
-    tokio::pin!(deadline);
-    loop {
-        tokio::select! {
-            _ = &mut deadline => bail!("only {} of {count} Ready after {limit:?}", ready.len()),
-            next = stream.try_next() => {
-                let Some(db) = next? else { bail!("watch ended") };
-                let ns = db.metadata.namespace.clone().unwrap_or_default();
-                if namespaces.is_some_and(|set| !set.contains(&ns)) {
-                    continue;
-                }
-                let is_ready = db.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-                if is_ready {
-                    ready.insert((ns, db.metadata.name.clone().unwrap_or_default()));
-                    if ready.len() >= count { return Ok(()); }
-                }
+    let mut watch = DatabaseWatch::new(api, limit);
+    while let Some(db) = watch.next().await? {
+        let ns = db.metadata.namespace.clone().unwrap_or_default();
+        if namespaces.is_some_and(|set| !set.contains(&ns)) {
+            continue;
+        }
+        if is_ready(&db) {
+            ready.insert((ns, db.metadata.name.clone().unwrap_or_default()));
+            if ready.len() >= count {
+                return Ok(());
             }
+        }
+    }
+    bail!("only {} of {count} Ready after {limit:?}", ready.len())
+}
+
+/// Whether the Database has Ready=True.
+pub(crate) fn is_ready(db: &Database) -> bool {
+    db.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+/// The Databases `api` sees, each change as it comes (one watch, no polling), until a
+/// time limit.
+pub(crate) struct DatabaseWatch {
+    stream: futures::stream::BoxStream<'static, Result<Database, watcher::Error>>,
+    deadline: tokio::time::Instant,
+}
+
+impl DatabaseWatch {
+    pub(crate) fn new(api: Api<Database>, limit: Duration) -> Self {
+        Self {
+            stream: watcher(api, watcher::Config::default())
+                .applied_objects()
+                .boxed(),
+            deadline: tokio::time::Instant::now() + limit,
+        }
+    }
+
+    /// The next Database changed, or `None` once the time is up; an error when the watch
+    /// fails or ends.
+    pub(crate) async fn next(&mut self) -> Result<Option<Database>> {
+        match tokio::time::timeout_at(self.deadline, self.stream.try_next()).await {
+            Err(_) => Ok(None),
+            Ok(next) => match next? {
+                Some(db) => Ok(Some(db)),
+                None => bail!("the watch ended"),
+            },
         }
     }
 }

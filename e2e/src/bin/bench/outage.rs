@@ -16,12 +16,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use dbops_api::Database;
 use dbops_e2e::{ControllerProcess, PgServer};
-use futures::TryStreamExt;
 use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::bed::{BenchServer, namespace};
+use crate::bed::{BenchServer, DatabaseWatch, is_ready, namespace};
 
 #[derive(clap::Args, Debug)]
 pub struct OutageArgs {
@@ -56,28 +54,17 @@ async fn counting_proxy(upstream: u16) -> Result<(u16, Arc<AtomicU64>)> {
 /// Waits (a watch, bounded) until all `count` Databases are Ready at once.
 async fn wait_all_ready_again(api: Api<Database>, count: usize, limit: Duration) -> Result<()> {
     let mut ready: BTreeMap<String, bool> = BTreeMap::new();
-    let stream = watcher(api, watcher::Config::default()).applied_objects();
-    futures::pin_mut!(stream);
-    let deadline = tokio::time::sleep(limit);
-    tokio::pin!(deadline);
-    loop {
-        tokio::select! {
-            _ = &mut deadline => bail!(
-                "only {} of {count} Ready after {limit:?}",
-                ready.values().filter(|r| **r).count()
-            ),
-            next = stream.try_next() => {
-                let Some(db) = next? else { bail!("the watch ended") };
-                let is_ready = db.status.as_ref().is_some_and(|s| {
-                    s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                });
-                ready.insert(db.metadata.name.clone().unwrap_or_default(), is_ready);
-                if ready.len() == count && ready.values().all(|r| *r) {
-                    return Ok(());
-                }
-            }
+    let mut watch = DatabaseWatch::new(api, limit);
+    while let Some(db) = watch.next().await? {
+        ready.insert(db.metadata.name.clone().unwrap_or_default(), is_ready(&db));
+        if ready.len() == count && ready.values().all(|r| *r) {
+            return Ok(());
         }
     }
+    bail!(
+        "only {} of {count} Ready after {limit:?}",
+        ready.values().filter(|r| **r).count()
+    )
 }
 
 pub async fn run(args: OutageArgs) -> Result<()> {
