@@ -13,7 +13,7 @@ use crate::controllers::ControllerProcess;
 use crate::fixtures::{Connection, create_admin_secret, create_migration, merge_patch};
 use crate::harness::bed::{Bed, bed};
 use crate::harness::migration::{READY, SAGA, phase_of};
-use crate::harness::object::Object;
+use crate::harness::object::Logged;
 use crate::harness::redact::redact;
 use crate::postgres::LOGICAL_REPLICATION;
 use crate::postgres::PgServer;
@@ -44,6 +44,24 @@ pub fn admin(name: &str) -> String {
 pub fn bin(program: &str) -> String {
     let dir = crate::paths::postgres_bin_dir().unwrap();
     dir.join(program).display().to_string()
+}
+
+impl Logged for World {
+    fn logs_of_all(&self) -> String {
+        [
+            "database-controller",
+            "backup-controller",
+            "migration-controller",
+        ]
+        .iter()
+        .map(|c| {
+            let path = self.logs.path().join(format!("{c}.log"));
+            let tail = crate::process::log_tail(&path, 6_000);
+            format!("---- {c} log ----\n{}", self.redact(&tail))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+    }
 }
 
 impl World {
@@ -115,35 +133,6 @@ impl World {
 
     pub fn redact(&self, text: &str) -> String {
         redact(text, self.servers.iter().map(|(name, pg)| (name, pg)))
-    }
-
-    pub fn logs_of_all(&self) -> String {
-        [
-            "database-controller",
-            "backup-controller",
-            "migration-controller",
-        ]
-        .iter()
-        .map(|c| {
-            let path = self.logs.path().join(format!("{c}.log"));
-            let tail = crate::process::log_tail(&path, 6_000);
-            format!("---- {c} log ----\n{}", self.redact(&tail))
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-    }
-
-    /// Polls `api`'s object `name` until `done` holds; on timeout the panic shows what was
-    /// last seen and the controllers' logs.
-    pub async fn wait<K: Object>(
-        &self,
-        api: Api<K>,
-        name: &str,
-        what: &str,
-        timeout: Duration,
-        done: impl Fn(&K) -> bool,
-    ) -> K {
-        crate::wait::object_or_logs(&api, name, what, timeout, done, || self.logs_of_all()).await
     }
 
     pub fn api<K>(&self) -> Api<K>

@@ -20,7 +20,7 @@ use crate::fixtures::{
 };
 use crate::harness::bed::{Bed, bed};
 use crate::harness::migration::{READY, SAGA, condition, phase_of};
-use crate::harness::object::Object;
+use crate::harness::object::Logged;
 use crate::harness::redact::redact;
 use crate::postgres::PgServer;
 use crate::postgres::{LOGICAL_REPLICATION, client_bin_dir, server_majors};
@@ -64,6 +64,17 @@ pub fn clients() -> (PathBuf, Vec<PathBuf>) {
         .filter_map(|major| client_bin_dir(*major).ok())
         .collect();
     (client_bin_dir(newest).unwrap(), others)
+}
+
+impl Logged for Majors {
+    fn logs_of_all(&self) -> String {
+        format!(
+            "---- migration-controller log ----\n{}\n---- database-controller log ----\n{}\n---- backup-controller log ----\n{}",
+            self.log("migration-controller", 10_000),
+            self.log("database-controller", 5_000),
+            self.log("backup-controller", 4_000),
+        )
+    }
 }
 
 impl Majors {
@@ -219,28 +230,6 @@ impl Majors {
             .iter()
             .map(|(major, pg)| (format!("pg{major}"), pg));
         redact(text, servers)
-    }
-
-    pub fn logs_of_all(&self) -> String {
-        format!(
-            "---- migration-controller log ----\n{}\n---- database-controller log ----\n{}\n---- backup-controller log ----\n{}",
-            self.log("migration-controller", 10_000),
-            self.log("database-controller", 5_000),
-            self.log("backup-controller", 4_000),
-        )
-    }
-
-    /// Polls `api`'s object `name` until `done` holds; on timeout the panic shows what was
-    /// last seen and the controllers' logs.
-    pub async fn wait<K: Object>(
-        &self,
-        api: Api<K>,
-        name: &str,
-        what: &str,
-        timeout: Duration,
-        done: impl Fn(&K) -> bool,
-    ) -> K {
-        crate::wait::object_or_logs(&api, name, what, timeout, done, || self.logs_of_all()).await
     }
 
     pub fn databases(&self) -> Api<Database> {
