@@ -455,6 +455,20 @@ impl PgServer {
         &self.password
     }
 
+    /// A client program's (`pg_dump`, `pg_receivewal`, …) arguments to reach this server as
+    /// the superuser over TCP (`-h -p -U`); the password goes in `PGPASSWORD`.
+    pub fn superuser_login_args(&self) -> [String; 6] {
+        [
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            SUPERUSER,
+        ]
+        .map(String::from)
+    }
+
     /// A libpq connection string for the superuser and database `dbname`.
     pub fn conn_string(&self, dbname: &str) -> String {
         format!(

@@ -169,14 +169,7 @@ async fn logical_preflight_names_each_missing_prerequisite() {
     let wal = tempfile::tempdir().unwrap();
     let mut receiver = tokio::process::Command::new(pg.bin_dir().join("pg_receivewal"))
         .env("PGPASSWORD", pg.superuser_password())
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &pg.port().to_string(),
-            "-U",
-            "postgres",
-        ])
+        .args(pg.superuser_login_args())
         // No --slot: pg_receivewal then streams without one.
         .args(["--no-loop", "--no-password", "-D"])
         .arg(wal.path())

@@ -405,14 +405,7 @@ async fn servers_of_the_oldest_and_newest_supported_majors_start_and_answer() {
     let run = |program: &str, pg: &PgServer, args: &[&str]| {
         let out = std::process::Command::new(clients.join(program))
             .env("PGPASSWORD", pg.superuser_password())
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &pg.port().to_string(),
-                "-U",
-                "postgres",
-            ])
+            .args(pg.superuser_login_args())
             .args(args)
             .output()
             .unwrap();
