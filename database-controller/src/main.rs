@@ -164,7 +164,7 @@ impl Shared {
             recorder: Recorder::new(self.client.clone(), controller::reporter(user::CONTROLLER)),
             databases: self.databases.clone(),
             tenants: self.tenants.clone(),
-            written: dbops_shared::memo::Memo::default(),
+            written: Default::default(),
         }
     }
 

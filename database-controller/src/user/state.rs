@@ -4,10 +4,9 @@ use std::sync::{Arc, OnceLock};
 
 use dbops_api::{Database, DatabaseUser, DatabaseUserStatus};
 use dbops_shared::events::Recorder;
-use dbops_shared::memo::Memo;
 use dbops_shared::postgres::Servers;
 use dbops_shared::server::Directory;
-use kube::ResourceExt;
+use dbops_shared::status::StatusWriter;
 use kube::runtime::reflector::Store;
 
 use crate::tenant_secrets::TenantSecrets;
@@ -20,24 +19,16 @@ pub struct State {
     /// The Database controller's cache.
     pub databases: Arc<OnceLock<Store<Database>>>,
     pub tenants: TenantSecrets,
-    /// The status last written for each DatabaseUser (by UID), until the cache shows it:
-    /// a reconcile on an older cached object must not act on an older status (it would
-    /// rotate twice).
-    pub written: Memo<DatabaseUserStatus>,
+    /// The one status writer of DatabaseUsers (`dbops_shared::status`): its latest status
+    /// is the one it last wrote until the cache shows it, so a reconcile on an older cached
+    /// object never acts on an older status (it would rotate twice).
+    pub written: StatusWriter<DatabaseUser>,
 }
 
 impl State {
     /// The latest status: the one last written unless the cache already shows it.
     pub fn latest(&self, user: &DatabaseUser) -> DatabaseUserStatus {
-        let uid = user.uid().unwrap_or_default();
-        let cached = user.status.clone().unwrap_or_default();
-        if self
-            .written
-            .forget_if(&uid, |w| user.status.as_ref() == Some(w))
-        {
-            return cached;
-        }
-        self.written.get(&uid, Clone::clone).unwrap_or(cached)
+        self.written.latest(user)
     }
 
     /// Publishes an Event on `user` (action `Reconcile`).

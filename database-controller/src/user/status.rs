@@ -6,11 +6,9 @@ use dbops_api::reasons::DatabaseUserReason;
 use dbops_api::{DatabaseUser, DatabaseUserStatus, condition};
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, get, now, set_condition};
 use dbops_shared::controller::{Context, ReconcileError};
-use dbops_shared::status::{Desired, Note};
+use dbops_shared::status::{Desired, Guard, Note, Write};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
-use serde_json::json;
+use kube::api::Api;
 
 use super::lookup::confirm_live;
 use super::provision::Done;
@@ -120,8 +118,10 @@ fn rotated(new: &DatabaseUserStatus) -> String {
     )
 }
 
-/// Writes the status `outcome` gives the user when it differs from the latest (a JSON
-/// patch whose test makes the UID a precondition), then the Events of [`desired`].
+/// Writes the status `outcome` gives the user through the shared path
+/// (`dbops_shared::status`, guarded by the UID: it is recomputed from the world each
+/// reconcile), then the Events of [`desired`]. A user gone or created again meanwhile
+/// abandons the reconcile (`Superseded`).
 pub async fn publish(
     user: &DatabaseUser,
     ctx: &Context<State>,
@@ -129,44 +129,28 @@ pub async fn publish(
     outcome: &Result<Done>,
 ) -> Result<()> {
     let old = ctx.state.latest(user);
-    let Desired { status: new, notes } = desired(user, &old, outcome, now());
-    if new == old {
-        return Ok(());
-    }
-    let patch = serde_json::from_value(json!([
-        {"op": "test", "path": "/metadata/uid", "value": user.uid().unwrap_or_default()},
-        {"op": "add", "path": "/status", "value": new},
-    ]))
-    .map_err(|e| Error::Internal(format!("building the status patch: {e}")))?;
-    let params = PatchParams::default();
-    match api
-        .patch_status(&user.name_any(), &params, &Patch::<()>::Json(patch))
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 422 => {
-            confirm_live(ctx, user).await?;
-            return Err(kube::Error::Api(e).into());
-        }
-        Err(e) => return Err(e.into()),
-    }
-    // Until the cache shows it (`State::latest`): a reconcile that starts before the watch
-    // delivers this write must not decide on the status before it (it rotated a second
-    // time for the same annotation value when the user watch lagged behind under load).
-    ctx.state
+    let desired = desired(user, &old, outcome, now());
+    let state = &ctx.state;
+    match state
         .written
-        .insert(&user.uid().unwrap_or_default(), new);
-    for note in notes {
-        ctx.state
-            .event(user, note.normal, &note.reason, &note.message)
-            .await;
+        .write(api, user, desired, Guard::Uid, &state.recorder, None)
+        .await?
+    {
+        Write::Gone => {
+            confirm_live(ctx, user).await?;
+            Err(Error::Retry {
+                reason: DatabaseUserReason::KubernetesApiError.as_str(),
+                message: "the status write found no DatabaseUser of this UID; retried".into(),
+            })
+        }
+        Write::Unchanged | Write::Written(_) | Write::Conflict => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn user() -> DatabaseUser {
         serde_json::from_value(json!({
