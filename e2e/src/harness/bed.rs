@@ -2,8 +2,11 @@
 //! One control plane for the whole test binary, and per test a client, kubectl and a
 //! namespace of its own ([`bed`]); the controllers' own ServiceAccount identities.
 
+use std::path::Path;
+
 use tokio::sync::OnceCell;
 
+use crate::controllers::ControllerProcess;
 use crate::controlplane::{ControlPlane, Options};
 use crate::harness::deploy;
 use crate::kubectl::Kubectl;
@@ -50,6 +53,31 @@ pub fn watch_args(ns: &str, resync: &str) -> Vec<String> {
         "--backoff-base=1s".to_string(),
         "--backoff-max=5s".to_string(),
     ]
+}
+
+/// A database-controller with its own ServiceAccount's token ([`controller_kubeconfig`])
+/// serving tenant namespace `tenant` from the controllers' namespace `ctl` (its admin
+/// Secrets, and the DatabaseServers the fixtures label with it): [`watch_args`] with a
+/// resync every `resync`, then `extra`; it logs into `logs`.
+pub async fn start_tenant_database_controller(
+    b: &Bed,
+    tenant: &str,
+    ctl: &str,
+    resync: &str,
+    extra: &[String],
+    logs: &Path,
+) -> ControllerProcess {
+    let kubeconfig = controller_kubeconfig(b.cp, "database-controller").await;
+    let mut args = watch_args(tenant, resync);
+    args.extend([
+        format!("--controller-namespace={ctl}"),
+        format!(
+            "--server-selector={}={ctl}",
+            crate::fixtures::TEST_NAMESPACE_LABEL
+        ),
+    ]);
+    args.extend_from_slice(extra);
+    ControllerProcess::start("database-controller", &kubeconfig, logs, &args).unwrap()
 }
 
 /// A client, kubectl and a fresh namespace for one test.

@@ -27,5 +27,5 @@ mod users_migration;
 
 pub use dbops_e2e::harness::bed::{
     Bed, bed, control_plane, controller_identities, controller_kubeconfig, controller_user,
-    test_dir, watch_args,
+    start_tenant_database_controller, test_dir, watch_args,
 };

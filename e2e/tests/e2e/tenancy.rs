@@ -10,15 +10,16 @@
 use std::time::{Duration, Instant};
 
 use dbops_api::Database;
-use dbops_e2e::fixtures::{self, TEST_NAMESPACE_LABEL};
+use dbops_e2e::fixtures;
+use dbops_e2e::harness::redact::redact;
 use dbops_e2e::wait::{Want, database_condition, database_has, eventually, wait_for};
-use dbops_e2e::{ControllerProcess, PgServer, TestNamespace};
+use dbops_e2e::{PgServer, TestNamespace};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
-use crate::bed;
+use crate::{bed, start_tenant_database_controller};
 
 const ADMIN_SECRET: &str = "pg-admin";
 const READY: Duration = Duration::from_secs(60);
@@ -49,29 +50,13 @@ async fn deleting_a_tenant_namespace_never_hangs_and_keeps_what_each_policy_says
     let tenant_name = tenant.name().to_string();
     let (pg, server) = admin_server(&b, &ctl, "ns-delete").await;
 
-    let kubeconfig = crate::controller_kubeconfig(b.cp, "database-controller").await;
     let logs = tempfile::Builder::new()
         .prefix("dbops-ns-delete-logs-")
         .tempdir()
         .unwrap();
-    let args = [
-        format!("--watch-namespace={tenant_name}"),
-        format!("--controller-namespace={ctl}"),
-        format!("--server-selector={TEST_NAMESPACE_LABEL}={ctl}"),
-        "--resync-interval=3s".to_string(),
-        "--backoff-base=1s".to_string(),
-        "--backoff-max=5s".to_string(),
-    ];
     let controller =
-        ControllerProcess::start("database-controller", &kubeconfig, logs.path(), &args).unwrap();
-    let log = || {
-        dbops_e2e::postgres::redact_passwords(
-            &controller
-                .process
-                .log_tail(6000)
-                .replace(pg.superuser_password(), "<superuser-password>"),
-        )
-    };
+        start_tenant_database_controller(&b, &tenant_name, &ctl, "3s", &[], logs.path()).await;
+    let log = || redact(&controller.process.log_tail(6000), [("superuser", &pg)]);
 
     let policies = [
         ("kept", "Retain"),
@@ -268,28 +253,13 @@ async fn a_database_replaced_while_its_reconcile_waits_is_provisioned_for_the_ne
     let tenant_name = tenant.name().to_string();
     let (pg, server) = admin_server(&b, &ctl, "replaced").await;
 
-    let kubeconfig = crate::controller_kubeconfig(b.cp, "database-controller").await;
     let logs = crate::test_dir("replaced", "logs");
-    let args = [
-        format!("--watch-namespace={tenant_name}"),
-        format!("--controller-namespace={ctl}"),
-        format!("--server-selector={TEST_NAMESPACE_LABEL}={ctl}"),
-        // Not the token's ServiceAccount: the RoleBinding grants the process nothing.
-        format!("--service-account={ctl}/stand-in"),
-        "--resync-interval=3s".to_string(),
-        "--backoff-base=1s".to_string(),
-        "--backoff-max=5s".to_string(),
-    ];
+    // Not the token's ServiceAccount: the RoleBinding grants the process nothing.
+    let stand_in = [format!("--service-account={ctl}/stand-in")];
     let controller =
-        ControllerProcess::start("database-controller", &kubeconfig, logs.path(), &args).unwrap();
-    let log = || {
-        dbops_e2e::postgres::redact_passwords(
-            &controller
-                .process
-                .log_tail(12000)
-                .replace(pg.superuser_password(), "<superuser-password>"),
-        )
-    };
+        start_tenant_database_controller(&b, &tenant_name, &ctl, "3s", &stand_in, logs.path())
+            .await;
+    let log = || redact(&controller.process.log_tail(12000), [("superuser", &pg)]);
 
     let spec = json!({"serverRef": {"name": server}});
     let dbs: Api<Database> = Api::namespaced(b.client.clone(), &tenant_name);

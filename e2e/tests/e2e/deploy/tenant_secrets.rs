@@ -8,9 +8,9 @@ use dbops_e2e::controlplane::service_account_user;
 use dbops_e2e::harness::deploy::{
     CONTROLLERS, SYSTEM_NAMESPACE, TENANT_BINDING_NAME, TENANT_TICK, can_i_as,
 };
-use dbops_e2e::postgres::redact_passwords;
+use dbops_e2e::harness::redact::redact;
 use dbops_e2e::wait::{Want, holds_for, wait_for};
-use dbops_e2e::{ControllerProcess, Kubectl, PgServer};
+use dbops_e2e::{Kubectl, PgServer};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
@@ -84,29 +84,11 @@ async fn the_database_controller_reaches_a_tenant_namespaces_secrets_only_while_
         .await
         .unwrap();
 
-    let kubeconfig = crate::controller_kubeconfig(b.cp, "database-controller").await;
     let logs = tempfile::tempdir().unwrap();
-    let args = [
-        format!("--watch-namespace={}", tenant.name),
-        format!("--controller-namespace={ctl}"),
-        format!(
-            "--server-selector={}={ctl}",
-            dbops_e2e::fixtures::TEST_NAMESPACE_LABEL
-        ),
-        "--resync-interval=5s".to_string(),
-        "--backoff-base=1s".to_string(),
-        "--backoff-max=5s".to_string(),
-    ];
     let controller =
-        ControllerProcess::start("database-controller", &kubeconfig, logs.path(), &args).unwrap();
-    let log = || {
-        redact_passwords(
-            &controller
-                .process
-                .log_tail(8000)
-                .replace(pg.superuser_password(), "<superuser-password>"),
-        )
-    };
+        crate::start_tenant_database_controller(&b, &tenant.name, &ctl, "5s", &[], logs.path())
+            .await;
+    let log = || redact(&controller.process.log_tail(8000), [("superuser", &pg)]);
 
     let users: Vec<String> = CONTROLLERS
         .iter()
