@@ -15,6 +15,19 @@ pub struct ControllerProcess {
     pub metrics_port: u16,
 }
 
+/// How [`ControllerProcess::launch`] starts a controller, beyond its name, kubeconfig,
+/// log directory and flags.
+#[derive(Default)]
+struct Launch<'a> {
+    /// The health and metrics port; a free one when none.
+    metrics_port: Option<u16>,
+    /// Added to the controller's environment.
+    env: &'a [(String, String)],
+    /// The process is told to exit by itself: an exit before `/healthz` answered is not
+    /// an error.
+    exit_expected: bool,
+}
+
 impl ControllerProcess {
     /// Starts `dbops-<name>` (for example `database-controller`) with the kubeconfig,
     /// a free metrics port and `extra_args`; returns once `/healthz` answers.
@@ -24,7 +37,7 @@ impl ControllerProcess {
         log_dir: &Path,
         extra_args: &[String],
     ) -> Result<Self> {
-        Self::start_on(name, kubeconfig, log_dir, free_port()?, extra_args)
+        Self::launch(name, kubeconfig, log_dir, extra_args, Launch::default())
     }
 
     /// Like [`ControllerProcess::start`] with a chosen health and metrics port.
@@ -35,15 +48,11 @@ impl ControllerProcess {
         metrics_port: u16,
         extra_args: &[String],
     ) -> Result<Self> {
-        Self::launch(
-            name,
-            kubeconfig,
-            log_dir,
-            metrics_port,
-            extra_args,
-            &[],
-            false,
-        )
+        let how = Launch {
+            metrics_port: Some(metrics_port),
+            ..Launch::default()
+        };
+        Self::launch(name, kubeconfig, log_dir, extra_args, how)
     }
 
     /// Like [`ControllerProcess::start`] with `env` added to the controller's environment
@@ -55,15 +64,11 @@ impl ControllerProcess {
         extra_args: &[String],
         env: &[(String, String)],
     ) -> Result<Self> {
-        Self::launch(
-            name,
-            kubeconfig,
-            log_dir,
-            free_port()?,
-            extra_args,
+        let how = Launch {
             env,
-            false,
-        )
+            ..Launch::default()
+        };
+        Self::launch(name, kubeconfig, log_dir, extra_args, how)
     }
 
     /// Like [`ControllerProcess::start`] for a process told to exit by itself (a test's
@@ -75,45 +80,33 @@ impl ControllerProcess {
         log_dir: &Path,
         extra_args: &[String],
     ) -> Result<Self> {
-        Self::launch(
-            name,
-            kubeconfig,
-            log_dir,
-            free_port()?,
-            extra_args,
-            &[],
-            true,
-        )
+        let how = Launch {
+            exit_expected: true,
+            ..Launch::default()
+        };
+        Self::launch(name, kubeconfig, log_dir, extra_args, how)
     }
 
     fn launch(
         name: &str,
         kubeconfig: &Path,
         log_dir: &Path,
-        metrics_port: u16,
         extra_args: &[String],
-        env: &[(String, String)],
-        exit_expected: bool,
+        how: Launch<'_>,
     ) -> Result<Self> {
-        let binary = paths::workspace_bin(&format!("dbops-{name}"))?;
-        let env_names = || env.iter().map(|(k, _)| k.as_str());
-        let scoped = controller_namespace_arg(extra_args, env_names())
-            .into_iter()
-            .chain(server_selector_arg(extra_args, env_names()));
-        let mut spec = Spec::new(name, binary)
-            .args([format!("--metrics-addr=127.0.0.1:{metrics_port}")])
-            .args(extra_args.iter().cloned())
-            .args(scoped)
-            .env("KUBECONFIG", kubeconfig.display().to_string())
-            .env(
-                "RUST_LOG",
-                std::env::var("DBOPS_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
-            );
-        if !env_names().any(|name| name == "POD_NAME") {
+        let metrics_port = match how.metrics_port {
+            Some(port) => port,
+            None => free_port()?,
+        };
+        let exit_expected = how.exit_expected;
+        let env: Vec<(&str, &str)> = how
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let mut spec = controller_spec(name, name, kubeconfig, metrics_port, extra_args, &env)?;
+        if !env.iter().any(|(k, _)| *k == "POD_NAME") {
             spec = spec.env("POD_NAME", pod_name(name, log_dir));
-        }
-        for (key, value) in env {
-            spec = spec.env(key.clone(), value.clone());
         }
         let mut process = Supervised::start(&spec, log_dir)?;
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -159,63 +152,99 @@ pub fn end(controller: Option<ControllerProcess>, signal: &str, timeout: Duratio
     }
 }
 
+/// A flag that scopes a controller started with `--watch-namespace=<ns>` to that test's
+/// namespace, unless the test names the flag or its environment variable itself.
+pub struct Scope {
+    flag: &'static str,
+    env: &'static str,
+    value: fn(&str) -> String,
+}
+
 /// `--controller-namespace=<ns>` for a controller started with `--watch-namespace=<ns>`
 /// and no controller namespace of its own (neither the flag nor `POD_NAMESPACE` among
-/// `env_names`): a test's namespace stands in for `dbops-system`, where the Deployments'
-/// pods run, so one test's backup store registration (the ConfigMap `dbops-backup-store`),
-/// Leases and DatabaseServers' admin and CA Secrets never meet another test's.
-/// `TestNamespace::create` grants the controllers'
-/// ServiceAccounts there what `deploy/` grants them in `dbops-system`.
-pub fn controller_namespace_arg<'a>(
-    args: &[String],
-    env_names: impl Iterator<Item = &'a str>,
-) -> Option<String> {
-    watched_namespace_arg(
-        args,
-        env_names,
-        "--controller-namespace",
-        "POD_NAMESPACE",
-        |ns| ns.to_string(),
-    )
-}
+/// its environment's names): a test's namespace stands in for `dbops-system`, where the
+/// Deployments' pods run, so one test's backup store registration (the ConfigMap
+/// `dbops-backup-store`), Leases and DatabaseServers' admin and CA Secrets never meet
+/// another test's. `TestNamespace::create` grants the controllers' ServiceAccounts there
+/// what `deploy/` grants them in `dbops-system`.
+pub const CONTROLLER_NAMESPACE: Scope = Scope {
+    flag: "--controller-namespace",
+    env: "POD_NAMESPACE",
+    value: |ns| ns.to_string(),
+};
 
 /// `--server-selector=dbops.dev/test-namespace=<ns>` for a controller started with
 /// `--watch-namespace=<ns>` and no server selector of its own (neither the flag nor
-/// `DBOPS_SERVER_SELECTOR` among `env_names`): DatabaseServers are cluster-scoped, so
-/// without it every test's controllers would serve every test's servers. The fixtures
-/// label each test's DatabaseServers with its namespace
+/// `DBOPS_SERVER_SELECTOR` among its environment's names): DatabaseServers are
+/// cluster-scoped, so without it every test's controllers would serve every test's
+/// servers. The fixtures label each test's DatabaseServers with its namespace
 /// ([`crate::fixtures::create_server`]).
-pub fn server_selector_arg<'a>(
-    args: &[String],
-    env_names: impl Iterator<Item = &'a str>,
-) -> Option<String> {
-    watched_namespace_arg(
-        args,
-        env_names,
-        "--server-selector",
-        "DBOPS_SERVER_SELECTOR",
-        |ns| format!("{}={ns}", crate::fixtures::TEST_NAMESPACE_LABEL),
-    )
+pub const SERVER_SELECTOR: Scope = Scope {
+    flag: "--server-selector",
+    env: "DBOPS_SERVER_SELECTOR",
+    value: |ns| format!("{}={ns}", crate::fixtures::TEST_NAMESPACE_LABEL),
+};
+
+impl Scope {
+    /// `<flag>=<value(ns)>` for a controller started with `--watch-namespace=<ns>` and
+    /// neither the flag (`--flag=v` or `--flag v`) nor its variable (among `env_names`)
+    /// of its own.
+    pub fn arg<'a>(
+        &self,
+        args: &[String],
+        mut env_names: impl Iterator<Item = &'a str>,
+    ) -> Option<String> {
+        let with_value = format!("{}=", self.flag);
+        let named = args
+            .iter()
+            .any(|a| a == self.flag || a.starts_with(&with_value))
+            || env_names.any(|name| name == self.env);
+        if named {
+            return None;
+        }
+        args.iter()
+            .find_map(|a| a.strip_prefix("--watch-namespace="))
+            .map(|ns| format!("{with_value}{}", (self.value)(ns)))
+    }
 }
 
-/// `<flag>=<value(ns)>` for a controller started with `--watch-namespace=<ns>` and neither
-/// `flag` (`--flag=v` or `--flag v`) nor `env` (among `env_names`) of its own.
-fn watched_namespace_arg<'a>(
+/// The flags ([`CONTROLLER_NAMESPACE`], [`SERVER_SELECTOR`]) that scope a controller
+/// started with `args` and an environment of `env_names` to its watched namespace.
+pub fn scoped_args<'a, I: Iterator<Item = &'a str>>(
     args: &[String],
-    mut env_names: impl Iterator<Item = &'a str>,
-    flag: &str,
-    env: &str,
-    value: impl FnOnce(&str) -> String,
-) -> Option<String> {
-    let with_value = format!("{flag}=");
-    let named = args.iter().any(|a| a == flag || a.starts_with(&with_value))
-        || env_names.any(|name| name == env);
-    if named {
-        return None;
+    env_names: impl Fn() -> I,
+) -> Vec<String> {
+    [CONTROLLER_NAMESPACE, SERVER_SELECTOR]
+        .iter()
+        .filter_map(|scope| scope.arg(args, env_names()))
+        .collect()
+}
+
+/// The process of the controller binary `dbops-<controller>` run as `name`: its health
+/// and metrics server on `metrics_port`, `args` and the [`scoped_args`] they call for,
+/// `KUBECONFIG` and `RUST_LOG` (`$DBOPS_CONTROLLER_LOG`, else `info`), then `env`.
+pub fn controller_spec(
+    controller: &str,
+    name: &str,
+    kubeconfig: &Path,
+    metrics_port: u16,
+    args: &[String],
+    env: &[(&str, &str)],
+) -> Result<Spec> {
+    let env_names = || env.iter().map(|(k, _)| *k);
+    let mut spec = Spec::new(name, paths::workspace_bin(&format!("dbops-{controller}"))?)
+        .args([format!("--metrics-addr=127.0.0.1:{metrics_port}")])
+        .args(args.iter().cloned())
+        .args(scoped_args(args, env_names))
+        .env("KUBECONFIG", kubeconfig.display().to_string())
+        .env(
+            "RUST_LOG",
+            std::env::var("DBOPS_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
+        );
+    for (key, value) in env {
+        spec = spec.env(*key, *value);
     }
-    args.iter()
-        .find_map(|a| a.strip_prefix("--watch-namespace="))
-        .map(|ns| format!("{with_value}{}", value(ns)))
+    Ok(spec)
 }
 
 /// The test bed's `$POD_NAME` for a controller that was given none: one log directory is
@@ -256,7 +285,7 @@ mod tests {
         list.iter().map(|a| a.to_string()).collect()
     }
 
-    /// What both `*_arg`s do: `expected` for a watched namespace; nothing when `flag`
+    /// What both [`Scope`]s do: `expected` for a watched namespace; nothing when `flag`
     /// (with `own` as its value, in either form) or `env` is named, or nothing is watched.
     fn assert_watched_namespace_arg(
         arg: impl Fn(&[String], &[&str]) -> Option<String>,
@@ -278,7 +307,7 @@ mod tests {
     #[test]
     fn a_watched_namespace_is_the_controller_namespace_unless_one_is_named() {
         assert_watched_namespace_arg(
-            |a, env| controller_namespace_arg(a, env.iter().copied()),
+            |a, env| CONTROLLER_NAMESPACE.arg(a, env.iter().copied()),
             "--controller-namespace",
             "POD_NAMESPACE",
             "other",
@@ -297,7 +326,7 @@ mod tests {
     #[test]
     fn a_watched_namespace_selects_its_servers_unless_a_selector_is_named() {
         assert_watched_namespace_arg(
-            |a, env| server_selector_arg(a, env.iter().copied()),
+            |a, env| SERVER_SELECTOR.arg(a, env.iter().copied()),
             "--server-selector",
             "DBOPS_SERVER_SELECTOR",
             "tier=gold",

@@ -146,7 +146,7 @@ impl TestNamespace {
 }
 
 /// The namespace stands in for `dbops-system` as a controller's own namespace
-/// (`--controller-namespace`, see `controllers::controller_namespace_arg`): the Roles of
+/// (`--controller-namespace`, see `controllers::CONTROLLER_NAMESPACE`): the Roles of
 /// [`CONTROLLER_NAMESPACE_ROLES`] in `deploy/<controller>/rbac.yaml` (the backup store's
 /// registration ConfigMap, the DatabaseServers' admin and CA Secrets), copied here as they
 /// are and bound to the controllers' ServiceAccounts in `dbops-system`, so a controller run

@@ -9,14 +9,12 @@ use std::time::Duration;
 use anyhow::Result;
 use tokio::sync::OnceCell;
 
-use crate::controllers::{
-    ControllerProcess, controller_namespace_arg, http_get, server_selector_arg,
-};
+use crate::controllers::{ControllerProcess, controller_spec, http_get};
 use crate::controlplane::ControlPlane;
 use crate::kubectl::Kubectl;
 use crate::paths;
 use crate::postgres::redact_passwords;
-use crate::process::{Spec, Supervised, free_port};
+use crate::process::{Supervised, free_port};
 use crate::wait::wait_for;
 
 /// Where the controllers, their ServiceAccounts and their Leases live.
@@ -65,7 +63,7 @@ pub async fn deployed(cp: &ControlPlane) {
 /// Starts the controller binary `dbops-<controller>` as `name` (its log is
 /// `<log_dir>/<name>.log`) with `kubeconfig`, `args` and `env`, on a free health and
 /// metrics port, scoped to the watched namespace as `ControllerProcess::start` scopes it
-/// (`controller_namespace_arg`, `server_selector_arg`); returns once `/healthz` answers.
+/// (`controllers::scoped_args`); returns once `/healthz` answers.
 pub async fn start_controller(
     controller: &str,
     name: &str,
@@ -75,22 +73,7 @@ pub async fn start_controller(
     env: &[(&str, &str)],
 ) -> Result<ControllerProcess> {
     let port = free_port()?;
-    let env_names = || env.iter().map(|(k, _)| *k);
-    let scoped = controller_namespace_arg(args, env_names())
-        .into_iter()
-        .chain(server_selector_arg(args, env_names()));
-    let mut spec = Spec::new(name, paths::workspace_bin(&format!("dbops-{controller}"))?)
-        .args([format!("--metrics-addr=127.0.0.1:{port}")])
-        .args(args.iter().cloned())
-        .args(scoped)
-        .env("KUBECONFIG", kubeconfig.display().to_string())
-        .env(
-            "RUST_LOG",
-            std::env::var("DBOPS_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
-        );
-    for (key, value) in env {
-        spec = spec.env(*key, *value);
-    }
+    let spec = controller_spec(controller, name, kubeconfig, port, args, env)?;
     let process = Supervised::start(&spec, log_dir)?;
     let log = process.log_path().to_path_buf();
     wait_for(
