@@ -26,6 +26,37 @@ fn value(metrics: &BTreeMap<String, f64>, series: &str) -> f64 {
     metrics.get(series).copied().unwrap_or(0.0)
 }
 
+/// Scrapes controller `name` until its resource gauge counts one Ready `kind` (its store
+/// sees the Ready status); what it then serves.
+async fn scrape_until_one_ready(
+    controller: &ControllerProcess,
+    name: &str,
+    kind: &str,
+) -> BTreeMap<String, f64> {
+    let gauge = format!(
+        r#"dbops_resources{{controller="{name}",kind="{kind}",condition="Ready",status="True"}}"#
+    );
+    dbops_e2e::wait::eventually(
+        &format!("the {name} counts one Ready {kind}"),
+        dbops_e2e::harness::observability::SLOW,
+        || async { Ok(scrape(controller)) },
+        |m| value(m, &gauge) == 1.0,
+    )
+    .await
+}
+
+/// Controller `name` counted a successful reconcile.
+fn assert_reconciled(metrics: &BTreeMap<String, f64>, name: &str) {
+    let series = format!(r#"dbops_reconciles_total{{controller="{name}",outcome="success"}}"#);
+    assert!(value(metrics, &series) > 0.0, "{metrics:#?}");
+}
+
+/// The requests to `target` (`postgres`, `kubernetes`, `store`) that went well.
+fn ok_requests(metrics: &BTreeMap<String, f64>, target: &str) -> f64 {
+    let series = format!(r#"dbops_external_requests_total{{target="{target}",outcome="ok"}}"#);
+    value(metrics, &series)
+}
+
 #[tokio::test]
 async fn metrics_move_with_a_database_and_a_backup() {
     let w = World::new("mx", false).await;
@@ -49,69 +80,24 @@ async fn metrics_move_with_a_database_and_a_backup() {
 
     // The database-controller: reconciles, their duration, SQL and API requests, and
     // the Ready Database in the resource gauge (its store sees the Ready status).
-    let db = &w.database_controller;
-    let m = dbops_e2e::wait::eventually(
-        "the database-controller counts one Ready Database",
-        dbops_e2e::harness::observability::SLOW,
-        || async { Ok(scrape(db)) },
-        |m| {
-            value(
-                m,
-                r#"dbops_resources{controller="database-controller",kind="Database",condition="Ready",status="True"}"#,
-            ) == 1.0
-        },
-    )
-    .await;
-    assert!(
-        value(
-            &m,
-            r#"dbops_reconciles_total{controller="database-controller",outcome="success"}"#
-        ) > 0.0,
-        "{m:#?}"
-    );
+    let m = scrape_until_one_ready(&w.database_controller, "database-controller", "Database").await;
+    assert_reconciled(&m, "database-controller");
     assert!(
         value(
             &m,
             r#"dbops_reconcile_duration_seconds_count{controller="database-controller"}"#
         ) > 0.0
     );
-    assert!(
-        value(
-            &m,
-            r#"dbops_external_requests_total{target="postgres",outcome="ok"}"#
-        ) > 0.0
-    );
-    assert!(
-        value(
-            &m,
-            r#"dbops_external_requests_total{target="kubernetes",outcome="ok"}"#
-        ) > 0.0
-    );
+    assert!(ok_requests(&m, "postgres") > 0.0);
+    assert!(ok_requests(&m, "kubernetes") > 0.0);
     assert!(
         !m.keys().any(|k| k.starts_with("dbops_backup_bytes_total")),
         "backup metrics belong to the backup-controller"
     );
 
     // The backup-controller: the completed dump's bytes, duration and time.
-    let bk = dbops_e2e::wait::eventually(
-        "the backup-controller counts one Ready Backup",
-        dbops_e2e::harness::observability::SLOW,
-        || async { Ok(scrape(&w.backup_controller)) },
-        |m| {
-            value(
-                m,
-                r#"dbops_resources{controller="backup-controller",kind="Backup",condition="Ready",status="True"}"#,
-            ) == 1.0
-        },
-    )
-    .await;
-    assert!(
-        value(
-            &bk,
-            r#"dbops_reconciles_total{controller="backup-controller",outcome="success"}"#
-        ) > 0.0,
-        "{bk:#?}"
-    );
+    let bk = scrape_until_one_ready(&w.backup_controller, "backup-controller", "Backup").await;
+    assert_reconciled(&bk, "backup-controller");
     assert!(value(&bk, "dbops_backup_bytes_total") > 0.0, "{bk:#?}");
     assert_eq!(value(&bk, "dbops_backup_duration_seconds_count"), 1.0);
     let last = value(
@@ -125,24 +111,8 @@ async fn metrics_move_with_a_database_and_a_backup() {
         (now - 300.0..=now + 5.0).contains(&last),
         "last success {last}, now {now}"
     );
-    assert!(
-        value(
-            &bk,
-            r#"dbops_external_requests_total{target="postgres",outcome="ok"}"#
-        ) > 0.0
-    );
+    assert!(ok_requests(&bk, "postgres") > 0.0);
     // create_artifact, commit, put_manifest of the dump.
-    assert!(
-        value(
-            &bk,
-            r#"dbops_external_requests_total{target="store",outcome="ok"}"#
-        ) >= 3.0,
-        "{bk:#?}"
-    );
-    assert!(
-        value(
-            &bk,
-            r#"dbops_external_requests_total{target="kubernetes",outcome="ok"}"#
-        ) > 0.0
-    );
+    assert!(ok_requests(&bk, "store") >= 3.0, "{bk:#?}");
+    assert!(ok_requests(&bk, "kubernetes") > 0.0);
 }
