@@ -137,6 +137,17 @@ pub fn jsonpath(b: &Bed, what: &str, name: &str, path: &str) -> String {
     out.stdout.trim().to_string()
 }
 
+/// The columns `kubectl get dbserver` prints (but `AGE`, not shown for an example).
+pub const SERVER_COLUMNS: [&str; 7] = [
+    "NAME",
+    "HOST",
+    "PORT",
+    "TLS",
+    "READY",
+    "VERSION",
+    "DATABASES",
+];
+
 /// `kubectl get <args>` prints a header naming each of `columns`.
 pub fn assert_columns(b: &Bed, args: &[&str], columns: &[&str]) {
     let get = b.kubectl.run(&[&["get"], args].concat(), None).unwrap();

@@ -1,6 +1,6 @@
 //! The examples of `deploy/examples` apply and print their columns.
 
-use dbops_e2e::harness::api_validation::{assert_columns, jsonpath};
+use dbops_e2e::harness::api_validation::{SERVER_COLUMNS, assert_columns, jsonpath};
 
 use crate::bed;
 
@@ -37,19 +37,7 @@ async fn examples_apply_and_print_their_columns() {
         .filter_map(|l| l.split_whitespace().next())
         .collect();
     for server in &servers {
-        assert_columns(
-            &b,
-            &["dbserver", server],
-            &[
-                "NAME",
-                "HOST",
-                "PORT",
-                "TLS",
-                "READY",
-                "VERSION",
-                "DATABASES",
-            ],
-        );
+        assert_columns(&b, &["dbserver", server], &SERVER_COLUMNS);
         let deleted = b
             .kubectl
             .run(&["delete", "dbserver", server, "--wait=false"], None)

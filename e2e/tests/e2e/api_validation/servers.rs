@@ -1,7 +1,7 @@
 //! A DatabaseServer's fields and its guardrails.
 
 use dbops_e2e::harness::api_validation::{
-    assert_columns, jsonpath, server_accepted, server_refused,
+    SERVER_COLUMNS, assert_columns, jsonpath, server_accepted, server_refused,
 };
 
 use crate::bed;
@@ -79,16 +79,7 @@ async fn database_servers_are_checked() {
     assert_columns(
         &b,
         &["dbserver", &name],
-        &[
-            "NAME",
-            "HOST",
-            "PORT",
-            "TLS",
-            "READY",
-            "VERSION",
-            "DATABASES",
-            "AGE",
-        ],
+        &[SERVER_COLUMNS.as_slice(), &["AGE"]].concat(),
     );
 }
 
