@@ -13,25 +13,40 @@ use serde::de::DeserializeOwned;
 use super::history::Seen;
 use super::world::{NS, World};
 
-fn database_seen(d: &Database) -> Seen {
+/// What every kind's [`Seen`] holds: its kind, name, policy, server and phase (none yet:
+/// empty).
+fn seen(
+    kind: &'static str,
+    obj: &impl ResourceExt,
+    policy: String,
+    server: &str,
+    phase: Option<String>,
+) -> Seen {
     Seen {
-        kind: "Database",
-        name: d.name_any(),
-        policy: format!("{:?}", d.spec.deletion_policy),
-        server: d.spec.server_ref.name.clone(),
-        phase: d
-            .status
-            .as_ref()
-            .and_then(|s| super::world::ready_condition(&s.conditions))
-            .map(|(st, reason, _)| format!("Ready={st}/{reason}"))
-            .unwrap_or_default(),
+        kind,
+        name: obj.name_any(),
+        policy,
+        server: server.to_string(),
+        phase: phase.unwrap_or_default(),
+        ..Seen::default()
+    }
+}
+
+fn database_seen(d: &Database) -> Seen {
+    let ready = d
+        .status
+        .as_ref()
+        .and_then(|s| super::world::ready_condition(&s.conditions))
+        .map(|(st, reason, _)| format!("Ready={st}/{reason}"));
+    let policy = format!("{:?}", d.spec.deletion_policy);
+    Seen {
         generation: d.metadata.generation.unwrap_or(0),
         observed: d
             .status
             .as_ref()
             .and_then(|s| s.observed_generation)
             .unwrap_or(0),
-        ..Seen::default()
+        ..seen("Database", d, policy, &d.spec.server_ref.name, ready)
     }
 }
 
@@ -45,46 +60,28 @@ fn failure(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Conditi
 }
 
 fn backup_seen(b: &Backup) -> Seen {
-    Seen {
-        kind: "Backup",
-        name: b.name_any(),
-        policy: format!("{:?}", b.spec.deletion_policy),
-        server: b.spec.database_ref.name.clone(),
-        phase: b
-            .status
-            .as_ref()
-            .and_then(|s| {
-                let why = failure(&s.conditions);
-                Some(match s.phase? {
-                    BackupPhase::Failed if !why.is_empty() => format!("Failed ({})", &why[2..]),
-                    p => format!("{p:?}"),
-                })
-            })
-            .unwrap_or_default(),
-        ..Seen::default()
-    }
+    let phase = b.status.as_ref().and_then(|s| {
+        let why = failure(&s.conditions);
+        Some(match s.phase? {
+            BackupPhase::Failed if !why.is_empty() => format!("Failed ({})", &why[2..]),
+            p => format!("{p:?}"),
+        })
+    });
+    let policy = format!("{:?}", b.spec.deletion_policy);
+    seen("Backup", b, policy, &b.spec.database_ref.name, phase)
 }
 
 fn migration_seen(m: &Migration) -> Seen {
-    Seen {
-        kind: "Migration",
-        name: m.name_any(),
-        policy: m.spec.target.server_ref.name.clone(),
-        server: m.spec.database_ref.name.clone(),
-        phase: m
-            .status
-            .as_ref()
-            .and_then(|s| {
-                let phase = format!("{:?}", s.phase?);
-                Some(match (&s.failed_step, failure(&s.conditions)) {
-                    (Some(step), why) => format!("{phase} (failed step {step:?}{why})"),
-                    (None, why) if !why.is_empty() => format!("{phase} ({})", &why[2..]),
-                    _ => phase,
-                })
-            })
-            .unwrap_or_default(),
-        ..Seen::default()
-    }
+    let phase = m.status.as_ref().and_then(|s| {
+        let phase = format!("{:?}", s.phase?);
+        Some(match (&s.failed_step, failure(&s.conditions)) {
+            (Some(step), why) => format!("{phase} (failed step {step:?}{why})"),
+            (None, why) if !why.is_empty() => format!("{phase} ({})", &why[2..]),
+            _ => phase,
+        })
+    });
+    let target = m.spec.target.server_ref.name.clone();
+    seen("Migration", m, target, &m.spec.database_ref.name, phase)
 }
 
 fn rv_of<K: Resource>(obj: &K) -> u64 {
