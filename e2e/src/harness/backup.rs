@@ -16,6 +16,7 @@ use serde_json::json;
 use crate::controllers::ControllerProcess;
 use crate::fixtures::{create_admin_secret, pgbench_database};
 use crate::harness::bed::{Bed, bed};
+use crate::harness::object::{InBed, Logged};
 use crate::harness::redact::redact;
 use crate::postgres::PgServer;
 use crate::s3::S3Server;
@@ -52,6 +53,21 @@ pub struct Setup {
     /// Flags both controllers get after the common ones (a test sets them, then restarts).
     pub extra_args: Vec<String>,
     pub logs: tempfile::TempDir,
+}
+
+impl Logged for Setup {
+    fn logs_of_all(&self) -> String {
+        format!(
+            "---- backup-controller log ----\n{}",
+            self.log("backup-controller", 8000)
+        )
+    }
+}
+
+impl InBed for Setup {
+    fn bed(&self) -> &Bed {
+        &self.b
+    }
 }
 
 impl Setup {
@@ -312,24 +328,6 @@ impl Setup {
         crate::fixtures::create_backup(&self.b.client, self.ns(), name, db, spec)
             .await
             .unwrap()
-    }
-
-    /// Waits for the Backup to satisfy `done`; on timeout the panic shows its status and
-    /// the backup-controller's log.
-    pub async fn wait_backup(
-        &self,
-        name: &str,
-        what: &str,
-        timeout: Duration,
-        done: impl Fn(&Backup) -> bool,
-    ) -> Backup {
-        crate::wait::object_or_logs(&self.backups(), name, what, timeout, done, || {
-            format!(
-                "---- backup-controller log ----\n{}",
-                self.log("backup-controller", 8000)
-            )
-        })
-        .await
     }
 
     /// Mid-dump: Running, and pg_dump's output is reaching the store.

@@ -23,6 +23,7 @@ use crate::controllers::ControllerProcess;
 use crate::fixtures::{create_backup, create_migration, pgbench_database, server_name};
 use crate::harness::bed::{Bed, bed};
 use crate::harness::deploy::start_controller;
+use crate::harness::object::{InBed, Logged};
 use crate::harness::redact::redact;
 use crate::postgres::PgServer;
 use crate::postgres::redact_passwords;
@@ -208,6 +209,15 @@ impl Scenario {
     }
 
     /// The other running replica.
+    /// Two more replicas: the one that leads and the one that stands by, once the Lease
+    /// has a holder.
+    pub async fn start_leader_and_standby(&mut self) -> (usize, usize) {
+        self.start_replica().await;
+        self.start_replica().await;
+        let leader = self.leader().await;
+        (leader, self.standby(leader))
+    }
+
     pub fn standby(&self, leader: usize) -> usize {
         self.replicas
             .iter()
@@ -245,6 +255,13 @@ impl Scenario {
             .await
             .unwrap();
         self.databases.push(name.clone());
+        name
+    }
+
+    /// [`Scenario::create_database`], then [`Scenario::wait_ready`].
+    pub async fn create_ready_database(&mut self) -> String {
+        let name = self.create_database().await;
+        self.wait_ready(&name).await;
         name
     }
 
@@ -565,20 +582,6 @@ impl Scenario {
             .unwrap();
     }
 
-    /// Waits until Backup `name` satisfies `done`; on timeout the panic shows the logs.
-    pub async fn wait_backup(
-        &self,
-        name: &str,
-        what: &str,
-        timeout: Duration,
-        done: impl Fn(&Backup) -> bool,
-    ) -> Backup {
-        crate::wait::object_or_logs(&self.backups(), name, what, timeout, done, || {
-            self.logs_text()
-        })
-        .await
-    }
-
     /// Migration `name` of Database `db` to the target server, not waited for.
     pub async fn create_migration(&self, name: &str, db: &str) {
         assert!(self.target.is_some(), "a Migration needs a target server");
@@ -586,19 +589,17 @@ impl Scenario {
             .await
             .unwrap();
     }
+}
 
-    /// Waits until Migration `name` satisfies `done`; on timeout the panic shows the logs.
-    pub async fn wait_migration(
-        &self,
-        name: &str,
-        what: &str,
-        timeout: Duration,
-        done: impl Fn(&Migration) -> bool,
-    ) -> Migration {
-        crate::wait::object_or_logs(&self.migrations(), name, what, timeout, done, || {
-            self.logs_text()
-        })
-        .await
+impl Logged for Scenario {
+    fn logs_of_all(&self) -> String {
+        self.logs_text()
+    }
+}
+
+impl InBed for Scenario {
+    fn bed(&self) -> &Bed {
+        &self.b
     }
 }
 

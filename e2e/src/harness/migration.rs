@@ -4,6 +4,7 @@
 //! ServiceAccounts; what the tests ask of a Migration; and the writer that keeps inserting
 //! numbered rows through a connection Secret while a Database moves.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use dbops_api::{Database, Migration, MigrationPhase, MigrationStep, StepState};
@@ -14,6 +15,7 @@ use serde_json::json;
 use crate::controllers::ControllerProcess;
 use crate::fixtures::{create_admin_secret, pgbench_database, server_name};
 use crate::harness::bed::{Bed, bed};
+use crate::harness::object::{InBed, Logged};
 use crate::harness::redact::redact;
 use crate::jaeger::Jaeger;
 use crate::live_writer::{Failure, LiveWriter, Options};
@@ -51,6 +53,21 @@ pub struct Setup {
 /// The major of the Logical tests' target: the newest the Debian-built clients here
 /// restore into (pg_restore 17 and newer cannot restore into older servers).
 pub const LOGICAL_TARGET_MAJOR: u32 = 17;
+
+impl Logged for Setup {
+    fn logs_of_all(&self) -> String {
+        format!(
+            "---- migration-controller log ----\n{}",
+            self.log("migration-controller", 12000)
+        )
+    }
+}
+
+impl InBed for Setup {
+    fn bed(&self) -> &Bed {
+        &self.b
+    }
+}
 
 impl Setup {
     pub async fn new(prefix: &str) -> Self {
@@ -350,22 +367,17 @@ impl Setup {
             .unwrap();
     }
 
-    /// Waits for the Migration to satisfy `done`; on timeout the panic shows its status
-    /// and the controllers' logs.
-    pub async fn wait_migration(
+    /// Creates Migration `name` of Database `db` (`extra` added to its spec) and waits
+    /// ([`SAGA`] at most) for it to reach `phase`.
+    pub async fn migrate(
         &self,
         name: &str,
-        what: &str,
-        timeout: Duration,
-        done: impl Fn(&Migration) -> bool,
+        db: &str,
+        extra: serde_json::Value,
+        phase: MigrationPhase,
     ) -> Migration {
-        crate::wait::object_or_logs(&self.migrations(), name, what, timeout, done, || {
-            format!(
-                "---- migration-controller log ----\n{}",
-                self.log("migration-controller", 12000)
-            )
-        })
-        .await
+        self.create_migration(name, db, extra).await;
+        self.wait_phase(name, phase, SAGA).await
     }
 
     pub async fn wait_phase(
@@ -446,6 +458,16 @@ pub fn condition<'a>(
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
 }
 
+/// The Migration's `Failed` condition, asserted to be there and for `reason`.
+pub fn assert_failed<'a>(
+    m: &'a Migration,
+    reason: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    let failed = condition(m, "Failed").expect("a Failed condition");
+    assert_eq!(failed.reason, reason, "{failed:?}");
+    failed
+}
+
 /// Asserts that one of `events` has `reason`; the message lists the reasons there are.
 pub fn assert_has_event(events: &[Event], reason: &str) {
     assert!(
@@ -505,9 +527,38 @@ impl Writer {
         self.0.commits()
     }
 
+    /// Waits until at least `at_least` inserts have committed, for at most `limit`.
+    pub async fn wait_commits(&self, at_least: usize, limit: Duration) {
+        self.0.wait_commits(at_least, limit).await.unwrap();
+    }
+
     /// Stops it: the numbers committed, in order, and the first failed attempt.
     pub async fn finish(self) -> (Vec<i64>, Option<Failure>) {
         let log = self.0.finish().await;
         (log.numbers(), log.first_failure)
     }
+}
+
+/// The rows of `writes` in `app` on a server.
+pub async fn writes_on(pg: &PgServer) -> BTreeSet<i64> {
+    pg.connect_as_superuser_to("app")
+        .await
+        .unwrap()
+        .query("SELECT n FROM writes", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Every write a writer saw committed is among `rows`.
+pub fn assert_every_commit_in(committed: &[i64], rows: &BTreeSet<i64>) {
+    let committed: BTreeSet<i64> = committed.iter().copied().collect();
+    assert!(
+        committed.is_subset(rows),
+        "{} committed rows missing on the target, first {:?}",
+        committed.difference(rows).count(),
+        committed.difference(rows).take(10).collect::<Vec<_>>()
+    );
 }

@@ -5,8 +5,7 @@
 //! subscriptions, roles), and the checks of the writer's commits and of the source after a
 //! rollback.
 
-use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dbops_api::{ChosenMode, Migration};
 use k8s_openapi::api::core::v1::Secret;
@@ -14,7 +13,7 @@ use kube::api::Api;
 
 use crate::harness::migration::{Conn, Setup};
 use crate::live_writer::{LiveWriter, Options};
-use crate::wait::wait_for;
+use crate::postgres::PgServer;
 
 /// The source's settings for logical replication.
 pub const LOGICAL: &[(&str, &str)] = &[
@@ -82,6 +81,11 @@ impl Writer {
         self.0.commits()
     }
 
+    /// Waits until at least `at_least` inserts have committed, for at most `limit`.
+    pub async fn wait_commits(&self, at_least: usize, limit: Duration) {
+        self.0.wait_commits(at_least, limit).await.unwrap();
+    }
+
     /// The numbers committed so far, from the `from`-th commit on.
     pub fn numbers_from(&self, from: usize) -> Vec<i64> {
         self.0.numbers_from(from)
@@ -90,20 +94,12 @@ impl Writer {
     /// After the switch: waits (60 s at most) for 50 more commits, which can only land on
     /// the target through the rewritten Secret, then stops; the commits, the longest gap
     /// between two of them and the commit before that gap.
-    pub async fn finish_on_target(self) -> (Vec<(i64, Instant)>, Duration, i64) {
-        let before = self.committed();
-        wait_for(
-            "the writer to commit on the target",
-            Duration::from_secs(60),
-            || async { Ok(self.committed()) },
-            |n| *n >= before + 50,
-        )
-        .await
-        .unwrap();
+    pub async fn finish_on_target(self) -> (Vec<i64>, Duration, i64) {
+        self.wait_commits(self.committed() + 50, Duration::from_secs(60))
+            .await;
         let log = self.0.finish().await;
         let (gap, after) = log.longest_gap();
-        let committed = log.committed.iter().map(|c| (c.n, c.at)).collect();
-        (committed, gap, after)
+        (log.numbers(), gap, after)
     }
 }
 
@@ -142,28 +138,14 @@ pub fn replication_name(m: &Migration) -> String {
     format!("dbops_mig_{}", uid.replace('-', "_").to_lowercase())
 }
 
-/// The rows of `writes` in `app` on a server.
-pub async fn writes_on(pg: &crate::postgres::PgServer) -> BTreeSet<i64> {
-    pg.connect_as_superuser_to("app")
-        .await
-        .unwrap()
-        .query("SELECT n FROM writes", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-}
-
-/// Every write the writer saw committed is among `rows`.
-pub fn assert_every_commit_in(committed: &[(i64, Instant)], rows: &BTreeSet<i64>) {
-    let committed: BTreeSet<i64> = committed.iter().map(|(n, _)| *n).collect();
-    assert!(
-        committed.is_subset(rows),
-        "{} committed rows missing on the target, first {:?}",
-        committed.difference(rows).count(),
-        committed.difference(rows).take(10).collect::<Vec<_>>()
-    );
+/// `items` arrived whole on the target, and its sequence with it: the next id follows the
+/// source's.
+pub async fn assert_items_copied(target: &PgServer) {
+    let items = Setup::superuser_scalar_i64(target, "app", "SELECT count(*) FROM items").await;
+    assert_eq!(items, 10_000);
+    let next =
+        Setup::superuser_scalar_i64(target, "app", "SELECT nextval('items_id_seq')::bigint").await;
+    assert_eq!(next, 10_001, "the sequence value was copied");
 }
 
 /// The source as before the Migration: the owner writes there, and the database's

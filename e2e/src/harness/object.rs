@@ -5,9 +5,12 @@
 use std::fmt::Debug;
 use std::time::Duration;
 
+use dbops_api::{Backup, Migration};
 use kube::api::Api;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+
+use crate::harness::bed::Bed;
 
 /// A kind of object a harness polls until it is as a test wants it.
 pub trait Object:
@@ -39,5 +42,38 @@ pub trait Logged {
         done: impl Fn(&K) -> bool,
     ) -> K {
         crate::wait::object_or_logs(&api, name, what, timeout, done, || self.logs_of_all()).await
+    }
+}
+
+/// A [`Logged`] harness of one test's namespace (its [`Bed`]): the Backups and Migrations
+/// there, waited for by name.
+#[allow(async_fn_in_trait)]
+pub trait InBed: Logged {
+    fn bed(&self) -> &Bed;
+
+    /// Waits until Backup `name` satisfies `done`; on timeout the panic shows the Backup
+    /// and [`Logged::logs_of_all`].
+    async fn wait_backup(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&Backup) -> bool,
+    ) -> Backup {
+        let api = Api::namespaced(self.bed().client.clone(), self.bed().ns.name());
+        self.wait(api, name, what, timeout, done).await
+    }
+
+    /// Waits until Migration `name` satisfies `done`; on timeout the panic shows the
+    /// Migration and [`Logged::logs_of_all`].
+    async fn wait_migration(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&Migration) -> bool,
+    ) -> Migration {
+        let api = Api::namespaced(self.bed().client.clone(), self.bed().ns.name());
+        self.wait(api, name, what, timeout, done).await
     }
 }

@@ -25,6 +25,7 @@ use dbops_e2e::harness::leader::{
     TAKEOVER_SLACK, TARGET_ADMIN, WORK, assert_takeovers_in_time, await_takeover, backup_phase,
     current_step, ddl_key, kill_leader, kill_leader_and_measure_takeover, migration_phase, pg_bin,
 };
+use dbops_e2e::harness::object::InBed;
 use dbops_e2e::postgres::redact_passwords;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
@@ -34,12 +35,8 @@ async fn a_killed_leader_is_replaced_and_only_the_holder_writes() {
     let mut s = Scenario::new("leader").await;
 
     // Two replicas: one leads, the other stands by (and says so on /readyz).
-    s.start_replica().await;
-    s.start_replica().await;
-    let leader = s.leader().await;
-    let standby = s.standby(leader);
-    let first = s.create_database().await;
-    s.wait_ready(&first).await;
+    let (_, standby) = s.start_leader_and_standby().await;
+    s.create_ready_database().await;
     let (code, body) = s.replicas[standby]
         .process
         .as_ref()
@@ -54,8 +51,7 @@ async fn a_killed_leader_is_replaced_and_only_the_holder_writes() {
     for round in 1..=2 {
         takeovers.push(kill_leader_and_measure_takeover(&mut s, round).await);
         s.start_replica().await;
-        let name = s.create_database().await;
-        s.wait_ready(&name).await;
+        s.create_ready_database().await;
     }
     for takeover in &takeovers {
         assert!(
@@ -101,8 +97,7 @@ async fn a_killed_leader_is_replaced_and_only_the_holder_writes() {
          {TAKEOVER_AFTER_RELEASE:?}\n{}",
         s.logs_text()
     );
-    let last = s.create_database().await;
-    s.wait_ready(&last).await;
+    s.create_ready_database().await;
 
     // Stop everything before counting, so no write happens while the log is read.
     for i in 0..s.replicas.len() {
@@ -125,12 +120,8 @@ async fn a_killed_leader_is_replaced_and_only_the_holder_writes() {
 #[tokio::test]
 async fn a_frozen_leader_steps_down_without_a_stale_write() {
     let mut s = Scenario::new("leader-frozen").await;
-    s.start_replica().await;
-    s.start_replica().await;
-    let leader = s.leader().await;
-    let standby = s.standby(leader);
-    let first = s.create_database().await;
-    s.wait_ready(&first).await;
+    let (leader, standby) = s.start_leader_and_standby().await;
+    let first = s.create_ready_database().await;
     // The leader is idle once the Event that follows the Ready status is written.
     s.wait_provisioned_event(&first).await;
 
@@ -221,8 +212,7 @@ async fn a_leader_cut_off_from_the_apiserver_steps_down_before_its_lease_expires
     s.start_replica_via(Some(&proxy.url())).await;
     s.wait_holder(0, Duration::from_secs(30)).await;
     s.start_replica().await;
-    let first = s.create_database().await;
-    s.wait_ready(&first).await;
+    let first = s.create_ready_database().await;
     s.wait_provisioned_event(&first).await;
 
     // The partition: replica-0 can neither renew its Lease nor learn that it lost it.
@@ -270,8 +260,7 @@ async fn a_leader_cut_off_from_the_apiserver_steps_down_before_its_lease_expires
     let log = redact_passwords(&process.process.log_tail(4000));
     assert!(log.contains("not renewed in time"), "{log}");
 
-    let last = s.create_database().await;
-    s.wait_ready(&last).await;
+    s.create_ready_database().await;
     s.stop(1, "TERM");
     drop(proxy);
     s.assert_each_database_ready_once().await;
@@ -295,8 +284,7 @@ async fn two_backup_controllers_survive_two_killed_leaders() {
         &[format!("--backup-store={store_url}")],
     )
     .await;
-    let db = s.create_database().await;
-    s.wait_ready(&db).await;
+    let db = s.create_ready_database().await;
     s.pgbench(&db, 5).await;
 
     s.start_replica().await;
@@ -423,8 +411,7 @@ async fn two_migration_controllers_survive_two_killed_leaders() {
     // Enough data that CopyData (pg_restore) lasts long enough to be seen and killed.
     let mut dbs = Vec::new();
     for _ in 0..2 {
-        let db = s.create_database().await;
-        s.wait_ready(&db).await;
+        let db = s.create_ready_database().await;
         s.pgbench(&db, MIGRATION_PGBENCH_SCALE).await;
         dbs.push(db);
     }

@@ -13,19 +13,17 @@
 //! After every end, no replication slot, publication, subscription or replication role
 //! is left on either server.
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use dbops_api::{ChosenMode, MigrationPhase, MigrationStep, StepState};
 use dbops_e2e::fixtures::approve_migration;
 use dbops_e2e::harness::migration::{
-    DEBUG_EXIT, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, assert_each_once, assert_has_event,
-    assert_step, condition, step_state,
+    DEBUG_EXIT, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, assert_each_once, assert_every_commit_in,
+    assert_failed, assert_has_event, assert_step, condition, step_state, writes_on,
 };
 use dbops_e2e::harness::migration_logical::{
-    Writer, app_with_tables, assert_every_commit_in, assert_slot_without_subscription,
+    Writer, app_with_tables, assert_items_copied, assert_slot_without_subscription,
     assert_source_writable, leftovers, logical_setup, mode_of, replication_name, secrets,
-    writes_on,
 };
 use dbops_e2e::wait::wait_for;
 use k8s_openapi::api::core::v1::Secret;
@@ -42,19 +40,15 @@ async fn logical_migration_keeps_every_write_and_leaves_nothing_behind() {
     app_with_tables(&s).await;
     let secrets: Api<Secret> = Api::namespaced(s.b.client.clone(), s.ns());
     let writer = Writer::start(secrets, "app-connection".into());
-    wait_for(
-        "the writer to commit 50 rows",
-        Duration::from_secs(30),
-        || async { Ok(writer.committed()) },
-        |n| *n >= 50,
-    )
-    .await
-    .unwrap();
+    writer.wait_commits(50, Duration::from_secs(30)).await;
     let started = Instant::now();
-    s.create_migration("app-move", "app", json!({"mode": "Logical"}))
-        .await;
     let done = s
-        .wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
+        .migrate(
+            "app-move",
+            "app",
+            json!({"mode": "Logical"}),
+            MigrationPhase::Succeeded,
+        )
         .await;
     let took = started.elapsed();
     // Writes reach the target through the rewritten Secret.
@@ -84,27 +78,9 @@ async fn logical_migration_keeps_every_write_and_leaves_nothing_behind() {
     );
 
     // Every committed write is on the target, and nothing never attempted.
-    let target_db = s.target.connect_as_superuser_to("app").await.unwrap();
-    let rows: BTreeSet<i64> = target_db
-        .query("SELECT n FROM writes", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let committed_set: BTreeSet<i64> = committed.iter().map(|(n, _)| *n).collect();
-    assert!(
-        committed_set.is_subset(&rows),
-        "committed rows missing on the target: {:?}",
-        committed_set.difference(&rows).take(10).collect::<Vec<_>>()
-    );
-    let items = Setup::superuser_scalar_i64(&s.target, "app", "SELECT count(*) FROM items").await;
-    assert_eq!(items, 10_000);
-    // The sequence arrived: the next id follows the source's.
-    let next =
-        Setup::superuser_scalar_i64(&s.target, "app", "SELECT nextval('items_id_seq')::bigint")
-            .await;
-    assert_eq!(next, 10_001, "the sequence value was copied");
+    assert_every_commit_in(&committed, &writes_on(&s.target).await);
+    // The items arrived, and their sequence.
+    assert_items_copied(&s.target).await;
 
     let db = s.databases().get("app").await.unwrap();
     assert_eq!(db.spec.server_ref.name, s.server(TARGET_ADMIN));
@@ -135,13 +111,15 @@ async fn without_wal_level_logical_auto_dumps_and_logical_is_refused() {
     let mut s = Setup::with_logical_target("logical-nowal").await;
     s.start_migration_controller(&[]);
     s.create_database("app").await;
-    s.create_migration("app-logical", "app", json!({"mode": "Logical"}))
-        .await;
     let m = s
-        .wait_phase("app-logical", MigrationPhase::RolledBack, SAGA)
+        .migrate(
+            "app-logical",
+            "app",
+            json!({"mode": "Logical"}),
+            MigrationPhase::RolledBack,
+        )
         .await;
-    let failed = condition(&m, "Failed").unwrap();
-    assert_eq!(failed.reason, "WalLevelNotLogical", "{failed:?}");
+    let failed = assert_failed(&m, "WalLevelNotLogical");
     assert!(failed.message.contains("wal_level = logical"), "{failed:?}");
     assert_eq!(
         m.status.as_ref().unwrap().failed_step,
@@ -151,9 +129,8 @@ async fn without_wal_level_logical_auto_dumps_and_logical_is_refused() {
     assert_step(&m, MigrationStep::Snapshot, StepState::Pending);
     assert!(!s.target.database_exists("app").await.unwrap());
 
-    s.create_migration("app-auto", "app", json!({})).await;
     let m = s
-        .wait_phase("app-auto", MigrationPhase::Succeeded, SAGA)
+        .migrate("app-auto", "app", json!({}), MigrationPhase::Succeeded)
         .await;
     assert_eq!(mode_of(&m), Some(ChosenMode::Dump));
     let chosen = condition(&m, "ModeChosen").unwrap();
@@ -201,13 +178,15 @@ async fn a_table_without_a_primary_key_is_refused() {
         .batch_execute("CREATE TABLE no_pk (v text)")
         .await
         .unwrap();
-    s.create_migration("app-move", "app", json!({"mode": "Logical"}))
-        .await;
     let m = s
-        .wait_phase("app-move", MigrationPhase::RolledBack, SAGA)
+        .migrate(
+            "app-move",
+            "app",
+            json!({"mode": "Logical"}),
+            MigrationPhase::RolledBack,
+        )
         .await;
-    let failed = condition(&m, "Failed").unwrap();
-    assert_eq!(failed.reason, "TablesWithoutReplicaIdentity", "{failed:?}");
+    let failed = assert_failed(&m, "TablesWithoutReplicaIdentity");
     assert!(failed.message.contains("public.no_pk"), "{failed:?}");
     assert!(!s.target.database_exists("app").await.unwrap());
     assert_eq!(leftovers(&s).await, Vec::<String>::new());
@@ -221,14 +200,13 @@ async fn a_manual_cutover_replicates_until_a_schema_change_rolls_it_back() {
     let mut s = logical_setup("logical-manual").await;
     s.start_migration_controller(&[]);
     let c = app_with_tables(&s).await;
-    s.create_migration(
-        "app-move",
-        "app",
-        json!({"mode": "Logical", "cutover": "Manual"}),
-    )
-    .await;
     let m = s
-        .wait_phase("app-move", MigrationPhase::AwaitingApproval, SAGA)
+        .migrate(
+            "app-move",
+            "app",
+            json!({"mode": "Logical", "cutover": "Manual"}),
+            MigrationPhase::AwaitingApproval,
+        )
         .await;
     assert_step(&m, MigrationStep::Replicate, StepState::Succeeded);
     assert_step(&m, MigrationStep::FreezeSource, StepState::Pending);
@@ -268,8 +246,7 @@ async fn a_manual_cutover_replicates_until_a_schema_change_rolls_it_back() {
     let m = s
         .wait_phase("app-move", MigrationPhase::RolledBack, SAGA)
         .await;
-    let failed = condition(&m, "Failed").unwrap();
-    assert_eq!(failed.reason, "SchemaChanged", "{failed:?}");
+    let failed = assert_failed(&m, "SchemaChanged");
     assert!(failed.message.contains("writes.extra"), "{failed:?}");
     assert_eq!(leftovers(&s).await, Vec::<String>::new());
     assert!(!s.target.database_exists("app").await.unwrap());
@@ -293,14 +270,7 @@ async fn a_controller_killed_at_every_logical_step_resumes_to_one_success() {
     app_with_tables(&s).await;
     // The test thread blocks while it waits for each exit; the writer runs on the other.
     let writer = Writer::start(secrets(&s), "app-connection".into());
-    wait_for(
-        "the writer to commit 50 rows",
-        Duration::from_secs(30),
-        || async { Ok(writer.committed()) },
-        |n| *n >= 50,
-    )
-    .await
-    .unwrap();
+    writer.wait_commits(50, Duration::from_secs(30)).await;
     s.create_migration("app-move", "app", json!({"mode": "Logical"}))
         .await;
     let mut points = Vec::new();
@@ -339,12 +309,7 @@ async fn a_controller_killed_at_every_logical_step_resumes_to_one_success() {
         assert_step(&m, step, StepState::Succeeded);
     }
     assert_every_commit_in(&committed, &writes_on(&s.target).await);
-    let items = Setup::superuser_scalar_i64(&s.target, "app", "SELECT count(*) FROM items").await;
-    assert_eq!(items, 10_000);
-    let next =
-        Setup::superuser_scalar_i64(&s.target, "app", "SELECT nextval('items_id_seq')::bigint")
-            .await;
-    assert_eq!(next, 10_001, "the sequence value was copied");
+    assert_items_copied(&s.target).await;
     assert_eq!(leftovers(&s).await, Vec::<String>::new());
     // Succeeded once: one process saw the end.
     let events = s.events_about("Migration", "app-move").await;
@@ -395,15 +360,19 @@ async fn a_failure_at_each_step_before_the_switch_rolls_back_and_leaves_nothing(
     for (i, &failing) in before_switch.iter().enumerate() {
         let name = format!("fail-at-{}", failing.as_str().to_lowercase());
         s.start_migration_controller(&[&format!("--debug-fail-at={}", failing.as_str())]);
-        s.create_migration(&name, "app", json!({"mode": "Logical"}))
+        let m = s
+            .migrate(
+                &name,
+                "app",
+                json!({"mode": "Logical"}),
+                MigrationPhase::RolledBack,
+            )
             .await;
-        let m = s.wait_phase(&name, MigrationPhase::RolledBack, SAGA).await;
         s.stop_migration_controller();
         let status = m.status.clone().unwrap();
         assert_eq!(status.failed_step, Some(failing));
         assert_eq!(status.mode, Some(ChosenMode::Logical));
-        let failed = condition(&m, "Failed").unwrap();
-        assert_eq!(failed.reason, "InjectedFailure", "{failed:?}");
+        assert_failed(&m, "InjectedFailure");
         for (j, &step) in MigrationStep::LOGICAL.iter().enumerate() {
             let want = match j.cmp(&i) {
                 std::cmp::Ordering::Less => StepState::Compensated,
@@ -444,23 +413,18 @@ async fn an_approved_manual_logical_cutover_keeps_the_writes_made_while_it_waite
     s.start_migration_controller(&[]);
     app_with_tables(&s).await;
     let writer = Writer::start(secrets(&s), "app-connection".into());
-    s.create_migration(
+    s.migrate(
         "app-move",
         "app",
         json!({"mode": "Logical", "cutover": "Manual"}),
+        MigrationPhase::AwaitingApproval,
     )
     .await;
-    s.wait_phase("app-move", MigrationPhase::AwaitingApproval, SAGA)
-        .await;
     let from = writer.committed();
-    wait_for(
-        "200 commits while the Migration awaits approval",
-        Duration::from_secs(60),
-        || async { Ok(writer.committed()) },
-        |n| *n >= from + 200,
-    )
-    .await
-    .unwrap();
+    // 200 commits while the Migration awaits approval.
+    writer
+        .wait_commits(from + 200, Duration::from_secs(60))
+        .await;
     let during = writer.numbers_from(from);
     let m = s.migrations().get("app-move").await.unwrap();
     assert_eq!(

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use dbops_api::{ChosenMode, Database, DatabaseUser, MigrationPhase};
 use dbops_e2e::harness::database::{connect, value};
-use dbops_e2e::harness::migration::{READY, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, phase_of};
+use dbops_e2e::harness::migration::{READY, SOURCE_ADMIN, Setup, TARGET_ADMIN, phase_of};
 use dbops_e2e::harness::users::refused;
 use dbops_e2e::postgres::LOGICAL_REPLICATION;
 use dbops_e2e::wait::eventually;
@@ -234,8 +234,7 @@ async fn users_follow_their_database(s: &mut Setup, mode: ChosenMode) {
         ChosenMode::Dump => json!({"mode": "Dump"}),
         ChosenMode::Logical => json!({"mode": "Logical"}),
     };
-    s.create_migration("move", DB, spec).await;
-    s.wait_phase("move", MigrationPhase::Succeeded, SAGA).await;
+    s.migrate("move", DB, spec, MigrationPhase::Succeeded).await;
     let moved = Instant::now();
     dbops_e2e::wait::object_or_logs(
         &s.databases(),

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use dbops_api::BackupPhase;
 use dbops_e2e::harness::backup::{FINALIZER, READY, Setup, phase, sha256_of, verify_artifact};
+use dbops_e2e::harness::object::InBed;
 use dbops_e2e::wait::Want;
 use kube::api::DeleteParams;
 use serde_json::json;

@@ -9,6 +9,7 @@ use dbops_e2e::fixtures::merge_patch;
 use dbops_e2e::harness::backup::{
     ADMIN_SECRET, READY, Setup, attempts, has, phase, verify_artifact,
 };
+use dbops_e2e::harness::object::InBed;
 use dbops_e2e::wait::ObjectView;
 use dbops_e2e::wait::Want;
 use k8s_openapi::api::core::v1::Secret;

@@ -2,7 +2,10 @@
 
 use dbops_api::{MigrationPhase, MigrationStep};
 use dbops_e2e::fixtures::approve_migration;
-use dbops_e2e::harness::migration::{DEBUG_EXIT, READY, SAGA, Setup, condition, phase_of};
+use dbops_e2e::harness::migration::{
+    DEBUG_EXIT, READY, SAGA, Setup, assert_failed, condition, phase_of,
+};
+use dbops_e2e::harness::object::InBed;
 use kube::api::DeleteParams;
 use serde_json::json;
 
@@ -30,10 +33,13 @@ async fn deleting_a_database_awaiting_cutover_rolls_its_migration_back() {
     let db = s
         .create_database_spec("app", json!({"deletionPolicy": "Delete"}))
         .await;
-    s.create_migration("app-move", "app", json!({"cutover": "Manual"}))
-        .await;
-    s.wait_phase("app-move", MigrationPhase::AwaitingApproval, SAGA)
-        .await;
+    s.migrate(
+        "app-move",
+        "app",
+        json!({"cutover": "Manual"}),
+        MigrationPhase::AwaitingApproval,
+    )
+    .await;
     s.databases()
         .delete("app", &DeleteParams::default())
         .await
@@ -44,8 +50,7 @@ async fn deleting_a_database_awaiting_cutover_rolls_its_migration_back() {
     let m = s
         .wait_phase("app-move", MigrationPhase::RolledBack, SAGA)
         .await;
-    let failed = condition(&m, "Failed").unwrap();
-    assert_eq!(failed.reason, "DatabaseDeleted", "{}", failed.message);
+    assert_failed(&m, "DatabaseDeleted");
     wait_database_gone(&s, "app", db.metadata.uid.as_deref().unwrap()).await;
     assert!(
         !s.source.database_exists("app").await.unwrap(),

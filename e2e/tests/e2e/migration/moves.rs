@@ -2,7 +2,6 @@
 //! killed at every step, after a Manual cutover's approval, as one trace across the three
 //! controllers, and over verified TLS.
 
-use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
@@ -10,7 +9,7 @@ use dbops_api::{Backup, BackupPhase, MigrationPhase, MigrationStep, StepState};
 use dbops_e2e::fixtures::approve_migration;
 use dbops_e2e::harness::migration::{
     DEBUG_EXIT, READY, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, Writer, assert_each_once,
-    assert_has_event, assert_step, bin, condition,
+    assert_every_commit_in, assert_has_event, assert_step, bin, condition, writes_on,
 };
 use dbops_e2e::tls::TestCa;
 use dbops_e2e::wait::{Want, wait_for};
@@ -42,17 +41,9 @@ async fn a_database_moves_with_every_committed_write() {
     drop(owner);
 
     let writer = Writer::start(s.source.port(), c.clone());
-    wait_for(
-        "the writer to commit 50 rows",
-        Duration::from_secs(30),
-        || async { Ok(writer.committed()) },
-        |n| *n >= 50,
-    )
-    .await
-    .unwrap();
-    s.create_migration("app-move", "app", json!({})).await;
+    writer.wait_commits(50, Duration::from_secs(30)).await;
     let done = s
-        .wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
+        .migrate("app-move", "app", json!({}), MigrationPhase::Succeeded)
         .await;
     let (committed, failed) = writer.finish().await;
 
@@ -66,24 +57,13 @@ async fn a_database_moves_with_every_committed_write() {
     assert!(committed.len() >= 50);
 
     // Every committed row is on the target, and nothing the writer did not attempt.
-    let target_db = s.target.connect_as_superuser_to("app").await.unwrap();
-    let rows: BTreeSet<i64> = target_db
-        .query("SELECT n FROM writes", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let committed_set: BTreeSet<i64> = committed.iter().copied().collect();
-    assert!(
-        committed_set.is_subset(&rows),
-        "committed rows missing on the target: {:?}",
-        committed_set.difference(&rows).take(10).collect::<Vec<_>>()
-    );
+    let rows = writes_on(&s.target).await;
+    assert_every_commit_in(&committed, &rows);
     assert!(
         rows.iter().all(|n| *n <= first_failure),
         "the target holds rows never attempted before the freeze"
     );
+    let target_db = s.target.connect_as_superuser_to("app").await.unwrap();
     let accounts: i64 = target_db
         .query_one("SELECT count(*) FROM pgbench_accounts", &[])
         .await
@@ -273,10 +253,13 @@ async fn a_manual_cutover_waits_for_approval() {
     let mut s = Setup::new("mig-manual").await;
     s.start_migration_controller(&[]);
     s.create_database("app").await;
-    s.create_migration("app-move", "app", json!({"cutover": "Manual"}))
-        .await;
     let m = s
-        .wait_phase("app-move", MigrationPhase::AwaitingApproval, SAGA)
+        .migrate(
+            "app-move",
+            "app",
+            json!({"cutover": "Manual"}),
+            MigrationPhase::AwaitingApproval,
+        )
         .await;
     assert_step(&m, MigrationStep::Verify, StepState::Succeeded);
     assert_step(&m, MigrationStep::SwitchTraffic, StepState::Pending);
@@ -307,9 +290,8 @@ async fn a_migration_is_one_trace_across_the_three_controllers() {
     let mut s = Setup::traced("mig-trace").await;
     s.start_migration_controller(&[]);
     s.create_database("app").await;
-    s.create_migration("app-move", "app", json!({})).await;
     let m = s
-        .wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
+        .migrate("app-move", "app", json!({}), MigrationPhase::Succeeded)
         .await;
     let traceparent = m
         .annotations()
@@ -438,8 +420,7 @@ async fn backup_restore_and_migration_work_over_verified_tls() {
     assert_eq!(restored, 100_000);
 
     // The Migration, over TLS on both ends.
-    s.create_migration("app-move", "app", json!({})).await;
-    s.wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
+    s.migrate("app-move", "app", json!({}), MigrationPhase::Succeeded)
         .await;
     let moved =
         Setup::superuser_scalar_i64(&s.target, "app", "SELECT count(*) FROM pgbench_accounts")

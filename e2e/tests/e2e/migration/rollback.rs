@@ -4,8 +4,10 @@
 
 use dbops_api::{MigrationPhase, MigrationStep, StepState};
 use dbops_e2e::harness::migration::{
-    DEBUG_EXIT, READY, SAGA, Setup, assert_has_event, assert_step, condition, phase_of, step_state,
+    DEBUG_EXIT, READY, SAGA, Setup, assert_failed, assert_has_event, assert_step, condition,
+    phase_of, step_state,
 };
+use dbops_e2e::harness::object::InBed;
 use dbops_e2e::wait::ObjectView;
 use dbops_e2e::wait::wait_for;
 use kube::ResourceExt;
@@ -68,14 +70,12 @@ async fn a_failed_snapshot_rolls_back() {
     std::fs::write(s.store.path().join(s.ns()), b"not a directory").unwrap();
     s.start_migration_controller(&[]);
     s.create_database("app").await;
-    s.create_migration("app-move", "app", json!({})).await;
     let m = s
-        .wait_phase("app-move", MigrationPhase::RolledBack, SAGA)
+        .migrate("app-move", "app", json!({}), MigrationPhase::RolledBack)
         .await;
     let status = m.status.clone().unwrap();
     assert_eq!(status.failed_step, Some(MigrationStep::Snapshot));
-    let failed = condition(&m, "Failed").unwrap();
-    assert_eq!(failed.reason, "SnapshotFailed", "{failed:?}");
+    assert_failed(&m, "SnapshotFailed");
     assert!(status.freeze.is_none(), "the source was never frozen");
     assert_step(&m, MigrationStep::FreezeSource, StepState::Pending);
     let c = s.connection("app").await;
@@ -108,7 +108,7 @@ async fn the_target_stopped_after_the_freeze_rolls_back_and_unfreezes() {
         .await;
     let status = m.status.clone().unwrap();
     assert_eq!(status.failed_step, Some(MigrationStep::ProvisionTarget));
-    assert_eq!(condition(&m, "Failed").unwrap().reason, "ServerUnreachable");
+    assert_failed(&m, "ServerUnreachable");
     assert_step(&m, MigrationStep::FreezeSource, StepState::Compensated);
     // Exactly what was frozen is undone: the limit and the setting as they were.
     s.source_writable("app", &c).await.unwrap();
@@ -186,10 +186,13 @@ async fn a_second_migration_is_refused_and_a_deleted_one_rolls_back() {
     let mut s = Setup::new("mig-second").await;
     s.start_migration_controller(&[]);
     s.create_database("app").await;
-    s.create_migration("first", "app", json!({"cutover": "Manual"}))
-        .await;
-    s.wait_phase("first", MigrationPhase::AwaitingApproval, SAGA)
-        .await;
+    s.migrate(
+        "first",
+        "app",
+        json!({"cutover": "Manual"}),
+        MigrationPhase::AwaitingApproval,
+    )
+    .await;
     s.create_migration("second", "app", json!({})).await;
     let second = s.wait_phase("second", MigrationPhase::Failed, READY).await;
     let ready = condition(&second, "Ready").unwrap();
