@@ -165,6 +165,29 @@ fn default_keep_previous() -> String {
 /// is written.
 pub type SecretTemplate = BTreeMap<String, String>;
 
+/// How the logins of a Database's owner or of a DatabaseUser behave, and what their
+/// connection Secret holds besides its own keys: flattened into both specs, so the fields
+/// are `spec.settings`, `spec.passwordRotation` and `spec.secretTemplate` of each.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LoginOptions {
+    /// Session settings of the logins (a Database's owner's, or a DatabaseUser's), within
+    /// the DatabaseServer's `sessionLimits`; those left out take the server's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<SessionSettings>,
+
+    /// Rotation of the password without downtime (a Database's owner's, or a
+    /// DatabaseUser's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_rotation: Option<PasswordRotation>,
+
+    /// Extra keys of the connection Secret, rendered from templates.
+    #[serde(default, skip_serializing_if = "SecretTemplate::is_empty")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[-._a-zA-Z0-9]{1,253}$'))").message("every secretTemplate key must be a Secret key: 1 to 253 characters of a-z, A-Z, 0-9, -, _ and ."))]
+    pub secret_template: SecretTemplate,
+}
+
 /// Parses a duration of [`DURATION_PATTERN`] (the API server has checked the form).
 pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
     let mut total = std::time::Duration::ZERO;

@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{BackupDeletionPolicy, LocalObjectReference};
+use crate::common::{BackupDeletionPolicy, DatabaseRef};
 
 /// Desired state of a Backup.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
@@ -52,8 +52,7 @@ use crate::common::{BackupDeletionPolicy, LocalObjectReference};
 #[serde(rename_all = "camelCase")]
 pub struct BackupSpec {
     /// The Database to back up, in the same namespace. Immutable.
-    #[x_kube(validation = Rule::new("self == oldSelf").message("databaseRef is immutable"))]
-    pub database_ref: LocalObjectReference,
+    pub database_ref: DatabaseRef,
 
     /// What deleting this Backup does to its artifact: Retain (default) keeps it, Delete
     /// removes the artifact and its manifest from the store.

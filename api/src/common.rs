@@ -46,6 +46,32 @@ pub struct SecretReference {
     pub name: String,
 }
 
+/// The Database a Backup, Migration or DatabaseUser is about, in the same namespace: an
+/// object reference that cannot change once set (`databaseRef is immutable`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, KubeSchema)]
+#[x_kube(validation = Rule::new("self == oldSelf").message("databaseRef is immutable"))]
+pub struct DatabaseRef {
+    /// The reference (`name`), as any other in the same namespace.
+    #[serde(flatten)]
+    pub reference: LocalObjectReference,
+}
+
+impl DatabaseRef {
+    /// A reference to the Database `name`.
+    pub fn to(name: impl Into<String>) -> Self {
+        Self {
+            reference: LocalObjectReference { name: name.into() },
+        }
+    }
+}
+
+impl std::ops::Deref for DatabaseRef {
+    type Target = LocalObjectReference;
+    fn deref(&self) -> &LocalObjectReference {
+        &self.reference
+    }
+}
+
 /// The name of an object of a known kind in the referring object's namespace.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, KubeSchema)]
 pub struct LocalObjectReference {

@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::access::{PasswordRotation, SecretTemplate, SessionSettings};
+use crate::access::LoginOptions;
 use crate::common::{DatabaseDeletionPolicy, LocalObjectReference, ServerReference};
 
 /// Desired state of a Database.
@@ -67,20 +67,9 @@ pub struct DatabaseSpec {
     #[schemars(range(min = -1))]
     pub connection_limit: i32,
 
-    /// Session settings of the owner's logins, within the DatabaseServer's
-    /// `sessionLimits`; those left out take the server's defaults.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub settings: Option<SessionSettings>,
-
-    /// Rotation of the owner's password without downtime.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub password_rotation: Option<PasswordRotation>,
-
-    /// Extra keys of the connection Secret, rendered from templates.
-    #[serde(default, skip_serializing_if = "SecretTemplate::is_empty")]
-    #[schemars(length(max = 32))]
-    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[-._a-zA-Z0-9]{1,253}$'))").message("every secretTemplate key must be a Secret key: 1 to 253 characters of a-z, A-Z, 0-9, -, _ and ."))]
-    pub secret_template: SecretTemplate,
+    /// The owner's session settings, password rotation and extra Secret keys.
+    #[serde(flatten)]
+    pub login: LoginOptions,
 
     /// What deleting the Database does in PostgreSQL: Retain (default) leaves the database,
     /// Delete drops it and its role, Snapshot takes a final Backup and then drops.

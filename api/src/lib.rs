@@ -19,13 +19,13 @@ pub mod server;
 pub mod user;
 
 pub use access::{
-    DurationLimit, MemoryLimit, PasswordRotation, ROTATE_ANNOTATION, SecretTemplate, SessionLimits,
-    SessionSettings,
+    DurationLimit, LoginOptions, MemoryLimit, PasswordRotation, ROTATE_ANNOTATION, SecretTemplate,
+    SessionLimits, SessionSettings,
 };
 pub use backup::{Backup, BackupPhase, BackupRunner, BackupSpec, BackupStatus};
 pub use common::{
-    BackupDeletionPolicy, DatabaseDeletionPolicy, LocalObjectReference, SecretReference,
-    ServerReference, TlsMode, condition, marks,
+    BackupDeletionPolicy, DatabaseDeletionPolicy, DatabaseRef, LocalObjectReference,
+    SecretReference, ServerReference, TlsMode, condition, marks,
 };
 pub use conditions::HasConditions;
 pub use database::{

@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{LocalObjectReference, ServerReference};
+use crate::common::{DatabaseRef, LocalObjectReference, ServerReference};
 
 /// Desired state of a Migration.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
@@ -58,8 +58,7 @@ use crate::common::{LocalObjectReference, ServerReference};
 #[serde(rename_all = "camelCase")]
 pub struct MigrationSpec {
     /// The Database to move, in the same namespace. Immutable.
-    #[x_kube(validation = Rule::new("self == oldSelf").message("databaseRef is immutable"))]
-    pub database_ref: LocalObjectReference,
+    pub database_ref: DatabaseRef,
 
     /// Where the Database goes. Immutable.
     #[x_kube(validation = Rule::new("self == oldSelf").message("target is immutable"))]

@@ -5,8 +5,8 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::access::{PasswordRotation, SecretTemplate, SessionSettings};
-use crate::common::LocalObjectReference;
+use crate::access::LoginOptions;
+use crate::common::DatabaseRef;
 
 /// Desired state of a DatabaseUser.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
@@ -59,8 +59,7 @@ use crate::common::LocalObjectReference;
 #[serde(rename_all = "camelCase")]
 pub struct DatabaseUserSpec {
     /// The Database, in the same namespace. Immutable.
-    #[x_kube(validation = Rule::new("self == oldSelf").message("databaseRef is immutable"))]
-    pub database_ref: LocalObjectReference,
+    pub database_ref: DatabaseRef,
 
     /// ReadOnly (default): SELECT on tables, views and sequences. ReadWrite: also INSERT,
     /// UPDATE, DELETE and TRUNCATE on tables and USAGE of sequences; never DDL. Both hold
@@ -81,20 +80,9 @@ pub struct DatabaseUserSpec {
     #[schemars(range(min = -1))]
     pub connection_limit: i32,
 
-    /// Session settings of this user's logins, within the DatabaseServer's
-    /// `sessionLimits`; those left out take the server's defaults.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub settings: Option<SessionSettings>,
-
-    /// Rotation of this user's password without downtime.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub password_rotation: Option<PasswordRotation>,
-
-    /// Extra keys of the connection Secret, rendered from templates.
-    #[serde(default, skip_serializing_if = "SecretTemplate::is_empty")]
-    #[schemars(length(max = 32))]
-    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[-._a-zA-Z0-9]{1,253}$'))").message("every secretTemplate key must be a Secret key: 1 to 253 characters of a-z, A-Z, 0-9, -, _ and ."))]
-    pub secret_template: SecretTemplate,
+    /// This user's session settings, password rotation and extra Secret keys.
+    #[serde(flatten)]
+    pub login: LoginOptions,
 }
 
 fn default_connection_limit() -> i32 {

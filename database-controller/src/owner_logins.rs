@@ -40,7 +40,7 @@ pub fn logins(owner: &str) -> [String; 2] {
 
 /// Whether the owner's logins are in play: rotation asked for (now or before).
 pub fn in_play(db: &Database, kept: Option<&Kept>) -> bool {
-    db.spec.password_rotation.is_some()
+    db.spec.login.password_rotation.is_some()
         || db.annotations().contains_key(ROTATE)
         || kept.is_some_and(|k| k.login != db.owner_role())
 }
@@ -50,7 +50,7 @@ pub fn in_play(db: &Database, kept: Option<&Kept>) -> bool {
 pub fn rotation_due(db: &Database, status: &DatabaseStatus, now: f64) -> Option<String> {
     rotation::due(
         db.annotations(),
-        db.spec.password_rotation.as_ref(),
+        db.spec.login.password_rotation.as_ref(),
         status.rotate_request.as_ref(),
         status.last_rotation.as_ref(),
         now,
@@ -122,7 +122,7 @@ where
             kept,
             status_login: status.login.as_deref(),
             annotations: db.annotations(),
-            rotation: db.spec.password_rotation.as_ref(),
+            rotation: db.spec.login.password_rotation.as_ref(),
             last_rotation: status.last_rotation.as_ref(),
             rotate_request: status.rotate_request.as_ref(),
             every_new_password_counts: false,

@@ -47,7 +47,12 @@ impl<'a> Owner<'a> {
     }
 
     pub fn database(db: &'a Database) -> Self {
-        Self::of(db, "Database", label::DATABASE, &db.spec.secret_template)
+        Self::of(
+            db,
+            "Database",
+            label::DATABASE,
+            &db.spec.login.secret_template,
+        )
     }
 
     pub fn user(user: &'a DatabaseUser) -> Self {
@@ -55,7 +60,7 @@ impl<'a> Owner<'a> {
             user,
             "DatabaseUser",
             label::DATABASE_USER,
-            &user.spec.secret_template,
+            &user.spec.login.secret_template,
         )
     }
 

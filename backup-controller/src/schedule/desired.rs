@@ -3,8 +3,7 @@
 use dbops_api::names::annotation::{DATABASE_UID, SCHEDULED_AT};
 use dbops_api::names::label::{MANAGED_BY, SCHEDULE_OF};
 use dbops_api::{
-    Backup, BackupDeletionPolicy, BackupSpec, Database, LocalObjectReference,
-    ScheduledBackupsOnDeletion,
+    Backup, BackupDeletionPolicy, BackupSpec, Database, DatabaseRef, ScheduledBackupsOnDeletion,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
@@ -24,9 +23,7 @@ pub fn desired_backup(db: &Database, take: &Take) -> Backup {
     let mut backup = Backup::new(
         &take.name,
         BackupSpec {
-            database_ref: LocalObjectReference {
-                name: database.clone(),
-            },
+            database_ref: DatabaseRef::to(database.clone()),
             deletion_policy: BackupDeletionPolicy::Delete,
             max_retries: 3,
         },

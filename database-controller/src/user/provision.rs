@@ -69,13 +69,17 @@ async fn observe(user: &DatabaseUser, ctx: &Context<State>) -> Result<Observed> 
         });
     }
     let target = server_of_database(ctx, &db)?;
-    crate::template::check(&user.spec.secret_template).map_err(template_error)?;
+    crate::template::check(&user.spec.login.secret_template).map_err(template_error)?;
     let connection_limit = limits::connection_limit(
         user.spec.connection_limit,
         &target.server,
         "spec.connectionLimit",
     )?;
-    let settings = limits::settings(user.spec.settings.as_ref(), &target.server, "spec.settings")?;
+    let settings = limits::settings(
+        user.spec.login.settings.as_ref(),
+        &target.server,
+        "spec.settings",
+    )?;
     let status = ctx.state.latest(user);
     let existing = connection_secret(ctx, &db, user, status.role.as_deref()).await?;
     if let Some(found) = &existing {
@@ -213,7 +217,7 @@ fn plan_logins(
             kept: kept.as_ref(),
             status_login: status.role.as_deref(),
             annotations: user.annotations(),
-            rotation: user.spec.password_rotation.as_ref(),
+            rotation: user.spec.login.password_rotation.as_ref(),
             last_rotation: status.last_rotation.as_ref(),
             rotate_request: status.rotate_request.as_ref(),
             every_new_password_counts: true,
