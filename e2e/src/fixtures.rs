@@ -2,7 +2,7 @@
 //!
 //! DatabaseServers are cluster-scoped, and every test's controllers would see every test's
 //! servers: each test's carry the label [`TEST_NAMESPACE_LABEL`] with the test's namespace,
-//! the only ones its controllers serve (`controllers::server_selector_arg`) and the ones its
+//! the only ones its controllers serve (`controllers::SERVER_SELECTOR`) and the ones its
 //! namespace's cleanup deletes (`TestNamespace`). Their admin and CA Secrets live in the
 //! test's namespace, which stands in for the controllers' own (`dbops-system`).
 
@@ -398,6 +398,18 @@ impl Connection {
             .password(&self.password)
             .dbname(&self.dbname);
         config
+    }
+
+    /// A session with these keys, without TLS (5 s at most to connect); its connection
+    /// runs on a task of its own.
+    pub async fn connect(&self) -> Result<tokio_postgres::Client> {
+        let (client, connection) = self
+            .config()
+            .connect_timeout(Duration::from_secs(5))
+            .connect(tokio_postgres::NoTls)
+            .await?;
+        tokio::spawn(connection);
+        Ok(client)
     }
 
     /// `pgbench -i -q -s <scale>` with the pgbench of `bin_dir`, as this role; `PGSSLMODE`

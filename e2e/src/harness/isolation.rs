@@ -3,8 +3,6 @@
 //! Secret and DatabaseServer), the three controllers, Databases whose owners plant traps
 //! (`crate::traps`), and the checks that no trap ran as the admin.
 
-use std::time::Duration;
-
 use dbops_api::{Database, Migration, MigrationPhase};
 use kube::api::Api;
 use serde_json::json;
@@ -12,10 +10,10 @@ use serde_json::json;
 use crate::controllers::ControllerProcess;
 use crate::fixtures::{Connection, create_admin_secret, create_migration, merge_patch};
 use crate::harness::bed::{Bed, bed};
+use crate::harness::majors::start_logical_source;
 use crate::harness::migration::{READY, SAGA, phase_of};
 use crate::harness::object::Logged;
 use crate::harness::redact::redact;
-use crate::postgres::LOGICAL_REPLICATION;
 use crate::postgres::PgServer;
 use crate::traps::{Traps, pinned_superuser, reached};
 use crate::wait::{Want, database_has};
@@ -66,19 +64,14 @@ impl Logged for World {
 
 impl World {
     /// Servers `(name, major)`, each able to be a Logical source
-    /// ([`LOGICAL_REPLICATION`]), their admin Secrets and DatabaseServers, a file backup
-    /// store and the three controllers (this namespace only, resync 5 s).
+    /// ([`crate::postgres::LOGICAL_REPLICATION`]), their admin Secrets and
+    /// DatabaseServers, a file backup store and the three controllers (this namespace
+    /// only, resync 5 s).
     pub async fn start(prefix: &str, servers: &[(&'static str, u32)]) -> Self {
         let b = bed(prefix).await;
         let mut started = Vec::new();
         for &(name, major) in servers {
-            let pg = PgServer::start_major_with_settings(
-                &format!("{prefix}-{name}"),
-                major,
-                LOGICAL_REPLICATION,
-            )
-            .await
-            .unwrap_or_else(|e| panic!("PostgreSQL {major}: {e:#}"));
+            let pg = start_logical_source(&format!("{prefix}-{name}"), major).await;
             create_admin_secret(&b.client, b.ns.name(), &admin(name), &pg)
                 .await
                 .unwrap();
@@ -174,13 +167,7 @@ impl World {
         let c = Connection::of_database(&self.b.client, self.ns(), db)
             .await
             .unwrap();
-        let (client, connection) = c
-            .config()
-            .connect_timeout(Duration::from_secs(5))
-            .connect(tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let client = c.connect().await.unwrap();
         (c.user, client)
     }
 
@@ -259,15 +246,7 @@ impl World {
 
 impl Drop for World {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("---- {} ----\n{}", self.ns(), self.logs_of_all());
-            for (name, pg) in &self.servers {
-                eprintln!(
-                    "---- {name} postgres log tail ----\n{}",
-                    self.redact(&pg.log_tail(4000))
-                );
-            }
-        }
+        self.print_if_panicking(self.ns(), &self.servers, 4000, |text| self.redact(text));
     }
 }
 

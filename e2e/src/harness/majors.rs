@@ -84,13 +84,7 @@ impl Majors {
     pub async fn start(prefix: &str, majors: &[u32]) -> Self {
         let b = bed(prefix).await;
         let started = futures::future::join_all(majors.iter().map(|&major| async move {
-            let pg = PgServer::start_major_with_settings(
-                &format!("{prefix}-{major}"),
-                major,
-                LOGICAL_REPLICATION,
-            )
-            .await
-            .unwrap_or_else(|e| panic!("PostgreSQL {major}: {e:#}"));
+            let pg = start_logical_source(&format!("{prefix}-{major}"), major).await;
             (major, pg)
         }))
         .await;
@@ -271,16 +265,12 @@ impl Majors {
 
     /// A session as the Database's own role, with what its connection Secret says now.
     pub async fn connect_as_app(&self, name: &str) -> tokio_postgres::Client {
-        let (client, connection) = Connection::of_database(&self.b.client, self.ns(), name)
+        Connection::of_database(&self.b.client, self.ns(), name)
             .await
             .unwrap()
-            .config()
-            .connect_timeout(Duration::from_secs(5))
-            .connect(tokio_postgres::NoTls)
+            .connect()
             .await
-            .unwrap();
-        tokio::spawn(connection);
-        client
+            .unwrap()
     }
 
     pub async fn create_migration(
@@ -590,16 +580,16 @@ impl Majors {
 
 impl Drop for Majors {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("---- {} ----\n{}", self.ns(), self.logs_of_all());
-            for (major, pg) in &self.servers {
-                eprintln!(
-                    "---- PostgreSQL {major} log tail ----\n{}",
-                    self.redact(&pg.log_tail(3000))
-                );
-            }
-        }
+        self.print_if_panicking(self.ns(), &self.servers, 3000, |text| self.redact(text));
     }
+}
+
+/// A PostgreSQL server of `major` named `name`, able to be a Logical source
+/// ([`LOGICAL_REPLICATION`]); panics, naming the major, when it does not start.
+pub async fn start_logical_source(name: &str, major: u32) -> PgServer {
+    PgServer::start_major_with_settings(name, major, LOGICAL_REPLICATION)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL {major}: {e:#}"))
 }
 
 /// What every Database of these tests holds: `items` (a serial key, text and jsonb,

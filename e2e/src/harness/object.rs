@@ -2,7 +2,7 @@
 //! ...), as `crate::wait::object_or_logs` takes it, and a harness that shows its
 //! controllers' logs when a wait times out.
 
-use std::fmt::Debug;
+use std::fmt::{Debug, Display};
 use std::time::Duration;
 
 use dbops_api::{Backup, Migration};
@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::harness::bed::Bed;
+use crate::postgres::PgServer;
 
 /// A kind of object a harness polls until it is as a test wants it.
 pub trait Object:
@@ -42,6 +43,27 @@ pub trait Logged {
         done: impl Fn(&K) -> bool,
     ) -> K {
         crate::wait::object_or_logs(&api, name, what, timeout, done, || self.logs_of_all()).await
+    }
+
+    /// For the harness's `Drop`: when its test is panicking, prints its namespace `ns`,
+    /// [`Logged::logs_of_all`] and the last `tail` bytes of the log of each of its
+    /// `(label, server)`s, passed through `redact`.
+    fn print_if_panicking<L: Display>(
+        &self,
+        ns: &str,
+        servers: &[(L, PgServer)],
+        tail: u64,
+        redact: impl Fn(&str) -> String,
+    ) {
+        if std::thread::panicking() {
+            eprintln!("---- {ns} ----\n{}", self.logs_of_all());
+            for (label, pg) in servers {
+                eprintln!(
+                    "---- PostgreSQL {label} log tail ----\n{}",
+                    redact(&pg.log_tail(tail))
+                );
+            }
+        }
     }
 }
 
