@@ -166,47 +166,36 @@ impl Setup {
             .unwrap_or_else(|e| panic!("starting the {name}: {}", self.redact(&format!("{e:#}"))))
     }
 
+    /// Controller `name` with the store (and its S3 settings, if any) and `flag` naming
+    /// Debian's client program `program` (`pg_dump`, `pg_restore`).
+    fn start_with_store(&self, name: &str, flag: &str, program: &str) -> ControllerProcess {
+        let path = crate::paths::postgres_bin_dir().unwrap().join(program);
+        let extra = vec![
+            format!("--backup-store={}", self.store_url),
+            format!("{flag}={}", path.display()),
+        ];
+        self.start_with_env(name, extra, &self.s3_env)
+    }
+
+    /// The database-controller, with the same store as the backup-controller.
     pub fn start_database_controller(&mut self) {
-        let pg_restore = crate::paths::postgres_bin_dir().unwrap().join("pg_restore");
-        // The same store as the backup-controller, with the same S3 settings if any.
-        self.database_controller = Some(self.start_with_env(
-            "database-controller",
-            vec![
-                format!("--backup-store={}", self.store_url),
-                format!("--pg-restore={}", pg_restore.display()),
-            ],
-            &self.s3_env,
-        ));
+        let c = self.start_with_store("database-controller", "--pg-restore", "pg_restore");
+        self.database_controller = Some(c);
     }
 
     /// SIGKILL the database-controller.
     pub fn kill_database_controller(&mut self) {
-        crate::controllers::end(
-            self.database_controller.take(),
-            "KILL",
-            Duration::from_secs(10),
-        );
+        kill(&mut self.database_controller);
     }
 
     pub fn start_backup_controller(&mut self) {
-        let pg_dump = crate::paths::postgres_bin_dir().unwrap().join("pg_dump");
-        self.backup_controller = Some(self.start_with_env(
-            "backup-controller",
-            vec![
-                format!("--backup-store={}", self.store_url),
-                format!("--pg-dump={}", pg_dump.display()),
-            ],
-            &self.s3_env,
-        ));
+        let c = self.start_with_store("backup-controller", "--pg-dump", "pg_dump");
+        self.backup_controller = Some(c);
     }
 
     /// SIGKILL: no chance to finish anything.
     pub fn kill_backup_controller(&mut self) {
-        crate::controllers::end(
-            self.backup_controller.take(),
-            "KILL",
-            Duration::from_secs(10),
-        );
+        kill(&mut self.backup_controller);
     }
 
     pub fn log(&self, controller: &str, max_bytes: u64) -> String {
@@ -234,6 +223,13 @@ impl Setup {
     pub async fn create_database(&self, name: &str, policy: &str) -> Database {
         self.create_database_with(name, policy, ADMIN_SECRET).await;
         self.wait_database_ready(name).await
+    }
+
+    /// A Database `name` (deletionPolicy Delete), Ready, with `pgbench -i -s <scale>` data
+    /// ([`Setup::pgbench`]).
+    pub async fn create_pgbench_database(&self, name: &str, scale: u32) {
+        self.create_database(name, "Delete").await;
+        self.pgbench(name, scale).await;
     }
 
     /// A Database using admin Secret `admin`, not waited for.
@@ -369,6 +365,16 @@ impl Setup {
         );
     }
 
+    /// [`Setup::wait_gone`] for `obj` of `api`: its name and UID.
+    pub async fn wait_object_gone<K>(&self, api: Api<K>, obj: &K, timeout: Duration)
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
+        let meta = obj.meta();
+        let (name, uid) = (meta.name.as_deref().unwrap(), meta.uid.as_deref().unwrap());
+        self.wait_gone(api, name, uid, timeout).await;
+    }
+
     /// Runs `sql` in `database` as the superuser.
     pub async fn exec_as_superuser(&self, database: &str, sql: &str) {
         let client = self.pg.connect_as_superuser_to(database).await.unwrap();
@@ -429,6 +435,11 @@ impl Drop for Setup {
             }
         }
     }
+}
+
+/// SIGKILL `controller`, if it runs, and wait (10 s at most) for its exit.
+fn kill(controller: &mut Option<ControllerProcess>) {
+    crate::controllers::end(controller.take(), "KILL", Duration::from_secs(10));
 }
 
 pub fn phase(b: &Backup) -> Option<BackupPhase> {

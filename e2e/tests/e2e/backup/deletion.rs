@@ -15,8 +15,7 @@ use serde_json::json;
 #[tokio::test]
 async fn deletion_policy_decides_what_happens_to_the_artifact() {
     let s = Setup::new("bk-delete").await;
-    s.create_database("app", "Delete").await;
-    s.pgbench("app", 1).await;
+    s.create_pgbench_database("app", 1).await;
     s.create_backup("gone", "app", json!({"deletionPolicy": "Delete"}))
         .await;
     s.create_backup("kept", "app", json!({"deletionPolicy": "Retain"}))
@@ -59,20 +58,8 @@ async fn deletion_policy_decides_what_happens_to_the_artifact() {
             .await
             .unwrap();
     }
-    s.wait_gone(
-        s.backups(),
-        "gone",
-        gone.metadata.uid.as_deref().unwrap(),
-        READY,
-    )
-    .await;
-    s.wait_gone(
-        s.backups(),
-        "kept",
-        kept.metadata.uid.as_deref().unwrap(),
-        READY,
-    )
-    .await;
+    s.wait_object_gone(s.backups(), &gone, READY).await;
+    s.wait_object_gone(s.backups(), &kept, READY).await;
     assert!(
         !gone_artifact.exists() && !gone_manifest.exists(),
         "Delete removes both"
@@ -116,13 +103,7 @@ async fn a_snapshot_policy_database_is_backed_up_before_it_is_dropped() {
     );
     let toc = verify_artifact(&s, &backup);
     assert!(toc.contains("TABLE DATA public pgbench_accounts"), "{toc}");
-    s.wait_gone(
-        s.databases(),
-        "snap",
-        db.metadata.uid.as_deref().unwrap(),
-        READY,
-    )
-    .await;
+    s.wait_object_gone(s.databases(), &db, READY).await;
     s.pg.assert_dropped("snap").await;
 
     // The final Backup outlives its Database and stays Completed.
@@ -232,13 +213,7 @@ async fn a_final_snapshot_is_of_the_database_being_deleted_never_an_earlier_one(
         .delete(&name, &DeleteParams::default())
         .await
         .unwrap();
-    s.wait_gone(
-        s.backups(),
-        &name,
-        impostor.metadata.uid.as_deref().unwrap(),
-        READY,
-    )
-    .await;
+    s.wait_object_gone(s.backups(), &impostor, READY).await;
     let own = s
         .wait_backup(&name, "made again as the final snapshot", READY, |b| {
             b.metadata.uid != impostor.metadata.uid && phase(b) == Some(BackupPhase::Completed)

@@ -17,8 +17,7 @@ use serde_json::json;
 #[tokio::test]
 async fn a_backup_of_pgbench_data_completes_with_a_verified_artifact() {
     let s = Setup::new("bk-basic").await;
-    s.create_database("bench", "Delete").await;
-    s.pgbench("bench", 2).await;
+    s.create_pgbench_database("bench", 2).await;
     let created = s.create_backup("bench-1", "bench", json!({})).await;
     let backup = s.wait_completed("bench-1", READY).await;
     assert_eq!(attempts(&backup), 1);
@@ -64,8 +63,7 @@ async fn a_backup_of_pgbench_data_completes_with_a_verified_artifact() {
 #[tokio::test]
 async fn a_controller_killed_mid_dump_leaves_exactly_one_artifact() {
     let mut s = Setup::new("bk-crash").await;
-    s.create_database("big", "Delete").await;
-    s.pgbench("big", 50).await;
+    s.create_pgbench_database("big", 50).await;
     s.create_backup("big-1", "big", json!({})).await;
 
     let running = s.wait_mid_dump("big-1").await;
@@ -123,8 +121,7 @@ async fn two_replicas_run_each_attempt_once_and_take_over_from_a_dead_runner() {
         )
         .unwrap(),
     );
-    s.create_database("big", "Delete").await;
-    s.pgbench("big", 30).await;
+    s.create_pgbench_database("big", 30).await;
     let runner_of = |b: &Backup| {
         b.status
             .as_ref()

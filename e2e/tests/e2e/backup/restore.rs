@@ -78,8 +78,7 @@ async fn a_backup_restores_into_a_new_database_with_every_row() {
 #[tokio::test]
 async fn a_corrupted_artifact_is_refused_and_nothing_is_restored() {
     let s = Setup::new("rs-corrupt").await;
-    s.create_database("source", "Delete").await;
-    s.pgbench("source", 1).await;
+    s.create_pgbench_database("source", 1).await;
     s.create_backup("source-1", "source", json!({})).await;
     let backup = s.wait_completed("source-1", READY).await;
 
@@ -141,8 +140,7 @@ async fn a_corrupted_artifact_is_refused_and_nothing_is_restored() {
 #[tokio::test]
 async fn a_restore_interrupted_by_a_crash_completes_after_restart() {
     let mut s = Setup::new("rs-crash").await;
-    s.create_database("source", "Delete").await;
-    s.pgbench("source", 20).await;
+    s.create_pgbench_database("source", 20).await;
     s.create_backup("source-1", "source", json!({})).await;
     s.wait_completed("source-1", BIG_DUMP).await;
 

@@ -30,8 +30,7 @@ fn s3_keys_of(s: &Setup, s3_prefix: &str, backup: &Backup) -> (String, String) {
 async fn an_s3_backup_is_one_verified_object_that_deletion_removes() {
     let s = Setup::with_s3("bk-s3", "dbops/e2e", None).await;
     let server = s.s3.as_ref().unwrap();
-    s.create_database("bench", "Delete").await;
-    s.pgbench("bench", 2).await;
+    s.create_pgbench_database("bench", 2).await;
     let created = s
         .create_backup("bench-1", "bench", json!({"deletionPolicy": "Delete"}))
         .await;
@@ -83,13 +82,7 @@ async fn an_s3_backup_is_one_verified_object_that_deletion_removes() {
         .delete("bench-1", &DeleteParams::default())
         .await
         .unwrap();
-    s.wait_gone(
-        s.backups(),
-        "bench-1",
-        created.metadata.uid.as_deref().unwrap(),
-        READY,
-    )
-    .await;
+    s.wait_object_gone(s.backups(), &created, READY).await;
     assert_eq!(
         server.keys(S3_BUCKET, "").unwrap(),
         ["dbops/e2e/.dbops-store-id"],

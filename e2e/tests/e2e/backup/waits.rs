@@ -174,8 +174,7 @@ async fn a_backup_waits_for_its_database_to_be_ready() {
 #[tokio::test]
 async fn one_dump_per_server_at_a_time() {
     let s = Setup::new("bk-slots").await;
-    s.create_database("app", "Delete").await;
-    s.pgbench("app", 20).await;
+    s.create_pgbench_database("app", 20).await;
     s.create_backup("first", "app", json!({})).await;
     s.create_backup("second", "app", json!({})).await;
 
