@@ -171,6 +171,13 @@ impl Scenario {
     }
 
     /// Waits until replica `i` holds the Lease; records when it acquired it.
+    /// Waits for replica `i` to take the Lease over from a leader that stopped renewing
+    /// it: the Lease's duration, [`TAKEOVER_SLACK`] and 5 s more at most.
+    pub async fn wait_takeover_by(&mut self, i: usize) {
+        self.wait_holder(i, LEASE_DURATION + TAKEOVER_SLACK + Duration::from_secs(5))
+            .await;
+    }
+
     pub async fn wait_holder(&mut self, i: usize, timeout: Duration) {
         let identity = self.replicas[i].identity.clone();
         let found = crate::wait::wait_for(
@@ -316,11 +323,7 @@ pub async fn kill_leader_and_measure_takeover(s: &mut Scenario, round: usize) ->
     let killed_at = Instant::now();
     s.stop(leader, "KILL");
     let orphan = s.create_database().await;
-    s.wait_holder(
-        standby,
-        LEASE_DURATION + TAKEOVER_SLACK + Duration::from_secs(5),
-    )
-    .await;
+    s.wait_takeover_by(standby).await;
     let takeover = killed_at.elapsed();
     println!(
         "leader election: SIGKILL {} of {}: {} took over after {:.1} s",
@@ -642,11 +645,7 @@ pub async fn kill_leader(s: &mut Scenario) -> Kill {
 /// Waits until the standby holds the Lease after `kill`, prints the takeover time, and
 /// starts a fresh standby. Returns the takeover time.
 pub async fn await_takeover(s: &mut Scenario, round: usize, kill: Kill) -> Duration {
-    s.wait_holder(
-        kill.standby,
-        LEASE_DURATION + TAKEOVER_SLACK + Duration::from_secs(5),
-    )
-    .await;
+    s.wait_takeover_by(kill.standby).await;
     let takeover = kill.at.elapsed();
     println!(
         "leader election ({}): SIGKILL {round} of {}: {} took over after {:.1} s",

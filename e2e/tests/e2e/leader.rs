@@ -132,11 +132,7 @@ async fn a_frozen_leader_steps_down_without_a_stale_write() {
     let stopped = Instant::now();
     s.signal(leader, "STOP");
     let during = s.create_database().await;
-    s.wait_holder(
-        standby,
-        LEASE_DURATION + TAKEOVER_SLACK + Duration::from_secs(5),
-    )
-    .await;
+    s.wait_takeover_by(standby).await;
     println!(
         "leader election: {frozen} frozen; {} took over after {:.1} s",
         s.replicas[standby].identity,
