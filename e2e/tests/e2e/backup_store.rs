@@ -146,14 +146,10 @@ async fn a_controller_on_a_store_it_cannot_write_is_not_ready_until_it_can() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     assert_eq!(names, [IDENTITY_OBJECT]);
-    backup.process.signal("TERM").unwrap();
-    assert!(
-        backup
-            .process
-            .wait_exit(Duration::from_secs(15))
-            .unwrap()
-            .success()
-    );
+    let status = backup
+        .process
+        .signal_and_wait("TERM", Duration::from_secs(15));
+    assert!(status.unwrap().success());
 }
 
 #[tokio::test]
@@ -202,14 +198,10 @@ async fn the_backup_and_database_controller_must_share_one_store() {
     );
     // The registration is left as the first controller made it.
     assert_eq!(data(&registration(&b).await, registry::ID_KEY), id);
-    database.process.signal("TERM").unwrap();
-    assert!(
-        database
-            .process
-            .wait_exit(Duration::from_secs(10))
-            .unwrap()
-            .success()
-    );
+    let status = database
+        .process
+        .signal_and_wait("TERM", Duration::from_secs(10));
+    assert!(status.unwrap().success());
 
     // On the same directory both are ready.
     let database = start(&b, "database-controller", logs.path(), &one_url, &[]).await;

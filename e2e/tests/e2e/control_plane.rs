@@ -11,6 +11,23 @@ use dbops_e2e::wait::eventually;
 
 use crate::bed;
 
+/// Waits (60 s at most) until `object` of `api` (by its name and UID) is deleted; on
+/// timeout panics with `expected`.
+async fn await_deleted<K>(api: Api<K>, object: &K, expected: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let meta = object.meta();
+    let (name, uid) = (meta.name.as_deref().unwrap(), meta.uid.as_deref().unwrap());
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        await_condition(api, name, conditions::is_deleted(uid)),
+    )
+    .await
+    .expect(expected)
+    .unwrap();
+}
+
 #[tokio::test]
 async fn apiserver_reports_the_version_built_from_go_modules() {
     let b = bed("version").await;
@@ -46,17 +63,12 @@ async fn garbage_collector_deletes_children_of_a_deleted_owner() {
     let child = api.create(&PostParams::default(), &child).await.unwrap();
 
     api.delete("owner", &DeleteParams::default()).await.unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(60),
-        await_condition(
-            api.clone(),
-            "child",
-            conditions::is_deleted(&child.metadata.uid.unwrap()),
-        ),
+    await_deleted(
+        api.clone(),
+        &child,
+        "kube-controller-manager's garbage collector deletes the child within 60s",
     )
-    .await
-    .expect("kube-controller-manager's garbage collector deletes the child within 60s")
-    .unwrap();
+    .await;
 }
 
 #[tokio::test]
@@ -73,17 +85,12 @@ async fn namespace_controller_finishes_namespace_deletion() {
     cms.create(&PostParams::default(), &cm).await.unwrap();
 
     api.delete(&name, &DeleteParams::default()).await.unwrap();
-    tokio::time::timeout(
-        Duration::from_secs(60),
-        await_condition(
-            api,
-            &name,
-            conditions::is_deleted(&ns.metadata.uid.unwrap()),
-        ),
+    await_deleted(
+        api,
+        &ns,
+        "the namespace controller empties and removes the namespace within 60s",
     )
-    .await
-    .expect("the namespace controller empties and removes the namespace within 60s")
-    .unwrap();
+    .await;
 }
 
 #[tokio::test]

@@ -69,8 +69,10 @@ async fn each_controller_serves_health_and_metrics_and_stops_on_sigterm() {
             c.get("/metrics")
         );
 
-        c.process.signal("TERM").unwrap();
-        let status = c.process.wait_exit(Duration::from_secs(15)).unwrap();
+        let status = c
+            .process
+            .signal_and_wait("TERM", Duration::from_secs(15))
+            .unwrap();
         assert!(
             status.success(),
             "{name} exited with {status} on SIGTERM:\n{}",
@@ -94,23 +96,29 @@ async fn a_controller_refuses_to_start_without_a_kubeconfig_that_works() {
 
 #[tokio::test]
 async fn bad_flags_are_refused_with_a_message() {
-    let binary = dbops_e2e::paths::workspace_bin("dbops-backup-controller").unwrap();
-    let out = std::process::Command::new(binary)
-        .args(["--backup-store", "ftp://example/backups"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("backup-store"), "{stderr}");
+    assert_refused(
+        "backup-controller",
+        &["--backup-store", "ftp://example/backups"],
+        "backup-store",
+    );
+    assert_refused(
+        "database-controller",
+        &["--concurrency", "0"],
+        "concurrency",
+    );
+}
 
-    let binary = dbops_e2e::paths::workspace_bin("dbops-database-controller").unwrap();
+/// `dbops-<controller>` started with `args` exits unsuccessfully, its stderr naming
+/// `flag`.
+fn assert_refused(controller: &str, args: &[&str], flag: &str) {
+    let binary = dbops_e2e::paths::workspace_bin(&format!("dbops-{controller}")).unwrap();
     let out = std::process::Command::new(binary)
-        .args(["--concurrency", "0"])
+        .args(args)
         .output()
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("concurrency"), "{stderr}");
+    assert!(stderr.contains(flag), "{stderr}");
 }
 
 /// After a kube-apiserver restart the database-controller works again within a bound: a
