@@ -325,6 +325,15 @@ pub fn minute_of(t: Timestamp) -> Timestamp {
     Timestamp::from_second(t.as_second() - t.as_second().rem_euclid(60)).unwrap()
 }
 
+/// How long from now a check may hold: until 3 s before `slot` (none when that has
+/// passed), `cap` at the most.
+pub fn until_shortly_before(slot: Timestamp, cap: Duration) -> Duration {
+    Duration::try_from(slot.duration_since(Timestamp::now()))
+        .unwrap_or_default()
+        .saturating_sub(Duration::from_secs(3))
+        .min(cap)
+}
+
 /// Waits for the wall clock (not for any state) to reach `t`.
 pub async fn wait_for_clock(t: Timestamp) {
     let timeout = Duration::try_from(t.duration_since(Timestamp::now())).unwrap_or_default()

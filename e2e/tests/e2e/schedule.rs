@@ -16,7 +16,7 @@ use dbops_api::BackupPhase;
 use dbops_e2e::fixtures::merge_patch;
 use dbops_e2e::harness::schedule::{
     FIRST_SLOT, MINUTE, READY, Scheduled, World, minute_of, name_for, scheduler_metric,
-    wait_for_clock,
+    until_shortly_before, wait_for_clock,
 };
 use dbops_e2e::wait::{Want, eventually, holds_for};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -150,10 +150,7 @@ async fn after_downtime_one_catch_up_backup_then_retention_prunes_the_older_one(
     );
     // It stays the only one until shortly before the next slot.
     let next_slot = slot + MINUTE;
-    let window = Duration::try_from(next_slot.duration_since(Timestamp::now()))
-        .unwrap_or_default()
-        .saturating_sub(Duration::from_secs(3))
-        .min(Duration::from_secs(5));
+    let window = until_shortly_before(next_slot, Duration::from_secs(5));
     holds_for(
         "one catch-up Backup",
         window,
@@ -228,10 +225,7 @@ async fn two_replicas_create_one_backup_per_slot() {
         assert_eq!(b.name(), name_for("orders", b.slot()));
     }
     // Hold on until shortly before the slot after: still one Backup per slot.
-    let window = Duration::try_from((second + MINUTE).duration_since(Timestamp::now()))
-        .unwrap_or_default()
-        .saturating_sub(Duration::from_secs(3))
-        .min(Duration::from_secs(10));
+    let window = until_shortly_before(second + MINUTE, Duration::from_secs(10));
     holds_for(
         "one Backup per slot",
         window,
