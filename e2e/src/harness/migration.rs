@@ -273,6 +273,14 @@ impl Setup {
         self.migration_controller = Some(self.start("migration-controller", args));
     }
 
+    /// Starts the migration-controller told to exit at `point` (`--debug-exit-at`:
+    /// `<Step>:started`, `<Step>:done`, …) and waits ([`SAGA`] at most) for that exit.
+    pub fn run_until_exit_at(&mut self, point: &str) {
+        self.start_migration_controller(&[&format!("--debug-exit-at={point}")]);
+        let code = self.wait_migration_controller_exit(SAGA);
+        assert_eq!(code, Some(DEBUG_EXIT), "the process stopped at {point}");
+    }
+
     /// Waits for the migration-controller to exit by itself; returns its exit code.
     pub fn wait_migration_controller_exit(&mut self, timeout: Duration) -> Option<i32> {
         let mut c = self.migration_controller.take().unwrap();

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use dbops_api::{ChosenMode, MigrationPhase, MigrationStep, StepState};
 use dbops_e2e::fixtures::approve_migration;
 use dbops_e2e::harness::migration::{
-    DEBUG_EXIT, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, assert_each_once, assert_every_commit_in,
+    SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, assert_each_once, assert_every_commit_in,
     assert_failed, assert_has_event, assert_step, condition, step_state, writes_on,
 };
 use dbops_e2e::harness::migration_logical::{
@@ -283,9 +283,7 @@ async fn a_controller_killed_at_every_logical_step_resumes_to_one_success() {
     }
     let mut slot_seen = false;
     for point in &points {
-        s.start_migration_controller(&[&format!("--debug-exit-at={point}")]);
-        let code = s.wait_migration_controller_exit(SAGA);
-        assert_eq!(code, Some(DEBUG_EXIT), "the process stopped at {point}");
+        s.run_until_exit_at(point);
         if point == "Replicate:slot-created" {
             assert_slot_without_subscription(&s, "app-move", &format!("at {point}")).await;
             slot_seen = true;
@@ -490,8 +488,7 @@ async fn a_crash_between_creating_the_slot_and_recording_it_leaves_no_slot() {
     let c = app_with_tables(&s).await;
     s.create_migration("first", "app", json!({"mode": "Logical"}))
         .await;
-    s.start_migration_controller(&["--debug-exit-at=Replicate:slot-created"]);
-    assert_eq!(s.wait_migration_controller_exit(SAGA), Some(DEBUG_EXIT));
+    s.run_until_exit_at("Replicate:slot-created");
     assert_slot_without_subscription(&s, "first", "after the crash").await;
     s.migrations()
         .delete("first", &kube::api::DeleteParams::default())
@@ -515,8 +512,7 @@ async fn a_crash_between_creating_the_slot_and_recording_it_leaves_no_slot() {
     // A slot of the Migration's name, and no subscription anywhere.
     s.create_migration("second", "app", json!({"mode": "Logical"}))
         .await;
-    s.start_migration_controller(&["--debug-exit-at=Replicate:started"]);
-    assert_eq!(s.wait_migration_controller_exit(SAGA), Some(DEBUG_EXIT));
+    s.run_until_exit_at("Replicate:started");
     let m = s.migrations().get("second").await.unwrap();
     let slot = replication_name(&m);
     s.source

@@ -2,9 +2,7 @@
 
 use dbops_api::{MigrationPhase, MigrationStep};
 use dbops_e2e::fixtures::approve_migration;
-use dbops_e2e::harness::migration::{
-    DEBUG_EXIT, READY, SAGA, Setup, assert_failed, condition, phase_of,
-};
+use dbops_e2e::harness::migration::{READY, SAGA, Setup, assert_failed, condition, phase_of};
 use dbops_e2e::harness::object::InBed;
 use kube::api::DeleteParams;
 use serde_json::json;
@@ -83,9 +81,7 @@ async fn deleting_a_database_at_any_step_of_its_migration_ends_both() {
         let migration = format!("{name}-move");
         s.create_migration(&migration, &name, json!({})).await;
         let point = format!("{}:started", step.as_str());
-        s.start_migration_controller(&[&format!("--debug-exit-at={point}")]);
-        let code = s.wait_migration_controller_exit(SAGA);
-        assert_eq!(code, Some(DEBUG_EXIT), "the process stopped at {point}");
+        s.run_until_exit_at(&point);
         s.databases()
             .delete(&name, &DeleteParams::default())
             .await

@@ -8,7 +8,7 @@ use std::time::Duration;
 use dbops_api::{Backup, BackupPhase, MigrationPhase, MigrationStep, StepState};
 use dbops_e2e::fixtures::approve_migration;
 use dbops_e2e::harness::migration::{
-    DEBUG_EXIT, READY, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, Writer, assert_each_once,
+    READY, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, Writer, assert_each_once,
     assert_every_commit_in, assert_has_event, assert_step, bin, condition, writes_on,
 };
 use dbops_e2e::tls::TestCa;
@@ -196,9 +196,7 @@ async fn a_controller_killed_at_every_step_resumes_to_succeeded() {
     points.insert(4, "CopyData:started".into());
     points.insert(7, "SwitchTraffic:started".into());
     for point in &points {
-        s.start_migration_controller(&[&format!("--debug-exit-at={point}")]);
-        let code = s.wait_migration_controller_exit(SAGA);
-        assert_eq!(code, Some(DEBUG_EXIT), "the process stopped at {point}");
+        s.run_until_exit_at(point);
     }
     s.start_migration_controller(&[]);
     let m = s

@@ -4,8 +4,8 @@
 
 use dbops_api::{MigrationPhase, MigrationStep, StepState};
 use dbops_e2e::harness::migration::{
-    DEBUG_EXIT, READY, SAGA, Setup, assert_failed, assert_has_event, assert_step, condition,
-    phase_of, step_state,
+    READY, SAGA, Setup, assert_failed, assert_has_event, assert_step, condition, phase_of,
+    step_state,
 };
 use dbops_e2e::harness::object::InBed;
 use dbops_e2e::wait::ObjectView;
@@ -93,10 +93,8 @@ async fn the_target_stopped_after_the_freeze_rolls_back_and_unfreezes() {
     s.create_database("app").await;
     let c = s.connection("app").await;
     // Stop right after ProvisionTarget's record says it began, before it touched anything.
-    s.start_migration_controller(&["--debug-exit-at=ProvisionTarget:started"]);
     s.create_migration("app-move", "app", json!({})).await;
-    let code = s.wait_migration_controller_exit(SAGA);
-    assert_eq!(code, Some(DEBUG_EXIT));
+    s.run_until_exit_at("ProvisionTarget:started");
     assert!(
         s.source_writable("app", &c).await.is_err(),
         "the source is frozen at this point"
@@ -141,9 +139,8 @@ async fn a_target_down_during_the_copy_holds_up_only_its_own_compensation() {
     let mut s = Setup::new("mig-tgtlate").await;
     s.create_database("app").await;
     let c = s.connection("app").await;
-    s.start_migration_controller(&["--debug-exit-at=CopyData:started"]);
     s.create_migration("app-move", "app", json!({})).await;
-    assert_eq!(s.wait_migration_controller_exit(SAGA), Some(DEBUG_EXIT));
+    s.run_until_exit_at("CopyData:started");
     assert!(s.target.database_exists("app").await.unwrap());
     s.target.stop().unwrap();
     s.start_migration_controller(&["--step-max-attempts=2", "--breaker-open-for=2s"]);
@@ -244,8 +241,7 @@ async fn an_extension_schema_on_the_target_does_not_pass_for_copied_data() {
     s.create_database_with("app", &["pgcrypto"]).await;
     s.pgbench("app", 1).await;
     s.create_migration("app-move", "app", json!({})).await;
-    s.start_migration_controller(&["--debug-exit-at=ProvisionTarget:done"]);
-    assert_eq!(s.wait_migration_controller_exit(SAGA), Some(DEBUG_EXIT));
+    s.run_until_exit_at("ProvisionTarget:done");
     let t = s.target.connect_as_superuser_to("app").await.unwrap();
     t.batch_execute("CREATE SCHEMA pgcrypto_own; ALTER EXTENSION pgcrypto ADD SCHEMA pgcrypto_own")
         .await
