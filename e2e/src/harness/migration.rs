@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use dbops_api::{Database, Migration, MigrationPhase, MigrationStep, StepState};
+use dbops_api::{ChosenMode, Database, Migration, MigrationPhase, MigrationStep, StepState};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::Api;
 use serde_json::json;
@@ -455,6 +455,11 @@ pub fn bin(name: &str) -> String {
 
 pub fn phase_of(m: &Migration) -> Option<MigrationPhase> {
     m.status.as_ref().and_then(|s| s.phase)
+}
+
+/// The mode the Migration chose (Dump, Logical), once it did.
+pub fn mode_of(m: &Migration) -> Option<ChosenMode> {
+    m.status.as_ref().and_then(|s| s.mode)
 }
 
 pub fn condition<'a>(

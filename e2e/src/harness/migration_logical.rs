@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use dbops_api::{ChosenMode, Migration};
+use dbops_api::Migration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
@@ -120,10 +120,6 @@ pub async fn assert_slot_without_subscription(s: &Setup, name: &str, at: &str) {
         None,
         "nothing of the subscription is recorded {at}"
     );
-}
-
-pub fn mode_of(m: &Migration) -> Option<ChosenMode> {
-    m.status.as_ref().and_then(|s| s.mode)
 }
 
 /// The Database's connection Secrets, for the writer.

@@ -20,7 +20,7 @@ use std::time::Duration;
 use dbops_api::{Backup, BackupPhase, ChosenMode, MigrationPhase, MigrationStep};
 use dbops_e2e::fixtures::{Connection, approve_migration, create_backup};
 use dbops_e2e::harness::isolation::{UNSAFE_BEFORE_16, World, assert_reached_as, trapped_rows};
-use dbops_e2e::harness::migration::{READY, condition, phase_of};
+use dbops_e2e::harness::migration::{READY, condition, mode_of, phase_of};
 use dbops_e2e::harness::object::Logged;
 use dbops_e2e::traps::pinned_superuser;
 use dbops_e2e::wait::{Want, wait_for};
@@ -63,10 +63,7 @@ async fn a_dump_migration_runs_no_tenant_code_as_the_admin() {
 
     w.assert_no_escalation("a Dump Migration").await;
     assert_eq!(phase_of(&m), Some(MigrationPhase::Succeeded));
-    assert_eq!(
-        m.status.as_ref().and_then(|s| s.mode),
-        Some(ChosenMode::Dump)
-    );
+    assert_eq!(mode_of(&m), Some(ChosenMode::Dump));
     assert_eq!(trapped_rows(&w, "app").await, 3, "on the target");
     assert_reached_as(w.pg("target"), "index", &owner);
 }
@@ -96,10 +93,7 @@ async fn to_15_auto_chooses_dump_and_logical_is_refused() {
         .await;
     // Auto: Dump, saying why.
     assert_eq!(phase_of(&auto), Some(MigrationPhase::Succeeded));
-    assert_eq!(
-        auto.status.as_ref().and_then(|s| s.mode),
-        Some(ChosenMode::Dump)
-    );
+    assert_eq!(mode_of(&auto), Some(ChosenMode::Dump));
     let chosen = condition(&auto, "ModeChosen").unwrap();
     assert_eq!(
         (chosen.status.as_str(), chosen.reason.as_str()),
@@ -152,10 +146,7 @@ async fn to_17_a_logical_migration_applies_as_the_owner() {
     w.assert_no_escalation("a Logical Migration to PostgreSQL 17")
         .await;
     assert_eq!(phase_of(&m), Some(MigrationPhase::Succeeded));
-    assert_eq!(
-        m.status.as_ref().and_then(|s| s.mode),
-        Some(ChosenMode::Logical)
-    );
+    assert_eq!(mode_of(&m), Some(ChosenMode::Logical));
     assert_eq!(trapped_rows(&w, "app").await, 5, "on the target");
     for origin in ["always_trigger", "replica_trigger", "index", "generated"] {
         assert_reached_as(w.pg("target"), origin, &owner);

@@ -19,11 +19,11 @@ use dbops_api::{ChosenMode, MigrationPhase, MigrationStep, StepState};
 use dbops_e2e::fixtures::approve_migration;
 use dbops_e2e::harness::migration::{
     SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, assert_each_once, assert_every_commit_in,
-    assert_failed, assert_has_event, assert_step, condition, step_state, writes_on,
+    assert_failed, assert_has_event, assert_step, condition, mode_of, step_state, writes_on,
 };
 use dbops_e2e::harness::migration_logical::{
     Writer, app_with_tables, assert_items_copied, assert_slot_without_subscription,
-    assert_source_writable, leftovers, logical_setup, mode_of, replication_name, secrets,
+    assert_source_writable, leftovers, logical_setup, replication_name, secrets,
 };
 use dbops_e2e::wait::wait_for;
 use k8s_openapi::api::core::v1::Secret;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use dbops_api::{ChosenMode, Database, DatabaseUser, MigrationPhase};
 use dbops_e2e::harness::database::{connect, value};
-use dbops_e2e::harness::migration::{READY, SOURCE_ADMIN, Setup, TARGET_ADMIN, phase_of};
+use dbops_e2e::harness::migration::{READY, SOURCE_ADMIN, Setup, TARGET_ADMIN, mode_of, phase_of};
 use dbops_e2e::harness::users::refused;
 use dbops_e2e::postgres::LOGICAL_REPLICATION;
 use dbops_e2e::wait::eventually;
@@ -256,7 +256,7 @@ async fn users_follow_their_database(s: &mut Setup, mode: ChosenMode) {
     .await;
     let m = s.migrations().get("move").await.unwrap();
     assert_eq!(phase_of(&m), Some(MigrationPhase::Succeeded));
-    assert_eq!(m.status.as_ref().and_then(|st| st.mode), Some(mode));
+    assert_eq!(mode_of(&m), Some(mode));
 
     // Each user on the target: status, Secret, login.
     for user in [READER, WRITER] {
