@@ -352,6 +352,14 @@ impl Setup {
         .await
     }
 
+    /// Waits until Backup `name` is Failed.
+    pub async fn wait_failed(&self, name: &str, timeout: Duration) -> Backup {
+        self.wait_backup(name, "Failed", timeout, |b| {
+            phase(b) == Some(BackupPhase::Failed)
+        })
+        .await
+    }
+
     pub async fn wait_gone<K>(&self, api: Api<K>, name: &str, uid: &str, timeout: Duration)
     where
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
@@ -450,6 +458,11 @@ pub fn has(b: &Backup, want: Want<'_>) -> bool {
     b.status
         .as_ref()
         .is_some_and(|s| want.matches(&s.conditions))
+}
+
+/// Asserts [`has`]; the message shows the Backup.
+pub fn assert_has(b: &Backup, want: Want<'_>) {
+    assert!(has(b, want), "{:?}", crate::wait::ObjectView(b.clone()));
 }
 
 pub fn attempts(b: &Backup) -> i32 {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use dbops_api::BackupPhase;
 use dbops_e2e::fixtures::merge_patch;
 use dbops_e2e::harness::backup::{
-    ADMIN_SECRET, READY, Setup, attempts, has, phase, verify_artifact,
+    ADMIN_SECRET, READY, Setup, assert_has, attempts, has, phase, verify_artifact,
 };
 use dbops_e2e::harness::object::InBed;
 use dbops_e2e::wait::ObjectView;
@@ -90,19 +90,11 @@ async fn an_unwritable_store_is_retried_then_failed() {
         })
         .await;
     assert!(attempts(&retrying) >= 1);
-    let failed = s
-        .wait_backup("app-1", "Failed", READY, |b| {
-            phase(b) == Some(BackupPhase::Failed)
-        })
-        .await;
+    let failed = s.wait_failed("app-1", READY).await;
     assert_eq!(attempts(&failed), 3, "one attempt and maxRetries=2 retries");
-    assert!(
-        has(
-            &failed,
-            Want::new("Failed", "True", Some("StoreUnavailable"))
-        ),
-        "{:?}",
-        ObjectView(failed.clone())
+    assert_has(
+        &failed,
+        Want::new("Failed", "True", Some("StoreUnavailable")),
     );
     assert!(has(&failed, Want::new("Progressing", "False", None)));
     assert!(has(
@@ -117,11 +109,7 @@ async fn a_missing_database_fails_the_backup_at_once() {
     let s = Setup::new("bk-missing").await;
     s.create_backup("orphan", "no-such-db", json!({"maxRetries": 5}))
         .await;
-    let failed = s
-        .wait_backup("orphan", "Failed", Duration::from_secs(30), |b| {
-            phase(b) == Some(BackupPhase::Failed)
-        })
-        .await;
+    let failed = s.wait_failed("orphan", Duration::from_secs(30)).await;
     assert!(has(
         &failed,
         Want::new("Failed", "True", Some("DatabaseNotFound"))
@@ -238,18 +226,10 @@ async fn refused_credentials_fail_the_backup_at_once() {
     .unwrap();
     s.create_backup("app-1", "app", json!({"maxRetries": 5}))
         .await;
-    let failed = s
-        .wait_backup("app-1", "Failed", READY, |b| {
-            phase(b) == Some(BackupPhase::Failed)
-        })
-        .await;
-    assert!(
-        has(
-            &failed,
-            Want::new("Failed", "True", Some("AuthenticationFailed"))
-        ),
-        "{:?}",
-        ObjectView(failed.clone())
+    let failed = s.wait_failed("app-1", READY).await;
+    assert_has(
+        &failed,
+        Want::new("Failed", "True", Some("AuthenticationFailed")),
     );
     assert_eq!(attempts(&failed), 1, "a permanent failure is not retried");
     assert!(s.store_files().is_empty(), "{:?}", s.store_files());
