@@ -15,7 +15,7 @@ use tower::{Layer, Service};
 use tracing::{Instrument, field};
 
 use crate::{
-    metrics::{Target, record_external_request},
+    metrics::{Target, observe_external_request, record_external_request},
     rate_limit::{RateLimitLayer, RateLimiter},
 };
 
@@ -140,6 +140,12 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
+        // A watch's answer is its stream's start; its duration says nothing of the API.
+        let watch = request
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+        let started = std::time::Instant::now();
         let span = if tracing::Span::current().is_none() {
             tracing::Span::none()
         } else {
@@ -177,6 +183,9 @@ where
                     }
                 };
                 record_external_request(Target::Kubernetes, outcome);
+                if !watch {
+                    observe_external_request(Target::Kubernetes, started.elapsed());
+                }
                 result
             }
             .instrument(span),
@@ -276,6 +285,11 @@ mod tests {
             text.contains(
                 r#"dbops_external_requests_total{target="kubernetes",outcome="client_error"}"#
             ),
+            "{text}"
+        );
+        // Timed too (not a watch).
+        assert!(
+            text.contains(r#"dbops_external_request_duration_seconds_count{target="kubernetes"}"#),
             "{text}"
         );
     }

@@ -10,6 +10,12 @@
 //!   `error` when no answer came), PostgreSQL (`postgres`: one per connection and per
 //!   statement; `ok`, `error`) and the backup store (`store`: one per operation; `ok`,
 //!   `error`);
+//! - `dbops_external_request_duration_seconds{target}`: how long each Kubernetes and
+//!   PostgreSQL request took, from sending it to its answer (Kubernetes watches left out:
+//!   they stay open);
+//! - `dbops_queue_wait_seconds{queue}`: how long a request waited before it could be sent:
+//!   for a token of `--api-rate-limit` (`api_rate_limit`) or for one of a server's
+//!   `--max-sessions-per-server` session slots (`postgres_session`);
 //!
 //! in the backup-controller only ([`BackupMetrics`]):
 //!
@@ -91,6 +97,10 @@ impl Metrics {
         register! { registry;
             "external_requests" => EXTERNAL_REQUESTS,
                 "Requests to the Kubernetes API, PostgreSQL and the backup store, by outcome";
+            "external_request_duration" in Seconds => EXTERNAL_DURATION,
+                "Duration of requests to the Kubernetes API (watches left out), PostgreSQL and the backup store";
+            "queue_wait" in Seconds => QUEUE_WAIT,
+                "Time a request waited for the API rate limit or for a PostgreSQL session slot";
         }
         Self {
             registry: Arc::new(registry),
@@ -482,6 +492,59 @@ pub fn record_external_request(target: Target, outcome: &'static str) {
     EXTERNAL_REQUESTS
         .get_or_create(&ExternalLabels { target, outcome })
         .inc();
+}
+
+/// Upper bounds (seconds) of the request and wait duration buckets.
+const REQUEST_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TargetLabels {
+    target: Target,
+}
+
+static EXTERNAL_DURATION: LazyLock<Family<TargetLabels, Histogram>> =
+    LazyLock::new(|| Family::new_with_constructor(|| Histogram::new(REQUEST_BUCKETS)));
+
+/// Records how long one request to `target` took.
+pub fn observe_external_request(target: Target, took: std::time::Duration) {
+    EXTERNAL_DURATION
+        .get_or_create(&TargetLabels { target })
+        .observe(took.as_secs_f64());
+}
+
+/// What a request waited for before it was sent.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Queue {
+    /// A token of `--api-rate-limit`.
+    ApiRateLimit,
+    /// A session slot of `--max-sessions-per-server`.
+    PostgresSession,
+}
+
+impl EncodeLabelValue for Queue {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(match self {
+            Self::ApiRateLimit => "api_rate_limit",
+            Self::PostgresSession => "postgres_session",
+        })
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    queue: Queue,
+}
+
+static QUEUE_WAIT: LazyLock<Family<QueueLabels, Histogram>> =
+    LazyLock::new(|| Family::new_with_constructor(|| Histogram::new(REQUEST_BUCKETS)));
+
+/// Records how long one request waited in `queue`.
+pub fn observe_queue_wait(queue: Queue, waited: std::time::Duration) {
+    QUEUE_WAIT
+        .get_or_create(&QueueLabels { queue })
+        .observe(waited.as_secs_f64());
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -123,6 +123,7 @@ where
                 Permit::Granted => return self.inner.poll_ready(cx),
                 Permit::None => {
                     let wait = self.limiter.reserve();
+                    crate::metrics::observe_queue_wait(crate::metrics::Queue::ApiRateLimit, wait);
                     self.state = if wait.is_zero() {
                         Permit::Granted
                     } else {
@@ -216,5 +217,23 @@ mod tests {
             assert_eq!(response.await.unwrap(), "response");
         }
         assert_eq!(start.elapsed(), Duration::from_secs(1));
+        // The wait is in dbops_queue_wait_seconds (a process-wide family: other tests may
+        // have added to it, never taken away).
+        let text = crate::metrics::Metrics::new("test-controller")
+            .encode()
+            .unwrap();
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        assert!(
+            value(r#"dbops_queue_wait_seconds_count{queue="api_rate_limit"}"#) >= 3.0,
+            "{text}"
+        );
+        assert!(
+            value(r#"dbops_queue_wait_seconds_sum{queue="api_rate_limit"}"#) >= 1.0,
+            "{text}"
+        );
     }
 }

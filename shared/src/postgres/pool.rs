@@ -166,6 +166,7 @@ impl Servers {
         };
         // Bounded by the caller's deadline (each reconcile's `--reconcile-timeout`):
         // dropped, the wait gives its place in the queue back.
+        let waiting = Instant::now();
         let permit =
             state
                 .sessions
@@ -176,6 +177,10 @@ impl Servers {
                     server: key.clone(),
                     message: "session limiter closed".into(),
                 })?;
+        crate::metrics::observe_queue_wait(
+            crate::metrics::Queue::PostgresSession,
+            waiting.elapsed(),
+        );
         let pool_key = PoolKey::new(credentials, dbname, &server.tls);
         let client = match state.take_idle(&pool_key) {
             Some(client) => client,

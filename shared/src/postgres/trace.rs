@@ -9,7 +9,7 @@ use tracing::{Instrument, field};
 use super::endpoint::ServerKey;
 use super::error::PgError;
 use super::redact::{redact_statement, statement_kind};
-use crate::metrics::{Target, record_external_request};
+use crate::metrics::{Target, observe_external_request, record_external_request};
 
 /// Where a statement is sent, for its span.
 #[derive(Clone, Copy)]
@@ -41,7 +41,9 @@ pub(super) async fn traced<T>(
         server.port = on.server.port,
         error = field::Empty,
     );
+    let started = std::time::Instant::now();
     let result = work.instrument(span.clone()).await;
+    observe_external_request(Target::Postgres, started.elapsed());
     match &result {
         Ok(_) => record_external_request(Target::Postgres, "ok"),
         Err(error) => {
@@ -71,7 +73,9 @@ pub(super) async fn traced_connect<T>(
         server.port = server.port,
         error = field::Empty,
     );
+    let started = std::time::Instant::now();
     let result = connect.instrument(span.clone()).await;
+    observe_external_request(Target::Postgres, started.elapsed());
     match &result {
         Ok(_) => record_external_request(Target::Postgres, "ok"),
         Err(error) => {
