@@ -13,7 +13,8 @@ pub async fn verify(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
     let database = db.database_name();
     let s = session(saga, &source, &database).await?;
     let t = session(saga, &target, &database).await?;
-    let (on_source, on_target) = (sql::tables(&s).await?, sql::tables(&t).await?);
+    // The two servers answer at the same time: the source is frozen while this runs.
+    let (on_source, on_target) = tokio::try_join!(sql::tables(&s), sql::tables(&t))?;
     if on_source != on_target {
         let missing: Vec<_> = on_source
             .iter()
@@ -30,13 +31,11 @@ pub async fn verify(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
             ),
         ));
     }
+    let (source_rows, target_rows) =
+        tokio::try_join!(count_all(&s, &on_source), count_all(&t, &on_source))?;
     let mut rows = 0;
     let mut mismatches = Vec::new();
-    for (schema, table) in &on_source {
-        let (a, b) = (
-            sql::count_rows(&s, schema, table).await?,
-            sql::count_rows(&t, schema, table).await?,
-        );
+    for (((schema, table), a), b) in on_source.iter().zip(source_rows).zip(target_rows) {
         if a != b {
             mismatches.push(format!(
                 "{schema}.{table}: {a} on the source, {b} on the target"
@@ -54,4 +53,16 @@ pub async fn verify(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
         "{} tables, {rows} rows: the same on both servers",
         on_source.len()
     )))
+}
+
+/// `count(*)` of each table, one after the other on the session.
+async fn count_all(
+    s: &dbops_shared::postgres::Session,
+    tables: &[(String, String)],
+) -> Result<Vec<i64>, dbops_shared::postgres::PgError> {
+    let mut counts = Vec::with_capacity(tables.len());
+    for (schema, table) in tables {
+        counts.push(sql::count_rows(s, schema, table).await?);
+    }
+    Ok(counts)
 }
