@@ -3,7 +3,7 @@
 //! their admin Secrets, Databases created many at a time, and the waits for them.
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dbops_api::{Database, DatabaseServer};
@@ -32,15 +32,15 @@ pub(crate) async fn start_control_plane(
 
 /// Creates Databases `0..count` on DatabaseServer `server`, Database `i` named `name(i)`
 /// in `api(i)`'s namespace, `concurrency` at a time, while `ready` waits for them; fails
-/// when either does.
-pub(crate) async fn create_databases(
+/// when either does; returns what `ready` returned.
+pub(crate) async fn create_databases<T>(
     count: usize,
     concurrency: usize,
     server: &str,
     api: impl Fn(usize) -> Api<Database>,
     name: impl Fn(usize) -> String,
-    ready: impl std::future::Future<Output = Result<()>>,
-) -> Result<()> {
+    ready: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
     let create = stream::iter(0..count)
         .map(|i| {
             let (dbs, name) = (api(i), name(i));
@@ -161,29 +161,31 @@ pub(crate) const BENCH_LABEL: &str = "dbops.dev/bench";
 
 /// Waits until `count` Databases in the namespace have Ready=True (a watch, no polling).
 pub(crate) async fn wait_all_ready(api: Api<Database>, count: usize) -> Result<()> {
-    wait_ready(api, None, count, Duration::from_secs(1800)).await
+    wait_ready(api, None, count, Duration::from_secs(1800)).await?;
+    Ok(())
 }
 
 /// Waits until `count` Databases that `api` sees, in `namespaces` when given, have
 /// Ready=True: one watch (over all namespaces, filtered here, when `api` is `Api::all`),
-/// no polling; for at most `limit`.
+/// no polling; for at most `limit`. Returns when each was first seen Ready, in order.
 pub(crate) async fn wait_ready(
     api: Api<Database>,
     namespaces: Option<&HashSet<String>>,
     count: usize,
     limit: Duration,
-) -> Result<()> {
+) -> Result<Vec<Instant>> {
     let mut ready = HashSet::new();
+    let mut when = Vec::with_capacity(count);
     let mut watch = DatabaseWatch::new(api, limit);
     while let Some(db) = watch.next().await? {
         let ns = db.metadata.namespace.clone().unwrap_or_default();
         if namespaces.is_some_and(|set| !set.contains(&ns)) {
             continue;
         }
-        if is_ready(&db) {
-            ready.insert((ns, db.metadata.name.clone().unwrap_or_default()));
+        if is_ready(&db) && ready.insert((ns, db.metadata.name.clone().unwrap_or_default())) {
+            when.push(Instant::now());
             if ready.len() >= count {
-                return Ok(());
+                return Ok(when);
             }
         }
     }

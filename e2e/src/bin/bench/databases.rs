@@ -34,7 +34,7 @@ use kube::api::{Api, PostParams};
 use tokio::sync::Mutex;
 
 use crate::bed::{BenchServer, create_databases, random_password, start_control_plane, wait_ready};
-use crate::measure::{api_writes, proc_usage, writes_by_kind};
+use crate::measure::{api_writes, cpu_by_program, cpu_spent, proc_usage, writes_by_kind};
 use crate::scale;
 
 #[derive(clap::Args, Debug)]
@@ -283,6 +283,24 @@ pub async fn run(args: DatabasesArgs) -> Result<()> {
         );
     }
     println!(
+        "\nEach run in order: seconds until the first, 10 %, 50 %, 90 % and all were done (Secret created / Ready); where the machine's CPU went (seconds, from the first create to the last Ready); for the controller, where its reconciles' time went.\n"
+    );
+    let (mut b, mut c) = (bs.iter(), cs.iter());
+    for kind in &args.order.0 {
+        match kind {
+            Kind::Baseline => {
+                if let Some(r) = b.next() {
+                    println!("- B {}; CPU: {}", r.progress, r.cpu_spent);
+                }
+            }
+            Kind::Controller => {
+                if let Some(r) = c.next() {
+                    println!("- C {}; CPU: {}; {}", r.progress, r.cpu_spent, r.phases);
+                }
+            }
+        }
+    }
+    println!(
         "\nsettings: {} SQL sessions each, controller --concurrency={} --api-rate-limit={} --resync-interval={}; {} cores",
         args.sessions,
         args.concurrency,
@@ -297,7 +315,10 @@ pub async fn run(args: DatabasesArgs) -> Result<()> {
 
 struct BaselineRun {
     secs: f64,
+    progress: Progress,
     writes: f64,
+    /// Where the machine's CPU went during the run ([`cpu_spent`]).
+    cpu_spent: String,
 }
 
 async fn run_baseline(
@@ -310,16 +331,25 @@ async fn run_baseline(
         scale::tenant_namespaces(&format!("bench-baseline-{round}"), args.namespace_count());
     scale::create_namespaces(client, &namespaces).await?;
     let w0 = api_writes(client).await?;
+    let cpu0 = cpu_by_program();
     let t0 = Instant::now();
-    baseline(client, &namespaces, &pg, args).await?;
+    let done_at = baseline(client, &namespaces, &pg, args).await?;
+    let secs = t0.elapsed().as_secs_f64();
     Ok(BaselineRun {
-        secs: t0.elapsed().as_secs_f64(),
+        secs,
+        progress: Progress::of(t0, &done_at),
         writes: api_writes(client).await? - w0,
+        cpu_spent: cpu_spent(&cpu0, &cpu_by_program(), secs),
     })
 }
 
 struct ControllerRun {
     secs: f64,
+    progress: Progress,
+    /// Where the controller's time went ([`phases`]).
+    phases: String,
+    /// Where the machine's CPU went until all were Ready ([`cpu_spent`]).
+    cpu_spent: String,
     writes: f64,
     cpu: f64,
     /// RSS (KiB) once ready, before any Database; peak (VmHWM) over the run; and once all
@@ -380,6 +410,7 @@ async fn run_controller(
         .map(|ns| Api::namespaced(client.clone(), ns))
         .collect();
     let w0 = api_writes(client).await?;
+    let machine0 = cpu_by_program();
     let t0 = Instant::now();
     let all_ready = wait_ready(
         if watch_all {
@@ -391,7 +422,7 @@ async fn run_controller(
         args.count,
         ready_limit(args.count),
     );
-    create_databases(
+    let ready_at = create_databases(
         args.count,
         32,
         &server.name,
@@ -401,6 +432,9 @@ async fn run_controller(
     )
     .await?;
     let secs = t0.elapsed().as_secs_f64();
+    let progress = Progress::of(t0, &ready_at);
+    let phases = phases(&controller).await?;
+    let cpu_spent = cpu_spent(&machine0, &cpu_by_program(), secs);
     let writes = api_writes(client).await? - w0 - args.count as f64;
     let (cpu1, _) = proc_usage(pid)?;
 
@@ -446,6 +480,9 @@ async fn run_controller(
     };
     Ok(ControllerRun {
         secs,
+        progress,
+        phases,
+        cpu_spent,
         writes,
         cpu: cpu1 - cpu0,
         rss_idle,
@@ -472,7 +509,7 @@ async fn baseline(
     namespaces: &[String],
     pg: &PgServer,
     args: &DatabasesArgs,
-) -> Result<()> {
+) -> Result<Vec<Instant>> {
     let secrets: Arc<Vec<Api<Secret>>> = Arc::new(
         namespaces
             .iter()
@@ -486,6 +523,7 @@ async fn baseline(
         let conn = pg.connect_as_superuser().await?;
         let port = pg.port();
         workers.push(tokio::spawn(async move {
+            let mut done = Vec::new();
             loop {
                 let Some(i) = queue.lock().await.next() else { break };
                 let name = format!("db_{i:05}");
@@ -519,18 +557,76 @@ async fn baseline(
                     .create(&PostParams::default(), &secret)
                     .await
                     .with_context(|| format!("creating Secret db-{i:05}-connection"))?;
+                done.push(Instant::now());
             }
-            anyhow::Ok(())
+            anyhow::Ok(done)
         }));
     }
+    let mut done_at = Vec::with_capacity(args.count);
     for w in workers {
-        w.await??;
+        done_at.extend(w.await??);
     }
-    Ok(())
+    done_at.sort();
+    Ok(done_at)
 }
 
 fn parse_secs(s: &str) -> Result<f64> {
     s.strip_suffix('s')
         .and_then(|v| v.parse().ok())
         .with_context(|| format!("--resync must be like 10s, not {s}"))
+}
+
+/// When the first, 10 %, 50 %, 90 % and last of a run's Databases were done, in seconds
+/// from its start.
+struct Progress(Vec<f64>);
+
+impl Progress {
+    fn of(start: Instant, done: &[Instant]) -> Self {
+        let mut secs: Vec<f64> = done
+            .iter()
+            .map(|t| t.duration_since(start).as_secs_f64())
+            .collect();
+        secs.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            let i = ((secs.len() as f64 * q).ceil() as usize).clamp(1, secs.len().max(1)) - 1;
+            secs.get(i).copied().unwrap_or(f64::NAN)
+        };
+        Self(vec![at(0.0), at(0.1), at(0.5), at(0.9), at(1.0)])
+    }
+}
+
+impl std::fmt::Display for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(|s| format!("{s:.1}")).collect();
+        write!(f, "done at {} s", parts.join(" / "))
+    }
+}
+
+/// Where the controller's reconciles spent their time so far, from its /metrics: their
+/// count and total, PostgreSQL statements and connections, Kubernetes API requests, and
+/// the waits for a session slot and for the API rate limit (each a count and a total).
+async fn phases(controller: &ControllerProcess) -> Result<String> {
+    let body = scale::metrics(controller).await?;
+    let pair = |name: &str, labels: &[&str]| {
+        let count = scale::metric_sum(&body, &format!("{name}_count"), labels);
+        let sum = scale::metric_sum(&body, &format!("{name}_sum"), labels);
+        format!("{count:.0} in {sum:.1} s")
+    };
+    Ok(format!(
+        "reconciles {}; SQL {}; API requests {}; waits for a session {}, for the API rate limit {}",
+        pair(
+            "dbops_reconcile_duration_seconds",
+            &["controller=\"database-controller\""]
+        ),
+        pair(
+            "dbops_external_request_duration_seconds",
+            &["target=\"postgres\""]
+        ),
+        pair(
+            "dbops_external_request_duration_seconds",
+            &["target=\"kubernetes\""]
+        ),
+        pair("dbops_queue_wait_seconds", &["queue=\"postgres_session\""]),
+        pair("dbops_queue_wait_seconds", &["queue=\"api_rate_limit\""]),
+    ))
 }

@@ -65,6 +65,69 @@ pub(crate) fn proc_usage(pid: u32) -> Result<(f64, u64)> {
     Ok((ticks / 100.0, hwm))
 }
 
+/// CPU seconds used so far by each program on the machine (user and system, its reaped
+/// children's included, so a PostgreSQL backend that exited still counts under the
+/// postmaster), by the program's name: `postgres`, `kube-apiserver`, `etcd`, the
+/// controllers, `dbops-bench`, everything else as `other`. The difference of two of these
+/// says where a run's CPU went.
+pub(crate) fn cpu_by_program() -> BTreeMap<&'static str, f64> {
+    let mut by: BTreeMap<&'static str, f64> = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return by;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        let fields: Vec<f64> = stat[close + 1..]
+            .split_whitespace()
+            .skip(11)
+            .take(4)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        let program = match comm {
+            "postgres" => "postgres",
+            "kube-apiserver" => "kube-apiserver",
+            "etcd" => "etcd",
+            c if c.starts_with("database-contr") => "database-controller",
+            c if c.starts_with("dbops-bench") => "dbops-bench",
+            _ => "other",
+        };
+        *by.entry(program).or_default() += fields.iter().sum::<f64>() / 100.0;
+    }
+    by
+}
+
+/// `after - before` of [`cpu_by_program`], as "postgres 12.3 s, etcd 4.5 s, ..." with the
+/// cores kept busy over `wall` seconds.
+pub(crate) fn cpu_spent(
+    before: &BTreeMap<&'static str, f64>,
+    after: &BTreeMap<&'static str, f64>,
+    wall: f64,
+) -> String {
+    let mut spent: Vec<(&str, f64)> = after
+        .iter()
+        .map(|(k, v)| (*k, v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v >= 0.05)
+        .collect();
+    spent.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let total: f64 = spent.iter().map(|(_, v)| v).sum();
+    let parts: Vec<String> = spent.iter().map(|(k, v)| format!("{k} {v:.1}")).collect();
+    format!(
+        "{} (sum {total:.1} s: {:.2} cores busy)",
+        parts.join(", "),
+        total / wall.max(0.001)
+    )
+}
+
 /// "verb resource[/subresource]: count, …" of audited writes, sorted.
 pub(crate) fn writes_by_kind(writes: impl IntoIterator<Item = dbops_e2e::AuditWrite>) -> String {
     let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();

@@ -120,6 +120,15 @@ pub(crate) fn metric_sum(body: &str, name: &str, labels: &[&str]) -> f64 {
         .fold(0.0, |a, b| a + b)
 }
 
+/// The controller's /metrics, as text.
+pub(crate) async fn metrics(controller: &ControllerProcess) -> Result<String> {
+    let (code, body) = get(controller.metrics_port, "/metrics").await?;
+    if code != 200 {
+        bail!("/metrics answered {code}");
+    }
+    Ok(body)
+}
+
 /// (successful, failed) reconciles of the database-controller so far, from /metrics.
 async fn reconciles(controller: &ControllerProcess) -> Result<(f64, f64)> {
     let (code, body) = get(controller.metrics_port, "/metrics").await?;
