@@ -41,19 +41,10 @@ pub(super) async fn traced<T>(
         server.port = on.server.port,
         error = field::Empty,
     );
-    let started = std::time::Instant::now();
-    let result = work.instrument(span.clone()).await;
-    observe_external_request(Target::Postgres, started.elapsed());
-    match &result {
-        Ok(_) => record_external_request(Target::Postgres, "ok"),
-        Err(error) => {
-            record_external_request(Target::Postgres, "error");
-            span.record("otel.status_code", "ERROR");
-            let code = error.code().map_or("none", |code| code.code());
-            span.record("error", code);
-        }
-    }
-    result
+    timed(span, work, |error| {
+        error.code().map_or("none", |code| code.code()).to_string()
+    })
+    .await
 }
 
 /// Runs `connect` (a new connection to `dbname` on `server`) inside a `pg.connect` span
@@ -73,15 +64,25 @@ pub(super) async fn traced_connect<T>(
         server.port = server.port,
         error = field::Empty,
     );
+    timed(span, connect, |error| error.reason().to_string()).await
+}
+
+/// Runs `work` in `span`, timed and counted as one PostgreSQL request; a failure marks the
+/// span with `what` of its error (the SQLSTATE, or why a connection failed).
+async fn timed<T, E>(
+    span: tracing::Span,
+    work: impl Future<Output = Result<T, E>>,
+    what: impl FnOnce(&E) -> String,
+) -> Result<T, E> {
     let started = std::time::Instant::now();
-    let result = connect.instrument(span.clone()).await;
+    let result = work.instrument(span.clone()).await;
     observe_external_request(Target::Postgres, started.elapsed());
     match &result {
         Ok(_) => record_external_request(Target::Postgres, "ok"),
         Err(error) => {
             record_external_request(Target::Postgres, "error");
             span.record("otel.status_code", "ERROR");
-            span.record("error", error.reason());
+            span.record("error", what(error).as_str());
         }
     }
     result
