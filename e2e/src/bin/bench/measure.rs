@@ -97,7 +97,7 @@ pub(crate) fn cpu_by_program() -> BTreeMap<&'static str, f64> {
             "postgres" => "postgres",
             "kube-apiserver" => "kube-apiserver",
             "etcd" => "etcd",
-            c if c.starts_with("database-contr") => "database-controller",
+            c if c.starts_with("dbops-database") => "database-controller",
             c if c.starts_with("dbops-bench") => "dbops-bench",
             _ => "other",
         };
