@@ -6,7 +6,7 @@
 use dbops_api::Database;
 use dbops_api::reasons::DatabaseReason;
 use dbops_shared::controller::Context;
-use dbops_shared::postgres::ddl::Observed;
+use dbops_shared::postgres::ddl::{InUse, Observed};
 use dbops_shared::postgres::{Session, extensions};
 use dbops_shared::server::Resolved;
 use k8s_openapi::api::core::v1::Secret;
@@ -112,10 +112,10 @@ async fn provision_in_postgres(
         migration_active,
     )
     .await?;
-    converge_settings(db, ctx, &mut session, &settings).await?;
+    converge_settings(db, ctx, &mut session, &settings, &database.in_use).await?;
     let logins =
         converge_logins(db, ctx, &mut session, &found, &database.password, &settings).await?;
-    let size_bytes = record_size(db, ctx, &session, database.oid).await?;
+    let size_bytes = record_size(db, ctx, &session, database.oid, &database.in_use).await?;
     drop(session);
     install_extensions(db, ctx, &target, &database.extensions).await?;
 
@@ -157,6 +157,8 @@ struct Converged {
     password: String,
     /// The spec's extensions as the server offers them (each one allowed there).
     extensions: Vec<extensions::Available>,
+    /// The owner's settings and the database's size as the plan left them.
+    in_use: InUse,
 }
 
 /// Observe, plan (pure, see `plan`) and apply: the owner role and the database, with the
@@ -171,7 +173,7 @@ async fn converge_database(
     migration_active: bool,
 ) -> Result<Converged> {
     let (database, role) = (db.database_name(), db.owner_role());
-    let observed = sql::observe(session, &role, &database).await?;
+    let (observed, in_use) = sql::observe_in_use(session, &role, &database).await?;
     let plan = plan::plan(
         &plan::Inputs {
             uid: &db.uid().unwrap_or_default(),
@@ -198,7 +200,7 @@ async fn converge_database(
     if !plan.changes.is_empty() {
         confirm_live(&ctx.client, db).await?;
     }
-    let oid = apply(
+    let applied = apply(
         db,
         ctx,
         target,
@@ -208,24 +210,36 @@ async fn converge_database(
         &observed,
     )
     .await?;
+    let in_use = match applied.in_use {
+        // The database made (or restored) just now, read again.
+        Some(again) => again,
+        // A role made just now has no settings of its own yet.
+        None if plan.changes.contains(&Change::CreateRole) => InUse {
+            role_settings: Vec::new(),
+            ..in_use
+        },
+        None => in_use,
+    };
     Ok(Converged {
-        oid,
+        oid: applied.oid,
         server_version: observed.server_version,
         password,
         extensions,
+        in_use,
     })
 }
 
-/// The owner's session settings (the server's sessionLimits, the spec's settings).
+/// The owner's session settings (the server's sessionLimits, the spec's settings), from
+/// what the observe read (`in_use`).
 async fn converge_settings(
     db: &Database,
     ctx: &Context<State>,
     session: &mut Session,
     settings: &[(&'static str, String)],
+    in_use: &InUse,
 ) -> Result<()> {
     let role = db.owner_role();
-    let current = crate::user::sql::role_settings(session, &role).await?;
-    let changes = crate::user::sql::settings_statements(&role, settings, &current);
+    let changes = crate::user::sql::settings_statements(&role, settings, &in_use.role_settings);
     if !changes.is_empty() {
         confirm_live(&ctx.client, db).await?;
         crate::user::sql::apply_settings(session, &role, &changes).await?;
@@ -262,14 +276,19 @@ async fn converge_logins(
     .await
 }
 
-/// The database's size, for the status, the metric and the server's limits.databaseSize.
+/// The database's size, for the status, the metric and the server's limits.databaseSize:
+/// as the observe read it (`in_use`), else read now.
 async fn record_size(
     db: &Database,
     ctx: &Context<State>,
     session: &Session,
     oid: u32,
+    in_use: &InUse,
 ) -> Result<i64> {
-    let size_bytes = sql::database_size(session, oid).await?;
+    let size_bytes = match in_use.size_bytes {
+        Some(size) => size,
+        None => sql::database_size(session, oid).await?,
+    };
     let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
     dbops_shared::metrics::set_database_size(&namespace, &name, size_bytes);
     ctx.state
@@ -334,7 +353,7 @@ async fn restore(
     session: &Session,
     fresh: bool,
     password: &str,
-) -> Result<u32> {
+) -> Result<Applied> {
     let artifact = restore::verify(db, &ctx.client, &ctx.state.restorer).await?;
     // The checksum read the whole artifact from the store, which may take long.
     confirm_live(&ctx.client, db).await?;
@@ -358,14 +377,28 @@ async fn restore(
     )
     .await?;
     let database = db.database_name();
-    let again = sql::observe(session, &db.owner_role(), &database).await?;
-    again.database.map(|d| d.oid).ok_or_else(|| Error::Blocked {
-        reason: DatabaseReason::DatabaseMissing.as_str(),
-        message: format!("database {database:?} vanished right after its restore"),
+    let (again, in_use) = sql::observe_in_use(session, &db.owner_role(), &database).await?;
+    let oid = again
+        .database
+        .map(|d| d.oid)
+        .ok_or_else(|| Error::Blocked {
+            reason: DatabaseReason::DatabaseMissing.as_str(),
+            message: format!("database {database:?} vanished right after its restore"),
+        })?;
+    Ok(Applied {
+        oid,
+        in_use: Some(in_use),
     })
 }
 
-/// Takes the plan's changes in order on the admin's session; returns the database's oid.
+/// What [`apply`] leaves: the database's oid and, when it made or restored the database,
+/// what it read of it again.
+struct Applied {
+    oid: u32,
+    in_use: Option<InUse>,
+}
+
+/// Takes the plan's changes in order on the admin's session.
 async fn apply(
     db: &Database,
     ctx: &Context<State>,
@@ -374,11 +407,12 @@ async fn apply(
     changes: &[Change],
     password: &str,
     observed: &Observed,
-) -> Result<u32> {
+) -> Result<Applied> {
     let uid = db.uid().unwrap_or_default();
     let (database, role) = (db.database_name(), db.owner_role());
     let server = &target.endpoint.key;
     let mut oid = observed.database.as_ref().map(|d| d.oid);
+    let mut read_again = None;
     for change in changes {
         match change {
             Change::CreateRole => {
@@ -390,7 +424,8 @@ async fn apply(
                 connection_limit,
             } => {
                 sql::create_database(session, &database, &role, *connection_limit, mark).await?;
-                let again = sql::observe(session, &role, &database).await?;
+                let (again, in_use) = sql::observe_in_use(session, &role, &database).await?;
+                read_again = Some(in_use);
                 oid = Some(
                     again
                         .database
@@ -411,13 +446,19 @@ async fn apply(
                 sql::set_connection_limit(session, &database, *limit).await?
             }
             Change::Restore { fresh } => {
-                oid = Some(restore(db, ctx, target, session, *fresh, password).await?)
+                let restored = restore(db, ctx, target, session, *fresh, password).await?;
+                oid = Some(restored.oid);
+                read_again = restored.in_use;
             }
         }
     }
     // Every plan without CreateDatabase starts from an observed database.
-    oid.ok_or_else(|| Error::Blocked {
+    let oid = oid.ok_or_else(|| Error::Blocked {
         reason: DatabaseReason::DatabaseMissing.as_str(),
         message: format!("database {database:?} is not on {server}"),
+    })?;
+    Ok(Applied {
+        oid,
+        in_use: read_again,
     })
 }

@@ -16,7 +16,7 @@ use dbops_shared::postgres::{PgError, Session, quote_ident};
 
 pub use ddl::{
     Fate, comment_database, create_role, drop_database, drop_marked, installed_extensions,
-    is_marked as is_ours, mark, mark_database, observe,
+    is_marked as is_ours, mark, mark_database, observe, observe_in_use,
 };
 
 /// The mark of a database created for a restore that has not completed.

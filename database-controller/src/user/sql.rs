@@ -183,21 +183,6 @@ pub fn settings_statements(
     out
 }
 
-/// The settings of `role` set for every database (`name=value`, sorted).
-pub async fn role_settings(s: &Session, role: &str) -> Result<Vec<String>, PgError> {
-    let row = s
-        .query_one(
-            "SELECT ARRAY(SELECT c FROM pg_catalog.pg_db_role_setting x \
-                            JOIN pg_catalog.pg_roles r ON r.oid = x.setrole, \
-                            pg_catalog.unnest(x.setconfig) AS c \
-                           WHERE r.rolname = $1 AND x.setdatabase = 0 ORDER BY c)",
-            &[&role],
-        )
-        .await
-        .map_err(PgError::sql(format!("reading the settings of {role}")))?;
-    Ok(row.get(0))
-}
-
 /// Sets the settings of `role` as `statements` ([`settings_statements`]) say.
 pub async fn apply_settings(
     s: &mut Session,

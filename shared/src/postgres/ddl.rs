@@ -114,21 +114,56 @@ pub async fn server_version(s: &Session) -> Result<(i32, String), PgError> {
 
 /// Reads the server version, the role and the database in one round trip (no writes).
 pub async fn observe(s: &Session, role: &str, database: &str) -> Result<Observed, PgError> {
+    Ok(observe_row(s, role, database, false).await?.0)
+}
+
+/// What a Database's full check reads besides [`Observed`]: the owner role's own session
+/// settings (`ALTER ROLE ... SET`, as `name=value`, sorted) and the database's size.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InUse {
+    pub role_settings: Vec<String>,
+    /// `pg_database_size`; `None` when there is no database.
+    pub size_bytes: Option<i64>,
+}
+
+/// [`observe`] and [`InUse`] in the same round trip: a converged Database's whole check
+/// is this one statement.
+pub async fn observe_in_use(
+    s: &Session,
+    role: &str,
+    database: &str,
+) -> Result<(Observed, InUse), PgError> {
+    observe_row(s, role, database, true).await
+}
+
+/// The one query of [`observe`] and [`observe_in_use`]; the settings and size only when
+/// `in_use` (a `CASE` PostgreSQL does not evaluate otherwise).
+async fn observe_row(
+    s: &Session,
+    role: &str,
+    database: &str,
+    in_use: bool,
+) -> Result<(Observed, InUse), PgError> {
     let row = s
         .query_one(
             "SELECT current_setting('server_version'), \
                (SELECT true FROM pg_roles WHERE rolname = $1), \
                (SELECT shobj_description(oid, 'pg_authid') FROM pg_roles WHERE rolname = $1), \
                d.oid, pg_get_userbyid(d.datdba)::text, d.datconnlimit, \
-               shobj_description(d.oid, 'pg_database') \
+               shobj_description(d.oid, 'pg_database'), \
+               CASE WHEN $3 THEN ARRAY(SELECT c FROM pg_catalog.pg_db_role_setting x \
+                                 JOIN pg_catalog.pg_roles r ON r.oid = x.setrole, \
+                                 pg_catalog.unnest(x.setconfig) AS c \
+                                WHERE r.rolname = $1 AND x.setdatabase = 0 ORDER BY c) END, \
+               CASE WHEN $3 AND d.oid IS NOT NULL THEN pg_catalog.pg_database_size(d.oid) END \
              FROM (SELECT 1) AS one LEFT JOIN pg_database d ON d.datname = $2",
-            &[&role, &database],
+            &[&role, &database, &in_use],
         )
         .await
         .map_err(PgError::sql("reading pg_roles and pg_database"))?;
     let role_exists: Option<bool> = row.get(1);
     let oid: Option<u32> = row.get(3);
-    Ok(Observed {
+    let observed = Observed {
         server_version: row.get(0),
         role: role_exists.map(|_| RoleInfo {
             comment: row.get(2),
@@ -139,7 +174,12 @@ pub async fn observe(s: &Session, role: &str, database: &str) -> Result<Observed
             connection_limit: row.get(5),
             comment: row.get(6),
         }),
-    })
+    };
+    let in_use = InUse {
+        role_settings: row.get::<_, Option<Vec<String>>>(7).unwrap_or_default(),
+        size_bytes: row.get(8),
+    };
+    Ok((observed, in_use))
 }
 
 /// Creates the login role, marks it and gives it the password's SCRAM verifier, in one
