@@ -41,6 +41,10 @@ use crate::scale;
 pub struct DatabasesArgs {
     #[arg(long, default_value_t = 1000)]
     count: usize,
+    /// Load pg_stat_statements into each run's server and report the statements that took
+    /// the server the most time (planning and execution), for both kinds of run.
+    #[arg(long)]
+    statements: bool,
     /// SQL sessions on the server, for the controller and the baseline alike.
     #[arg(long, default_value_t = 8)]
     sessions: usize,
@@ -290,12 +294,15 @@ pub async fn run(args: DatabasesArgs) -> Result<()> {
         match kind {
             Kind::Baseline => {
                 if let Some(r) = b.next() {
-                    println!("- B {}; CPU: {}", r.progress, r.cpu_spent);
+                    println!("- B {}; CPU: {}{}", r.progress, r.cpu_spent, r.statements);
                 }
             }
             Kind::Controller => {
                 if let Some(r) = c.next() {
-                    println!("- C {}; CPU: {}; {}", r.progress, r.cpu_spent, r.phases);
+                    println!(
+                        "- C {}; CPU: {}; {}{}",
+                        r.progress, r.cpu_spent, r.phases, r.statements
+                    );
                 }
             }
         }
@@ -315,6 +322,8 @@ pub async fn run(args: DatabasesArgs) -> Result<()> {
 
 struct BaselineRun {
     secs: f64,
+    /// With `--statements`, what the server spent its time on ([`top_statements`]).
+    statements: String,
     progress: Progress,
     writes: f64,
     /// Where the machine's CPU went during the run ([`cpu_spent`]).
@@ -326,7 +335,7 @@ async fn run_baseline(
     args: &DatabasesArgs,
     round: u32,
 ) -> Result<BaselineRun> {
-    let pg = PgServer::start(&format!("baseline{round}")).await?;
+    let pg = start_server(&format!("baseline{round}"), args).await?;
     let namespaces =
         scale::tenant_namespaces(&format!("bench-baseline-{round}"), args.namespace_count());
     scale::create_namespaces(client, &namespaces).await?;
@@ -337,6 +346,7 @@ async fn run_baseline(
     let secs = t0.elapsed().as_secs_f64();
     Ok(BaselineRun {
         secs,
+        statements: top_statements(&pg, args).await?,
         progress: Progress::of(t0, &done_at),
         writes: api_writes(client).await? - w0,
         cpu_spent: cpu_spent(&cpu0, &cpu_by_program(), secs),
@@ -345,6 +355,8 @@ async fn run_baseline(
 
 struct ControllerRun {
     secs: f64,
+    /// With `--statements`, what the server spent its time on ([`top_statements`]).
+    statements: String,
     progress: Progress,
     /// Where the controller's time went ([`phases`]).
     phases: String,
@@ -375,7 +387,7 @@ async fn run_controller(
     dir: &std::path::Path,
     last: bool,
 ) -> Result<ControllerRun> {
-    let pg = PgServer::start(&format!("controller{round}")).await?;
+    let pg = start_server(&format!("controller{round}"), args).await?;
     let run = format!("bench-controller-{round}");
     let namespaces = scale::tenant_namespaces(&run, args.namespace_count());
     scale::create_namespaces(client, &namespaces).await?;
@@ -434,6 +446,7 @@ async fn run_controller(
     let secs = t0.elapsed().as_secs_f64();
     let progress = Progress::of(t0, &ready_at);
     let phases = phases(&controller).await?;
+    let statements = top_statements(&pg, args).await?;
     let cpu_spent = cpu_spent(&machine0, &cpu_by_program(), secs);
     let writes = api_writes(client).await? - w0 - args.count as f64;
     let (cpu1, _) = proc_usage(pid)?;
@@ -480,6 +493,7 @@ async fn run_controller(
     };
     Ok(ControllerRun {
         secs,
+        statements,
         progress,
         phases,
         cpu_spent,
@@ -628,5 +642,66 @@ async fn phases(controller: &ControllerProcess) -> Result<String> {
         ),
         pair("dbops_queue_wait_seconds", &["queue=\"postgres_session\""]),
         pair("dbops_queue_wait_seconds", &["queue=\"api_rate_limit\""]),
+    ))
+}
+
+/// A run's PostgreSQL server; with `--statements`, with pg_stat_statements loaded (every
+/// statement, utility ones included) and its view created.
+async fn start_server(name: &str, args: &DatabasesArgs) -> Result<PgServer> {
+    if !args.statements {
+        return PgServer::start(name).await;
+    }
+    let pg = PgServer::start_with_settings(
+        name,
+        &[
+            ("shared_preload_libraries", "pg_stat_statements"),
+            ("pg_stat_statements.track", "all"),
+            ("pg_stat_statements.track_utility", "on"),
+            ("pg_stat_statements.max", "20000"),
+        ],
+    )
+    .await?;
+    pg.connect_as_superuser()
+        .await?
+        .batch_execute("CREATE EXTENSION pg_stat_statements")
+        .await?;
+    Ok(pg)
+}
+
+/// With `--statements`: the eight statement kinds the server spent the most time on
+/// (planning and execution, summed over every database), each with its calls; else "".
+async fn top_statements(pg: &PgServer, args: &DatabasesArgs) -> Result<String> {
+    if !args.statements {
+        return Ok(String::new());
+    }
+    let rows = pg
+        .connect_as_superuser()
+        .await?
+        .query(
+            // Names and literals blanked: each CREATE DATABASE is a statement of its own in
+            // PostgreSQL 15's view, one kind here.
+            r#"SELECT left(regexp_replace(regexp_replace(regexp_replace(query, '\s+', ' ', 'g'),
+                      '"[^"]*"', 'X', 'g'), '''[^'']*''', '?', 'g'), 60),
+                    sum(calls)::bigint,
+                    (sum(total_exec_time + total_plan_time) / 1000)::float8
+               FROM pg_stat_statements GROUP BY 1 ORDER BY 3 DESC LIMIT 8"#,
+            &[],
+        )
+        .await?;
+    let total: f64 = rows.iter().map(|r| r.get::<_, f64>(2)).sum();
+    let parts: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "`{}` {} calls {:.1} s",
+                r.get::<_, String>(0),
+                r.get::<_, i64>(1),
+                r.get::<_, f64>(2)
+            )
+        })
+        .collect();
+    Ok(format!(
+        "; server time by statement (top 8, {total:.1} s): {}",
+        parts.join(", ")
     ))
 }
