@@ -112,10 +112,10 @@ async fn provision_in_postgres(
         migration_active,
     )
     .await?;
-    converge_settings(db, ctx, &mut session, &settings, &database.in_use).await?;
+    converge_settings(db, ctx, &mut session, &settings, &database.role_settings).await?;
     let logins =
         converge_logins(db, ctx, &mut session, &found, &database.password, &settings).await?;
-    let size_bytes = record_size(db, ctx, &session, database.oid, &database.in_use).await?;
+    let size_bytes = record_size(db, ctx, database.size_bytes);
     drop(session);
     install_extensions(db, ctx, &target, &database.extensions).await?;
 
@@ -157,8 +157,10 @@ struct Converged {
     password: String,
     /// The spec's extensions as the server offers them (each one allowed there).
     extensions: Vec<extensions::Available>,
-    /// The owner's settings and the database's size as the plan left them.
-    in_use: InUse,
+    /// The owner role's own settings (`name=value`) as the plan left them.
+    role_settings: Vec<String>,
+    /// `pg_database_size` as the plan left the database.
+    size_bytes: i64,
 }
 
 /// Observe, plan (pure, see `plan`) and apply: the owner role and the database, with the
@@ -220,26 +222,32 @@ async fn converge_database(
         },
         None => in_use,
     };
+    // Read in the same row as the database's oid, which `apply` found.
+    let size_bytes = in_use.size_bytes.ok_or_else(|| Error::Blocked {
+        reason: DatabaseReason::DatabaseMissing.as_str(),
+        message: format!("database {database:?} vanished while it was being checked"),
+    })?;
     Ok(Converged {
         oid: applied.oid,
         server_version: observed.server_version,
         password,
         extensions,
-        in_use,
+        role_settings: in_use.role_settings,
+        size_bytes,
     })
 }
 
-/// The owner's session settings (the server's sessionLimits, the spec's settings), from
-/// what the observe read (`in_use`).
+/// The owner's session settings (the server's sessionLimits, the spec's settings), against
+/// the role's own as the observe read them (`current`).
 async fn converge_settings(
     db: &Database,
     ctx: &Context<State>,
     session: &mut Session,
     settings: &[(&'static str, String)],
-    in_use: &InUse,
+    current: &[String],
 ) -> Result<()> {
     let role = db.owner_role();
-    let changes = crate::user::sql::settings_statements(&role, settings, &in_use.role_settings);
+    let changes = crate::user::sql::settings_statements(&role, settings, current);
     if !changes.is_empty() {
         confirm_live(&ctx.client, db).await?;
         crate::user::sql::apply_settings(session, &role, &changes).await?;
@@ -276,19 +284,9 @@ async fn converge_logins(
     .await
 }
 
-/// The database's size, for the status, the metric and the server's limits.databaseSize:
-/// as the observe read it (`in_use`), else read now.
-async fn record_size(
-    db: &Database,
-    ctx: &Context<State>,
-    session: &Session,
-    oid: u32,
-    in_use: &InUse,
-) -> Result<i64> {
-    let size_bytes = match in_use.size_bytes {
-        Some(size) => size,
-        None => sql::database_size(session, oid).await?,
-    };
+/// The database's size (as the observe read it), for the metric; the status and the
+/// server's limits.databaseSize take the returned value.
+fn record_size(db: &Database, ctx: &Context<State>, size_bytes: i64) -> i64 {
     let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
     dbops_shared::metrics::set_database_size(&namespace, &name, size_bytes);
     ctx.state
@@ -296,7 +294,7 @@ async fn record_size(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert((namespace, name));
-    Ok(size_bytes)
+    size_bytes
 }
 
 /// Creates the spec's extensions missing from the database, on a session in it.

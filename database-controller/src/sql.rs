@@ -70,12 +70,3 @@ pub async fn set_connection_limit(s: &Session, database: &str, limit: i32) -> Re
     )
     .await
 }
-
-/// The database's size on disk (`pg_database_size`).
-pub async fn database_size(s: &Session, oid: u32) -> Result<i64, PgError> {
-    let row = s
-        .query_one("SELECT pg_catalog.pg_database_size($1::oid)", &[&oid])
-        .await
-        .map_err(PgError::sql("reading the database's size"))?;
-    Ok(row.get(0))
-}
