@@ -131,10 +131,7 @@ pub(crate) async fn metrics(controller: &ControllerProcess) -> Result<String> {
 
 /// (successful, failed) reconciles of the database-controller so far, from /metrics.
 async fn reconciles(controller: &ControllerProcess) -> Result<(f64, f64)> {
-    let (code, body) = get(controller.metrics_port, "/metrics").await?;
-    if code != 200 {
-        bail!("/metrics answered {code}");
-    }
+    let body = metrics(controller).await?;
     let who = format!("controller=\"{CONTROLLER}\"");
     let count = |outcome: &str| {
         metric_sum(
@@ -269,10 +266,7 @@ async fn measure(launch: &Launch<'_>, controller: &mut ControllerProcess) -> Res
     let window_secs = t0.elapsed().as_secs_f64();
     let (ok_end, errors_end) = reconciles(&fresh).await?;
     errors = errors.max(errors_end);
-    let (code, body) = get(fresh.metrics_port, "/metrics").await?;
-    if code != 200 {
-        bail!("/metrics answered {code}");
-    }
+    let body = metrics(&fresh).await?;
     let pg_requests = metric_sum(
         &body,
         "dbops_external_requests_total",
