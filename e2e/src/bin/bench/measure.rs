@@ -48,13 +48,7 @@ pub(crate) async fn api_writes(client: &kube::Client) -> Result<f64> {
 /// (CPU seconds, peak RSS in KiB) of a process, from /proc.
 pub(crate) fn proc_usage(pid: u32) -> Result<(f64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or_default();
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + fields
-            .get(12)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0);
+    let ticks = cpu_ticks(&stat, false);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let hwm = status
         .lines()
@@ -87,12 +81,6 @@ pub(crate) fn cpu_by_program() -> BTreeMap<&'static str, f64> {
             continue;
         };
         let comm = &stat[open + 1..close];
-        let fields: Vec<f64> = stat[close + 1..]
-            .split_whitespace()
-            .skip(11)
-            .take(4)
-            .filter_map(|v| v.parse().ok())
-            .collect();
         let program = match comm {
             "postgres" => "postgres",
             "kube-apiserver" => "kube-apiserver",
@@ -101,9 +89,21 @@ pub(crate) fn cpu_by_program() -> BTreeMap<&'static str, f64> {
             c if c.starts_with("dbops-bench") => "dbops-bench",
             _ => "other",
         };
-        *by.entry(program).or_default() += fields.iter().sum::<f64>() / 100.0;
+        *by.entry(program).or_default() += cpu_ticks(&stat, true) / 100.0;
     }
     by
+}
+
+/// The CPU clock ticks of a `/proc/<pid>/stat` line: user and system time, and with
+/// `children` those of its reaped children too.
+fn cpu_ticks(stat: &str, children: bool) -> f64 {
+    let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or_default();
+    after
+        .split_whitespace()
+        .skip(11)
+        .take(if children { 4 } else { 2 })
+        .filter_map(|v| v.parse::<f64>().ok())
+        .sum()
 }
 
 /// `after - before` of [`cpu_by_program`], as "postgres 12.3 s, etcd 4.5 s, ..." with the
@@ -144,4 +144,17 @@ pub(crate) fn writes_by_kind(writes: impl IntoIterator<Item = dbops_e2e::AuditWr
         .map(|(k, v)| format!("{k}: {v}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_are_read_after_the_command_name() {
+        // A name with a space and a parenthesis; utime 11, stime 22, cutime 33, cstime 44.
+        let stat = "42 (a b) c) S 1 42 42 0 -1 4194560 100 0 0 0 11 22 33 44 20 0 1 0 5 0 0";
+        assert_eq!(cpu_ticks(stat, false), 33.0);
+        assert_eq!(cpu_ticks(stat, true), 110.0);
+    }
 }
