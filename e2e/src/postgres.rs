@@ -102,6 +102,16 @@ pub async fn connect_config(config: &tokio_postgres::Config) -> Result<Client> {
     Ok(client)
 }
 
+/// The one value of a query that returns one row of one column (`SELECT count(*) ...`,
+/// `SHOW ...`), for a test: an error panics with the query.
+pub async fn scalar<T: tokio_postgres::types::FromSqlOwned>(client: &Client, sql: &str) -> T {
+    client
+        .query_one(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .get(0)
+}
+
 impl PgServer {
     /// initdb and start a server in a new temporary directory.
     pub async fn start(name: &str) -> Result<Self> {

@@ -265,28 +265,17 @@ mod tests {
 
     #[test]
     fn malformed_durations_are_refused() {
-        assert_eq!(parse_duration(""), Err(DurationError::Empty));
-        assert_eq!(
-            parse_duration("5"),
-            Err(DurationError::MissingUnit("5".into()))
-        );
-        assert_eq!(
-            parse_duration("5d"),
-            Err(DurationError::UnknownUnit("d".into()))
-        );
-        assert_eq!(
-            parse_duration("s"),
-            Err(DurationError::MissingNumber("s".into()))
-        );
-        assert_eq!(
-            parse_duration("-5s"),
-            Err(DurationError::MissingNumber("-5s".into()))
-        );
-        assert_eq!(parse_duration("0s"), Err(DurationError::Zero));
-        assert_eq!(
-            parse_duration("99999999999999999999s"),
-            Err(DurationError::Overflow)
-        );
+        for (input, error) in [
+            ("", DurationError::Empty),
+            ("5", DurationError::MissingUnit("5".into())),
+            ("5d", DurationError::UnknownUnit("d".into())),
+            ("s", DurationError::MissingNumber("s".into())),
+            ("-5s", DurationError::MissingNumber("-5s".into())),
+            ("0s", DurationError::Zero),
+            ("99999999999999999999s", DurationError::Overflow),
+        ] {
+            assert_eq!(parse_duration(input), Err(error), "{input:?}");
+        }
     }
 
     #[test]

@@ -128,18 +128,13 @@ mod tests {
     #[test]
     fn the_slot_is_the_latest_scheduled_time_at_or_before_now_in_utc() {
         let s = parse_schedule("0 3 * * *").unwrap();
-        assert_eq!(
-            s.latest_at_or_before(at("2026-11-22T16:11:20.5Z")),
-            Some(at("2026-11-22T03:00:00Z"))
-        );
-        assert_eq!(
-            s.latest_at_or_before(at("2026-11-22T03:00:00Z")),
-            Some(at("2026-11-22T03:00:00Z"))
-        );
-        assert_eq!(
-            s.latest_at_or_before(at("2026-11-22T02:59:59.9Z")),
-            Some(at("2026-11-21T03:00:00Z"))
-        );
+        for (now, slot) in [
+            ("2026-11-22T16:11:20.5Z", "2026-11-22T03:00:00Z"),
+            ("2026-11-22T03:00:00Z", "2026-11-22T03:00:00Z"),
+            ("2026-11-22T02:59:59.9Z", "2026-11-21T03:00:00Z"),
+        ] {
+            assert_eq!(s.latest_at_or_before(at(now)), Some(at(slot)), "{now}");
+        }
         assert_eq!(
             s.next_after(at("2026-11-22T03:00:00Z")),
             Some(at("2026-11-23T03:00:00Z"))

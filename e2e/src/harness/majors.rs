@@ -23,7 +23,7 @@ use crate::harness::migration::{READY, SAGA, condition, phase_of};
 use crate::harness::object::Logged;
 use crate::harness::redact::redact;
 use crate::postgres::PgServer;
-use crate::postgres::{LOGICAL_REPLICATION, client_bin_dir, server_majors};
+use crate::postgres::{LOGICAL_REPLICATION, client_bin_dir, scalar, server_majors};
 use crate::wait::Want;
 
 /// Rows of `items` in every Database of these tests.
@@ -382,11 +382,8 @@ impl Majors {
             .connect_as_superuser_to(database)
             .await
             .unwrap();
-        let version: i32 = client
-            .query_one("SELECT current_setting('server_version_num')::int", &[])
-            .await
-            .unwrap()
-            .get(0);
+        let version: i32 =
+            scalar(&client, "SELECT current_setting('server_version_num')::int").await;
         assert_eq!(
             version / 10000,
             major as i32,
@@ -527,11 +524,7 @@ impl Majors {
             .await;
         assert!(database.status.is_some());
         let app = self.connect_as_app(db).await;
-        let seen: i64 = app
-            .query_one("SELECT count(*) FROM items", &[])
-            .await
-            .unwrap()
-            .get(0);
+        let seen: i64 = scalar(&app, "SELECT count(*) FROM items").await;
         assert_eq!(
             seen,
             ROWS + extra_rows,

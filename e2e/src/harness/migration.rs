@@ -422,7 +422,7 @@ impl Setup {
 
     pub async fn superuser_scalar_i64(pg: &PgServer, db: &str, sql: &str) -> i64 {
         let client = pg.connect_as_superuser_to(db).await.unwrap();
-        client.query_one(sql, &[]).await.unwrap().get(0)
+        crate::postgres::scalar(&client, sql).await
     }
 }
 

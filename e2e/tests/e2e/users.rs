@@ -10,6 +10,7 @@ use dbops_e2e::harness::users::{
     connect_with, create_user, refused, roles_like, user_secret, users, wait_retired, wait_user,
     wait_user_where,
 };
+use dbops_e2e::postgres::scalar;
 use dbops_e2e::wait::{Want, eventually};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -139,11 +140,7 @@ async fn privileges_hold_for_what_the_owner_creates_later(major: u32) {
         rw.query_one("SELECT 1", &[]).await.is_err(),
         "its session was ended"
     );
-    let n: i64 = owner
-        .query_one("SELECT count(*) FROM after_users WHERE v = 'rw'", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n: i64 = scalar(&owner, "SELECT count(*) FROM after_users WHERE v = 'rw'").await;
     assert_eq!(n, 1, "the user's rows stay");
 }
 
@@ -501,11 +498,7 @@ async fn rotation_keeps_a_live_application_working_through_two_rotations() {
     );
     assert!(ok > 50, "the application ran ({ok} queries)");
     assert!(cut <= 2, "at most one session cut per rotation ({cut})");
-    let rows: i64 = owner
-        .query_one("SELECT count(*) FROM t", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let rows: i64 = scalar(&owner, "SELECT count(*) FROM t").await;
     assert_eq!(rows as u64, ok, "every acknowledged insert is there");
 }
 
@@ -543,11 +536,7 @@ async fn the_owners_password_rotates_and_what_it_creates_stays_the_owners() {
             .unwrap();
         let secret = user_secret(&s, "rot", Some(login)).await;
         let owner = connect_with(&s, &secret).await;
-        let who: String = owner
-            .query_one("SELECT current_user::text", &[])
-            .await
-            .unwrap()
-            .get(0);
+        let who: String = scalar(&owner, "SELECT current_user::text").await;
         assert_eq!(who, "rot", "a rotation login acts as the owner");
         let table = format!("made_after_rotation_{round}");
         owner

@@ -13,7 +13,7 @@ use dbops_api::{ChosenMode, Database, DatabaseUser, MigrationPhase};
 use dbops_e2e::harness::database::{connect, value};
 use dbops_e2e::harness::migration::{READY, SOURCE_ADMIN, Setup, TARGET_ADMIN, mode_of, phase_of};
 use dbops_e2e::harness::users::refused;
-use dbops_e2e::postgres::LOGICAL_REPLICATION;
+use dbops_e2e::postgres::{LOGICAL_REPLICATION, scalar};
 use dbops_e2e::wait::eventually;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
@@ -154,11 +154,7 @@ async fn count(c: &tokio_postgres::Client, table: &str, who: &str) -> i64 {
 
 /// The major version of the server a session is on.
 async fn major(c: &tokio_postgres::Client) -> i32 {
-    let version: i32 = c
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let version: i32 = scalar(&c, "SELECT current_setting('server_version_num')::int").await;
     version / 10000
 }
 

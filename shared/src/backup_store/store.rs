@@ -228,29 +228,27 @@ mod tests {
 
     #[test]
     fn other_urls_are_refused_with_a_clear_error() {
-        assert_eq!(
-            "gs://bucket".parse::<BackupStore>(),
-            Err(BackupStoreError::UnsupportedScheme("gs://".into()))
-        );
-        assert_eq!(
-            "/var/lib/dbops".parse::<BackupStore>(),
-            Err(BackupStoreError::UnsupportedScheme("(none)://".into()))
-        );
-        assert_eq!(
-            "file://backups".parse::<BackupStore>(),
-            Err(BackupStoreError::RelativePath)
-        );
-        assert_eq!(
-            "s3://".parse::<BackupStore>(),
-            Err(BackupStoreError::MissingBucket)
-        );
-        assert_eq!(
-            "s3://Bucket_1/x".parse::<BackupStore>(),
-            Err(BackupStoreError::InvalidBucket("Bucket_1".into()))
-        );
-        assert_eq!(
-            "s3://key:secret@bucket/x".parse::<BackupStore>(),
-            Err(BackupStoreError::CredentialsInUrl)
-        );
+        for (url, error) in [
+            (
+                "gs://bucket",
+                BackupStoreError::UnsupportedScheme("gs://".into()),
+            ),
+            (
+                "/var/lib/dbops",
+                BackupStoreError::UnsupportedScheme("(none)://".into()),
+            ),
+            ("file://backups", BackupStoreError::RelativePath),
+            ("s3://", BackupStoreError::MissingBucket),
+            (
+                "s3://Bucket_1/x",
+                BackupStoreError::InvalidBucket("Bucket_1".into()),
+            ),
+            (
+                "s3://key:secret@bucket/x",
+                BackupStoreError::CredentialsInUrl,
+            ),
+        ] {
+            assert_eq!(url.parse::<BackupStore>(), Err(error), "{url}");
+        }
     }
 }

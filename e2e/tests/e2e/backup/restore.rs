@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use dbops_e2e::harness::backup::{BIG_DUMP, READY, Setup};
+use dbops_e2e::postgres::scalar;
 use dbops_e2e::wait::Want;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
@@ -39,11 +40,7 @@ async fn a_backup_restores_into_a_new_database_with_every_row() {
             .await
             .unwrap();
     tokio::spawn(connection);
-    let digest: String = client
-        .query_one("SELECT encode(digest('x', 'sha256'), 'hex')", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let digest: String = scalar(&client, "SELECT encode(digest('x', 'sha256'), 'hex')").await;
     assert_eq!(digest.len(), 64);
     for (table, (_, owner)) in &restored {
         assert_eq!(owner, "copy", "{table} is owned by {owner}");
@@ -65,11 +62,7 @@ async fn a_backup_restores_into_a_new_database_with_every_row() {
         s.pg.connect(&value("username"), &value("password"), &value("dbname"))
             .await
             .unwrap();
-    let n: i64 = app
-        .query_one("SELECT count(*) FROM pgbench_branches", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n: i64 = scalar(&app, "SELECT count(*) FROM pgbench_branches").await;
     assert_eq!(n, 2);
 }
 

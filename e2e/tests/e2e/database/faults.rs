@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use dbops_e2e::harness::database::{READY, Setup, mark, not_ready, ready, value};
+use dbops_e2e::postgres::scalar;
 use dbops_e2e::wait::{eventually, holds_for};
 use kube::api::ListParams;
 use rand::RngExt;
@@ -198,11 +199,7 @@ async fn a_database_recovered_after_a_crash_is_closed_to_public() {
         .await
         .unwrap();
     let connect_as_bystander = "SELECT has_database_privilege('bystander', 'recovered', 'CONNECT')";
-    let before: bool = su
-        .query_one(connect_as_bystander, &[])
-        .await
-        .unwrap()
-        .get(0);
+    let before: bool = scalar(&su, connect_as_bystander).await;
     assert!(
         before,
         "a new database is open to PUBLIC until dbops closes it"
@@ -216,11 +213,7 @@ async fn a_database_recovered_after_a_crash_is_closed_to_public() {
         s.pg.database_comment("recovered").await.unwrap().as_deref(),
         Some(format!("dbops.dev/uid={uid}").as_str())
     );
-    let after: bool = su
-        .query_one(connect_as_bystander, &[])
-        .await
-        .unwrap()
-        .get(0);
+    let after: bool = scalar(&su, connect_as_bystander).await;
     assert!(
         !after,
         "the recovered database is still open to PUBLIC: role bystander may CONNECT"

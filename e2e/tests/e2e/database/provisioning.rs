@@ -8,6 +8,7 @@ use dbops_e2e::harness::database::{
     ADMIN_SECRET, CONTROLLER_USER, READY, RESYNC, SecretView, Setup, connect, connect_config, mark,
     value,
 };
+use dbops_e2e::postgres::scalar;
 use dbops_e2e::wait::{describe_database, eventually};
 use serde_json::json;
 
@@ -80,11 +81,7 @@ async fn a_database_becomes_ready_and_its_secret_connects() {
         Some(s.server(ADMIN_SECRET).as_str())
     );
     let su = s.pg.connect_as_superuser().await.unwrap();
-    let server_version: String = su
-        .query_one("SHOW server_version", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let server_version: String = scalar(&su, "SHOW server_version").await;
     let reported = status.server_version.clone().unwrap_or_default();
     assert!(
         !reported.is_empty()
@@ -238,19 +235,11 @@ async fn a_database_becomes_ready_and_its_secret_connects() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(names, ["a", "b"]);
-    let who: String = app
-        .query_one("SELECT current_user::text", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let who: String = scalar(&app, "SELECT current_user::text").await;
     assert_eq!(who, "orders");
     // The URI works as such too.
     let via_uri = connect_config(&uri).await.unwrap();
-    let n: i64 = via_uri
-        .query_one("SELECT count(*) FROM items", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n: i64 = scalar(&via_uri, "SELECT count(*) FROM items").await;
     assert_eq!(n, 2);
 
     // The transition to Ready was reported by the controller.

@@ -11,6 +11,7 @@ use dbops_e2e::harness::migration::{
     READY, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, Writer, assert_each_once,
     assert_every_commit_in, assert_has_event, assert_step, bin, condition, writes_on,
 };
+use dbops_e2e::postgres::scalar;
 use dbops_e2e::tls::TestCa;
 use dbops_e2e::wait::{Want, wait_for};
 use k8s_openapi::api::core::v1::Secret;
@@ -64,11 +65,7 @@ async fn a_database_moves_with_every_committed_write() {
         "the target holds rows never attempted before the freeze"
     );
     let target_db = s.target.connect_as_superuser_to("app").await.unwrap();
-    let accounts: i64 = target_db
-        .query_one("SELECT count(*) FROM pgbench_accounts", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let accounts: i64 = scalar(&target_db, "SELECT count(*) FROM pgbench_accounts").await;
     assert_eq!(accounts, 100_000);
     let owner_of_table: String = target_db
         .query_one(

@@ -4,6 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
+use dbops_e2e::postgres::scalar;
 use dbops_e2e::tls::TestCa;
 use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::Secret;
@@ -357,11 +358,7 @@ async fn servers_of_the_oldest_and_newest_supported_majors_start_and_answer() {
 
     for (pg, major) in [(&old, oldest), (&new, newest)] {
         let client = pg.connect_as_superuser().await.unwrap();
-        let num: String = client
-            .query_one("SHOW server_version_num", &[])
-            .await
-            .unwrap()
-            .get(0);
+        let num: String = scalar(&client, "SHOW server_version_num").await;
         assert_eq!(
             num.parse::<u32>().unwrap() / 10000,
             major,
