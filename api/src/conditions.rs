@@ -14,6 +14,9 @@ use crate::user::DatabaseUser;
 pub trait HasConditions {
     /// `status.conditions`, empty without a status.
     fn conditions(&self) -> &[Condition];
+
+    /// `status.observedGeneration`, none without a status.
+    fn observed_generation(&self) -> Option<i64>;
 }
 
 macro_rules! has_conditions {
@@ -21,6 +24,10 @@ macro_rules! has_conditions {
         impl HasConditions for $kind {
             fn conditions(&self) -> &[Condition] {
                 self.status.as_ref().map_or(&[], |s| s.conditions.as_slice())
+            }
+
+            fn observed_generation(&self) -> Option<i64> {
+                self.status.as_ref().and_then(|s| s.observed_generation)
             }
         }
     )*};

@@ -174,12 +174,7 @@ pub async fn create_tls_server(
 /// Whether the DatabaseServer has the condition (in a status that describes its current
 /// generation, unless `want` says any generation will do).
 pub fn server_has(server: &DatabaseServer, want: Want<'_>) -> bool {
-    let Some(status) = &server.status else {
-        return false;
-    };
-    let current = status.observed_generation.is_some()
-        && status.observed_generation == server.metadata.generation;
-    (current || !want.current_generation) && want.matches(&status.conditions)
+    want.holds_on(server)
 }
 
 /// Polls DatabaseServer `name` until it has the condition `want` (see [`server_has`]);

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
-use dbops_api::Database;
+use dbops_api::{Database, HasConditions};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Client;
 use kube::api::Api;
@@ -208,6 +208,14 @@ impl<'a> Want<'a> {
                 && self.reason.is_none_or(|r| c.reason == r)
         })
     }
+
+    /// Whether `object` has the condition: in a status that describes its current
+    /// generation, unless any generation will do.
+    pub fn holds_on<K: HasConditions + kube::Resource>(&self, object: &K) -> bool {
+        let observed = object.observed_generation();
+        let current = observed.is_some() && observed == object.meta().generation;
+        (current || !self.current_generation) && self.matches(object.conditions())
+    }
 }
 
 impl std::fmt::Display for Want<'_> {
@@ -223,15 +231,15 @@ impl std::fmt::Display for Want<'_> {
     }
 }
 
+/// The condition of type `type_` of `object`'s status, if it has one.
+pub fn condition<'a, K: HasConditions>(object: &'a K, type_: &str) -> Option<&'a Condition> {
+    object.conditions().iter().find(|c| c.type_ == type_)
+}
+
 /// Whether the Database has the condition (in a status that describes its current
 /// generation, unless `want` says any generation will do).
 pub fn database_has(db: &Database, want: Want<'_>) -> bool {
-    let Some(status) = &db.status else {
-        return false;
-    };
-    let current = status.observed_generation.is_some()
-        && status.observed_generation == db.metadata.generation;
-    (current || !want.current_generation) && want.matches(&status.conditions)
+    want.holds_on(db)
 }
 
 /// Waits (with a watch) until Database `namespace/name` exists and has the condition

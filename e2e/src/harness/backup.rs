@@ -22,7 +22,7 @@ use crate::postgres::PgServer;
 use crate::s3::S3Server;
 use crate::wait::Want;
 
-pub const ADMIN_SECRET: &str = "pg-admin";
+pub use crate::harness::bed::ADMIN_SECRET;
 /// The bucket of the `s3://` store tests.
 pub const S3_BUCKET: &str = "dbops-backups";
 pub const FINALIZER: &str = "dbops.dev/backup-artifact";

@@ -80,6 +80,11 @@ pub async fn start_tenant_database_controller(
     ControllerProcess::start("database-controller", &kubeconfig, logs, &args).unwrap()
 }
 
+/// The admin Secret of a harness's server (username postgres, the server's password),
+/// and with it the DatabaseServer `server_name(ns, ADMIN_SECRET)` on that server: one
+/// name in every harness that has one server.
+pub const ADMIN_SECRET: &str = "pg-admin";
+
 /// A client, kubectl and a fresh namespace for one test.
 pub struct Bed {
     pub cp: &'static ControlPlane,

@@ -21,11 +21,11 @@ use crate::harness::redact::redact;
 use crate::postgres::PgServer;
 use crate::wait::{Want, describe_database, eventually, holds_for};
 
+/// The admin Secret every test creates.
+pub use crate::harness::bed::ADMIN_SECRET;
+
 /// The controller's Event reporter (`reportingComponent`).
 pub const CONTROLLER_USER: &str = "dbops-database-controller";
-/// The admin Secret every test creates (username postgres, the server's password), and
-/// with it the DatabaseServer `server_name(ns, ADMIN_SECRET)` on this test's server.
-pub const ADMIN_SECRET: &str = "pg-admin";
 pub const FINALIZER: &str = "dbops.dev/database-cleanup";
 /// Long enough for provisioning on a busy 2-core machine, short enough to fail usefully.
 pub const READY: Duration = Duration::from_secs(60);

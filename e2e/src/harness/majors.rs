@@ -412,6 +412,19 @@ impl Majors {
         }
     }
 
+    /// A Database `db` filled on `from` ([`Majors::create_filled_database`]), then moved
+    /// to `to` in `mode` ([`Majors::migrate`]).
+    pub async fn fill_and_migrate(
+        &self,
+        db: &str,
+        (from, to): (u32, u32),
+        mode: ChosenMode,
+        clients: u32,
+    ) {
+        self.create_filled_database(db, from).await;
+        self.migrate(db, (from, to), mode, clients).await;
+    }
+
     /// Moves Database `db` (filled, on `from`) to `to` in `mode`, and checks everything
     /// arrived. A Logical Migration has a Manual cutover: while it awaits approval the
     /// source is written to (rows and `tickets`), and those writes must arrive too.
@@ -468,12 +481,11 @@ impl Majors {
             assert_eq!(step.state, StepState::Succeeded, "{name}: {step:?}");
         }
         // Preflight saw the two majors it was asked to cross.
-        let preflight = status
-            .steps
-            .iter()
-            .find(|s| s.name == MigrationStep::Preflight)
-            .and_then(|s| s.message.clone())
-            .unwrap_or_default();
+        let message_of = |step: MigrationStep| {
+            let found = status.steps.iter().find(|s| s.name == step);
+            found.and_then(|s| s.message.clone()).unwrap_or_default()
+        };
+        let preflight = message_of(MigrationStep::Preflight);
         assert!(
             preflight.contains(&format!("source PostgreSQL {from}."))
                 && preflight.contains(&format!("target PostgreSQL {to}."))
@@ -482,12 +494,7 @@ impl Majors {
             "{name}: {preflight}"
         );
         if !logical {
-            let copied = status
-                .steps
-                .iter()
-                .find(|s| s.name == MigrationStep::CopyData)
-                .and_then(|s| s.message.clone())
-                .unwrap_or_default();
+            let copied = message_of(MigrationStep::CopyData);
             assert!(
                 copied.contains(&format!("pg_dump {clients}."))
                     && copied.contains(&format!("by pg_restore {clients}.")),

@@ -462,14 +462,7 @@ pub fn mode_of(m: &Migration) -> Option<ChosenMode> {
     m.status.as_ref().and_then(|s| s.mode)
 }
 
-pub fn condition<'a>(
-    m: &'a Migration,
-    type_: &str,
-) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-    m.status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
-}
+pub use crate::wait::condition;
 
 /// The Migration's `Failed` condition, asserted to be there and for `reason`.
 pub fn assert_failed<'a>(

@@ -17,7 +17,7 @@ use crate::jaeger::Jaeger;
 use crate::postgres::PgServer;
 use crate::postgres::redact_passwords;
 
-pub const ADMIN_SECRET: &str = "pg-admin";
+pub use crate::harness::bed::ADMIN_SECRET;
 /// Provisioning, a small dump, or a span export on a busy 2-core machine.
 pub const SLOW: Duration = Duration::from_secs(120);
 pub const DATABASE_CONTROLLER: &str = "dbops-database-controller";

@@ -21,7 +21,7 @@ use crate::harness::redact::redact;
 use crate::postgres::PgServer;
 use crate::wait::{Want, eventually};
 
-pub const ADMIN_SECRET: &str = "pg-admin";
+pub use crate::harness::bed::ADMIN_SECRET;
 pub const SCHEDULE_OF: &str = "dbops.dev/schedule-of";
 pub const SCHEDULED_AT: &str = "dbops.dev/scheduled-at";
 /// Provisioning, or a dump of an empty database, on a busy 2-core machine.

@@ -178,11 +178,7 @@ async fn a_trusted_extension_is_created_safely_and_an_untrusted_one_refused() {
             Want::new("Ready", "False", Some("ExtensionNotAllowed")),
         )
         .await;
-    let ready = db
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-        .unwrap();
+    let ready = condition(&db, "Ready").unwrap();
     assert!(ready.message.contains("file_fdw"), "{ready:?}");
     assert_eq!(w.extension_schema("pg", "app", "file_fdw").await, None);
     w.assert_no_escalation("refusing extension file_fdw").await;

@@ -22,6 +22,7 @@ use std::time::Instant;
 use dbops_api::{BackupPhase, ChosenMode};
 use dbops_e2e::harness::majors::Majors;
 use dbops_e2e::postgres::client_bin_dir;
+use dbops_e2e::wait::condition;
 
 /// 13 → 18, the oldest supported major to the newest, in Dump and in Logical mode, side by
 /// side with a Database, a Backup and a restore on each of the two (and the 13 Backup
@@ -31,15 +32,8 @@ async fn the_oldest_major_moves_to_the_newest_and_both_back_up_and_restore() {
     let started = Instant::now();
     let m = Majors::start("majors-13-18", &[13, 18]).await;
     tokio::join!(
-        async {
-            m.create_filled_database("dumped", 13).await;
-            m.migrate("dumped", (13, 18), ChosenMode::Dump, 18).await;
-        },
-        async {
-            m.create_filled_database("replicated", 13).await;
-            m.migrate("replicated", (13, 18), ChosenMode::Logical, 18)
-                .await;
-        },
+        m.fill_and_migrate("dumped", (13, 18), ChosenMode::Dump, 18),
+        m.fill_and_migrate("replicated", (13, 18), ChosenMode::Logical, 18),
         async {
             m.create_filled_database("old", 13).await;
             let original = m.contents(13, "old").await;
@@ -73,18 +67,11 @@ async fn a_database_moves_from_15_to_17_in_both_modes() {
     let started = Instant::now();
     let mut m = Majors::start("majors-15-17", &[15, 17]).await;
     tokio::join!(
-        async {
-            m.create_filled_database("dumped", 15).await;
-            // No client of 17 here: 15's, the newest older than the target.
-            m.migrate("dumped", (15, 17), ChosenMode::Dump, 15).await;
-        },
-        async {
-            m.create_filled_database("replicated", 15).await;
-            // The schema copy picks its programs as the Dump mode does (15's here, not
-            // --pg-dump's 18): pg_restore 17+ could not restore into a 13-16 target.
-            m.migrate("replicated", (15, 17), ChosenMode::Logical, 15)
-                .await;
-        },
+        // No client of 17 here: 15's, the newest older than the target.
+        m.fill_and_migrate("dumped", (15, 17), ChosenMode::Dump, 15),
+        // The schema copy picks its programs as the Dump mode does (15's here, not
+        // --pg-dump's 18): pg_restore 17+ could not restore into a 13-16 target.
+        m.fill_and_migrate("replicated", (15, 17), ChosenMode::Logical, 15),
     );
     assert_eq!(m.leftovers().await, Vec::<String>::new());
 
@@ -92,12 +79,7 @@ async fn a_database_moves_from_15_to_17_in_both_modes() {
     m.restart_backup_controller(&[format!("--pg-dump={}", old_pg_dump.display())]);
     m.create_backup("too-old", "replicated").await;
     let backup = m.wait_backup("too-old", BackupPhase::Failed).await;
-    let failed = backup
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Failed"))
-        .cloned()
-        .unwrap();
+    let failed = condition(&backup, "Failed").cloned().unwrap();
     assert_eq!(failed.reason, "PgDumpTooOld", "{failed:?}");
     assert!(
         failed.message.contains("pg_dump 15.") && failed.message.contains("PostgreSQL 17."),

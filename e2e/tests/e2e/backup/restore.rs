@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use dbops_e2e::harness::backup::{BIG_DUMP, READY, Setup};
 use dbops_e2e::postgres::scalar;
-use dbops_e2e::wait::Want;
+use dbops_e2e::wait::{Want, condition};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use serde_json::json;
@@ -89,11 +89,7 @@ async fn a_corrupted_artifact_is_refused_and_nothing_is_restored() {
             READY,
         )
         .await;
-    let ready = db
-        .status
-        .as_ref()
-        .and_then(|st| st.conditions.iter().find(|c| c.type_ == "Ready"))
-        .unwrap();
+    let ready = condition(&db, "Ready").unwrap();
     assert!(
         ready.message.contains("nothing was restored")
             && ready
