@@ -224,7 +224,7 @@ pub async fn create_database(
     let spec = serde_json::json!({
         "serverRef": {"name": server_name(ns, admin)},
     });
-    create_namespaced(client, ns, "Database", name, merged(spec, extra_spec)).await
+    create_namespaced(client, ns, name, merged(spec, extra_spec)).await
 }
 
 /// [`create_database`], then waits up to `timeout` until the Database is provisioned
@@ -256,7 +256,7 @@ pub async fn create_backup(
     extra_spec: serde_json::Value,
 ) -> Result<dbops_api::Backup> {
     let spec = serde_json::json!({"databaseRef": {"name": db}});
-    create_namespaced(client, ns, "Backup", name, merged(spec, extra_spec)).await
+    create_namespaced(client, ns, name, merged(spec, extra_spec)).await
 }
 
 /// Creates Migration `ns/name` of Database `db` to the DatabaseServer
@@ -274,7 +274,7 @@ pub async fn create_migration(
         "databaseRef": {"name": db},
         "target": {"serverRef": {"name": server_name(ns, target_admin)}},
     });
-    create_namespaced(client, ns, "Migration", name, merged(spec, extra_spec)).await
+    create_namespaced(client, ns, name, merged(spec, extra_spec)).await
 }
 
 /// `base` with the fields of `extra` (when both are JSON objects) put over its own.
@@ -285,11 +285,27 @@ fn merged(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::
     base
 }
 
-/// Creates the dbops object `ns/name` of `kind` with `spec`.
+/// The object `K` named `name` with `spec`, as its manifest is written (the apiVersion
+/// and kind of `K`).
+pub fn manifest<K>(name: &str, spec: serde_json::Value) -> Result<K>
+where
+    K: kube::Resource + serde::de::DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let kind = K::kind(&Default::default()).to_string();
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": K::api_version(&Default::default()),
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .with_context(|| format!("building a {kind}"))
+}
+
+/// Creates the dbops object `ns/name` of kind `K` with `spec`.
 async fn create_namespaced<K>(
     client: &kube::Client,
     ns: &str,
-    kind: &str,
     name: &str,
     spec: serde_json::Value,
 ) -> Result<K>
@@ -301,13 +317,8 @@ where
         + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let object: K = serde_json::from_value(serde_json::json!({
-        "apiVersion": "dbops.dev/v1alpha1",
-        "kind": kind,
-        "metadata": {"name": name},
-        "spec": spec,
-    }))
-    .with_context(|| format!("building a {kind}"))?;
+    let object: K = manifest(name, spec)?;
+    let kind = K::kind(&Default::default()).to_string();
     Api::<K>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &object)
         .await

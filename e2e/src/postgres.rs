@@ -479,6 +479,27 @@ impl PgServer {
         .map(String::from)
     }
 
+    /// The superuser's login as the shared client (`dbops_shared::postgres`) takes it.
+    pub fn superuser_credentials(&self) -> dbops_shared::postgres::Credentials {
+        dbops_shared::postgres::Credentials {
+            username: SUPERUSER.into(),
+            password: self.password.clone(),
+        }
+    }
+
+    /// A session of the shared client, as a controller opens one, for the superuser on
+    /// database `dbname` over 127.0.0.1 with TLS `mode`.
+    pub async fn superuser_session(
+        &self,
+        mode: dbops_api::TlsMode,
+        dbname: &str,
+    ) -> std::result::Result<dbops_shared::postgres::Session, dbops_shared::postgres::PgError> {
+        let endpoint = dbops_shared::postgres::Endpoint::new("127.0.0.1", self.port, mode);
+        dbops_shared::postgres::Servers::new(1, 5, Duration::from_secs(30))
+            .connect(&endpoint, &self.superuser_credentials(), dbname)
+            .await
+    }
+
     /// A libpq connection string for the superuser and database `dbname`.
     pub fn conn_string(&self, dbname: &str) -> String {
         format!(

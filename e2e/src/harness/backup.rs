@@ -454,6 +454,11 @@ pub fn phase(b: &Backup) -> Option<BackupPhase> {
     b.status.as_ref().and_then(|s| s.phase)
 }
 
+/// The metadata.uid of the Database the Backup dumped, as its status says.
+pub fn database_uid(b: &Backup) -> Option<&str> {
+    b.status.as_ref().and_then(|s| s.database_uid.as_deref())
+}
+
 pub fn has(b: &Backup, want: Want<'_>) -> bool {
     b.status
         .as_ref()

@@ -388,6 +388,15 @@ impl Setup {
         self.wait_phase(name, phase, SAGA).await
     }
 
+    /// Approves Migration `name`'s Manual cutover and waits ([`SAGA`] at most) for it to
+    /// reach `phase`.
+    pub async fn approve(&self, name: &str, phase: MigrationPhase) -> Migration {
+        crate::fixtures::approve_migration(&self.migrations(), name)
+            .await
+            .unwrap();
+        self.wait_phase(name, phase, SAGA).await
+    }
+
     pub async fn wait_phase(
         &self,
         name: &str,

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use dbops_api::Database;
+use dbops_e2e::fixtures::manifest;
 use dbops_e2e::wait::{Want, database_has, wait_for};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
@@ -115,12 +116,8 @@ async fn controllers_memory_at_idle_and_with_1000_databases() {
             let api = api.clone();
             let name = tenant.db(&format!("m{i:04}"));
             async move {
-                let db: Database = serde_json::from_value(json!({
-                    "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
-                    "metadata": {"name": name},
-                    "spec": {"serverRef": {"name": MAIN}, "deletionPolicy": "Delete"}
-                }))
-                .unwrap();
+                let spec = json!({"serverRef": {"name": MAIN}, "deletionPolicy": "Delete"});
+                let db: Database = manifest(name, spec).unwrap();
                 api.create(&PostParams::default(), &db).await.map(|_| ())
             }
         })

@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use dbops_api::{Backup, Database};
+use dbops_e2e::fixtures::manifest;
 use dbops_e2e::wait::wait_for;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -21,11 +22,10 @@ const SETTLE: Duration = Duration::from_secs(180);
 
 /// Creates Database `name` on pg-main in `ns` and waits for it to be Ready.
 pub async fn ready_database(bed: &Bed, ns: &str, name: &str) -> Database {
-    let db: Database = serde_json::from_value(json!({
-        "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
-        "metadata": {"name": name},
-        "spec": {"serverRef": {"name": MAIN}, "deletionPolicy": "Delete"}
-    }))
+    let db: Database = manifest(
+        name,
+        json!({"serverRef": {"name": MAIN}, "deletionPolicy": "Delete"}),
+    )
     .unwrap();
     let api: Api<Database> = bed.api(ns);
     api.create(&PostParams::default(), &db).await.unwrap();
@@ -76,12 +76,7 @@ async fn a_container_sigkilled_by_the_runtime_is_restarted_and_work_resumes() {
     let db = tenant.db("after-kill");
     let backup_name = tenant.db("after-kill-1");
     ready_database(bed, &tenant.name, &db).await;
-    let backup: Backup = serde_json::from_value(json!({
-        "apiVersion": "dbops.dev/v1alpha1", "kind": "Backup",
-        "metadata": {"name": backup_name},
-        "spec": {"databaseRef": {"name": db}}
-    }))
-    .unwrap();
+    let backup: Backup = manifest(backup_name, json!({"databaseRef": {"name": db}})).unwrap();
     let backups: Api<Backup> = bed.api(&tenant.name);
     backups
         .create(&PostParams::default(), &backup)

@@ -16,7 +16,6 @@
 use std::time::{Duration, Instant};
 
 use dbops_api::{ChosenMode, MigrationPhase, MigrationStep, StepState};
-use dbops_e2e::fixtures::approve_migration;
 use dbops_e2e::harness::migration::{
     SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, assert_each_once, assert_every_commit_in,
     assert_failed, assert_has_event, assert_step, condition, mode_of, step_state, writes_on,
@@ -447,12 +446,7 @@ async fn an_approved_manual_logical_cutover_keeps_the_writes_made_while_it_waite
     .unwrap();
     drop(target);
 
-    approve_migration(&s.migrations(), "app-move")
-        .await
-        .unwrap();
-    let done = s
-        .wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
-        .await;
+    let done = s.approve("app-move", MigrationPhase::Succeeded).await;
     let (committed, gap, after) = writer.finish_on_target().await;
     println!(
         "manual logical cutover: {} commits ({} while awaiting approval), longest gap between two commits {:.3}s (after write {after})",

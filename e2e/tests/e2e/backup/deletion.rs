@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use dbops_api::BackupPhase;
-use dbops_e2e::harness::backup::{FINALIZER, READY, Setup, phase, sha256_of, verify_artifact};
+use dbops_e2e::harness::backup::{
+    FINALIZER, READY, Setup, database_uid, phase, sha256_of, verify_artifact,
+};
 use dbops_e2e::harness::object::InBed;
 use dbops_e2e::wait::Want;
 use kube::api::DeleteParams;
@@ -94,10 +96,7 @@ async fn a_snapshot_policy_database_is_backed_up_before_it_is_dropped() {
     assert!(final_name.starts_with("snap-final-"), "{final_name}");
     let backup = s.wait_completed(&final_name, READY).await;
     assert_eq!(
-        backup
-            .status
-            .as_ref()
-            .and_then(|st| st.database_uid.as_deref()),
+        database_uid(&backup),
         db.metadata.uid.as_deref(),
         "the final Backup says which Database it dumped"
     );
@@ -156,13 +155,7 @@ async fn a_final_snapshot_is_of_the_database_being_deleted_never_an_earlier_one(
             "life {life} took {name}, the name of an earlier life's final snapshot"
         );
         let backup = s.wait_completed(&name, READY).await;
-        assert_eq!(
-            backup
-                .status
-                .as_ref()
-                .and_then(|st| st.database_uid.as_deref()),
-            Some(uid.as_str())
-        );
+        assert_eq!(database_uid(&backup), Some(uid.as_str()));
         let toc = verify_artifact(&s, &backup);
         assert!(
             toc.contains(&format!("TABLE DATA public {table}")),
@@ -219,12 +212,7 @@ async fn a_final_snapshot_is_of_the_database_being_deleted_never_an_earlier_one(
             b.metadata.uid != impostor.metadata.uid && phase(b) == Some(BackupPhase::Completed)
         })
         .await;
-    assert_eq!(
-        own.status
-            .as_ref()
-            .and_then(|st| st.database_uid.as_deref()),
-        Some(uid.as_str())
-    );
+    assert_eq!(database_uid(&own), Some(uid.as_str()));
     s.wait_gone(s.databases(), "orders", &uid, READY).await;
     assert!(!s.pg.database_exists("orders").await.unwrap());
 }

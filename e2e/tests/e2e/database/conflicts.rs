@@ -168,26 +168,23 @@ async fn bad_admin_input_is_reported_without_leaking_the_password() {
     }
     let on = |admin: &str| json!({"serverRef": {"name": s.server(admin)}});
 
-    for server in ["no-ca", "empty-ca", "junk-ca"] {
-        s.create(server, on(server)).await;
+    // (Database, the admin Secret of its server, why it is not Ready.)
+    let refused = [
+        ("no-ca", "no-ca", "CASecretNotFound"),
+        ("empty-ca", "empty-ca", "CASecretInvalid"),
+        ("junk-ca", "junk-ca", "CASecretInvalid"),
+        ("nosecret", "late-admin", "AdminSecretNotFound"),
+        ("nopassword", "nopw-admin", "AdminSecretInvalid"),
+        ("wrongpassword", "wrong-admin", "AuthenticationFailed"),
+        ("closedport", "closed-port", "ServerUnreachable"),
+    ];
+    for (name, admin, _) in refused {
+        s.create(name, on(admin)).await;
     }
-    s.create("nosecret", on("late-admin")).await;
-    s.create("nopassword", on("nopw-admin")).await;
-    s.create("wrongpassword", on("wrong-admin")).await;
-    s.create("closedport", on("closed-port")).await;
 
-    s.wait("nosecret", not_ready("AdminSecretNotFound"), READY)
-        .await;
-    s.wait("nopassword", not_ready("AdminSecretInvalid"), READY)
-        .await;
-    s.wait("wrongpassword", not_ready("AuthenticationFailed"), READY)
-        .await;
-    s.wait("closedport", not_ready("ServerUnreachable"), READY)
-        .await;
-    s.wait("no-ca", not_ready("CASecretNotFound"), READY).await;
-    s.wait("empty-ca", not_ready("CASecretInvalid"), READY)
-        .await;
-    s.wait("junk-ca", not_ready("CASecretInvalid"), READY).await;
+    for (name, _, reason) in refused {
+        s.wait(name, not_ready(reason), READY).await;
+    }
     for name in ["nosecret", "no-ca", "empty-ca", "junk-ca"] {
         let dbname = name.replace('-', "_");
         assert!(!s.pg.database_exists(&dbname).await.unwrap(), "{dbname}");

@@ -4,7 +4,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use dbops_e2e::fixtures::merge_patch;
+use dbops_e2e::fixtures::{manifest, merge_patch};
 use dbops_e2e::harness::database::{
     ADMIN_SECRET, CONTROLLER_USER, READY, RESYNC, SecretView, Setup, has_finalizer, login,
     not_ready, value,
@@ -215,12 +215,11 @@ async fn a_running_migration_holds_off_drift_repair_and_deletion() {
     )
     .await;
     let migrations: Api<dbops_api::Migration> = Api::namespaced(s.b.client.clone(), s.ns());
-    let migration: dbops_api::Migration = serde_json::from_value(json!({
-        "apiVersion": "dbops.dev/v1alpha1", "kind": "Migration",
-        "metadata": {"name": "move-it"},
-        "spec": {"databaseRef": {"name": "moving"},
-                 "target": {"serverRef": {"name": s.server("nowhere")}}}
-    }))
+    let migration: dbops_api::Migration = manifest(
+        "move-it",
+        json!({"databaseRef": {"name": "moving"},
+               "target": {"serverRef": {"name": s.server("nowhere")}}}),
+    )
     .unwrap();
     migrations
         .create(&PostParams::default(), &migration)

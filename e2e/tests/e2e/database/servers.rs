@@ -79,10 +79,9 @@ async fn a_server_serves_allowed_namespaces_within_its_quota_and_outlives_its_da
     s.create_server("elsewhere", elsewhere).await;
     s.create("shut", on("closed")).await;
     s.create("foreign", on("elsewhere")).await;
-    s.wait("shut", not_ready("NamespaceNotAllowed"), READY)
-        .await;
-    s.wait("foreign", not_ready("NamespaceNotAllowed"), READY)
-        .await;
+    for name in ["shut", "foreign"] {
+        s.wait(name, not_ready("NamespaceNotAllowed"), READY).await;
+    }
     untouched("shut").await;
     untouched("foreign").await;
     merge_patch(

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use dbops_api::{Backup, BackupPhase, Database};
 use dbops_e2e::controlplane::{client_from_kubeconfig, service_account_user};
+use dbops_e2e::fixtures::manifest;
 use dbops_e2e::harness::deploy::{
     CONTROLLERS, SYSTEM_NAMESPACE, TENANT_BINDING, TENANT_ROLE, can_i_as, deployed,
     start_controller, wait_leading,
@@ -168,13 +169,7 @@ async fn each_controller_does_its_job_with_a_token_of_its_own_service_account() 
 
     // The database-controller provisions a Database; the backup-controller backs it up.
     let databases: Api<Database> = Api::namespaced(world.b.client.clone(), &ns);
-    let db: Database = serde_json::from_value(json!({
-        "apiVersion": "dbops.dev/v1alpha1",
-        "kind": "Database",
-        "metadata": {"name": "app"},
-        "spec": {"serverRef": {"name": server}},
-    }))
-    .unwrap();
+    let db: Database = manifest("app", json!({"serverRef": {"name": server}})).unwrap();
     databases.create(&PostParams::default(), &db).await.unwrap();
     if let Err(e) = dbops_e2e::wait::database_condition(
         &world.b.client,
@@ -190,13 +185,7 @@ async fn each_controller_does_its_job_with_a_token_of_its_own_service_account() 
     assert!(secrets.get_opt("app-connection").await.unwrap().is_some());
 
     let backups: Api<Backup> = Api::namespaced(world.b.client.clone(), &ns);
-    let backup: Backup = serde_json::from_value(json!({
-        "apiVersion": "dbops.dev/v1alpha1",
-        "kind": "Backup",
-        "metadata": {"name": "app-1"},
-        "spec": {"databaseRef": {"name": "app"}},
-    }))
-    .unwrap();
+    let backup: Backup = manifest("app-1", json!({"databaseRef": {"name": "app"}})).unwrap();
     backups
         .create(&PostParams::default(), &backup)
         .await
@@ -283,13 +272,7 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
         .await
         .unwrap();
     let databases: Api<Database> = Api::namespaced(b.client.clone(), &ns);
-    let db: Database = serde_json::from_value(json!({
-        "apiVersion": "dbops.dev/v1alpha1",
-        "kind": "Database",
-        "metadata": {"name": "orders"},
-        "spec": {"serverRef": {"name": "pg-main"}},
-    }))
-    .unwrap();
+    let db: Database = manifest("orders", json!({"serverRef": {"name": "pg-main"}})).unwrap();
     databases.create(&PostParams::default(), &db).await.unwrap();
 
     let token = |account: &'static str| {

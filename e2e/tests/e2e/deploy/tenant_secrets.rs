@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use dbops_api::Database;
 use dbops_e2e::controlplane::service_account_user;
+use dbops_e2e::fixtures::manifest;
 use dbops_e2e::harness::deploy::{
     CONTROLLERS, SYSTEM_NAMESPACE, TENANT_BINDING_NAME, TENANT_TICK, can_i_as,
 };
@@ -114,12 +115,10 @@ async fn the_database_controller_reaches_a_tenant_namespaces_secrets_only_while_
     // 2. A Database in the tenant namespace, which its server does not allow (yet): refused,
     // and still no access to the namespace's Secrets.
     let databases: Api<Database> = Api::namespaced(b.client.clone(), &tenant.name);
-    let db: Database = serde_json::from_value(json!({
-        "apiVersion": "dbops.dev/v1alpha1",
-        "kind": "Database",
-        "metadata": {"name": "app"},
-        "spec": {"serverRef": {"name": server}, "deletionPolicy": "Retain"},
-    }))
+    let db: Database = manifest(
+        "app",
+        json!({"serverRef": {"name": server}, "deletionPolicy": "Retain"}),
+    )
     .unwrap();
     databases.create(&PostParams::default(), &db).await.unwrap();
     let refused = Want::new("Ready", "False", Some("NamespaceNotAllowed"));

@@ -1,7 +1,6 @@
 //! Deleting a Database while it migrates ends both: awaiting cutover, and at any step.
 
 use dbops_api::{MigrationPhase, MigrationStep};
-use dbops_e2e::fixtures::approve_migration;
 use dbops_e2e::harness::migration::{READY, SAGA, Setup, assert_failed, condition, phase_of};
 use dbops_e2e::harness::object::InBed;
 use kube::api::DeleteParams;
@@ -42,12 +41,7 @@ async fn deleting_a_database_awaiting_cutover_rolls_its_migration_back() {
         .delete("app", &DeleteParams::default())
         .await
         .unwrap();
-    approve_migration(&s.migrations(), "app-move")
-        .await
-        .unwrap();
-    let m = s
-        .wait_phase("app-move", MigrationPhase::RolledBack, SAGA)
-        .await;
+    let m = s.approve("app-move", MigrationPhase::RolledBack).await;
     assert_failed(&m, "DatabaseDeleted");
     wait_database_gone(&s, "app", db.metadata.uid.as_deref().unwrap()).await;
     assert!(

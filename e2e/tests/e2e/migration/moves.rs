@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use dbops_api::{Backup, BackupPhase, MigrationPhase, MigrationStep, StepState};
-use dbops_e2e::fixtures::approve_migration;
+use dbops_e2e::fixtures::manifest;
 use dbops_e2e::harness::migration::{
     READY, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, Writer, assert_each_once,
     assert_every_commit_in, assert_has_event, assert_step, bin, condition, writes_on,
@@ -266,11 +266,7 @@ async fn a_manual_cutover_waits_for_approval() {
     );
     assert_eq!(s.connection("app").await.port, s.source.port());
 
-    approve_migration(&s.migrations(), "app-move")
-        .await
-        .unwrap();
-    s.wait_phase("app-move", MigrationPhase::Succeeded, SAGA)
-        .await;
+    s.approve("app-move", MigrationPhase::Succeeded).await;
     let db = s.databases().get("app").await.unwrap();
     assert_eq!(db.spec.server_ref.name, s.server(TARGET_ADMIN));
     assert_eq!(s.connection("app").await.port, s.target.port());
@@ -376,13 +372,7 @@ async fn backup_restore_and_migration_work_over_verified_tls() {
     s.pgbench("app", 1).await;
 
     // A Backup over TLS, then a Database restored from it over TLS.
-    let backup: Backup = serde_json::from_value(json!({
-        "apiVersion": "dbops.dev/v1alpha1",
-        "kind": "Backup",
-        "metadata": {"name": "app-tls"},
-        "spec": {"databaseRef": {"name": "app"}},
-    }))
-    .unwrap();
+    let backup: Backup = manifest("app-tls", json!({"databaseRef": {"name": "app"}})).unwrap();
     let backups: Api<Backup> = Api::namespaced(s.b.client.clone(), s.ns());
     backups
         .create(&PostParams::default(), &backup)

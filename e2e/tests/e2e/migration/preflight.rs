@@ -32,14 +32,8 @@ async fn restart_with(pg: &mut PgServer, settings: &[(&str, &str)]) {
 /// The Preflight as the controller would run it: the admin's session (a
 /// `dbops_shared::postgres::Session`) on the source database.
 async fn logical_preflight(pg: &PgServer, dbname: &str) -> Vec<logical::Unmet> {
-    use dbops_shared::postgres::{Credentials, Endpoint, Servers};
-    let endpoint = Endpoint::new("127.0.0.1", pg.port(), dbops_api::TlsMode::Disable);
-    let credentials = Credentials {
-        username: "postgres".into(),
-        password: pg.superuser_password().into(),
-    };
-    let session = Servers::new(1, 5, Duration::from_secs(30))
-        .connect(&endpoint, &credentials, dbname)
+    let session = pg
+        .superuser_session(dbops_api::TlsMode::Disable, dbname)
         .await
         .unwrap();
     // A target of 17: what these tests look at is the source.

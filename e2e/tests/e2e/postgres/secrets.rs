@@ -37,10 +37,7 @@ async fn secret_statements_are_neither_logged_nor_tracked_and_leave_sessions_as_
 
     let servers = Servers::new(4, 3, Duration::from_secs(30));
     let endpoint = Endpoint::new("127.0.0.1", pg.port(), TlsMode::Disable);
-    let admin = Credentials {
-        username: dbops_e2e::postgres::SUPERUSER.into(),
-        password: pg.superuser_password().into(),
-    };
+    let admin = pg.superuser_credentials();
     let session = || servers.connect(&endpoint, &admin, "postgres");
     let as_configured = [
         ("log_statement", "all"),

@@ -148,15 +148,10 @@ async fn ddl_is_logged_and_the_catalog_helpers_see_it() {
 /// as "db error" alone, and every SqlError condition read "<what>: db error" before.
 #[tokio::test]
 async fn a_sql_error_says_what_the_server_said() {
-    use dbops_shared::postgres::{Credentials, Endpoint, PgError, Servers};
+    use dbops_shared::postgres::PgError;
     let pg = PgServer::start("sqlerror").await.unwrap();
-    let endpoint = Endpoint::new("127.0.0.1", pg.port(), dbops_api::TlsMode::Disable);
-    let creds = Credentials {
-        username: "postgres".into(),
-        password: pg.superuser_password().into(),
-    };
-    let session = Servers::new(1, 5, Duration::from_secs(30))
-        .connect(&endpoint, &creds, "postgres")
+    let session = pg
+        .superuser_session(dbops_api::TlsMode::Disable, "postgres")
         .await
         .unwrap();
     let e = session

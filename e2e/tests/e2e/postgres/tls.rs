@@ -26,7 +26,7 @@ const READY: Duration = Duration::from_secs(60);
 #[tokio::test]
 async fn the_shared_client_speaks_tls_and_names_each_tls_failure() {
     use dbops_api::TlsMode;
-    use dbops_shared::postgres::{CaBundle, Credentials, Endpoint, Servers};
+    use dbops_shared::postgres::{CaBundle, Endpoint, Servers};
     let ca = TestCa::new("dbops-e2e-postgres-ca").unwrap();
     let other_ca = TestCa::new("dbops-e2e-other-ca").unwrap();
     let cert = ca.server_cert(&["localhost"], &LOOPBACK).unwrap();
@@ -43,10 +43,6 @@ async fn the_shared_client_speaks_tls_and_names_each_tls_failure() {
         endpoint.tls.ca = ca.map(|ca| CaBundle::from_pem(ca.pem().as_bytes()).unwrap());
         endpoint
     };
-    let creds = |pg: &PgServer| Credentials {
-        username: "postgres".into(),
-        password: pg.superuser_password().into(),
-    };
 
     // Sessions that work, and whether they are encrypted.
     for (pg, host, mode, trusted, encrypted) in [
@@ -57,7 +53,11 @@ async fn the_shared_client_speaks_tls_and_names_each_tls_failure() {
         (&renamed, "localhost", TlsMode::VerifyCa, Some(&ca), true),
     ] {
         let session = servers
-            .connect(&endpoint(pg, host, mode, trusted), &creds(pg), "postgres")
+            .connect(
+                &endpoint(pg, host, mode, trusted),
+                &pg.superuser_credentials(),
+                "postgres",
+            )
             .await
             .unwrap_or_else(|e| panic!("{} to {host}: {e}", mode.as_str()));
         assert_eq!(
@@ -83,7 +83,7 @@ async fn the_shared_client_speaks_tls_and_names_each_tls_failure() {
         let e = servers
             .connect(
                 &endpoint(pg, "localhost", mode, trusted),
-                &creds(pg),
+                &pg.superuser_credentials(),
                 "postgres",
             )
             .await
@@ -339,7 +339,6 @@ async fn databases_on_tls_servers_name_each_tls_failure() {
 async fn servers_of_the_oldest_and_newest_supported_majors_start_and_answer() {
     use dbops_api::TlsMode;
     use dbops_e2e::postgres::{client_bin_dir, server_majors};
-    use dbops_shared::postgres::{Credentials, Endpoint, Servers};
     dbops_e2e::init_test_logging();
     let majors = server_majors().unwrap();
     let (oldest, newest) = (majors[0], majors[majors.len() - 1]);
@@ -381,13 +380,8 @@ async fn servers_of_the_oldest_and_newest_supported_majors_start_and_answer() {
     }
 
     // TLS on the newest.
-    let endpoint = Endpoint::new("127.0.0.1", new.port(), TlsMode::Require);
-    let creds = Credentials {
-        username: "postgres".into(),
-        password: new.superuser_password().into(),
-    };
-    let session = Servers::new(1, 5, Duration::from_secs(30))
-        .connect(&endpoint, &creds, "postgres")
+    let session = new
+        .superuser_session(TlsMode::Require, "postgres")
         .await
         .unwrap();
     assert!(
