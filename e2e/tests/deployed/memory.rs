@@ -117,7 +117,7 @@ async fn controllers_memory_at_idle_and_with_1000_databases() {
             let name = tenant.db(&format!("m{i:04}"));
             async move {
                 let spec = json!({"serverRef": {"name": MAIN}, "deletionPolicy": "Delete"});
-                let db: Database = manifest(name, spec).unwrap();
+                let db: Database = manifest(&name, spec).unwrap();
                 api.create(&PostParams::default(), &db).await.map(|_| ())
             }
         })

@@ -76,7 +76,7 @@ async fn a_container_sigkilled_by_the_runtime_is_restarted_and_work_resumes() {
     let db = tenant.db("after-kill");
     let backup_name = tenant.db("after-kill-1");
     ready_database(bed, &tenant.name, &db).await;
-    let backup: Backup = manifest(backup_name, json!({"databaseRef": {"name": db}})).unwrap();
+    let backup: Backup = manifest(&backup_name, json!({"databaseRef": {"name": db}})).unwrap();
     let backups: Api<Backup> = bed.api(&tenant.name);
     backups
         .create(&PostParams::default(), &backup)

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use dbops_api::{Backup, BackupPhase, Database};
 use dbops_e2e::controlplane::{client_from_kubeconfig, service_account_user};
-use dbops_e2e::fixtures::manifest;
+use dbops_e2e::fixtures::{create_backup, manifest};
 use dbops_e2e::harness::deploy::{
     CONTROLLERS, SYSTEM_NAMESPACE, TENANT_BINDING, TENANT_ROLE, can_i_as, deployed,
     start_controller, wait_leading,
@@ -185,9 +185,7 @@ async fn each_controller_does_its_job_with_a_token_of_its_own_service_account() 
     assert!(secrets.get_opt("app-connection").await.unwrap().is_some());
 
     let backups: Api<Backup> = Api::namespaced(world.b.client.clone(), &ns);
-    let backup: Backup = manifest("app-1", json!({"databaseRef": {"name": "app"}})).unwrap();
-    backups
-        .create(&PostParams::default(), &backup)
+    create_backup(&world.b.client, &ns, "app-1", "app", json!({}))
         .await
         .unwrap();
     let completed = wait_for(

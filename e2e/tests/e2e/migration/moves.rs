@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use dbops_api::{Backup, BackupPhase, MigrationPhase, MigrationStep, StepState};
-use dbops_e2e::fixtures::manifest;
+use dbops_e2e::fixtures::create_backup;
 use dbops_e2e::harness::migration::{
     READY, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, Writer, assert_each_once,
     assert_every_commit_in, assert_has_event, assert_step, bin, condition, writes_on,
@@ -16,7 +16,7 @@ use dbops_e2e::tls::TestCa;
 use dbops_e2e::wait::{Want, wait_for};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 use serde_json::json;
 
 /// (1) The happy path: pgbench data and a writer inserting numbered rows; the writer is
@@ -372,12 +372,10 @@ async fn backup_restore_and_migration_work_over_verified_tls() {
     s.pgbench("app", 1).await;
 
     // A Backup over TLS, then a Database restored from it over TLS.
-    let backup: Backup = manifest("app-tls", json!({"databaseRef": {"name": "app"}})).unwrap();
-    let backups: Api<Backup> = Api::namespaced(s.b.client.clone(), s.ns());
-    backups
-        .create(&PostParams::default(), &backup)
+    create_backup(&s.b.client, s.ns(), "app-tls", "app", json!({}))
         .await
         .unwrap();
+    let backups: Api<Backup> = Api::namespaced(s.b.client.clone(), s.ns());
     let done = wait_for(
         "Backup app-tls Completed",
         READY,
