@@ -41,23 +41,24 @@ use files::{HEADER, chart_yaml, readme, values_schema, values_yaml};
 use objects::{Doc, keep_on_uninstall, template_claim, template_controller};
 use template::{END, IF_FILE, S3Defaults, Templates, merge};
 
+use crate::process::stdout_text;
+
 /// Where the chart lives in the repository.
 pub const CHART_DIR: &str = "charts/dbops";
 
 /// `kubectl kustomize <dir>`: the objects, in kustomize's order.
 pub fn kustomize(dir: &Path) -> Result<Vec<Value>> {
+    parse_documents(&kustomize_text(dir)?)
+}
+
+/// `kubectl kustomize <dir>`: the YAML stream.
+pub fn kustomize_text(dir: &Path) -> Result<String> {
     let out = Command::new("kubectl")
         .arg("kustomize")
         .arg(dir)
         .output()
         .context("running kubectl kustomize (kubectl is installed by e2e/install)")?;
-    ensure!(
-        out.status.success(),
-        "kubectl kustomize {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    parse_documents(&String::from_utf8(out.stdout).context("kustomize's output")?)
+    stdout_text(out, &format!("kubectl kustomize {}", dir.display()))
 }
 
 /// The non-empty documents of a multi-document YAML stream.

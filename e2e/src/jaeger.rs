@@ -70,13 +70,7 @@ pub fn binary() -> Result<PathBuf> {
     let path = cache_dir()
         .join(format!("jaeger-{}", version()?))
         .join("jaeger");
-    if !path.is_file() {
-        bail!(
-            "{} is missing: run e2e/install (it builds Jaeger from Go modules)",
-            path.display()
-        );
-    }
-    Ok(path)
+    crate::paths::installed(path, "builds Jaeger from Go modules")
 }
 
 /// The configuration: OTLP/gRPC in, memory storage, the query API; nothing else listens.

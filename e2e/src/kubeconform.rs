@@ -23,6 +23,8 @@ use std::process::Command;
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Map, Value, json};
 
+use crate::chart::kustomize_text;
+use crate::process::stdout_text;
 use crate::{chart, paths};
 
 /// Bumped when the generated schemas change, so that cached ones are made anew.
@@ -269,24 +271,7 @@ pub fn helm_template(chart: &Path, args: &[&str]) -> Result<String> {
         .args(args)
         .output()
         .context("running helm template")?;
-    ensure!(
-        out.status.success(),
-        "helm template {} {args:?}: {}",
-        chart.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).context("helm's output")
-}
-
-fn kustomize_text(dir: &Path) -> Result<String> {
-    let out = Command::new("kubectl").arg("kustomize").arg(dir).output()?;
-    ensure!(
-        out.status.success(),
-        "kubectl kustomize {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).context("kustomize's output")
+    stdout_text(out, &format!("helm template {} {args:?}", chart.display()))
 }
 
 /// Everything the repository ships or deploys, rendered: `deploy/`, `deploy/` with the S3

@@ -24,6 +24,15 @@ pub fn cache_dir() -> PathBuf {
     base.join("dbops")
 }
 
+/// `path` when it is a file: a program `e2e/install` puts into the cache (`how` it does,
+/// for the error that says to run it).
+pub fn installed(path: PathBuf, how: &str) -> Result<PathBuf> {
+    if !path.is_file() {
+        bail!("{} is missing: run e2e/install (it {how})", path.display());
+    }
+    Ok(path)
+}
+
 fn go_mod_version(module: &str) -> Result<String> {
     go_mod_version_in("controlplane", module)
 }
@@ -53,13 +62,7 @@ pub fn promtool() -> Result<PathBuf> {
     let path = cache_dir()
         .join(format!("promtool-{version}"))
         .join("promtool");
-    if !path.is_file() {
-        bail!(
-            "{} is missing: run e2e/install (it builds promtool from Go modules)",
-            path.display()
-        );
-    }
-    Ok(path)
+    installed(path, "builds promtool from Go modules")
 }
 
 /// A Go-built tool of `e2e/install` (e2e/install.d/helm-kubeconform.sh): the module
@@ -67,13 +70,7 @@ pub fn promtool() -> Result<PathBuf> {
 fn go_tool(name: &str, dir: &str, module: &str) -> Result<PathBuf> {
     let version = go_mod_version_in(dir, module)?;
     let path = cache_dir().join(format!("{name}-{version}")).join(name);
-    if !path.is_file() {
-        bail!(
-            "{} is missing: run e2e/install (it builds {name} from Go modules)",
-            path.display()
-        );
-    }
-    Ok(path)
+    installed(path, &format!("builds {name} from Go modules"))
 }
 
 /// Helm 3, pinned in `e2e/helm/go.mod`.
@@ -99,12 +96,7 @@ pub fn controlplane_bin_dir() -> Result<PathBuf> {
         go_mod_version("go.etcd.io/etcd/server/v3")?
     ));
     for bin in ["kube-apiserver", "kube-controller-manager", "etcd"] {
-        if !dir.join(bin).is_file() {
-            bail!(
-                "{} is missing: run e2e/install (it builds the control plane from Go modules)",
-                dir.join(bin).display()
-            );
-        }
+        installed(dir.join(bin), "builds the control plane from Go modules")?;
     }
     Ok(dir)
 }

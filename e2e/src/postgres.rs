@@ -103,13 +103,19 @@ pub async fn connect_config(config: &tokio_postgres::Config) -> Result<Client> {
 }
 
 /// The one value of a query that returns one row of one column (`SELECT count(*) ...`,
-/// `SHOW ...`), for a test: an error panics with the query.
+/// `SHOW ...`).
+pub async fn try_scalar<T: tokio_postgres::types::FromSqlOwned>(
+    client: &Client,
+    sql: &str,
+) -> std::result::Result<T, tokio_postgres::Error> {
+    Ok(client.query_one(sql, &[]).await?.get(0))
+}
+
+/// [`try_scalar`] for a test: an error panics with the query.
 pub async fn scalar<T: tokio_postgres::types::FromSqlOwned>(client: &Client, sql: &str) -> T {
-    client
-        .query_one(sql, &[])
+    try_scalar(client, sql)
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .get(0)
 }
 
 impl PgServer {

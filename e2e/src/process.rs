@@ -244,6 +244,17 @@ pub fn log_tail(path: &Path, max_bytes: u64) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
+/// The standard output of a program that ran as `what` (`kubectl kustomize <dir>`, ...),
+/// as text; when it failed, an error with `what` and its standard error.
+pub fn stdout_text(out: std::process::Output, what: &str) -> Result<String> {
+    anyhow::ensure!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).with_context(|| format!("the output of {what}"))
+}
+
 /// Whether this process runs as root (PostgreSQL refuses to; it is run as `postgres`).
 pub fn is_root() -> bool {
     Command::new("id")

@@ -36,13 +36,7 @@ pub fn server_binary() -> Result<PathBuf> {
     let path = paths::cache_dir()
         .join(format!("s3s-fs-{}", version()?))
         .join("bin/s3s-fs");
-    if !path.is_file() {
-        bail!(
-            "{} is missing: run e2e/install (it builds s3s-fs from crates.io)",
-            path.display()
-        );
-    }
-    Ok(path)
+    paths::installed(path, "builds s3s-fs from crates.io")
 }
 
 /// A running s3s-fs; stopped and its data deleted when dropped.

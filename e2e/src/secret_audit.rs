@@ -17,6 +17,8 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Secret;
 use tokio_postgres::Client;
 
+use crate::postgres::try_scalar;
+
 /// What every SCRAM-SHA-256 verifier dbops sends starts with (4096 iterations).
 pub const VERIFIER_PREFIX: &str = "SCRAM-SHA-256$4096:";
 
@@ -219,13 +221,11 @@ fn conninfo_password(conninfo: &str) -> Option<String> {
 /// The query texts `pg_stat_statements` keeps (every database's), `None` when the view
 /// is not there (the extension not created in the connected database).
 pub async fn pg_stat_statements_texts(client: &Client) -> Result<Option<Vec<String>>> {
-    let exists: bool = client
-        .query_one(
-            "SELECT pg_catalog.to_regclass('pg_stat_statements') IS NOT NULL",
-            &[],
-        )
-        .await?
-        .get(0);
+    let exists: bool = try_scalar(
+        client,
+        "SELECT pg_catalog.to_regclass('pg_stat_statements') IS NOT NULL",
+    )
+    .await?;
     if !exists {
         return Ok(None);
     }
@@ -258,13 +258,11 @@ pub async fn subscription_conninfos(client: &Client) -> Result<Vec<(String, Stri
 /// clear text). Empty when all is well.
 pub async fn weak_authentication(client: &Client) -> Result<Vec<String>> {
     let mut weak = Vec::new();
-    let encryption: String = client
-        .query_one(
-            "SELECT pg_catalog.current_setting('password_encryption')",
-            &[],
-        )
-        .await?
-        .get(0);
+    let encryption: String = try_scalar(
+        client,
+        "SELECT pg_catalog.current_setting('password_encryption')",
+    )
+    .await?;
     if encryption != "scram-sha-256" {
         weak.push(format!("password_encryption is {encryption}"));
     }

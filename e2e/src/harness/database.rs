@@ -307,8 +307,9 @@ impl Setup {
     /// writes nothing to the API and runs no DDL on the server, and that it did look
     /// (at least two reconciles): what converged objects must cost.
     pub async fn assert_quiet(&self) {
-        let cp = self.b.cp;
+        let user = crate::harness::bed::controller_user("database-controller");
         let ns = self.ns().to_string();
+        let controller_writes = || self.b.cp.audit_writes(&user, Some(&ns));
 
         // Settled: no write by the controller for a full resync and a half.
         let settle = RESYNC + RESYNC / 2;
@@ -316,10 +317,7 @@ impl Setup {
             "the controller's writes to settle",
             READY,
             || async {
-                let writes = cp.audit_writes(
-                    &crate::harness::bed::controller_user("database-controller"),
-                    Some(&ns),
-                )?;
+                let writes = controller_writes()?;
                 let since_last = writes.last().map(|w| {
                     k8s_openapi::jiff::Timestamp::now()
                         .duration_since(w.timestamp)
@@ -338,13 +336,7 @@ impl Setup {
         )
         .await;
 
-        let writes_before = cp
-            .audit_writes(
-                &crate::harness::bed::controller_user("database-controller"),
-                Some(&ns),
-            )
-            .unwrap()
-            .len();
+        let writes_before = controller_writes().unwrap().len();
         let ddl_before = self.pg.ddl_statements().unwrap().len();
         let reconciles_before = reconciles(self.controller()).unwrap();
         let window = RESYNC * 2 + Duration::from_secs(1);
@@ -352,10 +344,7 @@ impl Setup {
             "no API write and no DDL by the controller",
             window,
             || async {
-                let writes = cp.audit_writes(
-                    &crate::harness::bed::controller_user("database-controller"),
-                    Some(&ns),
-                )?;
+                let writes = controller_writes()?;
                 let ddl = self.pg.ddl_statements()?;
                 Ok((
                     writes[writes_before.min(writes.len())..]

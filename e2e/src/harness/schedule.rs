@@ -131,11 +131,17 @@ impl World {
     pub async fn create_database(&self, name: &str, keep_last: i32) -> Database {
         self.create_database_with(name, "* * * * *", keep_last)
             .await;
+        self.wait_provisioned(name).await
+    }
+
+    /// Waits ([`READY`] at most) until Database `name` is provisioned (Ready=True,
+    /// Provisioned).
+    pub async fn wait_provisioned(&self, name: &str) -> Database {
         crate::wait::expect_database_condition(
             &self.b.client,
             self.ns(),
             name,
-            Want::new("Ready", "True", Some("Provisioned")),
+            Want::provisioned(),
             READY,
         )
         .await

@@ -58,13 +58,11 @@ fn cached_bin_dir(kind: &str, prefix: &str, major: u32, program: &str) -> Result
     let bin = paths::cache_dir()
         .join(format!("{prefix}-{major}-{version}"))
         .join("bin");
-    if !bin.join(program).is_file() {
-        bail!(
-            "{} is missing: run e2e/install (it installs PostgreSQL {major} from {})",
-            bin.join(program).display(),
-            versions_file().display()
-        );
-    }
+    let how = format!(
+        "installs PostgreSQL {major} from {}",
+        versions_file().display()
+    );
+    paths::installed(bin.join(program), &how)?;
     Ok(bin)
 }
 

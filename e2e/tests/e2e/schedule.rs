@@ -18,7 +18,7 @@ use dbops_e2e::harness::schedule::{
     FIRST_SLOT, MINUTE, READY, Scheduled, World, minute_of, name_for, scheduler_metric,
     until_shortly_before, wait_for_clock,
 };
-use dbops_e2e::wait::{Want, eventually, holds_for};
+use dbops_e2e::wait::{eventually, holds_for};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use serde_json::json;
@@ -316,16 +316,7 @@ async fn deleting_a_database_keeps_its_scheduled_backups_unless_asked() {
     let mut databases = Vec::new();
     let mut completed = Vec::new();
     for name in ["keep", "drop"] {
-        databases.push(
-            dbops_e2e::wait::expect_database_condition(
-                &w.b.client,
-                w.ns(),
-                name,
-                Want::new("Ready", "True", Some("Provisioned")),
-                READY,
-            )
-            .await,
-        );
+        databases.push(w.wait_provisioned(name).await);
         let first = w
             .wait_scheduled(name, "a first Backup", FIRST_SLOT, |all| !all.is_empty())
             .await;
