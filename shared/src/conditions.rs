@@ -158,29 +158,24 @@ mod tests {
         assert_eq!(conditions, before);
     }
 
+    /// A new reason keeps the transition time; a status flip moves it.
     #[test]
-    fn a_new_reason_keeps_the_transition_time() {
-        let mut conditions = ready_since_10(ConditionStatus::False, "Creating");
-        assert!(set_condition(
-            &mut conditions,
-            ready(ConditionStatus::False, "WaitingForServer", 2),
-            at(20)
-        ));
-        assert_eq!(conditions[0].reason, "WaitingForServer");
-        assert_eq!(conditions[0].observed_generation, Some(2));
-        assert_eq!(conditions[0].last_transition_time, at(10));
-    }
-
-    #[test]
-    fn a_status_flip_moves_the_transition_time() {
-        let mut conditions = ready_since_10(ConditionStatus::False, "Creating");
-        assert!(set_condition(
-            &mut conditions,
-            ready(ConditionStatus::True, "Available", 1),
-            at(20)
-        ));
-        assert_eq!(conditions[0].status, "True");
-        assert_eq!(conditions[0].last_transition_time, at(20));
+    fn a_status_flip_moves_the_transition_time_and_a_new_reason_keeps_it() {
+        use ConditionStatus::{False, True};
+        // Ready=False Creating since 10 s, then at 20 s: (status, reason, generation,
+        // the transition time after).
+        for (status, reason, generation, since) in [
+            (False, "WaitingForServer", 2, 10),
+            (True, "Available", 1, 20),
+        ] {
+            let mut conditions = ready_since_10(False, "Creating");
+            let now = ready(status, reason, generation);
+            assert!(set_condition(&mut conditions, now, at(20)), "{reason}");
+            assert_eq!(conditions[0].status, status.as_str(), "{reason}");
+            assert_eq!(conditions[0].reason, reason);
+            assert_eq!(conditions[0].observed_generation, Some(generation));
+            assert_eq!(conditions[0].last_transition_time, at(since), "{reason}");
+        }
     }
 
     #[test]

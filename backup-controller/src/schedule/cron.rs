@@ -3,8 +3,8 @@
 
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
-use jiff::Timestamp;
 use jiff::tz::TimeZone;
+use jiff::{Timestamp, Zoned};
 
 /// Skipped slots are counted up to this many (the Event then says "at least").
 pub const MAX_COUNTED: u32 = 10_000;
@@ -40,9 +40,8 @@ pub fn parse_schedule(text: &str) -> Result<Schedule, String> {
 impl Schedule {
     /// The latest scheduled time at or before `t`.
     pub fn latest_at_or_before(&self, t: Timestamp) -> Option<Timestamp> {
-        let t = whole_second(t).to_zoned(TimeZone::UTC);
         self.0
-            .find_previous_occurrence(&t, true)
+            .find_previous_occurrence(&in_utc(t), true)
             .ok()
             .map(|z| z.timestamp())
     }
@@ -57,9 +56,8 @@ impl Schedule {
 
     /// The first scheduled time after `t`.
     pub fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
-        let t = whole_second(t).to_zoned(TimeZone::UTC);
         self.0
-            .find_next_occurrence(&t, false)
+            .find_next_occurrence(&in_utc(t), false)
             .ok()
             .map(|z| z.timestamp())
     }
@@ -82,8 +80,10 @@ impl Schedule {
     }
 }
 
-fn whole_second(t: Timestamp) -> Timestamp {
-    Timestamp::from_second(t.as_second()).unwrap_or(t)
+/// `t` to the whole second, in UTC: what the schedule's occurrences are looked up from.
+fn in_utc(t: Timestamp) -> Zoned {
+    let whole_second = Timestamp::from_second(t.as_second()).unwrap_or(t);
+    whole_second.to_zoned(TimeZone::UTC)
 }
 
 #[cfg(test)]

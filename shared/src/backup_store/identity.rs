@@ -191,12 +191,22 @@ impl BackupStore {
 
     /// Writes `body` to a new file `path`, synced.
     async fn write_synced(&self, path: &std::path::Path, body: &[u8]) -> Result<(), StoreError> {
-        let mut file = tokio::fs::OpenOptions::new()
+        let file = tokio::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(path)
             .await
             .map_err(self.io(format!("creating {}", path.display())))?;
+        self.fill_synced(file, path, body).await
+    }
+
+    /// Writes `body` to `file`, just opened at `path`, and syncs it.
+    pub(super) async fn fill_synced(
+        &self,
+        mut file: tokio::fs::File,
+        path: &std::path::Path,
+        body: &[u8],
+    ) -> Result<(), StoreError> {
         file.write_all(body)
             .await
             .map_err(self.io(format!("writing {}", path.display())))?;

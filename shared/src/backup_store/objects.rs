@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
-use tokio::io::AsyncWriteExt;
 
 use super::error::StoreError;
 use super::s3::s3_error;
@@ -120,16 +119,10 @@ impl BackupStore {
             }
         };
         let (_, _, target, partial) = self.paths(root, key);
-        let mut file = tokio::fs::File::create(&partial)
+        let file = tokio::fs::File::create(&partial)
             .await
             .map_err(self.io(format!("creating {}", partial.display())))?;
-        file.write_all(body)
-            .await
-            .map_err(self.io(format!("writing {}", partial.display())))?;
-        file.sync_all()
-            .await
-            .map_err(self.io(format!("syncing {}", partial.display())))?;
-        drop(file);
+        self.fill_synced(file, &partial, body).await?;
         tokio::fs::rename(&partial, &target)
             .await
             .map_err(self.io(format!("renaming {}", partial.display())))
