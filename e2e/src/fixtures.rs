@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use dbops_api::DatabaseServer;
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 
 use crate::postgres::PgServer;
@@ -493,21 +494,20 @@ pub async fn wait_final_snapshot(
     found.into_iter().next().context("no final snapshot Backup")
 }
 
-/// Deletes Database `ns/name` (with `uid`, `deletionPolicy: Snapshot`) and returns the
-/// name of its final snapshot Backup once the database-controller made it
-/// ([`wait_final_snapshot`]).
+/// Deletes Database `db` (`deletionPolicy: Snapshot`) and returns the name of its final
+/// snapshot Backup once the database-controller made it ([`wait_final_snapshot`]).
 pub async fn delete_for_final_snapshot(
     client: &kube::Client,
-    ns: &str,
-    name: &str,
-    uid: &str,
+    db: &dbops_api::Database,
     timeout: std::time::Duration,
 ) -> Result<String> {
-    Api::<dbops_api::Database>::namespaced(client.clone(), ns)
-        .delete(name, &kube::api::DeleteParams::default())
+    let (ns, name) = (db.namespace().unwrap_or_default(), db.name_any());
+    let uid = db.uid().context("a Database without a uid")?;
+    Api::<dbops_api::Database>::namespaced(client.clone(), &ns)
+        .delete(&name, &kube::api::DeleteParams::default())
         .await
         .with_context(|| format!("deleting Database {ns}/{name}"))?;
-    wait_final_snapshot(client, ns, uid, timeout).await
+    wait_final_snapshot(client, &ns, &uid, timeout).await
 }
 
 /// The core/v1 Events of namespace `ns` about the object `kind`/`name`.

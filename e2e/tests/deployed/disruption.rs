@@ -19,12 +19,17 @@ async fn store_dir() -> std::path::PathBuf {
     crate::runtime::backup_store_dir(bed().await).await
 }
 
-#[tokio::test]
-async fn the_standby_takes_over_when_each_leader_pod_is_deleted_mid_work() {
-    let bed = bed().await;
+/// Every controller's Deployment rolled out, within [`SETTLE`].
+async fn all_rolled_out(bed: &Bed) {
     for c in CONTROLLERS {
         bed.rolled_out(c, SETTLE).await.unwrap();
     }
+}
+
+#[tokio::test]
+async fn the_standby_takes_over_when_each_leader_pod_is_deleted_mid_work() {
+    let bed = bed().await;
+    all_rolled_out(bed).await;
     // The leaders first (before the work exists, so that deleting them is immediate).
     let mut leaders = Vec::new();
     for controller in CONTROLLERS {
@@ -58,17 +63,13 @@ async fn the_standby_takes_over_when_each_leader_pod_is_deleted_mid_work() {
         eprintln!("{controller}: leader {leader} deleted, {next} took over");
     }
     work.settles(bed, Some(&store_dir().await)).await;
-    for c in CONTROLLERS {
-        bed.rolled_out(c, SETTLE).await.unwrap();
-    }
+    all_rolled_out(bed).await;
 }
 
 #[tokio::test]
 async fn a_rolling_update_of_all_three_in_the_middle_of_work() {
     let bed = bed().await;
-    for c in CONTROLLERS {
-        bed.rolled_out(c, SETTLE).await.unwrap();
-    }
+    all_rolled_out(bed).await;
     // The new tag: the same image under another name, so that the template changes and
     // every Pod is replaced (IfNotPresent: it is on the node, nothing is pulled).
     let mut images = Vec::new();

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use dbops_api::{Backup, Database, Migration, MigrationPhase};
-use dbops_e2e::fixtures::Connection;
+use dbops_e2e::fixtures::{Connection, manifest};
 use dbops_e2e::live_writer::{LiveWriter, Options};
 use dbops_e2e::wait::{Want, database_has, wait_for};
 use dbops_shared::postgres::tls::{Verify, connector, roots_from_pem};
@@ -60,41 +60,29 @@ pub async fn start(bed: &Bed, prefix: &str) -> Work {
     .await
     .unwrap();
 
-    let create = |kind: &str, name: &str, spec: serde_json::Value| json!({"apiVersion": "dbops.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec});
+    let migration: Migration = manifest(
+        "move",
+        json!({"databaseRef": {"name": src}, "target": {"serverRef": {"name": TARGET}},
+               "mode": "Logical", "cutover": "Manual", "approved": true}),
+    )
+    .unwrap();
     let migrations: Api<Migration> = bed.api(&ns);
     migrations
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(create(
-                "Migration",
-                "move",
-                json!({"databaseRef": {"name": src}, "target": {"serverRef": {"name": TARGET}},
-                       "mode": "Logical", "cutover": "Manual", "approved": true}),
-            ))
-            .unwrap(),
-        )
+        .create(&PostParams::default(), &migration)
         .await
         .unwrap();
+    let backup: Backup = manifest("kept-1", json!({"databaseRef": {"name": kept}})).unwrap();
     let backups: Api<Backup> = bed.api(&ns);
     backups
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(create(
-                "Backup",
-                "kept-1",
-                json!({"databaseRef": {"name": kept}}),
-            ))
-            .unwrap(),
-        )
+        .create(&PostParams::default(), &backup)
         .await
         .unwrap();
     let databases: Api<Database> = bed.api(&ns);
     try_join_all((0..DATABASES).map(|i| {
-        let db: Database = serde_json::from_value(create(
-            "Database",
+        let db: Database = manifest(
             &tenant.db(&format!("d{i:02}")),
             json!({"serverRef": {"name": MAIN}, "deletionPolicy": "Delete"}),
-        ))
+        )
         .unwrap();
         let databases = databases.clone();
         async move { databases.create(&PostParams::default(), &db).await }

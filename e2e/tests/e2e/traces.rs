@@ -40,15 +40,9 @@ async fn a_final_snapshot_is_one_trace_across_both_controllers() {
     let jaeger = w.jaeger.as_ref().unwrap();
     let db = w.create_ready_database("snap", "Snapshot").await;
     let owner_password = w.owner_password("snap").await;
-    let final_name = dbops_e2e::fixtures::delete_for_final_snapshot(
-        &w.b.client,
-        w.ns(),
-        "snap",
-        db.metadata.uid.as_deref().unwrap(),
-        SLOW,
-    )
-    .await
-    .unwrap();
+    let final_name = dbops_e2e::fixtures::delete_for_final_snapshot(&w.b.client, &db, SLOW)
+        .await
+        .unwrap();
     let backup = w.wait_completed(&final_name).await;
 
     // The Backup carries the creating reconcile's trace context.

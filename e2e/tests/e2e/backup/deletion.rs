@@ -84,15 +84,9 @@ async fn a_snapshot_policy_database_is_backed_up_before_it_is_dropped() {
     let s = Setup::new("bk-snapshot").await;
     let db = s.create_database("snap", "Snapshot").await;
     s.pgbench("snap", 1).await;
-    let final_name = dbops_e2e::fixtures::delete_for_final_snapshot(
-        &s.b.client,
-        s.ns(),
-        "snap",
-        db.metadata.uid.as_deref().unwrap(),
-        READY,
-    )
-    .await
-    .unwrap();
+    let final_name = dbops_e2e::fixtures::delete_for_final_snapshot(&s.b.client, &db, READY)
+        .await
+        .unwrap();
     assert!(final_name.starts_with("snap-final-"), "{final_name}");
     let backup = s.wait_completed(&final_name, READY).await;
     assert_eq!(
@@ -141,15 +135,9 @@ async fn a_final_snapshot_is_of_the_database_being_deleted_never_an_earlier_one(
             ),
         )
         .await;
-        let name = dbops_e2e::fixtures::delete_for_final_snapshot(
-            &s.b.client,
-            s.ns(),
-            "orders",
-            &uid,
-            READY,
-        )
-        .await
-        .unwrap();
+        let name = dbops_e2e::fixtures::delete_for_final_snapshot(&s.b.client, &db, READY)
+            .await
+            .unwrap();
         assert!(
             !finals.contains(&name),
             "life {life} took {name}, the name of an earlier life's final snapshot"

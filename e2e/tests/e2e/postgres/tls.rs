@@ -5,6 +5,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use dbops_e2e::postgres::scalar;
+use dbops_e2e::process::stdout_text;
 use dbops_e2e::tls::TestCa;
 use dbops_e2e::{ControllerProcess, PgServer};
 use k8s_openapi::api::core::v1::Secret;
@@ -312,12 +313,8 @@ async fn databases_on_tls_servers_name_each_tls_failure() {
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "psql with the Secret's keys and verify-full: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "t");
+    let ssl = stdout_text(out, "psql with the Secret's keys and verify-full").unwrap();
+    assert_eq!(ssl.trim(), "t");
 
     // Nothing was created where TLS failed.
     for (name, pg) in [
@@ -400,12 +397,8 @@ async fn servers_of_the_oldest_and_newest_supported_majors_start_and_answer() {
             .args(args)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{program} {newest} against PostgreSQL {}: {}",
-            pg.port(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let what = format!("{program} {newest} against PostgreSQL {}", pg.port());
+        stdout_text(out, &what).unwrap();
     };
     let dump_arg = dump.to_str().unwrap();
     run(
