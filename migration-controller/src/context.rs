@@ -47,6 +47,8 @@ pub struct State {
     /// the two servers (`pg_tools::pick_copy`).
     pub clients: dbops_shared::pg_tools::Clients,
     pub max_attempts: i32,
+    /// Verify's counts taken before the freeze (`replication::baseline`), by Migration.
+    pub baselines: crate::replication::baseline::Baselines,
     pub crash_at: Option<CrashPoint>,
     /// Testing only (`--debug-fail-at`): this step fails for good once its effects are
     /// done, so that a test can roll back from it.

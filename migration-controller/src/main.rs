@@ -158,6 +158,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                 pg_dump: args.pg_dump,
                 pg_restore: args.pg_restore,
                 max_attempts: args.step_max_attempts,
+                baselines: Default::default(),
                 crash_at: args.debug_exit_at,
                 fail_at: args.debug_fail_at,
             };

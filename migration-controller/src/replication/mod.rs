@@ -21,7 +21,9 @@
 //! gone, the slot's WAL lost, and a schema change on the source (`SchemaChanged`: the
 //! tables published, or any table's columns, differ between the servers).
 
+pub mod baseline;
 mod catch_up;
+mod counts;
 mod observe;
 mod replicate;
 pub mod sql;

@@ -76,7 +76,9 @@ pub async fn compensate(
         ),
         MigrationStep::Replicate | MigrationStep::CatchUp => {
             let (database, _) = names(saga, db)?;
-            replication::teardown(saga, &database).await
+            let counts = replication::baseline::forget(saga, &database).await;
+            let torn = replication::teardown(saga, &database).await?;
+            Ok(counts.map_or(torn.clone(), |dropped| format!("{torn}, {dropped}")))
         }
         MigrationStep::Verify => Ok("nothing to undo: Verify only reads".into()),
         MigrationStep::SwitchTraffic | MigrationStep::Cleanup => {

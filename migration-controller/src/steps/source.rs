@@ -15,6 +15,10 @@ pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOut
     let database = db.database_name();
     let s = session(saga, &source, "postgres").await?;
     let mut status = saga.status();
+    let logical = status.mode == Some(ChosenMode::Logical);
+    // Logical mode, nothing frozen yet: Verify's counts now, while the source is writable.
+    let counted = (logical && status.freeze.is_none())
+        .then_some(crate::replication::baseline::take(saga, &database).await);
     let record = match status.freeze.clone() {
         Some(r) => r,
         None => {
@@ -31,8 +35,7 @@ pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOut
         }
     };
     // Logical mode: the subscription's WAL sender stays for the catch-up.
-    let spare = (saga.status().mode == Some(ChosenMode::Logical))
-        .then(|| crate::replication::sql::name(&migration_uid(saga)));
+    let spare = logical.then(|| crate::replication::sql::name(&migration_uid(saga)));
     let (ended, left) = sql::freeze(&s, &database, spare.as_deref()).await?;
     if left > 0 {
         return Err(Error::transient(
@@ -40,8 +43,13 @@ pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOut
             format!("{left} sessions on {database} survived pg_terminate_backend"),
         ));
     }
+    let counted = match counted {
+        Some(Ok(said)) => format!("; before it, {said}"),
+        Some(Err(why)) => format!("; Verify counts in the freeze: {why}"),
+        None => String::new(),
+    };
     Ok(StepOutcome::Done(format!(
-        "database {database} on {}: connection limit 0 (was {}), default_transaction_read_only on (was {}); {ended} sessions ended",
+        "database {database} on {}: connection limit 0 (was {}), default_transaction_read_only on (was {}); {ended} sessions ended{counted}",
         at(&source),
         record.previous_connection_limit,
         record.previous_read_only.as_deref().unwrap_or("unset"),
@@ -77,7 +85,14 @@ pub async fn cleanup(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<Strin
     // Logical mode: CatchUp took the replication down; once more in case it did not
     // finish (nothing is written when nothing is left).
     let replication = if saga.status().mode == Some(ChosenMode::Logical) {
-        format!("{}; ", crate::replication::teardown(saga, &database).await?)
+        let counts = crate::replication::baseline::forget(saga, &database)
+            .await
+            .map(|dropped| format!("{dropped}; "))
+            .unwrap_or_default();
+        format!(
+            "{counts}{}; ",
+            crate::replication::teardown(saga, &database).await?
+        )
     } else {
         String::new()
     };

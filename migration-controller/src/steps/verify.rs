@@ -1,10 +1,15 @@
-//! Verify: the same tables, with the same row counts, on both servers (read only).
+//! Verify: the same tables, with the same row counts, on both servers (read only). In
+//! Logical mode the rows may have been counted before the freeze
+//! (`replication::baseline`): then only the changes since are added up here, and
+//! anything that keeps them from adding up makes Verify count every table as before.
 
-use dbops_api::{Database, MigrationReason};
+use dbops_api::{ChosenMode, Database, MigrationReason};
+use dbops_shared::postgres::Session;
 
 use crate::context::{Saga, StepOutcome};
 use crate::error::{Error, Result};
-use crate::servers::{session, source_server, target_server};
+use crate::replication::{baseline, sql as replication_sql};
+use crate::servers::{migration_uid, session, source_server, target_server};
 use crate::sql;
 
 pub async fn verify(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
@@ -31,8 +36,12 @@ pub async fn verify(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
             ),
         ));
     }
-    let (source_rows, target_rows) =
-        tokio::try_join!(count_all(&s, &on_source), count_all(&t, &on_source))?;
+    let ((source_rows, target_rows), how) = rows(saga, &s, &t, &on_source).await?;
+    drop((s, t));
+    if saga.status().mode == Some(ChosenMode::Logical) {
+        // Their work is done either way; Cleanup and the rollback drop them too.
+        baseline::forget(saga, &database).await;
+    }
     let mut rows = 0;
     let mut mismatches = Vec::new();
     for (((schema, table), a), b) in on_source.iter().zip(source_rows).zip(target_rows) {
@@ -46,18 +55,51 @@ pub async fn verify(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
     if !mismatches.is_empty() {
         return Err(Error::permanent(
             MigrationReason::VerifyFailed,
-            format!("row counts differ: {}", mismatches.join("; ")),
+            format!("row counts differ ({how}): {}", mismatches.join("; ")),
         ));
     }
     Ok(StepOutcome::Done(format!(
-        "{} tables, {rows} rows: the same on both servers",
+        "{} tables, {rows} rows: the same on both servers ({how})",
         on_source.len()
     )))
 }
 
+/// The rows of `tables` on the source and the target, and how they were had: from the
+/// baseline and the changes since when there is one for exactly these tables, else
+/// counted.
+async fn rows(
+    saga: &Saga<'_>,
+    s: &Session,
+    t: &Session,
+    tables: &[(String, String)],
+) -> Result<((Vec<i64>, Vec<i64>), String)> {
+    let uid = migration_uid(saga);
+    let why = match saga.ctx.state.baselines.take(&uid) {
+        None => "no counts from before the freeze in this process".to_string(),
+        Some(b) if b.tables != tables => "the tables changed since the counts".to_string(),
+        Some(b) => {
+            let slot = baseline::slot(&replication_sql::name(&uid));
+            match baseline::rows_now(s, t, &slot, &b).await? {
+                Ok(rows) => {
+                    return Ok((
+                        rows,
+                        format!(
+                            "counted before the freeze at the source's {}, the changes since added up",
+                            b.at
+                        ),
+                    ));
+                }
+                Err(why) => why,
+            }
+        }
+    };
+    let counted = tokio::try_join!(count_all(s, tables), count_all(t, tables))?;
+    Ok((counted, format!("counted in the freeze: {why}")))
+}
+
 /// `count(*)` of each table, one after the other on the session.
 async fn count_all(
-    s: &dbops_shared::postgres::Session,
+    s: &Session,
     tables: &[(String, String)],
 ) -> Result<Vec<i64>, dbops_shared::postgres::PgError> {
     let mut counts = Vec::with_capacity(tables.len());
