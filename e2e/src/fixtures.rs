@@ -340,6 +340,14 @@ where
     .with_context(|| format!("patching {name}"))
 }
 
+/// Merge-patches the spec of the object `name` with `spec` (`{"connectionLimit": 5}`, …).
+pub async fn merge_patch_spec<K>(api: &Api<K>, name: &str, spec: serde_json::Value) -> Result<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    merge_patch(api, name, serde_json::json!({ "spec": spec })).await
+}
+
 /// Approves the Migration `name` waiting for a manual cutover (`spec.approved: true`).
 pub async fn approve_migration(
     api: &Api<dbops_api::Migration>,

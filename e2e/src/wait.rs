@@ -192,6 +192,11 @@ impl<'a> Want<'a> {
         Want::new("Ready", "True", Some("Provisioned"))
     }
 
+    /// Ready=False with `reason`: refused or failing, and saying why.
+    pub fn not_ready(reason: &'a str) -> Self {
+        Want::new("Ready", "False", Some(reason))
+    }
+
     /// The same condition, whatever generation status.observedGeneration names.
     pub fn any_generation(self) -> Self {
         Self {

@@ -37,7 +37,7 @@ pub fn ready() -> Want<'static> {
 }
 
 pub fn not_ready(reason: &'static str) -> Want<'static> {
-    Want::new("Ready", "False", Some(reason))
+    Want::not_ready(reason)
 }
 
 /// One test's world: namespace, PostgreSQL server, admin Secret, DatabaseServer and
@@ -233,6 +233,12 @@ impl Setup {
 
     pub async fn wait_ready(&self, name: &str) -> Database {
         self.wait(name, ready(), READY).await
+    }
+
+    /// [`Setup::create`], then [`Setup::wait_ready`]: Database `name`, provisioned.
+    pub async fn create_ready(&self, name: &str, spec: serde_json::Value) -> Database {
+        self.create(name, spec).await;
+        self.wait_ready(name).await
     }
 
     /// Waits for a condition of DatabaseServer `name`; on timeout the panic shows its

@@ -5,10 +5,9 @@
 
 use dbops_api::{Database, Migration, MigrationPhase};
 use kube::api::Api;
-use serde_json::json;
 
 use crate::controllers::ControllerProcess;
-use crate::fixtures::{Connection, create_admin_secret, create_migration, merge_patch};
+use crate::fixtures::{Connection, create_admin_secret, create_migration, merge_patch_spec};
 use crate::harness::bed::{Bed, bed};
 use crate::harness::majors::start_logical_source;
 use crate::harness::migration::{READY, SAGA, phase_of};
@@ -156,7 +155,7 @@ impl World {
     }
 
     pub async fn patch_database(&self, name: &str, spec: serde_json::Value) {
-        merge_patch(&self.api::<Database>(), name, json!({ "spec": spec }))
+        merge_patch_spec(&self.api::<Database>(), name, spec)
             .await
             .unwrap();
     }

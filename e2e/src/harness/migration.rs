@@ -80,9 +80,10 @@ impl Setup {
         Self::build(prefix, false, None, &[], Some(LOGICAL_TARGET_MAJOR)).await
     }
 
-    /// [`Setup::new`] with a source server started with these settings (for example
-    /// `wal_level=logical`), and a target of [`LOGICAL_TARGET_MAJOR`]: the Logical mode
-    /// subscribes only on PostgreSQL 16 and newer (`LogicalUnsafeBefore16`).
+    /// [`Setup::new`] with both servers started with these settings (for example
+    /// `wal_level=logical`, which lets Verify count before the freeze), the target of
+    /// [`LOGICAL_TARGET_MAJOR`]: the Logical mode subscribes only on PostgreSQL 16 and
+    /// newer (`LogicalUnsafeBefore16`).
     pub async fn with_source_settings(prefix: &str, settings: &[(&str, &str)]) -> Self {
         Self::build(prefix, false, None, settings, Some(LOGICAL_TARGET_MAJOR)).await
     }
@@ -120,6 +121,10 @@ impl Setup {
         .unwrap();
         let target = match target_major {
             None => PgServer::start_with_tls(&format!("{prefix}-dst"), cert.as_ref()).await,
+            Some(major) if !source_settings.is_empty() => {
+                PgServer::start_major_with_settings(&format!("{prefix}-dst"), major, source_settings)
+                    .await
+            }
             Some(major) => {
                 PgServer::start_major_with_tls(&format!("{prefix}-dst"), major, cert.as_ref()).await
             }

@@ -183,7 +183,7 @@ async fn after_an_apiserver_restart_work_resumes_and_a_stalled_watch_ends_the_pr
             if !created {
                 created = databases.create(&PostParams::default(), &db).await.is_ok();
             }
-            let want = Want::new("Ready", "False", Some("ServerNotFound"));
+            let want = Want::not_ready("ServerNotFound");
             if let Ok(found) = databases.get(name).await
                 && database_has(&found, want)
             {

@@ -173,10 +173,7 @@ async fn a_trusted_extension_is_created_safely_and_an_untrusted_one_refused() {
     w.patch_database("app", json!({"extensions": ["citext", "file_fdw"]}))
         .await;
     let db = w
-        .wait_database(
-            "app",
-            Want::new("Ready", "False", Some("ExtensionNotAllowed")),
-        )
+        .wait_database("app", Want::not_ready("ExtensionNotAllowed"))
         .await;
     let ready = condition(&db, "Ready").unwrap();
     assert!(ready.message.contains("file_fdw"), "{ready:?}");

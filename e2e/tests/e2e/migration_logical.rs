@@ -66,6 +66,22 @@ async fn logical_migration_keeps_every_write_and_leaves_nothing_behind() {
     for step in &status.steps {
         assert_eq!(step.state, StepState::Succeeded, "{step:?}");
     }
+    // Both servers have wal_level=logical: the rows were counted before the freeze, and
+    // Verify added up the changes since.
+    let message = |step| {
+        let found = status.steps.iter().find(|s| s.name == step);
+        found.and_then(|s| s.message.clone()).unwrap_or_default()
+    };
+    let freeze = message(MigrationStep::FreezeSource);
+    assert!(
+        freeze.contains("the same on both servers at the source's"),
+        "{freeze}"
+    );
+    let verify = message(MigrationStep::Verify);
+    assert!(
+        verify.contains("counted before the freeze") && verify.contains("2 tables"),
+        "{verify}"
+    );
     let replication = status.replication.clone().unwrap();
     assert_eq!(replication.tables_total, 2);
     assert_eq!(replication.tables_copied, 2);

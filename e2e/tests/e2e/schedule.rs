@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use dbops_api::BackupPhase;
-use dbops_e2e::fixtures::merge_patch;
+use dbops_e2e::fixtures::merge_patch_spec;
 use dbops_e2e::harness::schedule::{
     FIRST_SLOT, MINUTE, READY, Scheduled, World, minute_of, name_for, scheduler_metric,
     until_shortly_before, wait_for_clock,
@@ -88,13 +88,9 @@ async fn after_downtime_one_catch_up_backup_then_retention_prunes_the_older_one(
     let replica = &w.replicas[USER];
     let reconciled = scheduler_metric(replica, "dbops_reconciles_total", r#"outcome="success""#);
     let before = w.writes(USER);
-    merge_patch(
-        &w.databases(),
-        "orders",
-        json!({"spec": {"connectionLimit": 7}}),
-    )
-    .await
-    .unwrap();
+    merge_patch_spec(&w.databases(), "orders", json!({"connectionLimit": 7}))
+        .await
+        .unwrap();
     eventually(
         "the scheduler to reconcile the changed Database",
         READY,

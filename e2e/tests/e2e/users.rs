@@ -20,8 +20,7 @@ use tokio_postgres::error::SqlState;
 /// What the owner makes before and after the users exist, and what each user may do.
 async fn privileges_hold_for_what_the_owner_creates_later(major: u32) {
     let s = Setup::with_major(&format!("users{major}"), major).await;
-    s.create("shop", json!({})).await;
-    s.wait_ready("shop").await;
+    s.create_ready("shop", json!({})).await;
     let owner = connect_with(&s, &s.connection_secret("shop").await).await;
     owner
         .batch_execute("CREATE TABLE before_users (id serial PRIMARY KEY, v text); INSERT INTO before_users (v) VALUES ('a')")
@@ -199,8 +198,7 @@ async fn guardrails_refuse_more_than_the_server_allows_and_apply_defaults() {
         "nothing is created for a refused Database"
     );
 
-    s.create("app", json!({})).await;
-    s.wait_ready("app").await;
+    s.create_ready("app", json!({})).await;
     // The owner gets the server's default, and -1 becomes the ceiling.
     let row = admin
         .query_one(
@@ -327,11 +325,9 @@ async fn guardrails_refuse_more_than_the_server_allows_and_apply_defaults() {
 #[tokio::test]
 async fn a_secret_template_renders_escaped_and_a_bad_one_is_refused_before_any_write() {
     let s = Setup::new("usertmpl").await;
-    s.create("tmpl", json!({
+    s.create_ready("tmpl", json!({
         "secretTemplate": {"DATABASE_URL": "postgresql://{{ user }}:{{ password }}@{{ host }}:{{ port }}/{{ database }}?sslmode={{ sslmode }}"}
-    }))
-    .await;
-    s.wait_ready("tmpl").await;
+    })).await;
     let secret = s.connection_secret("tmpl").await;
     let url = value(&secret, "DATABASE_URL");
     assert_eq!(
@@ -388,8 +384,7 @@ async fn a_secret_template_renders_escaped_and_a_bad_one_is_refused_before_any_w
 #[tokio::test]
 async fn rotation_keeps_a_live_application_working_through_two_rotations() {
     let s = Setup::with_major("userrot", 17).await;
-    s.create("live", json!({})).await;
-    s.wait_ready("live").await;
+    s.create_ready("live", json!({})).await;
     let owner = connect_with(&s, &s.connection_secret("live").await).await;
     owner
         .batch_execute("CREATE TABLE t (id int)")
@@ -505,9 +500,8 @@ async fn rotation_keeps_a_live_application_working_through_two_rotations() {
 #[tokio::test]
 async fn the_owners_password_rotates_and_what_it_creates_stays_the_owners() {
     let s = Setup::with_major("ownerrot", 17).await;
-    s.create("rot", json!({"passwordRotation": {"keepPrevious": "5s"}}))
+    s.create_ready("rot", json!({"passwordRotation": {"keepPrevious": "5s"}}))
         .await;
-    s.wait_ready("rot").await;
     let first = s.connection_secret("rot").await;
     assert_eq!(
         value(&first, "username"),

@@ -154,7 +154,7 @@ async fn count(c: &tokio_postgres::Client, table: &str, who: &str) -> i64 {
 
 /// The major version of the server a session is on.
 async fn major(c: &tokio_postgres::Client) -> i32 {
-    let version: i32 = scalar(&c, "SELECT current_setting('server_version_num')::int").await;
+    let version: i32 = scalar(c, "SELECT current_setting('server_version_num')::int").await;
     version / 10000
 }
 

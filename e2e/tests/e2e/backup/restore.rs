@@ -83,11 +83,7 @@ async fn a_corrupted_artifact_is_refused_and_nothing_is_restored() {
 
     s.create_restored_database("copy", "source-1").await;
     let db = s
-        .wait_database(
-            "copy",
-            Want::new("Ready", "False", Some("ChecksumMismatch")),
-            READY,
-        )
+        .wait_database("copy", Want::not_ready("ChecksumMismatch"), READY)
         .await;
     let ready = condition(&db, "Ready").unwrap();
     assert!(

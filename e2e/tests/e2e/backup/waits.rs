@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use dbops_api::BackupPhase;
-use dbops_e2e::fixtures::merge_patch;
+use dbops_e2e::fixtures::{merge_patch, merge_patch_spec};
 use dbops_e2e::harness::backup::{
     ADMIN_SECRET, READY, Setup, assert_has, attempts, has, phase, verify_artifact,
 };
@@ -30,7 +30,7 @@ async fn a_backup_created_in_an_outage_waits_without_spending_retries() {
     dbops_e2e::fixtures::server_condition(
         &s.b.client,
         &server,
-        Want::new("Ready", "False", Some("ServerUnreachable")),
+        Want::not_ready("ServerUnreachable"),
         Duration::from_secs(120),
     )
     .await
@@ -86,7 +86,7 @@ async fn an_unwritable_store_is_retried_then_failed() {
     let retrying = s
         .wait_backup("app-1", "a retry after a failed attempt", READY, |b| {
             has(b, Want::new("Progressing", "True", Some("Retrying")))
-                && has(b, Want::new("Ready", "False", Some("StoreUnavailable")))
+                && has(b, Want::not_ready("StoreUnavailable"))
         })
         .await;
     assert!(attempts(&retrying) >= 1);
@@ -97,10 +97,7 @@ async fn an_unwritable_store_is_retried_then_failed() {
         Want::new("Failed", "True", Some("StoreUnavailable")),
     );
     assert!(has(&failed, Want::new("Progressing", "False", None)));
-    assert!(has(
-        &failed,
-        Want::new("Ready", "False", Some("StoreUnavailable"))
-    ));
+    assert!(has(&failed, Want::not_ready("StoreUnavailable")));
 }
 
 /// (e) A Backup of a Database that does not exist fails at once, without retries.
@@ -114,10 +111,7 @@ async fn a_missing_database_fails_the_backup_at_once() {
         &failed,
         Want::new("Failed", "True", Some("DatabaseNotFound"))
     ));
-    assert!(has(
-        &failed,
-        Want::new("Ready", "False", Some("DatabaseNotFound"))
-    ));
+    assert!(has(&failed, Want::not_ready("DatabaseNotFound")));
     assert_eq!(attempts(&failed), 0, "no dump was attempted");
     assert!(s.store_files().is_empty());
 }
@@ -282,13 +276,9 @@ async fn held_locks_are_reported_and_work_resumes_when_they_are_released() {
 
     s.create_backup("app-locked", "app", json!({"maxRetries": 20}))
         .await;
-    merge_patch(
-        &s.databases(),
-        "app",
-        json!({"spec": {"connectionLimit": 5}}),
-    )
-    .await
-    .unwrap();
+    merge_patch_spec(&s.databases(), "app", json!({"connectionLimit": 5}))
+        .await
+        .unwrap();
 
     // Each says what it waits for, and neither is stuck.
     s.wait_backup(
@@ -304,12 +294,8 @@ async fn held_locks_are_reported_and_work_resumes_when_they_are_released() {
         },
     )
     .await;
-    s.wait_database(
-        "app",
-        Want::new("Ready", "False", Some("LockTimeout")),
-        READY,
-    )
-    .await;
+    s.wait_database("app", Want::not_ready("LockTimeout"), READY)
+        .await;
 
     // Released: the Backup completes, the Database converges.
     app.batch_execute("ROLLBACK").await.unwrap();

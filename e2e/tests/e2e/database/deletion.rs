@@ -14,8 +14,9 @@ use serde_json::json;
 #[tokio::test]
 async fn retain_policy_leaves_the_database_and_role() {
     let s = Setup::new("db-retain").await;
-    s.create("kept", json!({"deletionPolicy": "Retain"})).await;
-    let db = s.wait_ready("kept").await;
+    let db = s
+        .create_ready("kept", json!({"deletionPolicy": "Retain"}))
+        .await;
     assert!(
         !has_finalizer(&db),
         "Retain needs no finalizer: {:?}",
@@ -47,9 +48,9 @@ async fn retain_policy_leaves_the_database_and_role() {
 #[tokio::test]
 async fn delete_policy_drops_the_database_and_role() {
     let s = Setup::new("db-delete").await;
-    s.create("dropped", json!({"deletionPolicy": "Delete"}))
+    let db = s
+        .create_ready("dropped", json!({"deletionPolicy": "Delete"}))
         .await;
-    let db = s.wait_ready("dropped").await;
     assert!(has_finalizer(&db), "Delete needs the finalizer {FINALIZER}");
 
     // An application session is open: deletion terminates it.
@@ -78,9 +79,9 @@ async fn delete_policy_drops_the_database_and_role() {
 #[tokio::test]
 async fn snapshot_policy_waits_for_the_final_backup_then_drops() {
     let s = Setup::new("db-snapshot").await;
-    s.create("snap", json!({"deletionPolicy": "Snapshot"}))
+    let db = s
+        .create_ready("snap", json!({"deletionPolicy": "Snapshot"}))
         .await;
-    let db = s.wait_ready("snap").await;
     assert!(
         has_finalizer(&db),
         "Snapshot needs the finalizer {FINALIZER}"

@@ -19,8 +19,7 @@ use serde_json::json;
 #[tokio::test]
 async fn the_connection_secret_is_restored_and_the_password_rotated() {
     let s = Setup::new("db-secret").await;
-    s.create("app", json!({})).await;
-    s.wait_ready("app").await;
+    s.create_ready("app", json!({})).await;
     let port = s.pg.port();
     let secrets = s.secrets();
     let first = s.connection_secret("app").await;
@@ -123,8 +122,7 @@ async fn the_connection_secret_is_restored_and_the_password_rotated() {
 #[tokio::test]
 async fn a_vanished_database_is_reported_and_not_recreated() {
     let s = Setup::new("db-missing").await;
-    s.create("ghost", json!({})).await;
-    let db = s.wait_ready("ghost").await;
+    let db = s.create_ready("ghost", json!({})).await;
     assert!(db.status.as_ref().unwrap().provider_id.is_some());
 
     s.pg.drop_database_force("ghost").await.unwrap();
@@ -203,9 +201,9 @@ async fn a_vanished_database_is_reported_and_not_recreated() {
 #[tokio::test]
 async fn a_running_migration_holds_off_drift_repair_and_deletion() {
     let s = Setup::new("db-migrating").await;
-    s.create("moving", json!({"deletionPolicy": "Retain"}))
+    let db = s
+        .create_ready("moving", json!({"deletionPolicy": "Retain"}))
         .await;
-    let db = s.wait_ready("moving").await;
     assert!(!has_finalizer(&db), "Retain needs no finalizer yet");
 
     // No migration-controller runs: the Migration is only there (to an unreachable target).

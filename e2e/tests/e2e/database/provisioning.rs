@@ -3,7 +3,7 @@
 
 use std::str::FromStr;
 
-use dbops_e2e::fixtures::merge_patch;
+use dbops_e2e::fixtures::merge_patch_spec;
 use dbops_e2e::harness::database::{
     ADMIN_SECRET, CONTROLLER_USER, READY, RESYNC, SecretView, Setup, connect, connect_config, mark,
     value,
@@ -261,17 +261,12 @@ async fn a_database_becomes_ready_and_its_secret_connects() {
 #[tokio::test]
 async fn connection_limit_follows_the_spec() {
     let s = Setup::new("db-connlimit").await;
-    s.create("limits", json!({})).await;
-    s.wait_ready("limits").await;
+    s.create_ready("limits", json!({})).await;
     assert_eq!(s.pg.connlimit("limits").await.unwrap(), Some(-1));
 
-    merge_patch(
-        &s.databases(),
-        "limits",
-        json!({"spec": {"connectionLimit": 5}}),
-    )
-    .await
-    .unwrap();
+    merge_patch_spec(&s.databases(), "limits", json!({"connectionLimit": 5}))
+        .await
+        .unwrap();
     eventually(
         "datconnlimit 5 after spec.connectionLimit: 5",
         READY,

@@ -2,7 +2,7 @@
 //! Databases.
 
 use dbops_api::DatabaseServer;
-use dbops_e2e::fixtures::merge_patch;
+use dbops_e2e::fixtures::merge_patch_spec;
 use dbops_e2e::harness::database::{ADMIN_SECRET, READY, RESYNC, Setup, merge, not_ready};
 use dbops_e2e::wait::{Want, eventually, holds_for};
 use kube::api::{Api, DeleteParams};
@@ -84,10 +84,10 @@ async fn a_server_serves_allowed_namespaces_within_its_quota_and_outlives_its_da
     }
     untouched("shut").await;
     untouched("foreign").await;
-    merge_patch(
+    merge_patch_spec(
         &servers,
         &s.server("closed"),
-        json!({"spec": {"allowedNamespaces": {}}}),
+        json!({"allowedNamespaces": {}}),
     )
     .await
     .unwrap();
@@ -125,9 +125,7 @@ async fn a_server_serves_allowed_namespaces_within_its_quota_and_outlives_its_da
         .await
         .unwrap();
     // It says why: Ready=False/InUse, naming the Databases that hold it.
-    let waiting = s
-        .wait_server(&small, Want::new("Ready", "False", Some("InUse")))
-        .await;
+    let waiting = s.wait_server(&small, Want::not_ready("InUse")).await;
     let message = waiting
         .status
         .iter()

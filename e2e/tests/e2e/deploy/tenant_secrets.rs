@@ -121,7 +121,7 @@ async fn the_database_controller_reaches_a_tenant_namespaces_secrets_only_while_
     )
     .unwrap();
     databases.create(&PostParams::default(), &db).await.unwrap();
-    let refused = Want::new("Ready", "False", Some("NamespaceNotAllowed"));
+    let refused = Want::not_ready("NamespaceNotAllowed");
     if let Err(e) = dbops_e2e::wait::database_condition(
         &b.client,
         &tenant.name,
@@ -230,13 +230,10 @@ async fn the_database_controller_reaches_a_tenant_namespaces_secrets_only_while_
     // 4. The server stops allowing the namespace: the Database, provisioned there, stays
     // admitted and Ready, and so does the access its connection Secret needs.
     let servers: Api<dbops_api::DatabaseServer> = Api::all(b.client.clone());
-    let changed = dbops_e2e::fixtures::merge_patch(
-        &servers,
-        &server,
-        json!({"spec": {"allowedNamespaces": {"matchLabels": {tenant_label: "nobody"}}}}),
-    )
-    .await
-    .unwrap();
+    let nobody = json!({"allowedNamespaces": {"matchLabels": {tenant_label: "nobody"}}});
+    let changed = dbops_e2e::fixtures::merge_patch_spec(&servers, &server, nobody)
+        .await
+        .unwrap();
     let generation = changed.metadata.generation;
     dbops_e2e::wait::eventually(
         "the server controller to see the server's new generation",
