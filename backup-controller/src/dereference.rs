@@ -95,40 +95,28 @@ mod tests {
 
     #[test]
     fn a_ready_database_or_one_awaiting_its_final_snapshot_can_be_dumped() {
-        assert!(can_be_dumped(
-            &database("Retain", false, "True", true),
-            false
-        ));
-        assert!(!can_be_dumped(
-            &database("Retain", false, "False", true),
-            false
-        ));
-        assert!(can_be_dumped(
-            &database("Snapshot", true, "False", true),
-            false
-        ));
-        assert!(!can_be_dumped(
-            &database("Snapshot", true, "False", false),
-            false
-        ));
-        assert!(!can_be_dumped(
-            &database("Delete", true, "False", true),
-            false
-        ));
-        // Its final snapshot is dumped even when its provisioning was never recorded (the
-        // database-controller asks for one only when the database is whole)...
-        assert!(can_be_dumped(
-            &database("Snapshot", true, "False", false),
-            true
-        ));
-        // ...and only while it is being deleted with that policy.
-        assert!(!can_be_dumped(
-            &database("Snapshot", false, "False", false),
-            true
-        ));
-        assert!(!can_be_dumped(
-            &database("Delete", true, "False", false),
-            true
-        ));
+        // (deletionPolicy, being deleted, Ready, provisioning recorded, a final snapshot
+        // asked for, can be dumped)
+        for (policy, deleting, ready, provisioned, final_snapshot, dumped) in [
+            ("Retain", false, "True", true, false, true),
+            ("Retain", false, "False", true, false, false),
+            ("Snapshot", true, "False", true, false, true),
+            ("Snapshot", true, "False", false, false, false),
+            ("Delete", true, "False", true, false, false),
+            // Its final snapshot is dumped even when its provisioning was never recorded
+            // (the database-controller asks for one only when the database is whole)...
+            ("Snapshot", true, "False", false, true, true),
+            // ...and only while it is being deleted with that policy.
+            ("Snapshot", false, "False", false, true, false),
+            ("Delete", true, "False", false, true, false),
+        ] {
+            let db = database(policy, deleting, ready, provisioned);
+            assert_eq!(
+                can_be_dumped(&db, final_snapshot),
+                dumped,
+                "{policy}, deleting {deleting}, Ready={ready}, provisioned {provisioned}, \
+                 final snapshot {final_snapshot}"
+            );
+        }
     }
 }
