@@ -440,6 +440,12 @@ mod tests {
         })
     }
 
+    /// Once the client is gone, the fake API server ends: it answered exactly one request.
+    async fn assert_served_once(api: Api<Lease>, server: JoinHandle<usize>) {
+        drop(api);
+        assert_eq!(server.await.unwrap(), 1);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_leader_whose_lease_names_another_holder_is_deposed_without_releasing() {
         let (api, handle) = leases();
@@ -456,8 +462,7 @@ mod tests {
             Release::No,
             "the new holder's Lease is not cleared"
         );
-        drop(api);
-        assert_eq!(server.await.unwrap(), 1);
+        assert_served_once(api, server).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -479,8 +484,7 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), released(&api, "dbops-test"))
             .await
             .expect("a Lease without holder is noticed at the first poll");
-        drop(api);
-        assert_eq!(server.await.unwrap(), 1);
+        assert_served_once(api, server).await;
     }
 
     #[tokio::test(start_paused = true)]

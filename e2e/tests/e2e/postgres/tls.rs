@@ -17,6 +17,37 @@ const LOOPBACK: [IpAddr; 1] = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
 /// Provisioning on a busy 2-core machine.
 const READY: Duration = Duration::from_secs(60);
 
+/// A test CA, another CA that vouches for none of the servers, and three servers named
+/// after `name`: TLS with a certificate of the CA for localhost (`secure`), TLS with one
+/// of the CA made out to pg.example only (`renamed`), and no TLS (`plain`).
+struct TlsServers {
+    ca: TestCa,
+    other_ca: TestCa,
+    secure: PgServer,
+    renamed: PgServer,
+    plain: PgServer,
+}
+
+async fn tls_servers(name: &str) -> TlsServers {
+    let ca = TestCa::new(&format!("dbops-e2e-{name}-ca")).unwrap();
+    let other_ca = TestCa::new(&format!("dbops-e2e-{name}-other-ca")).unwrap();
+    let cert = ca.server_cert(&["localhost"], &LOOPBACK).unwrap();
+    let other_name = ca.server_cert(&["pg.example"], &[]).unwrap();
+    let (renamed_name, plain_name) = (format!("{name}-other-name"), format!("{name}-plain"));
+    let (secure, renamed, plain) = tokio::join!(
+        PgServer::start_with_tls(name, Some(&cert)),
+        PgServer::start_with_tls(&renamed_name, Some(&other_name)),
+        PgServer::start(&plain_name),
+    );
+    TlsServers {
+        ca,
+        other_ca,
+        secure: secure.unwrap(),
+        renamed: renamed.unwrap(),
+        plain: plain.unwrap(),
+    }
+}
+
 /// TLS for the controllers' own sessions against real PostgreSQL servers speaking TLS
 /// with certificates of a test CA, through the shared client: `disable` stays plain and
 /// `require` encrypts (pg_stat_ssl says so); `require` to a server without TLS is
@@ -28,16 +59,13 @@ const READY: Duration = Duration::from_secs(60);
 async fn the_shared_client_speaks_tls_and_names_each_tls_failure() {
     use dbops_api::TlsMode;
     use dbops_shared::postgres::{CaBundle, Endpoint, Servers};
-    let ca = TestCa::new("dbops-e2e-postgres-ca").unwrap();
-    let other_ca = TestCa::new("dbops-e2e-other-ca").unwrap();
-    let cert = ca.server_cert(&["localhost"], &LOOPBACK).unwrap();
-    let other_name = ca.server_cert(&["pg.example"], &[]).unwrap();
-    let (secure, renamed, plain) = tokio::join!(
-        PgServer::start_with_tls("tls", Some(&cert)),
-        PgServer::start_with_tls("tls-other-name", Some(&other_name)),
-        PgServer::start("no-tls"),
-    );
-    let (secure, renamed, plain) = (secure.unwrap(), renamed.unwrap(), plain.unwrap());
+    let TlsServers {
+        ca,
+        other_ca,
+        secure,
+        renamed,
+        plain,
+    } = tls_servers("tls").await;
     let servers = Servers::new(2, 5, Duration::from_secs(30));
     let endpoint = |pg: &PgServer, host: &str, mode: TlsMode, ca: Option<&TestCa>| {
         let mut endpoint = Endpoint::new(host, pg.port(), mode);
@@ -129,16 +157,13 @@ async fn databases_on_tls_servers_name_each_tls_failure() {
 
     let b = crate::bed("pg-tls").await;
     let ns = b.ns.name().to_string();
-    let ca = TestCa::new("dbops-e2e-tls-ca").unwrap();
-    let other_ca = TestCa::new("dbops-e2e-tls-other-ca").unwrap();
-    let cert = ca.server_cert(&["localhost"], &LOOPBACK).unwrap();
-    let other_name = ca.server_cert(&["pg.example"], &[]).unwrap();
-    let (secure, renamed, plain) = tokio::join!(
-        PgServer::start_with_tls("tls-db", Some(&cert)),
-        PgServer::start_with_tls("tls-db-other-name", Some(&other_name)),
-        PgServer::start("tls-db-plain"),
-    );
-    let (secure, renamed, plain) = (secure.unwrap(), renamed.unwrap(), plain.unwrap());
+    let TlsServers {
+        ca,
+        other_ca,
+        secure,
+        renamed,
+        plain,
+    } = tls_servers("tls-db").await;
 
     let case = |name, pg, host, mode, ca, reason| TlsCase {
         name,
