@@ -41,6 +41,11 @@ const APPLIED_WAIT: Duration = Duration::from_secs(30);
 const STOP_WAIT: Duration = Duration::from_secs(10);
 /// How long creating a slot may wait for the transactions running on a server.
 const SLOT_TIMEOUT: &str = "10s";
+/// How long locking the tables to count may wait for a tenant's DDL.
+const LOCK_TIMEOUT: &str = "5s";
+
+/// Tables (schema, name), as `test_decoding` names them, and their OIDs.
+type Listed = (Vec<(String, String)>, Vec<String>, Vec<i64>);
 
 /// The rows of every table, the same on both servers at the source's position `at`.
 #[derive(Debug, Clone)]
@@ -267,15 +272,61 @@ async fn counted(s: &mut Session) -> Result<Why<Count>> {
     Ok(count)
 }
 
+/// Lists and counts in the transaction's snapshot. The source is writable meanwhile, so a
+/// tenant must not be able to turn a table into a view (`CREATE RULE "_RETURN"`, possible
+/// before PostgreSQL 16) whose query the admin's `count(*)` would run: every table is
+/// locked (ACCESS SHARE: writes go on, DDL waits) and then checked to still have storage,
+/// before anything is counted; row security is off (a policy raises an error rather than
+/// running a tenant's function as the admin).
 async fn count_in(tx: &tokio_postgres::Transaction<'_>) -> Result<Why<Count>> {
+    tx.batch_execute(&format!(
+        "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'; SET LOCAL row_security = off"
+    ))
+    .await
+    .map_err(PgError::sql(
+        "setting the counts' lock timeout and row security",
+    ))?;
+    // The first query takes the snapshot.
+    let (tables, names, oids) = match list(tx).await? {
+        Ok(l) => l,
+        Err(why) => return Ok(Err(why)),
+    };
     let snapshot = match snapshot_of(tx).await? {
         Ok(s) => s,
         Err(why) => return Ok(Err(why)),
     };
-    let (tables, names) = match list(tx).await? {
-        Ok(l) => l,
-        Err(why) => return Ok(Err(why)),
-    };
+    if !tables.is_empty() {
+        let each: Vec<String> = tables
+            .iter()
+            .map(|(schema, table)| format!("ONLY {}.{}", quote_ident(schema), quote_ident(table)))
+            .collect();
+        let locked = tx
+            .batch_execute(&format!(
+                "LOCK TABLE {} IN ACCESS SHARE MODE",
+                each.join(", ")
+            ))
+            .await;
+        if let Err(e) = locked {
+            return Ok(Err(
+                PgError::sql("locking the tables to count")(e).to_string()
+            ));
+        }
+        // After the lock, the relation cache is current: a view has no file node.
+        let stored: bool = tx
+            .query_one(
+                "SELECT coalesce(bool_and(pg_relation_filenode(oid) IS NOT NULL), true) \
+                 FROM unnest($1::bigint[]::oid[]) AS oid",
+                &[&oids],
+            )
+            .await
+            .map_err(PgError::sql("checking the tables to count"))?
+            .get(0);
+        if !stored {
+            return Ok(Err(
+                "a table stopped being a table while it was listed".into()
+            ));
+        }
+    }
     let rows = count(tx, &tables).await?;
     Ok(Ok(Count {
         tables,
@@ -376,14 +427,14 @@ async fn snapshot_of(c: &impl GenericClient) -> Result<Why<Snapshot>> {
     Ok(Snapshot::parse(&text).ok_or_else(|| format!("a snapshot {text:?}")))
 }
 
-/// The tables as `sql::tables` lists them, and as `test_decoding` names them; none may be
-/// unlogged (its changes are not decoded).
-async fn list(c: &impl GenericClient) -> Result<Why<(Vec<(String, String)>, Vec<String>)>> {
+/// The tables as `sql::tables` lists them, as `test_decoding` names them, and their OIDs;
+/// none may be unlogged (its changes are not decoded).
+async fn list(c: &impl GenericClient) -> Result<Why<Listed>> {
     let rows = c
         .query(
             &format!(
                 "SELECT n.nspname::text, c.relname::text, format('%I.%I', n.nspname, c.relname), \
-                        c.relpersistence = 'p' {} ORDER BY 1, 2",
+                        c.relpersistence = 'p', c.oid::bigint {} ORDER BY 1, 2",
                 ddl::USER_TABLES
             ),
             &[],
@@ -396,6 +447,7 @@ async fn list(c: &impl GenericClient) -> Result<Why<(Vec<(String, String)>, Vec<
     Ok(Ok((
         rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
         rows.iter().map(|r| r.get(2)).collect(),
+        rows.iter().map(|r| r.get(4)).collect(),
     )))
 }
 
