@@ -19,16 +19,8 @@ const READY: Duration = Duration::from_secs(60);
 
 /// A test CA, another CA that vouches for none of the servers, and three servers named
 /// after `name`: TLS with a certificate of the CA for localhost (`secure`), TLS with one
-/// of the CA made out to pg.example only (`renamed`), and no TLS (`plain`).
-struct TlsServers {
-    ca: TestCa,
-    other_ca: TestCa,
-    secure: PgServer,
-    renamed: PgServer,
-    plain: PgServer,
-}
-
-async fn tls_servers(name: &str) -> TlsServers {
+/// of the CA made out to pg.example only (`renamed`), and no TLS (`plain`); in that order.
+async fn tls_servers(name: &str) -> (TestCa, TestCa, PgServer, PgServer, PgServer) {
     let ca = TestCa::new(&format!("dbops-e2e-{name}-ca")).unwrap();
     let other_ca = TestCa::new(&format!("dbops-e2e-{name}-other-ca")).unwrap();
     let cert = ca.server_cert(&["localhost"], &LOOPBACK).unwrap();
@@ -39,13 +31,13 @@ async fn tls_servers(name: &str) -> TlsServers {
         PgServer::start_with_tls(&renamed_name, Some(&other_name)),
         PgServer::start(&plain_name),
     );
-    TlsServers {
+    (
         ca,
         other_ca,
-        secure: secure.unwrap(),
-        renamed: renamed.unwrap(),
-        plain: plain.unwrap(),
-    }
+        secure.unwrap(),
+        renamed.unwrap(),
+        plain.unwrap(),
+    )
 }
 
 /// TLS for the controllers' own sessions against real PostgreSQL servers speaking TLS
@@ -59,13 +51,7 @@ async fn tls_servers(name: &str) -> TlsServers {
 async fn the_shared_client_speaks_tls_and_names_each_tls_failure() {
     use dbops_api::TlsMode;
     use dbops_shared::postgres::{CaBundle, Endpoint, Servers};
-    let TlsServers {
-        ca,
-        other_ca,
-        secure,
-        renamed,
-        plain,
-    } = tls_servers("tls").await;
+    let (ca, other_ca, secure, renamed, plain) = tls_servers("tls").await;
     let servers = Servers::new(2, 5, Duration::from_secs(30));
     let endpoint = |pg: &PgServer, host: &str, mode: TlsMode, ca: Option<&TestCa>| {
         let mut endpoint = Endpoint::new(host, pg.port(), mode);
@@ -157,13 +143,7 @@ async fn databases_on_tls_servers_name_each_tls_failure() {
 
     let b = crate::bed("pg-tls").await;
     let ns = b.ns.name().to_string();
-    let TlsServers {
-        ca,
-        other_ca,
-        secure,
-        renamed,
-        plain,
-    } = tls_servers("tls-db").await;
+    let (ca, other_ca, secure, renamed, plain) = tls_servers("tls-db").await;
 
     let case = |name, pg, host, mode, ca, reason| TlsCase {
         name,
