@@ -10,13 +10,20 @@ use dbops_e2e::wait::{Want, eventually, holds_for};
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 
+/// A test's Setup (namespace `prefix`) and its Database `name` with `deletionPolicy:
+/// policy`, provisioned.
+async fn with_policy(prefix: &str, name: &str, policy: &str) -> (Setup, dbops_api::Database) {
+    let s = Setup::new(prefix).await;
+    let db = s
+        .create_ready(name, json!({"deletionPolicy": policy}))
+        .await;
+    (s, db)
+}
+
 /// 3a. Retain: the Database goes at once, the database and role stay.
 #[tokio::test]
 async fn retain_policy_leaves_the_database_and_role() {
-    let s = Setup::new("db-retain").await;
-    let db = s
-        .create_ready("kept", json!({"deletionPolicy": "Retain"}))
-        .await;
+    let (s, db) = with_policy("db-retain", "kept", "Retain").await;
     assert!(
         !has_finalizer(&db),
         "Retain needs no finalizer: {:?}",
@@ -47,10 +54,7 @@ async fn retain_policy_leaves_the_database_and_role() {
 /// 3b. Delete: sessions terminated, database and role dropped, then the object goes.
 #[tokio::test]
 async fn delete_policy_drops_the_database_and_role() {
-    let s = Setup::new("db-delete").await;
-    let db = s
-        .create_ready("dropped", json!({"deletionPolicy": "Delete"}))
-        .await;
+    let (s, db) = with_policy("db-delete", "dropped", "Delete").await;
     assert!(has_finalizer(&db), "Delete needs the finalizer {FINALIZER}");
 
     // An application session is open: deletion terminates it.
@@ -78,10 +82,7 @@ async fn delete_policy_drops_the_database_and_role() {
 /// 3c. Snapshot: a final Backup first; the drop waits until that Backup is Ready.
 #[tokio::test]
 async fn snapshot_policy_waits_for_the_final_backup_then_drops() {
-    let s = Setup::new("db-snapshot").await;
-    let db = s
-        .create_ready("snap", json!({"deletionPolicy": "Snapshot"}))
-        .await;
+    let (s, db) = with_policy("db-snapshot", "snap", "Snapshot").await;
     assert!(
         has_finalizer(&db),
         "Snapshot needs the finalizer {FINALIZER}"
