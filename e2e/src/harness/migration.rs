@@ -5,6 +5,7 @@
 //! numbered rows through a connection Secret while a Database moves.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::time::Duration;
 
 use dbops_api::{ChosenMode, Database, Migration, MigrationPhase, MigrationStep, StepState};
@@ -122,8 +123,12 @@ impl Setup {
         let target = match target_major {
             None => PgServer::start_with_tls(&format!("{prefix}-dst"), cert.as_ref()).await,
             Some(major) if !source_settings.is_empty() => {
-                PgServer::start_major_with_settings(&format!("{prefix}-dst"), major, source_settings)
-                    .await
+                PgServer::start_major_with_settings(
+                    &format!("{prefix}-dst"),
+                    major,
+                    source_settings,
+                )
+                .await
             }
             Some(major) => {
                 PgServer::start_major_with_tls(&format!("{prefix}-dst"), major, cert.as_ref()).await
@@ -241,10 +246,21 @@ impl Setup {
     }
 
     pub fn start(&self, name: &str, extra: Vec<String>) -> ControllerProcess {
+        self.launch(name, extra, ControllerProcess::start)
+    }
+
+    /// Starts controller `name` by `how` (`ControllerProcess::start`, …) with its own
+    /// identity, the common flags and `extra`; a failure to start panics with the error.
+    fn launch(
+        &self,
+        name: &str,
+        extra: Vec<String>,
+        how: fn(&str, &Path, &Path, &[String]) -> anyhow::Result<ControllerProcess>,
+    ) -> ControllerProcess {
         let kubeconfig = self.identities[name].clone();
         let mut args = self.common_args();
         args.extend(extra);
-        ControllerProcess::start(name, &kubeconfig, self.logs.path(), &args)
+        how(name, &kubeconfig, self.logs.path(), &args)
             .unwrap_or_else(|e| panic!("starting the {name}: {}", self.redact(&format!("{e:#}"))))
     }
 
@@ -257,21 +273,11 @@ impl Setup {
         args.extend(extra.iter().map(|s| s.to_string()));
         if extra.iter().any(|a| a.starts_with("--debug-exit-at")) {
             // It may reach its exit point before /healthz is first asked.
-            let kubeconfig = self.identities["migration-controller"].clone();
-            let mut all = self.common_args();
-            all.extend(args);
-            let c = ControllerProcess::start_expecting_exit(
+            let c = self.launch(
                 "migration-controller",
-                &kubeconfig,
-                self.logs.path(),
-                &all,
-            )
-            .unwrap_or_else(|e| {
-                panic!(
-                    "starting the migration-controller: {}",
-                    self.redact(&format!("{e:#}"))
-                )
-            });
+                args,
+                ControllerProcess::start_expecting_exit,
+            );
             self.migration_controller = Some(c);
             return;
         }
