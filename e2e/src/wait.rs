@@ -192,6 +192,11 @@ impl<'a> Want<'a> {
         Want::new("Ready", "True", Some("Provisioned"))
     }
 
+    /// Progressing=True with `reason`: at work, or waiting for something it names.
+    pub fn progressing(reason: &'a str) -> Self {
+        Want::new("Progressing", "True", Some(reason))
+    }
+
     /// Ready=False with `reason`: refused or failing, and saying why.
     pub fn not_ready(reason: &'a str) -> Self {
         Want::new("Ready", "False", Some(reason))

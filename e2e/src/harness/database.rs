@@ -33,7 +33,7 @@ pub const READY: Duration = Duration::from_secs(60);
 pub const RESYNC: Duration = Duration::from_secs(3);
 
 pub fn ready() -> Want<'static> {
-    Want::new("Ready", "True", Some("Provisioned"))
+    Want::provisioned()
 }
 
 pub fn not_ready(reason: &'static str) -> Want<'static> {

@@ -273,7 +273,7 @@ impl Scenario {
     }
 
     pub async fn wait_ready(&self, name: &str) {
-        let want = Want::new("Ready", "True", Some("Provisioned"));
+        let want = Want::provisioned();
         if let Err(e) =
             crate::wait::database_condition(&self.b.client, self.ns(), name, want, READY).await
         {
@@ -366,7 +366,7 @@ impl Scenario {
                 .await
                 .unwrap();
             assert!(
-                crate::wait::database_has(&db, Want::new("Ready", "True", Some("Provisioned"))),
+                crate::wait::database_has(&db, Want::provisioned()),
                 "{name} is not Ready: {:?}",
                 db.status
             );

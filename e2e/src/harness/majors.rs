@@ -248,7 +248,7 @@ impl Majors {
         crate::fixtures::create_database(&self.b.client, self.ns(), name, &admin(major), extra)
             .await
             .unwrap();
-        let want = Want::new("Ready", "True", Some("Provisioned"));
+        let want = Want::provisioned();
         self.wait(self.databases(), name, "Ready", READY, |db| {
             crate::wait::database_has(db, want)
         })

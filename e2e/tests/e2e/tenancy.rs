@@ -75,7 +75,7 @@ async fn deleting_a_tenant_namespace_never_hangs_and_keeps_what_each_policy_says
         .unwrap();
     }
     for (name, _) in policies {
-        let want = Want::new("Ready", "True", Some("Provisioned"));
+        let want = Want::provisioned();
         if let Err(e) = database_condition(&b.client, &tenant_name, name, want, READY).await {
             panic!("{e:#}\n---- controller log ----\n{}", log());
         }
@@ -329,7 +329,7 @@ async fn a_database_replaced_while_its_reconcile_waits_is_provisioned_for_the_ne
     };
     assert_eq!(db.metadata.uid.as_deref(), Some(second_uid.as_str()));
     assert!(
-        database_has(&db, Want::new("Ready", "True", Some("Provisioned"))),
+        database_has(&db, Want::provisioned()),
         "the new Database is not Ready: {:?}\n---- controller log ----\n{}",
         db.status,
         log()

@@ -167,7 +167,7 @@ async fn a_final_snapshot_is_of_the_database_being_deleted_never_an_earlier_one(
     let conflict = s
         .wait_database(
             "orders",
-            Want::new("Progressing", "True", Some("FinalSnapshotConflict")).any_generation(),
+            Want::progressing("FinalSnapshotConflict").any_generation(),
             READY,
         )
         .await;

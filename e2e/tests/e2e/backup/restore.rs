@@ -131,11 +131,7 @@ async fn a_restore_interrupted_by_a_crash_completes_after_restart() {
 
     s.create_restored_database("copy", "source-1").await;
     let first = s
-        .wait_database(
-            "copy",
-            Want::new("Progressing", "True", Some("Restoring")),
-            BIG_DUMP,
-        )
+        .wait_database("copy", Want::progressing("Restoring"), BIG_DUMP)
         .await;
     // pg_restore is running (its session is visible on the server): kill the controller.
     let restoring = dbops_e2e::wait::eventually(

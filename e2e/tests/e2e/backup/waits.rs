@@ -39,10 +39,7 @@ async fn a_backup_created_in_an_outage_waits_without_spending_retries() {
     s.create_backup("app-1", "app", json!({"maxRetries": 1}))
         .await;
     s.wait_backup("app-1", "waiting for its Database", READY, |b| {
-        has(
-            b,
-            Want::new("Progressing", "True", Some("WaitingForDatabase")),
-        )
+        has(b, Want::progressing("WaitingForDatabase"))
     })
     .await;
     // Several backoff periods (1 s .. 5 s here): no attempt is made.
@@ -54,10 +51,7 @@ async fn a_backup_created_in_an_outage_waits_without_spending_retries() {
         |b| {
             phase(&b.0) == Some(BackupPhase::Pending)
                 && attempts(&b.0) == 0
-                && has(
-                    &b.0,
-                    Want::new("Progressing", "True", Some("WaitingForDatabase")),
-                )
+                && has(&b.0, Want::progressing("WaitingForDatabase"))
         },
     )
     .await
@@ -85,8 +79,7 @@ async fn an_unwritable_store_is_retried_then_failed() {
 
     let retrying = s
         .wait_backup("app-1", "a retry after a failed attempt", READY, |b| {
-            has(b, Want::new("Progressing", "True", Some("Retrying")))
-                && has(b, Want::not_ready("StoreUnavailable"))
+            has(b, Want::progressing("Retrying")) && has(b, Want::not_ready("StoreUnavailable"))
         })
         .await;
     assert!(attempts(&retrying) >= 1);
@@ -127,10 +120,7 @@ async fn a_backup_waits_for_its_database_to_be_ready() {
     s.create_backup("late-1", "late", json!({})).await;
     let waiting = s
         .wait_backup("late-1", "waiting for its Database", READY, |b| {
-            has(
-                b,
-                Want::new("Progressing", "True", Some("WaitingForDatabase")),
-            )
+            has(b, Want::progressing("WaitingForDatabase"))
         })
         .await;
     assert_eq!(phase(&waiting), Some(BackupPhase::Pending));
@@ -174,7 +164,7 @@ async fn one_dump_per_server_at_a_time() {
         );
         saw_waiting |= [&a, &b]
             .iter()
-            .any(|x| has(x, Want::new("Progressing", "True", Some("WaitingForSlot"))));
+            .any(|x| has(x, Want::progressing("WaitingForSlot")));
         if [&a, &b]
             .iter()
             .all(|x| phase(x) == Some(BackupPhase::Completed))

@@ -114,7 +114,7 @@ async fn snapshot_policy_waits_for_the_final_backup_then_drops() {
     let waiting = s
         .wait(
             "snap",
-            Want::new("Progressing", "True", Some("WaitingForFinalBackup")).any_generation(),
+            Want::progressing("WaitingForFinalBackup").any_generation(),
             READY,
         )
         .await;

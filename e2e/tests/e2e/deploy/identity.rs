@@ -175,7 +175,7 @@ async fn each_controller_does_its_job_with_a_token_of_its_own_service_account() 
         &world.b.client,
         &ns,
         "app",
-        Want::new("Ready", "True", Some("Provisioned")),
+        Want::provisioned(),
         Duration::from_secs(90),
     )
     .await

@@ -162,7 +162,7 @@ async fn the_database_controller_reaches_a_tenant_namespaces_secrets_only_while_
         &b.client,
         &tenant.name,
         "app",
-        Want::new("Ready", "True", Some("Provisioned")),
+        Want::provisioned(),
         Duration::from_secs(90),
     )
     .await
@@ -253,10 +253,8 @@ async fn the_database_controller_reaches_a_tenant_namespaces_secrets_only_while_
         2 * TENANT_TICK + Duration::from_secs(2),
         || async {
             let binding = bindings.get_opt(TENANT_BINDING_NAME).await?.is_some();
-            let ready = dbops_e2e::wait::database_has(
-                &databases.get("app").await?,
-                Want::new("Ready", "True", Some("Provisioned")),
-            );
+            let ready =
+                dbops_e2e::wait::database_has(&databases.get("app").await?, Want::provisioned());
             Ok((binding, ready))
         },
         |(binding, ready)| *binding && *ready,

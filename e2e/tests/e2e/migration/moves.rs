@@ -132,10 +132,7 @@ async fn a_database_moves_with_every_committed_write() {
     );
     let db_status = db.status.clone().unwrap();
     assert!(db_status.observed_generation >= status.switched_generation);
-    assert!(dbops_e2e::wait::database_has(
-        &db,
-        Want::new("Ready", "True", Some("Provisioned"))
-    ));
+    assert!(dbops_e2e::wait::database_has(&db, Want::provisioned()));
     let after = s.connection("app").await;
     assert_eq!(after.port, s.target.port());
     let app = s
