@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use dbops_e2e::fixtures::{merge_patch, merge_patch_spec};
 use dbops_e2e::harness::database::{ADMIN_SECRET, READY, Setup, connect, login, value};
 use dbops_e2e::harness::users::{
     connect_with, create_user, refused, roles_like, user_secret, users, wait_retired, wait_user,
@@ -13,7 +14,7 @@ use dbops_e2e::harness::users::{
 use dbops_e2e::postgres::scalar;
 use dbops_e2e::wait::{Want, eventually};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use tokio_postgres::error::SqlState;
 
@@ -158,18 +159,12 @@ async fn guardrails_refuse_more_than_the_server_allows_and_apply_defaults() {
     let s = Setup::new("userlimits").await;
     let server = s.server(ADMIN_SECRET);
     let servers: Api<dbops_api::DatabaseServer> = Api::all(s.b.client.clone());
-    servers
-        .patch(
-            &server,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {
-                "limits": {"connectionLimit": 5, "databaseSize": "1Mi"},
-                "sessionLimits": {"statementTimeout": {"default": "30s", "max": "1m"},
-                                  "workMem": {"max": "64MB"}},
-            }})),
-        )
-        .await
-        .unwrap();
+    let ceilings = json!({
+        "limits": {"connectionLimit": 5, "databaseSize": "1Mi"},
+        "sessionLimits": {"statementTimeout": {"default": "30s", "max": "1m"},
+                          "workMem": {"max": "64MB"}},
+    });
+    merge_patch_spec(&servers, &server, ceilings).await.unwrap();
     // A Database over the ceiling is refused, naming the field; none is created.
     s.create("greedy", json!({"connectionLimit": 10})).await;
     let db = s
@@ -229,14 +224,8 @@ async fn guardrails_refuse_more_than_the_server_allows_and_apply_defaults() {
         "nothing created"
     );
 
-    users(&s)
-        .patch(
-            "app-reader",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"spec": {"connectionLimit": 3, "settings": {"statementTimeout": "2m"}}}),
-            ),
-        )
+    let over = json!({"connectionLimit": 3, "settings": {"statementTimeout": "2m"}});
+    merge_patch_spec(&users(&s), "app-reader", over)
         .await
         .unwrap();
     let u = wait_user(&s, "app-reader", "False", "LimitExceeded").await;
@@ -246,14 +235,8 @@ async fn guardrails_refuse_more_than_the_server_allows_and_apply_defaults() {
         "{message}"
     );
 
-    users(&s)
-        .patch(
-            "app-reader",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"spec": {"settings": {"statementTimeout": "15s", "workMem": "8MB"}}}),
-            ),
-        )
+    let within = json!({"settings": {"statementTimeout": "15s", "workMem": "8MB"}});
+    merge_patch_spec(&users(&s), "app-reader", within)
         .await
         .unwrap();
     wait_user(&s, "app-reader", "True", "UserReady").await;
@@ -306,14 +289,8 @@ async fn guardrails_refuse_more_than_the_server_allows_and_apply_defaults() {
         "a Warning Event SizeExceeded"
     );
     // A higher limit clears it.
-    servers
-        .patch(
-            &server,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"limits": {"databaseSize": "10Gi"}}})),
-        )
-        .await
-        .unwrap();
+    let higher = json!({"limits": {"databaseSize": "10Gi"}});
+    merge_patch_spec(&servers, &server, higher).await.unwrap();
     s.wait(
         "app",
         Want::new("SizeExceeded", "False", Some("WithinLimit")),
@@ -448,14 +425,9 @@ async fn rotation_keeps_a_live_application_working_through_two_rotations() {
     for round in 1..=2 {
         let before = users(&s).get("live-app").await.unwrap().status.unwrap();
         let previous = before.role.clone().unwrap();
-        users(&s)
-            .patch(
-                "live-app",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"annotations": {"dbops.dev/rotate": format!("round-{round}")}}})),
-            )
-            .await
-            .unwrap();
+        let rotate =
+            json!({"metadata": {"annotations": {"dbops.dev/rotate": format!("round-{round}")}}});
+        merge_patch(&users(&s), "live-app", rotate).await.unwrap();
         let next = if previous.ends_with("_1") {
             previous.replace("_1", "_2")
         } else {
@@ -518,16 +490,8 @@ async fn the_owners_password_rotates_and_what_it_creates_stays_the_owners() {
     let databases = s.databases();
 
     for (round, login, previous) in [(1, "rot_1", "rot"), (2, "rot_2", "rot_1")] {
-        databases
-            .patch(
-                "rot",
-                &PatchParams::default(),
-                &Patch::Merge(
-                    json!({"metadata": {"annotations": {"dbops.dev/rotate": format!("{round}")}}}),
-                ),
-            )
-            .await
-            .unwrap();
+        let rotate = json!({"metadata": {"annotations": {"dbops.dev/rotate": format!("{round}")}}});
+        merge_patch(&databases, "rot", rotate).await.unwrap();
         let secret = user_secret(&s, "rot", Some(login)).await;
         let owner = connect_with(&s, &secret).await;
         let who: String = scalar(&owner, "SELECT current_user::text").await;
@@ -572,12 +536,7 @@ async fn the_owners_password_rotates_and_what_it_creates_stays_the_owners() {
         .delete("rot-ro", &DeleteParams::default())
         .await
         .unwrap();
-    databases
-        .patch(
-            "rot",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"deletionPolicy": "Delete"}})),
-        )
+    merge_patch_spec(&databases, "rot", json!({"deletionPolicy": "Delete"}))
         .await
         .unwrap();
     // The finalizer comes with the policy: deletion then drops what the Database made.
