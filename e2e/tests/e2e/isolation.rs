@@ -147,6 +147,18 @@ async fn to_17_a_logical_migration_applies_as_the_owner() {
         .await;
     assert_eq!(phase_of(&m), Some(MigrationPhase::Succeeded));
     assert_eq!(mode_of(&m), Some(ChosenMode::Logical));
+    // Both servers have wal_level=logical: the rows were counted before the freeze, on
+    // a source the tenant could still reach, and nothing escalated (above).
+    let verify = m.status.as_ref().and_then(|s| {
+        let step = s.steps.iter().find(|x| x.name == MigrationStep::Verify);
+        step.and_then(|x| x.message.clone())
+    });
+    assert!(
+        verify
+            .as_deref()
+            .is_some_and(|v| v.contains("counted before the freeze")),
+        "{verify:?}"
+    );
     assert_eq!(trapped_rows(&w, "app").await, 5, "on the target");
     for origin in ["always_trigger", "replica_trigger", "index", "generated"] {
         assert_reached_as(w.pg("target"), origin, &owner);

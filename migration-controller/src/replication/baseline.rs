@@ -4,7 +4,7 @@
 //! 1. on the source, creates the logical slot `<name>_verify` (`test_decoding`), then lists
 //!    and counts every table in one snapshot (the source stays writable);
 //! 2. on the target, creates a slot of that name too, waits until the subscription has
-//!    applied past the source slot's start, disables it, and once its apply worker is
+//!    confirmed a position past the source slot's start, disables it, and once its apply worker is
 //!    gone takes a snapshot and reads how far it applied (`L`, the source's commit
 //!    position); the subscription is enabled again at once, and the target's tables are
 //!    listed and counted in that snapshot while it replicates;
@@ -35,7 +35,7 @@ use crate::context::Saga;
 use crate::error::Result;
 use crate::servers::{at, migration_uid, session};
 
-/// How long the subscription may take to apply past the source slot's start.
+/// How long the subscription may take to confirm a position past the source slot's start.
 const APPLIED_WAIT: Duration = Duration::from_secs(30);
 /// How long the apply worker may take to stop once its subscription is disabled.
 const STOP_WAIT: Duration = Duration::from_secs(10);
@@ -184,8 +184,16 @@ async fn measure(saga: &Saga<'_>, e: &Ends) -> Result<Why<Baseline>> {
     let Some(sub) = sql::subscription(&t, &e.name).await? else {
         return Ok(Err(format!("subscription {} is gone", e.name)));
     };
+    // Everything the source committed before the slot's start is applied once the
+    // subscription confirms a position past it (with nothing pending, the apply worker
+    // confirms what it received): none of those transactions is in the slot, and the
+    // snapshot saw them all.
     let deadline = Instant::now() + APPLIED_WAIT;
-    while applied(&*t, sub.oid).await?.is_none_or(|l| l < start) {
+    let past_start = start.to_string();
+    while !sql::slot_progress(&s, &e.name, Some(&past_start))
+        .await?
+        .is_some_and(|p| p.reached)
+    {
         if Instant::now() >= deadline {
             return Ok(Err(format!(
                 "the target did not apply past {start} within {} s",

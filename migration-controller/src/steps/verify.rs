@@ -74,9 +74,17 @@ async fn rows(
     tables: &[(String, String)],
 ) -> Result<((Vec<i64>, Vec<i64>), String)> {
     let uid = migration_uid(saga);
-    let why = match saga.ctx.state.baselines.take(&uid) {
-        None => "no counts from before the freeze in this process".to_string(),
-        Some(b) if b.tables != tables => "the tables changed since the counts".to_string(),
+    let logical = saga.status().mode == Some(ChosenMode::Logical);
+    let found = if logical {
+        saga.ctx.state.baselines.take(&uid)
+    } else {
+        None
+    };
+    let why = match found {
+        // Dump mode: the source has been frozen since before the copy.
+        None if !logical => String::new(),
+        None => ": no counts from before the freeze in this process".to_string(),
+        Some(b) if b.tables != tables => ": the tables changed since the counts".to_string(),
         Some(b) => {
             let slot = baseline::slot(&replication_sql::name(&uid));
             match baseline::rows_now(s, t, &slot, &b).await? {
@@ -89,12 +97,12 @@ async fn rows(
                         ),
                     ));
                 }
-                Err(why) => why,
+                Err(why) => format!(": {why}"),
             }
         }
     };
     let counted = tokio::try_join!(count_all(s, tables), count_all(t, tables))?;
-    Ok((counted, format!("counted in the freeze: {why}")))
+    Ok((counted, format!("counted in the freeze{why}")))
 }
 
 /// `count(*)` of each table, one after the other on the session.

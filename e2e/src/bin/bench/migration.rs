@@ -25,7 +25,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use dbops_api::{Database, Migration, MigrationPhase};
+use dbops_api::{Database, Migration, MigrationPhase, MigrationStep};
 use dbops_e2e::fixtures::Connection;
 use dbops_e2e::live_writer::{LiveWriter, Options};
 use dbops_e2e::{ControllerProcess, PgServer};
@@ -170,6 +170,8 @@ struct Row {
     duration: Duration,
     commits: usize,
     lost: usize,
+    /// Where Verify counted: before the freeze (the Logical mode's baseline) or in it.
+    verify: &'static str,
 }
 
 pub async fn run(args: MigrationArgs) -> Result<()> {
@@ -267,12 +269,12 @@ pub async fn run(args: MigrationArgs) -> Result<()> {
         started.strftime("%Y-%m-%d %H:%M UTC")
     );
     println!(
-        "| size (pgbench scale, pg_database_size) | mode | write unavailability (longest gap between two commits) | Migration duration | commits | writes lost |"
+        "| size (pgbench scale, pg_database_size) | mode | write unavailability (longest gap between two commits) | Migration duration | commits | writes lost | Verify counted |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} (scale {}, {:.0} MB) | {} | {:.2} s | {:.1} s | {} | {} |",
+            "| {} (scale {}, {:.0} MB) | {} | {:.2} s | {:.1} s | {} | {} | {} |",
             r.size.label,
             r.size.scale,
             r.bytes as f64 / 1e6,
@@ -280,7 +282,8 @@ pub async fn run(args: MigrationArgs) -> Result<()> {
             r.gap.as_secs_f64(),
             r.duration.as_secs_f64(),
             r.commits,
-            r.lost
+            r.lost,
+            r.verify
         );
     }
     println!(
@@ -385,6 +388,18 @@ async fn run_one(w: &World, size: &Size, mode: Mode) -> Result<Row> {
                 .collect::<Vec<_>>()
         );
     }
+    let verify_said = status
+        .steps
+        .iter()
+        .find(|s| s.name == MigrationStep::Verify)
+        .and_then(|s| s.message.clone())
+        .unwrap_or_default();
+    eprintln!("{} {}: Verify: {verify_said}", size.label, mode.as_str());
+    let verify = if verify_said.contains("counted before the freeze") {
+        "before the freeze"
+    } else {
+        "in the freeze"
+    };
     // The writer commits on the target now (the Secret was rewritten before the switch
     // was complete); 100 more commits there close the last gap.
     let after = writer.commits();
@@ -427,6 +442,7 @@ async fn run_one(w: &World, size: &Size, mode: Mode) -> Result<Row> {
         duration,
         commits: committed.len(),
         lost,
+        verify,
     })
 }
 
