@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use dbops_api::{Database, DatabaseServer};
 use dbops_e2e::controlplane::Options;
-use dbops_e2e::{ControlPlane, PgServer};
+use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, PostParams};
@@ -288,6 +288,16 @@ async fn create_server_with_admin(
         .await
         .with_context(|| format!("creating DatabaseServer {name}"))?;
     Ok(())
+}
+
+/// Starts the database-controller with `args`, its logs in `log_dir` (made here).
+pub(crate) fn start_database_controller(
+    kubeconfig: &std::path::Path,
+    log_dir: &std::path::Path,
+    args: &[String],
+) -> Result<ControllerProcess> {
+    std::fs::create_dir_all(log_dir)?;
+    ControllerProcess::start("database-controller", kubeconfig, log_dir, args)
 }
 
 /// A random password (32 alphanumerics), as the controller makes them.

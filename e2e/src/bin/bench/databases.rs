@@ -407,9 +407,7 @@ async fn run_controller(
     ]);
     extra.extend(server.controller_args());
     let log_dir = dir.join(format!("controller-{round}"));
-    std::fs::create_dir_all(&log_dir)?;
-    let controller =
-        ControllerProcess::start("database-controller", &kubeconfig, &log_dir, &extra)?;
+    let controller = crate::bed::start_database_controller(&kubeconfig, &log_dir, &extra)?;
     let pid = controller.process.pid();
     let (cpu0, _) = proc_usage(pid)?;
     // Idle: the watch stores synced, no Database yet.

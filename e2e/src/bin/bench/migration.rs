@@ -75,16 +75,31 @@ struct Size {
 struct Sizes(Vec<Size>);
 
 fn parse_sizes(s: &str) -> Result<Sizes, String> {
-    let sizes = s
+    comma_list(
+        s,
+        parse_size,
+        "--sizes needs at least one size (for example 100MB)",
+    )
+    .map(Sizes)
+}
+
+/// The items of a comma-separated list (blanks skipped), at least one; `none` says so
+/// when there is none.
+fn comma_list<T>(
+    s: &str,
+    item: impl Fn(&str) -> Result<T, String>,
+    none: &str,
+) -> Result<Vec<T>, String> {
+    let items = s
         .split(',')
         .map(str::trim)
         .filter(|x| !x.is_empty())
-        .map(parse_size)
+        .map(item)
         .collect::<Result<Vec<_>, _>>()?;
-    if sizes.is_empty() {
-        return Err("--sizes needs at least one size (for example 100MB)".into());
+    if items.is_empty() {
+        return Err(none.into());
     }
-    Ok(Sizes(sizes))
+    Ok(items)
 }
 
 fn parse_size(s: &str) -> Result<Size, String> {
@@ -133,20 +148,16 @@ impl Mode {
 struct Modes(Vec<Mode>);
 
 fn parse_modes(s: &str) -> Result<Modes, String> {
-    let modes = s
-        .split(',')
-        .map(str::trim)
-        .filter(|x| !x.is_empty())
-        .map(|m| match m.to_ascii_lowercase().as_str() {
+    comma_list(
+        s,
+        |m| match m.to_ascii_lowercase().as_str() {
             "dump" => Ok(Mode::Dump),
             "logical" => Ok(Mode::Logical),
             other => Err(format!("--modes takes Dump and Logical, not {other:?}")),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    if modes.is_empty() {
-        return Err("--modes needs at least one mode".into());
-    }
-    Ok(Modes(modes))
+        },
+        "--modes needs at least one mode",
+    )
+    .map(Modes)
 }
 
 /// The bed every run uses.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use dbops_api::Database;
-use dbops_e2e::{ControllerProcess, PgServer};
+use dbops_e2e::PgServer;
 use kube::api::Api;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -81,9 +81,7 @@ pub async fn run(args: OutageArgs) -> Result<()> {
     ];
     extra.extend(server.controller_args());
     let log_dir = tmp.path().join("controller");
-    std::fs::create_dir_all(&log_dir)?;
-    let controller =
-        ControllerProcess::start("database-controller", &kubeconfig, &log_dir, &extra)?;
+    let controller = crate::bed::start_database_controller(&kubeconfig, &log_dir, &extra)?;
     println!(
         "# outage benchmark: {} Databases, PostgreSQL stopped for {} s\n",
         args.databases, args.outage_secs

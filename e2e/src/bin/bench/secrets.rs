@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
+use dbops_e2e::{ControlPlane, PgServer};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
@@ -102,9 +102,7 @@ async fn one_run(
     ];
     extra.extend(server.controller_args());
     let log_dir = dir.join(format!("controller-{label}"));
-    std::fs::create_dir_all(&log_dir)?;
-    let controller =
-        ControllerProcess::start("database-controller", &kubeconfig, &log_dir, &extra)?;
+    let controller = crate::bed::start_database_controller(&kubeconfig, &log_dir, &extra)?;
     crate::bed::create_all_ready(client, &ns, &server.name, args.databases, |i| {
         format!("{label}-{i:04}")
     })

@@ -43,7 +43,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use dbops_api::{Database, DatabaseUser};
-use dbops_e2e::{ControllerProcess, PgServer};
+use dbops_e2e::PgServer;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
@@ -85,9 +85,7 @@ pub async fn run(args: UsersArgs) -> Result<()> {
     ];
     extra.extend(server.controller_args());
     let log_dir = tmp.path().join("controller");
-    std::fs::create_dir_all(&log_dir)?;
-    let controller =
-        ControllerProcess::start("database-controller", &kubeconfig, &log_dir, &extra)?;
+    let controller = crate::bed::start_database_controller(&kubeconfig, &log_dir, &extra)?;
     scale::wait_readyz(&controller, Duration::from_secs(120)).await?;
     let bed = Bed {
         cp: &cp,

@@ -195,12 +195,9 @@ async fn check_marks(world: &World, o: &Objects) -> Result<usize> {
             match world.history.get(&uid) {
                 Some(s) if s.kind == "Database" && s.policy == "Retain" => {}
                 Some(s) => world.journal.violation(format!(
-                    "(1) {kind} {name} on {} belongs to {} {} (deletionPolicy {}), gone since {}: it should have been dropped",
+                    "(1) {kind} {name} on {} belongs to {}: it should have been dropped",
                     server.name,
-                    s.kind,
-                    s.name,
-                    s.policy,
-                    s.gone_at.map(|t| t.to_string()).unwrap_or_else(|| "?".into())
+                    s.gone()
                 )),
                 None => world.journal.violation(format!(
                     "(1) {kind} {name} on {} is marked for UID {uid}, which no Database of this run ever had",
@@ -454,12 +451,9 @@ fn check_store(world: &World, o: &Objects) -> Result<usize> {
         match world.history.get(uid) {
             Some(s) if s.kind == "Backup" && s.policy == "Retain" => {}
             Some(s) => world.journal.violation(format!(
-                "(3) artifact {} of {} {} (deletionPolicy {}), gone since {}, is still in the store",
+                "(3) artifact {} of {}, is still in the store",
                 paths[0].display(),
-                s.kind,
-                s.name,
-                s.policy,
-                s.gone_at.map(|t| t.to_string()).unwrap_or_else(|| "?".into())
+                s.gone()
             )),
             None => world.journal.violation(format!(
                 "(3) artifact {} belongs to no Backup this run ever saw",

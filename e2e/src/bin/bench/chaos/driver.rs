@@ -113,6 +113,16 @@ pub(crate) async fn run(world: Arc<World>, writers: Arc<Writers>, max_databases:
     }
 }
 
+/// Merge-patches the object `name` (the error as the apiserver gives it: the journal's
+/// lines name the action already).
+async fn merge<K>(api: &Api<K>, name: &str, patch: serde_json::Value) -> kube::Result<K>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
 fn one_line(e: &anyhow::Error) -> String {
     format!("{e:#}").replace('\n', " ")
 }
@@ -213,7 +223,6 @@ impl Driver {
             .filter(|d| d.metadata.deletion_timestamp.is_none())
             .collect();
         let ready: Vec<&Database> = live.iter().copied().filter(|d| is_ready(d)).collect();
-        let pp = PatchParams::default();
         match action {
             Action::CreateDatabase => self.create_database(s).await,
             Action::DeleteDatabase => {
@@ -231,13 +240,12 @@ impl Driver {
             Action::EditConnectionLimit => {
                 let d = self.pick(&live).context("none")?;
                 let limit = [-1, 10, 20, 50, 100][self.rng.random_range(0..5)];
-                self.dbs
-                    .patch(
-                        &d.name_any(),
-                        &pp,
-                        &Patch::Merge(json!({"spec": {"connectionLimit": limit}})),
-                    )
-                    .await?;
+                merge(
+                    &self.dbs,
+                    &d.name_any(),
+                    json!({"spec": {"connectionLimit": limit}}),
+                )
+                .await?;
                 Ok(format!(
                     "Database {}: connectionLimit {} -> {limit}",
                     d.name_any(),
@@ -247,13 +255,12 @@ impl Driver {
             Action::EditDeletionPolicy => {
                 let d = self.pick(&live).context("none")?;
                 let policy = ["Retain", "Delete", "Snapshot"][self.rng.random_range(0..3)];
-                self.dbs
-                    .patch(
-                        &d.name_any(),
-                        &pp,
-                        &Patch::Merge(json!({"spec": {"deletionPolicy": policy}})),
-                    )
-                    .await?;
+                merge(
+                    &self.dbs,
+                    &d.name_any(),
+                    json!({"spec": {"deletionPolicy": policy}}),
+                )
+                .await?;
                 Ok(format!(
                     "Database {}: deletionPolicy {:?} -> {policy}",
                     d.name_any(),
@@ -281,22 +288,19 @@ impl Driver {
                         ),
                     )
                 };
-                self.dbs
-                    .patch(&d.name_any(), &pp, &Patch::Merge(patch))
-                    .await?;
+                merge(&self.dbs, &d.name_any(), patch).await?;
                 Ok(format!("Database {}: {what}", d.name_any()))
             }
             Action::RotatePassword => {
                 let d = self.pick(&ready).context("none")?;
                 let secret = format!("{}-connection", d.name_any());
                 let password = crate::bed::random_password();
-                self.secrets
-                    .patch(
-                        &secret,
-                        &pp,
-                        &Patch::Merge(json!({"stringData": {"password": password}})),
-                    )
-                    .await?;
+                merge(
+                    &self.secrets,
+                    &secret,
+                    json!({"stringData": {"password": password}}),
+                )
+                .await?;
                 Ok(format!("Secret {secret}: password edited (rotation asked)"))
             }
             Action::CreateBackup => {
@@ -396,13 +400,12 @@ impl Driver {
                     .filter(|m| m.spec.cutover == dbops_api::Cutover::Manual && !m.spec.approved)
                     .collect();
                 let m = self.pick(&waiting).context("none")?;
-                self.migrations
-                    .patch(
-                        &m.name_any(),
-                        &pp,
-                        &Patch::Merge(json!({"spec": {"approved": true}})),
-                    )
-                    .await?;
+                merge(
+                    &self.migrations,
+                    &m.name_any(),
+                    json!({"spec": {"approved": true}}),
+                )
+                .await?;
                 Ok(format!(
                     "approve Migration {} (phase {:?})",
                     m.name_any(),
@@ -493,19 +496,12 @@ impl Driver {
 pub(crate) async fn quiesce(world: &World) {
     let dbs: Api<Database> = Api::namespaced(world.client.clone(), NS);
     let migrations: Api<Migration> = Api::namespaced(world.client.clone(), NS);
-    let pp = PatchParams::default();
     for attempt in 0..10 {
         let mut failed = false;
         match dbs.list(&ListParams::default()).await {
             Ok(list) => {
                 for d in list.items.iter().filter(|d| d.spec.backup.is_some()) {
-                    let r = dbs
-                        .patch(
-                            &d.name_any(),
-                            &pp,
-                            &Patch::Merge(json!({"spec": {"backup": null}})),
-                        )
-                        .await;
+                    let r = merge(&dbs, &d.name_any(), json!({"spec": {"backup": null}})).await;
                     failed |= r.is_err() && d.metadata.deletion_timestamp.is_none();
                     world.journal.line(
                         "QUIESCE",
@@ -522,13 +518,12 @@ pub(crate) async fn quiesce(world: &World) {
                     .iter()
                     .filter(|m| m.spec.cutover == dbops_api::Cutover::Manual && !m.spec.approved)
                 {
-                    let r = migrations
-                        .patch(
-                            &m.name_any(),
-                            &pp,
-                            &Patch::Merge(json!({"spec": {"approved": true}})),
-                        )
-                        .await;
+                    let r = merge(
+                        &migrations,
+                        &m.name_any(),
+                        json!({"spec": {"approved": true}}),
+                    )
+                    .await;
                     failed |= r.is_err();
                     world
                         .journal

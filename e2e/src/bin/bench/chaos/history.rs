@@ -31,6 +31,22 @@ pub(crate) struct Seen {
     pub rv: u64,
 }
 
+impl Seen {
+    /// What a violation says of an object that is gone: `Database orders (deletionPolicy
+    /// Delete), gone since <time>` (`?` when the watch did not see it go).
+    pub fn gone(&self) -> String {
+        format!(
+            "{} {} (deletionPolicy {}), gone since {}",
+            self.kind,
+            self.name,
+            self.policy,
+            self.gone_at
+                .map(|t| t.to_string())
+                .unwrap_or_else(|| "?".into())
+        )
+    }
+}
+
 /// How long the controllers took for something the user asked.
 #[derive(Clone, Debug)]
 pub(crate) struct Latency {

@@ -44,14 +44,7 @@ pub(crate) fn print_window(title: &str, args: &UsersArgs, w: &Window) {
         w.writes.len() as f64 / (n + u)
     );
     let refused = w.writes.iter().filter(|x| x.code >= 400).count();
-    println!(
-        "\nnew Events by kind and reason: {}",
-        w.events
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    println!("\nnew Events by kind and reason: {}", counts(&w.events));
     println!(
         "\nrefused writes (HTTP status ≥ 400) among them: {refused}; raw: {}\n",
         crate::measure::writes_by_kind(w.writes.iter().cloned())
@@ -68,11 +61,7 @@ pub(crate) fn print_window(title: &str, args: &UsersArgs, w: &Window) {
         w.statements.len(),
         w.statements.len() as f64 / (n + u),
         w.connections,
-        by_word
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        counts(&by_word)
     );
     println!(
         "controller: dbops_external_requests_total postgres +{:.0}, kubernetes +{:.0}; reconciles: database-controller {:.0} ({:.0} failed), user-controller {:.0} ({:.0} failed); CPU {:.1} s; settled after {:.1} s\n",
@@ -170,4 +159,13 @@ pub(crate) async fn report(
             .map(|n| n.get())
             .unwrap_or(0)
     );
+}
+
+/// `key count, key count, ...` in the map's order.
+fn counts(by_key: &BTreeMap<String, usize>) -> String {
+    by_key
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

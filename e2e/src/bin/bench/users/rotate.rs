@@ -100,68 +100,19 @@ pub(crate) async fn rotate(
             },
         )
     };
-    let db_rotated = {
-        let request = request.clone();
-        wait_all(
-            dbs.clone(),
-            args.databases as usize,
-            t0,
-            limit,
-            move |d: &Database| {
-                d.status.as_ref().is_some_and(|s| {
-                    s.rotate_request.as_deref() == Some(request.as_str()) && s.login.is_some()
-                })
-            },
-        )
-    };
-    let user_rotated = {
-        let request = request.clone();
-        wait_all(
-            users.clone(),
-            args.users(),
-            t0,
-            limit,
-            move |u: &DatabaseUser| {
-                u.status.as_ref().is_some_and(|s| {
-                    s.rotate_request.as_deref() == Some(request.as_str()) && s.role.is_some()
-                })
-            },
-        )
-    };
+    let db_rotated = wait_rotated(dbs, args.databases as usize, t0, limit, &request, false);
+    let user_rotated = wait_rotated(users, args.users(), t0, limit, &request, false);
     // Retired: the status names no previous login any more (the controller took its
     // LOGIN away, and ended its sessions, first); checked in pg_roles below.
-    let db_retired = {
-        let request = request.clone();
-        wait_all(
-            dbs.clone(),
-            args.databases as usize,
-            t0,
-            retire_limit,
-            move |d: &Database| {
-                d.status.as_ref().is_some_and(|s| {
-                    s.rotate_request.as_deref() == Some(request.as_str())
-                        && s.login.is_some()
-                        && s.previous_login.is_none()
-                })
-            },
-        )
-    };
-    let user_retired = {
-        let request = request.clone();
-        wait_all(
-            users.clone(),
-            args.users(),
-            t0,
-            retire_limit,
-            move |u: &DatabaseUser| {
-                u.status.as_ref().is_some_and(|s| {
-                    s.rotate_request.as_deref() == Some(request.as_str())
-                        && s.role.is_some()
-                        && s.previous_role.is_none()
-                })
-            },
-        )
-    };
+    let db_retired = wait_rotated(
+        dbs,
+        args.databases as usize,
+        t0,
+        retire_limit,
+        &request,
+        true,
+    );
+    let user_retired = wait_rotated(users, args.users(), t0, retire_limit, &request, true);
     let annotate = async {
         let patch = json!({"metadata": {"annotations": {"dbops.dev/rotate": request}}});
         let names = (0..args.databases).flat_map(|i| {
@@ -240,25 +191,18 @@ pub(crate) async fn rotate(
             differ.push(name);
         }
     }
-    if !same.is_empty() {
-        anomalies.push(format!(
-            "{} credentials are on the same login as before the rotation (rotated an even number of times), e.g. {}",
-            same.len(),
-            same.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
-        ));
-    }
-    if !differ.is_empty() {
-        anomalies.push(format!(
-            "{} statuses name another login than their Secret, e.g. {}",
-            differ.len(),
-            differ
-                .iter()
-                .take(3)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
+    push_examples(
+        &mut anomalies,
+        &same,
+        "credentials are on the same login as before the rotation (rotated an even number of times)",
+        ", ",
+    );
+    push_examples(
+        &mut anomalies,
+        &differ,
+        "statuses name another login than their Secret",
+        ", ",
+    );
     let logins = check_logins(&window.logins, args.objects());
     let expiries = logins.expiries;
     anomalies.extend(logins.anomalies);
@@ -308,6 +252,58 @@ pub(crate) async fn rotate(
         anomalies,
         window,
     })
+}
+
+/// A Database or a user as a rotation leaves its status.
+trait Rotated {
+    /// The status shows `request` carried out and names a login; `retired`: and no
+    /// previous login any more.
+    fn rotated(&self, request: &str, retired: bool) -> bool;
+}
+
+impl Rotated for Database {
+    fn rotated(&self, request: &str, retired: bool) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            s.rotate_request.as_deref() == Some(request)
+                && s.login.is_some()
+                && (!retired || s.previous_login.is_none())
+        })
+    }
+}
+
+impl Rotated for DatabaseUser {
+    fn rotated(&self, request: &str, retired: bool) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            s.rotate_request.as_deref() == Some(request)
+                && s.role.is_some()
+                && (!retired || s.previous_role.is_none())
+        })
+    }
+}
+
+/// Waits until `want` objects of `api` are [`Rotated`] by `request` (see [`wait_all`]).
+async fn wait_rotated<K>(
+    api: &Api<K>,
+    want: usize,
+    t0: std::time::Instant,
+    bound: Bound,
+    request: &str,
+    retired: bool,
+) -> Result<f64>
+where
+    K: Rotated
+        + kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+    K::DynamicType: Default,
+{
+    wait_all(api.clone(), want, t0, bound, |o: &K| {
+        o.rotated(request, retired)
+    })
+    .await
 }
 
 /// What the login changes of a rotation window say.
@@ -361,28 +357,33 @@ pub(crate) fn check_logins(changes: &[LoginChange], credentials: usize) -> Login
             ));
         }
     }
-    if !early.is_empty() {
-        anomalies.push(format!(
-            "{} logins retired before their keepPrevious was up, e.g. {}",
-            early.len(),
-            early.iter().take(3).cloned().collect::<Vec<_>>().join("; ")
-        ));
-    }
-    if !unannounced.is_empty() {
-        anomalies.push(format!(
-            "{} logins retired without an expiry set in the rotation, e.g. {}",
-            unannounced.len(),
-            unannounced
-                .iter()
-                .take(3)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("; ")
-        ));
-    }
+    push_examples(
+        &mut anomalies,
+        &early,
+        "logins retired before their keepPrevious was up",
+        "; ",
+    );
+    push_examples(
+        &mut anomalies,
+        &unannounced,
+        "logins retired without an expiry set in the rotation",
+        "; ",
+    );
     LoginCheck {
         expiries,
         anomalies,
+    }
+}
+
+/// Adds to `anomalies`, when there are `items`: `<how many> <what>, e.g. <the first three,
+/// joined by sep>`.
+fn push_examples(anomalies: &mut Vec<String>, items: &[String], what: &str, sep: &str) {
+    if !items.is_empty() {
+        anomalies.push(format!(
+            "{} {what}, e.g. {}",
+            items.len(),
+            items.iter().take(3).cloned().collect::<Vec<_>>().join(sep)
+        ));
     }
 }
 
