@@ -375,41 +375,26 @@ mod tests {
             judge_final_snapshot(&db, &final_backup("uid-now", after, serde_json::json!({}))),
             FinalSnapshot::Pending
         );
-        // Left by an earlier Database of the same name.
-        assert!(matches!(
-            judge_final_snapshot(
-                &db,
-                &final_backup("uid-before", after, ready(Some("uid-before")))
-            ),
-            FinalSnapshot::Foreign(_)
-        ));
-        // Made before this deletion began.
-        assert!(matches!(
-            judge_final_snapshot(
-                &db,
-                &final_backup("uid-now", "2026-11-23T09:59:59Z", ready(Some("uid-now")))
-            ),
-            FinalSnapshot::Foreign(_)
-        ));
-        // Ready, but of another Database (or saying nothing about it).
-        assert!(matches!(
-            judge_final_snapshot(
-                &db,
-                &final_backup("uid-now", after, ready(Some("uid-other")))
-            ),
-            FinalSnapshot::Foreign(_)
-        ));
-        assert!(matches!(
-            judge_final_snapshot(&db, &final_backup("uid-now", after, ready(None))),
-            FinalSnapshot::Foreign(_)
-        ));
         // Made by hand under that name, without the marks.
         let mut by_hand = final_backup("uid-now", after, ready(Some("uid-now")));
         by_hand.metadata.annotations = None;
-        assert!(matches!(
-            judge_final_snapshot(&db, &by_hand),
-            FinalSnapshot::Foreign(_)
-        ));
+        let foreign = [
+            // Left by an earlier Database of the same name.
+            final_backup("uid-before", after, ready(Some("uid-before"))),
+            // Made before this deletion began.
+            final_backup("uid-now", "2026-11-23T09:59:59Z", ready(Some("uid-now"))),
+            // Ready, but of another Database (or saying nothing about it).
+            final_backup("uid-now", after, ready(Some("uid-other"))),
+            final_backup("uid-now", after, ready(None)),
+            by_hand,
+        ];
+        for (i, backup) in foreign.iter().enumerate() {
+            let judged = judge_final_snapshot(&db, backup);
+            assert!(
+                matches!(judged, FinalSnapshot::Foreign(_)),
+                "case {i}: {judged:?}"
+            );
+        }
         let failed = serde_json::json!({"conditions": [{"type": "Failed", "status": "True",
             "reason": "DumpFailed", "message": "boom", "lastTransitionTime": after}]});
         assert!(matches!(

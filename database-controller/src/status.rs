@@ -618,30 +618,38 @@ mod tests {
             condition_of(&retrying.status, condition::DEGRADED),
             ("False", "AsExpected")
         );
-        // A restore's wait is a step on the way: Progressing, a Normal Event.
-        let waiting = Err(Error::Blocked {
-            reason: "WaitingForBackup",
-            message: "waiting for Backup shop/nightly to complete before restoring".into(),
-        });
-        let on_the_way = desired(&db, &fresh, &waiting, None, now());
-        assert_eq!(on_the_way.status.phase, Some(DatabasePhase::Provisioning));
-        assert_eq!(
-            condition_of(&on_the_way.status, condition::PROGRESSING),
-            ("True", "WaitingForBackup")
-        );
-        assert_eq!(reasons(&on_the_way), [(true, "WaitingForBackup")]);
-        // Blocked until something changes: Failed, not progressing.
-        let conflict = Err(Error::Blocked {
-            reason: "NameConflict",
-            message: "role \"orders_owner\" already exists".into(),
-        });
-        let failed = desired(&db, &fresh, &conflict, None, now());
-        assert_eq!(failed.status.phase, Some(DatabasePhase::Failed));
-        assert_eq!(
-            condition_of(&failed.status, condition::PROGRESSING),
-            ("False", "NameConflict")
-        );
-        assert_eq!(reasons(&failed), [(false, "NameConflict")]);
+        // (reason, message, phase, Progressing, whether its Event is Normal)
+        let blocked = [
+            // A restore's wait is a step on the way: Progressing, a Normal Event.
+            (
+                "WaitingForBackup",
+                "waiting for Backup shop/nightly to complete before restoring",
+                DatabasePhase::Provisioning,
+                "True",
+                true,
+            ),
+            // Blocked until something changes: Failed, not progressing.
+            (
+                "NameConflict",
+                "role \"orders_owner\" already exists",
+                DatabasePhase::Failed,
+                "False",
+                false,
+            ),
+        ];
+        for (reason, message, phase, progressing, normal) in blocked {
+            let outcome = Err(Error::Blocked {
+                reason,
+                message: message.into(),
+            });
+            let d = desired(&db, &fresh, &outcome, None, now());
+            assert_eq!(d.status.phase, Some(phase), "{reason}");
+            assert_eq!(
+                condition_of(&d.status, condition::PROGRESSING),
+                (progressing, reason)
+            );
+            assert_eq!(reasons(&d), [(normal, reason)]);
+        }
     }
 
     #[test]

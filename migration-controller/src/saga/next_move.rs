@@ -298,38 +298,41 @@ mod tests {
         let manual = migration(json!({"cutover": "Manual"}), false);
         let approved = migration(json!({"cutover": "Manual", "approved": true}), false);
         let db = database("pg-16", false);
+        let automatic = plain();
         let mut verified = status_at(ChosenMode::Dump, Verify);
         progress::succeed(&mut verified, Verify, "same".into());
-        assert_eq!(
-            next_move(&manual, &verified, DatabaseView::Found(&db)),
-            Move::AwaitApproval {
-                next: SwitchTraffic,
-                replicating: false
-            }
-        );
-        assert_eq!(
-            next_move(&approved, &verified, DatabaseView::Found(&db)),
-            Move::Run(SwitchTraffic)
-        );
-        assert_eq!(
-            next_move(&plain(), &verified, DatabaseView::Found(&db)),
-            Move::Run(SwitchTraffic)
-        );
         let mut replicated = status_at(ChosenMode::Logical, Replicate);
         progress::succeed(&mut replicated, Replicate, "lag 0".into());
-        assert_eq!(
-            next_move(&manual, &replicated, DatabaseView::Found(&db)),
-            Move::AwaitApproval {
-                next: FreezeSource,
-                replicating: true
-            }
-        );
-        // A freeze already begun (approved, then the approval withdrawn) goes on.
         let freezing = status_at(ChosenMode::Logical, FreezeSource);
-        assert_eq!(
-            next_move(&manual, &freezing, DatabaseView::Found(&db)),
-            Move::Run(FreezeSource)
-        );
+        let cases = [
+            (
+                &manual,
+                &verified,
+                Move::AwaitApproval {
+                    next: SwitchTraffic,
+                    replicating: false,
+                },
+            ),
+            (&approved, &verified, Move::Run(SwitchTraffic)),
+            (&automatic, &verified, Move::Run(SwitchTraffic)),
+            (
+                &manual,
+                &replicated,
+                Move::AwaitApproval {
+                    next: FreezeSource,
+                    replicating: true,
+                },
+            ),
+            // A freeze already begun (approved, then the approval withdrawn) goes on.
+            (&manual, &freezing, Move::Run(FreezeSource)),
+        ];
+        for (i, (m, status, want)) in cases.into_iter().enumerate() {
+            assert_eq!(
+                next_move(m, status, DatabaseView::Found(&db)),
+                want,
+                "case {i}"
+            );
+        }
     }
 
     #[test]
