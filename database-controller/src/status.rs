@@ -514,6 +514,13 @@ mod tests {
         (c.status.as_str(), c.reason.as_str())
     }
 
+    /// Each condition's (status, reason), named by its type when it differs.
+    fn assert_conditions<const N: usize>(s: &DatabaseStatus, want: [(&str, (&str, &str)); N]) {
+        for (type_, want) in want {
+            assert_eq!(condition_of(s, type_), want, "{type_}");
+        }
+    }
+
     fn reasons(d: &Desired<DatabaseStatus>) -> Vec<(bool, &str)> {
         d.notes
             .iter()
@@ -532,14 +539,15 @@ mod tests {
         assert_eq!(s.provider_id.as_deref(), Some("pg.example:5432/16384"));
         assert_eq!(s.connection_secret.as_deref(), Some("orders-connection"));
         assert_eq!(s.login.as_deref(), Some("orders_owner"));
-        for (type_, want) in [
-            (condition::READY, ("True", "Provisioned")),
-            (condition::PROGRESSING, ("False", "Provisioned")),
-            (condition::DEGRADED, ("False", "AsExpected")),
-            (condition::MIGRATION_IN_PROGRESS, ("False", "NoMigration")),
-        ] {
-            assert_eq!(condition_of(s, type_), want, "{type_}");
-        }
+        assert_conditions(
+            s,
+            [
+                (condition::READY, ("True", "Provisioned")),
+                (condition::PROGRESSING, ("False", "Provisioned")),
+                (condition::DEGRADED, ("False", "AsExpected")),
+                (condition::MIGRATION_IN_PROGRESS, ("False", "NoMigration")),
+            ],
+        );
         assert!(get(&new.status.conditions, SIZE_EXCEEDED).is_none());
         assert_eq!(reasons(&new), [(true, "Provisioned")]);
         // The next reconcile finds the same: the same status, no Event.
@@ -601,13 +609,12 @@ mod tests {
         // Provisioned before: it worked and is broken now.
         let degraded = desired(&db, &ready.status, &unreachable, None, now());
         assert_eq!(degraded.status.phase, Some(DatabasePhase::Degraded));
-        assert_eq!(
-            condition_of(&degraded.status, condition::DEGRADED),
-            ("True", "ServerUnreachable")
-        );
-        assert_eq!(
-            condition_of(&degraded.status, condition::PROGRESSING),
-            ("True", "Retrying")
+        assert_conditions(
+            &degraded.status,
+            [
+                (condition::DEGRADED, ("True", "ServerUnreachable")),
+                (condition::PROGRESSING, ("True", "Retrying")),
+            ],
         );
         assert_eq!(reasons(&degraded), [(false, "ServerUnreachable")]);
         // Never provisioned: on its way (retried), not degraded.
@@ -668,13 +675,12 @@ mod tests {
         };
         let deleting_ = deleting(&db, &ready.status, &waiting, now());
         assert_eq!(deleting_.status.phase, Some(DatabasePhase::Deleting));
-        assert_eq!(
-            condition_of(&deleting_.status, condition::READY),
-            ("False", "Deleting")
-        );
-        assert_eq!(
-            condition_of(&deleting_.status, condition::PROGRESSING),
-            ("True", "WaitingForFinalBackup")
+        assert_conditions(
+            &deleting_.status,
+            [
+                (condition::READY, ("False", "Deleting")),
+                (condition::PROGRESSING, ("True", "WaitingForFinalBackup")),
+            ],
         );
         assert!(
             deleting_
