@@ -63,17 +63,16 @@ pub async fn run(args: BackupArgs) -> Result<()> {
     let logs = tmp.path().join("logs");
     std::fs::create_dir_all(&logs)?;
     let kubeconfig = cp.kubeconfig_for("dbops-bench-controllers", &["system:masters"])?;
-    let dbc = ControllerProcess::start(
+    let start = |name: &str, extra: String| {
+        ControllerProcess::start(name, &kubeconfig, &logs, &common(&[extra]))
+    };
+    let dbc = start(
         "database-controller",
-        &kubeconfig,
-        &logs,
-        &common(&[format!("--pg-restore={}", bin.join("pg_restore").display())]),
+        format!("--pg-restore={}", bin.join("pg_restore").display()),
     )?;
-    let bkc = ControllerProcess::start(
+    let bkc = start(
         "backup-controller",
-        &kubeconfig,
-        &logs,
-        &common(&[format!("--pg-dump={}", bin.join("pg_dump").display())]),
+        format!("--pg-dump={}", bin.join("pg_dump").display()),
     )?;
     let w = World {
         client,
