@@ -240,32 +240,14 @@ impl Driver {
             Action::EditConnectionLimit => {
                 let d = self.pick(&live).context("none")?;
                 let limit = [-1, 10, 20, 50, 100][self.rng.random_range(0..5)];
-                merge(
-                    &self.dbs,
-                    &d.name_any(),
-                    json!({"spec": {"connectionLimit": limit}}),
-                )
-                .await?;
-                Ok(format!(
-                    "Database {}: connectionLimit {} -> {limit}",
-                    d.name_any(),
-                    d.spec.connection_limit
-                ))
+                self.edit_spec(d, "connectionLimit", d.spec.connection_limit, limit)
+                    .await
             }
             Action::EditDeletionPolicy => {
                 let d = self.pick(&live).context("none")?;
                 let policy = ["Retain", "Delete", "Snapshot"][self.rng.random_range(0..3)];
-                merge(
-                    &self.dbs,
-                    &d.name_any(),
-                    json!({"spec": {"deletionPolicy": policy}}),
-                )
-                .await?;
-                Ok(format!(
-                    "Database {}: deletionPolicy {:?} -> {policy}",
-                    d.name_any(),
-                    d.spec.deletion_policy
-                ))
+                let was = format!("{:?}", d.spec.deletion_policy);
+                self.edit_spec(d, "deletionPolicy", was, policy).await
             }
             Action::ToggleSchedule => {
                 let d = self.pick(&live).context("none")?;
@@ -441,6 +423,18 @@ impl Driver {
                 ))
             }
         }
+    }
+
+    /// Sets `spec.<field>` of `d` from `was` to `to`; the action as the journal says it.
+    async fn edit_spec(
+        &self,
+        d: &Database,
+        field: &str,
+        was: impl std::fmt::Display,
+        to: impl serde::Serialize + std::fmt::Display,
+    ) -> Result<String> {
+        merge(&self.dbs, &d.name_any(), json!({"spec": {field: &to}})).await?;
+        Ok(format!("Database {}: {field} {was} -> {to}", d.name_any()))
     }
 
     async fn create_database(&mut self, s: &Snapshot) -> Result<String> {

@@ -44,20 +44,14 @@ pub(crate) async fn rotate(
         by_secret.len(),
         args.objects()
     );
-    let db_login: HashMap<String, String> = dbs
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .filter_map(|d| Some((d.name_any(), d.status.as_ref()?.login.clone()?)))
-        .collect();
-    let user_login: HashMap<String, String> = users
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .filter_map(|u| Some((u.name_any(), u.status.as_ref()?.role.clone()?)))
-        .collect();
+    let named = |logins: Vec<(String, Option<String>)>| -> HashMap<String, String> {
+        logins
+            .into_iter()
+            .filter_map(|(name, login)| Some((name, login?)))
+            .collect()
+    };
+    let db_login = named(logins_now(dbs).await?);
+    let user_login = named(logins_now(users).await?);
     ensure!(
         db_login.len() == args.databases as usize && user_login.len() == args.users(),
         "not every status names its login ({} Databases, {} users)",
@@ -167,21 +161,10 @@ pub(crate) async fn rotate(
         .collect();
     let mut same = Vec::new();
     let mut differ = Vec::new();
-    let db_now = dbs.list(&ListParams::default()).await?.items;
-    let user_now = users.list(&ListParams::default()).await?.items;
-    let now_logins = db_now
-        .iter()
-        .map(|d| {
-            (
-                d.name_any(),
-                d.status.as_ref().and_then(|s| s.login.clone()),
-            )
-        })
-        .chain(
-            user_now
-                .iter()
-                .map(|u| (u.name_any(), u.status.as_ref().and_then(|s| s.role.clone()))),
-        );
+    let now_logins = logins_now(dbs)
+        .await?
+        .into_iter()
+        .chain(logins_now(users).await?);
     for (name, login) in now_logins {
         let old = db_login.get(&name).or_else(|| user_login.get(&name));
         if login.as_ref() == old {
@@ -254,34 +237,58 @@ pub(crate) async fn rotate(
     })
 }
 
-/// A Database or a user as a rotation leaves its status.
-trait Rotated {
+/// A Database or a user, as its status names its logins.
+trait Credential: ResourceExt {
+    /// The login now, the previous login, and the rotation request carried out.
+    fn logins(&self) -> (Option<&String>, Option<&String>, Option<&str>);
+
     /// The status shows `request` carried out and names a login; `retired`: and no
     /// previous login any more.
-    fn rotated(&self, request: &str, retired: bool) -> bool;
+    fn rotated(&self, request: &str, retired: bool) -> bool {
+        let (login, previous, done) = self.logins();
+        done == Some(request) && login.is_some() && (!retired || previous.is_none())
+    }
 }
 
-impl Rotated for Database {
-    fn rotated(&self, request: &str, retired: bool) -> bool {
-        self.status.as_ref().is_some_and(|s| {
-            s.rotate_request.as_deref() == Some(request)
-                && s.login.is_some()
-                && (!retired || s.previous_login.is_none())
+impl Credential for Database {
+    fn logins(&self) -> (Option<&String>, Option<&String>, Option<&str>) {
+        self.status.as_ref().map_or((None, None, None), |s| {
+            (
+                s.login.as_ref(),
+                s.previous_login.as_ref(),
+                s.rotate_request.as_deref(),
+            )
         })
     }
 }
 
-impl Rotated for DatabaseUser {
-    fn rotated(&self, request: &str, retired: bool) -> bool {
-        self.status.as_ref().is_some_and(|s| {
-            s.rotate_request.as_deref() == Some(request)
-                && s.role.is_some()
-                && (!retired || s.previous_role.is_none())
+impl Credential for DatabaseUser {
+    fn logins(&self) -> (Option<&String>, Option<&String>, Option<&str>) {
+        self.status.as_ref().map_or((None, None, None), |s| {
+            (
+                s.role.as_ref(),
+                s.previous_role.as_ref(),
+                s.rotate_request.as_deref(),
+            )
         })
     }
 }
 
-/// Waits until `want` objects of `api` are [`Rotated`] by `request` (see [`wait_all`]).
+/// Each object of `api` by name, with the login its status names now (`None`: none).
+async fn logins_now<K>(api: &Api<K>) -> Result<Vec<(String, Option<String>)>>
+where
+    K: Credential + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|o| (o.name_any(), o.logins().0.cloned()))
+        .collect())
+}
+
+/// Waits until `want` objects of `api` are [`Credential::rotated`] by `request` (see [`wait_all`]).
 async fn wait_rotated<K>(
     api: &Api<K>,
     want: usize,
@@ -291,7 +298,7 @@ async fn wait_rotated<K>(
     retired: bool,
 ) -> Result<f64>
 where
-    K: Rotated
+    K: Credential
         + kube::Resource
         + Clone
         + serde::de::DeserializeOwned
