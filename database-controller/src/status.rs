@@ -509,6 +509,16 @@ mod tests {
         }
     }
 
+    /// The status after a provisioning that worked (`size_bytes` of `size_limit`), from `old`.
+    fn ready_from(
+        db: &Database,
+        old: &DatabaseStatus,
+        size_bytes: i64,
+        size_limit: Option<i64>,
+    ) -> Desired<DatabaseStatus> {
+        desired(db, old, &Ok(ready_on(size_bytes, size_limit)), None, now())
+    }
+
     fn condition_of<'a>(s: &'a DatabaseStatus, type_: &str) -> (&'a str, &'a str) {
         let c = get(&s.conditions, type_).unwrap_or_else(|| panic!("no {type_}"));
         (c.status.as_str(), c.reason.as_str())
@@ -532,7 +542,7 @@ mod tests {
     fn a_provisioned_database_is_ready_with_one_normal_event_and_none_when_nothing_changes() {
         let db = database();
         let old = DatabaseStatus::default();
-        let new = desired(&db, &old, &Ok(ready_on(1000, None)), None, now());
+        let new = ready_from(&db, &old, 1000, None);
         let s = &new.status;
         assert_eq!(s.phase, Some(DatabasePhase::Ready));
         assert_eq!(s.observed_generation, Some(2));
@@ -551,7 +561,7 @@ mod tests {
         assert!(get(&new.status.conditions, SIZE_EXCEEDED).is_none());
         assert_eq!(reasons(&new), [(true, "Provisioned")]);
         // The next reconcile finds the same: the same status, no Event.
-        let again = desired(&db, &new.status, &Ok(ready_on(1001, None)), None, now());
+        let again = ready_from(&db, &new.status, 1001, None);
         assert_eq!(again.status, new.status);
         assert!(again.notes.is_empty());
     }
@@ -559,24 +569,12 @@ mod tests {
     #[test]
     fn a_database_over_its_size_limit_is_reported_once_with_a_warning() {
         let db = database();
-        let within = desired(
-            &db,
-            &DatabaseStatus::default(),
-            &Ok(ready_on(900, Some(1000))),
-            None,
-            now(),
-        );
+        let within = ready_from(&db, &DatabaseStatus::default(), 900, Some(1000));
         assert_eq!(
             condition_of(&within.status, SIZE_EXCEEDED),
             ("False", "WithinLimit")
         );
-        let over = desired(
-            &db,
-            &within.status,
-            &Ok(ready_on(1100, Some(1000))),
-            None,
-            now(),
-        );
+        let over = ready_from(&db, &within.status, 1100, Some(1000));
         assert_eq!(
             condition_of(&over.status, SIZE_EXCEEDED),
             ("True", "SizeExceeded")
@@ -584,7 +582,7 @@ mod tests {
         assert_eq!(over.status.size_bytes, Some(1100));
         assert_eq!(reasons(&over), [(false, "SizeExceeded")]);
         // The limit lifted: the condition goes.
-        let lifted = desired(&db, &over.status, &Ok(ready_on(1100, None)), None, now());
+        let lifted = ready_from(&db, &over.status, 1100, None);
         assert!(get(&lifted.status.conditions, SIZE_EXCEEDED).is_none());
     }
 
@@ -662,13 +660,7 @@ mod tests {
     #[test]
     fn a_deletion_that_waits_says_why_once_per_reason() {
         let db = database();
-        let ready = desired(
-            &db,
-            &DatabaseStatus::default(),
-            &Ok(ready_on(1, None)),
-            None,
-            now(),
-        );
+        let ready = ready_from(&db, &DatabaseStatus::default(), 1, None);
         let waiting = Error::Blocked {
             reason: "WaitingForFinalBackup",
             message: "waiting for the final Backup orders-final-u1 to be Ready".into(),
