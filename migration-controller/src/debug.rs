@@ -25,6 +25,9 @@ pub enum Moment {
     /// `slot-created` (Replicate only): right after CREATE SUBSCRIPTION created the
     /// replication slot on the source, before anything is recorded of it in status.
     SlotCreated,
+    /// `subscription-paused` (FreezeSource only, Logical mode): right after Verify's
+    /// counts paused the subscription, before they enable it again.
+    SubscriptionPaused,
     /// `done`: after its side effects, before its Succeeded record.
     Done,
 }
@@ -34,6 +37,7 @@ impl Moment {
         match self {
             Moment::Started => "started",
             Moment::SlotCreated => "slot-created",
+            Moment::SubscriptionPaused => "subscription-paused",
             Moment::Done => "done",
         }
     }
@@ -75,7 +79,8 @@ fn parse_step(step: &str) -> Result<MigrationStep, String> {
         .ok_or_else(|| format!("unknown step {step:?}"))
 }
 
-/// `--debug-exit-at`: `<Step>:started`, `<Step>:done` or `Replicate:slot-created`.
+/// `--debug-exit-at`: `<Step>:started`, `<Step>:done`, `Replicate:slot-created` or
+/// `FreezeSource:subscription-paused`.
 pub fn parse_crash_point(value: &str) -> Result<CrashPoint, String> {
     let (step, point) = value
         .split_once(':')
@@ -86,9 +91,13 @@ pub fn parse_crash_point(value: &str) -> Result<CrashPoint, String> {
         "done" => Moment::Done,
         "slot-created" if step == MigrationStep::Replicate => Moment::SlotCreated,
         "slot-created" => return Err("slot-created is a moment of Replicate only".into()),
+        "subscription-paused" if step == MigrationStep::FreezeSource => Moment::SubscriptionPaused,
+        "subscription-paused" => {
+            return Err("subscription-paused is a moment of FreezeSource only".into());
+        }
         other => {
             return Err(format!(
-                "expected started, done or slot-created, got {other:?}"
+                "expected started, done, slot-created or subscription-paused, got {other:?}"
             ));
         }
     };
@@ -133,6 +142,14 @@ mod tests {
                 moment: Moment::SlotCreated
             })
         );
+        assert_eq!(
+            parse_crash_point("FreezeSource:subscription-paused"),
+            Ok(CrashPoint {
+                step: MigrationStep::FreezeSource,
+                moment: Moment::SubscriptionPaused
+            })
+        );
+        assert!(parse_crash_point("Replicate:subscription-paused").is_err());
         assert!(parse_crash_point("CopyData:slot-created").is_err());
         assert!(parse_crash_point("Copy:done").is_err());
         assert!(parse_crash_point("CopyData").is_err());

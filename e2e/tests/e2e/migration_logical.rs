@@ -278,7 +278,8 @@ async fn a_manual_cutover_replicates_until_a_schema_change_rolls_it_back() {
 /// name derived from the Migration's UID, nothing recorded of it yet), while a writer
 /// commits through the connection Secret: each new process resumes, and the Migration
 /// ends Succeeded once, with every committed write on the target, nothing of the
-/// replication left on either server, and no DDL run twice.
+/// replication left on either server, and no DDL run twice. One of the points is inside
+/// FreezeSource's counts, with the subscription paused: the next process enables it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_killed_at_every_logical_step_resumes_to_one_success() {
     let mut s = logical_setup("logical-crash").await;
@@ -294,17 +295,40 @@ async fn a_controller_killed_at_every_logical_step_resumes_to_one_success() {
         if step == MigrationStep::Replicate {
             points.push("Replicate:slot-created".to_string());
         }
+        if step == MigrationStep::FreezeSource {
+            // Verify's counts before the freeze have paused the subscription.
+            points.push("FreezeSource:subscription-paused".to_string());
+        }
         points.push(format!("{}:done", step.as_str()));
     }
-    let mut slot_seen = false;
+    let (mut slot_seen, mut pause_seen) = (false, false);
     for point in &points {
         s.run_until_exit_at(point);
         if point == "Replicate:slot-created" {
             assert_slot_without_subscription(&s, "app-move", &format!("at {point}")).await;
             slot_seen = true;
         }
+        if point == "FreezeSource:subscription-paused" {
+            // Left disabled by the crash: the next process must enable it again, not
+            // take it for one an apply error disabled.
+            let m = s.migrations().get("app-move").await.unwrap();
+            let enabled: bool = s
+                .target
+                .connect_as_superuser_to("app")
+                .await
+                .unwrap()
+                .query_one(
+                    "SELECT subenabled FROM pg_subscription WHERE subname = $1",
+                    &[&replication_name(&m)],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert!(!enabled, "the subscription is paused at {point}");
+            pause_seen = true;
+        }
     }
-    assert!(slot_seen);
+    assert!(slot_seen && pause_seen);
     s.start_migration_controller(&[]);
     let m = s
         .wait_phase("app-move", MigrationPhase::Succeeded, SAGA)

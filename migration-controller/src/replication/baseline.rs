@@ -25,13 +25,16 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use dbops_shared::postgres::{PgError, Session, ddl, quote_ident};
+use dbops_shared::postgres::{PgError, Session, ddl, quote_ident, quote_literal};
 use tokio_postgres::{GenericClient, IsolationLevel};
+
+use dbops_api::MigrationStep;
 
 use super::counts::{self, Change, Lsn, Snapshot, Txn};
 use super::observe::{Ends, ends};
 use super::sql;
 use crate::context::Saga;
+use crate::debug::Moment;
 use crate::error::Result;
 use crate::servers::{at, migration_uid, session};
 
@@ -91,6 +94,9 @@ pub async fn take(saga: &Saga<'_>, database: &str) -> std::result::Result<String
     let outcome = async {
         let e = ends(saga, database).await?;
         drop_slots(saga, &e).await?;
+        let t = session(saga, &e.target, &e.database).await?;
+        resume_paused(&t, &e.name).await?;
+        drop(t);
         measure(saga, &e).await
     }
     .await;
@@ -203,7 +209,7 @@ async fn measure(saga: &Saga<'_>, e: &Ends) -> Result<Why<Baseline>> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut paused = session(saga, &e.target, &e.database).await?;
-    let (l, target) = match paused_count(&t, &mut paused, &e.name, sub.oid).await? {
+    let (l, target) = match paused_count(saga, &t, &mut paused, &e.name, sub.oid).await? {
         Ok(x) => x,
         Err(why) => return Ok(Err(why)),
     };
@@ -348,20 +354,25 @@ async fn count_in(tx: &tokio_postgres::Transaction<'_>) -> Result<Why<Count>> {
 /// `paused` with the source position applied, the subscription enabled again (whatever
 /// happened in between), then the tables listed and counted in that snapshot.
 async fn paused_count(
+    saga: &Saga<'_>,
     t: &Session,
     paused: &mut Session,
     name: &str,
     oid: i64,
 ) -> Result<Why<(Lsn, Count)>> {
-    let n = dbops_shared::postgres::quote_ident(name);
-    t.batch_execute(&format!("ALTER SUBSCRIPTION {n} DISABLE"))
-        .await
-        .map_err(PgError::sql("disabling the subscription"))?;
+    let n = quote_ident(name);
+    // The pause is marked in the same transaction, so that a controller that dies before
+    // the ENABLE below leaves a subscription `resume_paused` tells from one an apply
+    // error disabled (which fails the Migration).
+    t.batch_execute(&format!(
+        "BEGIN; ALTER SUBSCRIPTION {n} DISABLE; COMMENT ON SUBSCRIPTION {n} IS {}; COMMIT",
+        quote_literal(PAUSED)
+    ))
+    .await
+    .map_err(PgError::sql("pausing the subscription"))?;
+    saga.crash_point(MigrationStep::FreezeSource, Moment::SubscriptionPaused);
     let snapped = snap_paused(t, paused, oid).await;
-    let enabled = t
-        .batch_execute(&format!("ALTER SUBSCRIPTION {n} ENABLE"))
-        .await
-        .map_err(PgError::sql("enabling the subscription"));
+    let enabled = resume(t, name).await;
     let snapped = snapped?;
     enabled?;
     let (tx, l) = match snapped {
@@ -373,6 +384,37 @@ async fn paused_count(
         .await
         .map_err(PgError::sql("ending a snapshot"))?;
     Ok(count.map(|c| (l, c)))
+}
+
+/// The comment on a subscription paused for the counts.
+const PAUSED: &str = "dbops.dev/paused-for-verify";
+
+async fn resume(t: &Session, name: &str) -> std::result::Result<(), PgError> {
+    let n = quote_ident(name);
+    t.batch_execute(&format!(
+        "BEGIN; ALTER SUBSCRIPTION {n} ENABLE; COMMENT ON SUBSCRIPTION {n} IS NULL; COMMIT"
+    ))
+    .await
+    .map_err(PgError::sql("enabling the subscription"))
+}
+
+/// Enables the subscription `name` (of the session's database) if the counts paused it
+/// and a crash kept them from enabling it again; whether it did.
+pub async fn resume_paused(t: &Session, name: &str) -> Result<bool> {
+    let paused = t
+        .query_opt(
+            "SELECT 1 FROM pg_subscription \
+             WHERE subname = $1 AND NOT subenabled \
+               AND obj_description(oid, 'pg_subscription') = $2",
+            &[&name, &PAUSED],
+        )
+        .await
+        .map_err(PgError::sql("reading pg_subscription"))?
+        .is_some();
+    if paused {
+        resume(t, name).await?;
+    }
+    Ok(paused)
 }
 
 async fn snap_paused<'a>(
