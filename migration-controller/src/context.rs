@@ -48,7 +48,7 @@ pub struct State {
     pub clients: dbops_shared::pg_tools::Clients,
     pub max_attempts: i32,
     /// Verify's counts taken before the freeze (`replication::baseline`), by Migration.
-    pub baselines: crate::replication::baseline::Baselines,
+    pub baselines: crate::replication::counts::Baselines,
     pub crash_at: Option<CrashPoint>,
     /// Testing only (`--debug-fail-at`): this step fails for good once its effects are
     /// done, so that a test can roll back from it.

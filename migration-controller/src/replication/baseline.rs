@@ -21,16 +21,14 @@
 //! in the freeze); the slots are dropped by Verify, by the compensation of Replicate and
 //! CatchUp, and by Cleanup ([`forget`]), and a new [`take`] drops any left over first.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use dbops_shared::postgres::{PgError, Session, ddl, quote_ident, quote_literal};
+use dbops_shared::postgres::{PgError, Session, ddl, quote_ident};
 use tokio_postgres::{GenericClient, IsolationLevel};
 
 use dbops_api::MigrationStep;
 
-use super::counts::{self, Change, Lsn, Snapshot, Txn};
+use super::counts::{self, Baseline, Change, Lsn, Snapshot, Txn};
 use super::observe::{Ends, ends};
 use super::sql;
 use crate::context::Saga;
@@ -50,37 +48,6 @@ const LOCK_TIMEOUT: &str = "5s";
 /// Tables (schema, name), as `test_decoding` names them, and their OIDs.
 type Listed = (Vec<(String, String)>, Vec<String>, Vec<i64>);
 
-/// The rows of every table, the same on both servers at the source's position `at`.
-#[derive(Debug, Clone)]
-pub struct Baseline {
-    pub at: Lsn,
-    /// (schema, table), as `sql::tables` orders them.
-    pub tables: Vec<(String, String)>,
-    /// The tables as `test_decoding` names them.
-    names: Vec<String>,
-    pub rows: Vec<i64>,
-    /// The target's snapshot the rows were counted in.
-    target_snapshot: Snapshot,
-}
-
-/// The baselines of this process, by Migration UID.
-#[derive(Debug, Default)]
-pub struct Baselines(Mutex<HashMap<String, Baseline>>);
-
-impl Baselines {
-    fn put(&self, uid: &str, b: Baseline) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(uid.to_string(), b);
-    }
-
-    /// The Migration's baseline, taken out.
-    pub fn take(&self, uid: &str) -> Option<Baseline> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid)
-    }
-}
-
 /// The slot of the Migration's counts, on both servers.
 pub fn slot(name: &str) -> String {
     format!("{name}_verify")
@@ -95,7 +62,7 @@ pub async fn take(saga: &Saga<'_>, database: &str) -> std::result::Result<String
         let e = ends(saga, database).await?;
         drop_slots(saga, &e).await?;
         let t = session(saga, &e.target, &e.database).await?;
-        resume_paused(&t, &e.name).await?;
+        super::pause::resume_paused(&t, &e.name).await?;
         drop(t);
         measure(saga, &e).await
     }
@@ -360,19 +327,10 @@ async fn paused_count(
     name: &str,
     oid: i64,
 ) -> Result<Why<(Lsn, Count)>> {
-    let n = quote_ident(name);
-    // The pause is marked in the same transaction, so that a controller that dies before
-    // the ENABLE below leaves a subscription `resume_paused` tells from one an apply
-    // error disabled (which fails the Migration).
-    t.batch_execute(&format!(
-        "BEGIN; ALTER SUBSCRIPTION {n} DISABLE; COMMENT ON SUBSCRIPTION {n} IS {}; COMMIT",
-        quote_literal(PAUSED)
-    ))
-    .await
-    .map_err(PgError::sql("pausing the subscription"))?;
+    super::pause::pause(t, name).await?;
     saga.crash_point(MigrationStep::FreezeSource, Moment::SubscriptionPaused);
     let snapped = snap_paused(t, paused, oid).await;
-    let enabled = resume(t, name).await;
+    let enabled = super::pause::resume(t, name).await;
     let snapped = snapped?;
     enabled?;
     let (tx, l) = match snapped {
@@ -384,37 +342,6 @@ async fn paused_count(
         .await
         .map_err(PgError::sql("ending a snapshot"))?;
     Ok(count.map(|c| (l, c)))
-}
-
-/// The comment on a subscription paused for the counts.
-const PAUSED: &str = "dbops.dev/paused-for-verify";
-
-async fn resume(t: &Session, name: &str) -> std::result::Result<(), PgError> {
-    let n = quote_ident(name);
-    t.batch_execute(&format!(
-        "BEGIN; ALTER SUBSCRIPTION {n} ENABLE; COMMENT ON SUBSCRIPTION {n} IS NULL; COMMIT"
-    ))
-    .await
-    .map_err(PgError::sql("enabling the subscription"))
-}
-
-/// Enables the subscription `name` (of the session's database) if the counts paused it
-/// and a crash kept them from enabling it again; whether it did.
-pub async fn resume_paused(t: &Session, name: &str) -> Result<bool> {
-    let paused = t
-        .query_opt(
-            "SELECT 1 FROM pg_subscription \
-             WHERE subname = $1 AND NOT subenabled \
-               AND obj_description(oid, 'pg_subscription') = $2",
-            &[&name, &PAUSED],
-        )
-        .await
-        .map_err(PgError::sql("reading pg_subscription"))?
-        .is_some();
-    if paused {
-        resume(t, name).await?;
-    }
-    Ok(paused)
 }
 
 async fn snap_paused<'a>(

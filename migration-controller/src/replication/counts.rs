@@ -1,4 +1,5 @@
-//! Row counts without counting in the freeze: the arithmetic (pure; the SQL is in
+//! Row counts without counting in the freeze: the arithmetic and the baselines kept for
+//! Verify (pure, nothing of this crate; the SQL is in
 //! `baseline`). A table's rows at a point of the source's commit order are its count in a
 //! snapshot, plus the inserts minus the deletes of the transactions that snapshot did not
 //! see and that committed by that point, minus those of the transactions it saw that
@@ -6,7 +7,8 @@
 //! was created before the snapshot was taken, so every transaction the snapshot did not
 //! see is in the slot.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 
 /// A WAL position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -67,6 +69,38 @@ impl Snapshot {
             .map(|e| e << 32 | u64::from(xid))
             .min_by_key(|full| full.abs_diff(self.xmin))
             .unwrap_or(u64::from(xid))
+    }
+}
+
+/// The rows of every table, the same on both servers at the source's position `at`.
+#[derive(Debug, Clone)]
+pub struct Baseline {
+    pub at: Lsn,
+    /// (schema, table), as `sql::tables` orders them.
+    pub tables: Vec<(String, String)>,
+    /// The tables as `test_decoding` names them.
+    pub names: Vec<String>,
+    pub rows: Vec<i64>,
+    /// The target's snapshot the rows were counted in.
+    pub target_snapshot: Snapshot,
+}
+
+/// The baselines of this process, by Migration UID (`State::baselines`; taken by
+/// `baseline::take`, used by Verify).
+#[derive(Debug, Default)]
+pub struct Baselines(Mutex<HashMap<String, Baseline>>);
+
+impl Baselines {
+    pub fn put(&self, uid: &str, b: Baseline) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(uid.to_string(), b);
+    }
+
+    /// The Migration's baseline, taken out.
+    pub fn take(&self, uid: &str) -> Option<Baseline> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid)
     }
 }
 

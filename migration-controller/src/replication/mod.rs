@@ -23,8 +23,9 @@
 
 pub mod baseline;
 mod catch_up;
-mod counts;
+pub mod counts;
 mod observe;
+mod pause;
 mod replicate;
 pub mod sql;
 mod teardown;

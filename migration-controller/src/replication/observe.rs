@@ -81,7 +81,7 @@ pub async fn observe(saga: &Saga<'_>, e: &Ends, catch_up_lsn: Option<&str>) -> R
     }
     // Paused for Verify's counts by a controller that died before it enabled it again:
     // enabled now. Disabled otherwise: by an apply error.
-    if !sub.enabled && !super::baseline::resume_paused(&t, &e.name).await? {
+    if !sub.enabled && !super::pause::resume_paused(&t, &e.name).await? {
         return Err(Error::permanent(
             MigrationReason::ReplicationApplyFailed,
             format!(
