@@ -98,32 +98,56 @@ pub(crate) async fn write_secret(
     existing: Option<&Secret>,
     desired: &Secret,
 ) -> Result<()> {
+    write_owned_secret(
+        secrets,
+        &db.connection_secret_name(),
+        existing,
+        desired,
+        confirm_live(&ctx.client, db),
+        |found| secret::check_ours(found, db).map_err(secret_conflict),
+    )
+    .await
+}
+
+/// Writes the connection Secret `name` as `desired` unless `existing` (from the cache,
+/// checked by the caller) already carries it, once `live` has confirmed that its owner
+/// (a Database, a user) is still the live one: created, or applied over the one there,
+/// `existing` or the one a create runs into, written only once `check` says it is the
+/// owner's own.
+pub(crate) async fn write_owned_secret(
+    secrets: &Api<Secret>,
+    name: &str,
+    existing: Option<&Secret>,
+    desired: &Secret,
+    live: impl Future<Output = Result<()>>,
+    check: impl FnOnce(&Secret) -> Result<()>,
+) -> Result<()> {
     if existing.is_some_and(|s| secret::is_current(s, desired)) {
         return Ok(());
     }
-    confirm_live(&ctx.client, db).await?;
+    live.await?;
     match existing {
         // A new Secret: a plain create costs the apiserver less than an apply.
         None => match secrets.create(&PostParams::default(), desired).await {
             Ok(_) => Ok(()),
-            // Not in the cache, yet there: written only if it is this Database's own.
+            // Not in the cache, yet there: written only if it is the owner's own.
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                let found = secrets.get(&db.connection_secret_name()).await?;
-                secret::check_ours(&found, db).map_err(secret_conflict)?;
-                apply_secret(secrets, db, &found, desired).await
+                let found = secrets.get(name).await?;
+                check(&found)?;
+                apply_secret(secrets, name, &found, desired).await
             }
             Err(e) => Err(e.into()),
         },
-        Some(found) => apply_secret(secrets, db, found, desired).await,
+        Some(found) => apply_secret(secrets, name, found, desired).await,
     }
 }
 
 /// Server-side apply of the Secret: takes back every field this controller sets. Only
-/// over `found`, the Secret checked to be this Database's: its UID is a precondition (a
+/// over `found`, the Secret checked to be the owner's: its UID is a precondition (a
 /// Secret of that name made since by someone else is refused, never taken over).
 async fn apply_secret(
     secrets: &Api<Secret>,
-    db: &Database,
+    name: &str,
     found: &Secret,
     desired: &Secret,
 ) -> Result<()> {
@@ -131,7 +155,7 @@ async fn apply_secret(
     desired.metadata.uid = found.metadata.uid.clone();
     secrets
         .patch(
-            &db.connection_secret_name(),
+            name,
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&desired),
         )

@@ -4,17 +4,36 @@
 //! over a ceiling is refused (`LimitExceeded`) naming the field, before anything changes
 //! on the server. Pure functions; the SQL that applies the result is elsewhere.
 
-use dbops_api::access::{parse_duration, parse_memory_kb};
+use dbops_api::access::{LoginOptions, parse_duration, parse_memory_kb};
 use dbops_api::reasons::DatabaseReason;
 use dbops_api::{DatabaseServer, DurationLimit, MemoryLimit, SessionSettings};
 
-use crate::error::Error;
+use crate::error::{Error, template_error};
 
 /// The condition reason of a request over a DatabaseServer's ceiling (a Database's and a
 /// DatabaseUser's alike: `DatabaseUserReason::LimitExceeded` is the same string).
 pub const LIMIT_EXCEEDED: &str = DatabaseReason::LimitExceeded.as_str();
 /// The condition reason of a server's session limit that does not parse.
 const INVALID_SPEC: &str = DatabaseReason::InvalidSpec.as_str();
+
+/// The session settings of a login role, `(name, value)`, as [`settings`] gives them.
+pub type Settings = Vec<(&'static str, String)>;
+
+/// What a login (a Database's owner, a DatabaseUser) asks of `server`, refused before
+/// anything is written: a `secretTemplate` that does not render, a `spec.connectionLimit`
+/// (`connection_limit`) or `spec.settings` over the server's ceilings. The connection
+/// limit and the settings to set.
+pub fn login_requests(
+    login: &LoginOptions,
+    connection_limit: i32,
+    server: &DatabaseServer,
+) -> Result<(i32, Settings), Error> {
+    crate::template::check(&login.secret_template).map_err(template_error)?;
+    Ok((
+        self::connection_limit(connection_limit, server, "spec.connectionLimit")?,
+        settings(login.settings.as_ref(), server, "spec.settings")?,
+    ))
+}
 
 /// The connection limit to set: `asked` (`-1`: none of its own) within the server's
 /// ceiling, which also replaces `-1`. `field` names the field in a refusal (for example
@@ -43,7 +62,7 @@ pub fn settings(
     asked: Option<&SessionSettings>,
     server: &DatabaseServer,
     field: &str,
-) -> Result<Vec<(&'static str, String)>, Error> {
+) -> Result<Settings, Error> {
     let limits = server.spec.session_limits.clone().unwrap_or_default();
     let asked = asked.cloned().unwrap_or_default();
     let name = server.metadata.name.as_deref().unwrap_or_default();

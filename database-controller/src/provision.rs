@@ -87,17 +87,8 @@ async fn provision_in_postgres(
     admit(&ctx.state, db, &target)?;
     // Refused before anything is written: templates that do not render, requests over
     // the server's ceilings.
-    crate::template::check(&db.spec.login.secret_template).map_err(template_error)?;
-    let connection_limit = limits::connection_limit(
-        db.spec.connection_limit,
-        &target.server,
-        "spec.connectionLimit",
-    )?;
-    let settings = limits::settings(
-        db.spec.login.settings.as_ref(),
-        &target.server,
-        "spec.settings",
-    )?;
+    let (connection_limit, settings) =
+        limits::login_requests(&db.spec.login, db.spec.connection_limit, &target.server)?;
     let existing = existing_secret(ctx, db).await?;
     let found = FromSecret::read(existing.as_deref(), &db.owner_role());
 

@@ -13,7 +13,7 @@ use dbops_shared::server::Resolved;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::Api;
 
 use super::grants;
 use super::lookup::{
@@ -69,24 +69,12 @@ async fn observe(user: &DatabaseUser, ctx: &Context<State>) -> Result<Observed> 
         });
     }
     let target = server_of_database(ctx, &db)?;
-    crate::template::check(&user.spec.login.secret_template).map_err(template_error)?;
-    let connection_limit = limits::connection_limit(
-        user.spec.connection_limit,
-        &target.server,
-        "spec.connectionLimit",
-    )?;
-    let settings = limits::settings(
-        user.spec.login.settings.as_ref(),
-        &target.server,
-        "spec.settings",
-    )?;
+    let (connection_limit, settings) =
+        limits::login_requests(&user.spec.login, user.spec.connection_limit, &target.server)?;
     let status = ctx.state.latest(user);
     let existing = connection_secret(ctx, &db, user, status.role.as_deref()).await?;
     if let Some(found) = &existing {
-        secret::check_owned(found, &Owner::user(user)).map_err(|message| Error::Blocked {
-            reason: DatabaseUserReason::SecretConflict.as_str(),
-            message,
-        })?;
+        secret::check_owned(found, &Owner::user(user)).map_err(secret_conflict)?;
     }
     Ok(Observed {
         db,
@@ -285,38 +273,23 @@ async fn write_secret(
     existing: Option<&Secret>,
     desired: &Secret,
 ) -> Result<()> {
-    if existing.is_some_and(|s| secret::is_current(s, desired)) {
-        return Ok(());
-    }
-    confirm_live(ctx, user).await?;
     let secrets: Api<Secret> =
         Api::namespaced(ctx.client.clone(), &user.namespace().unwrap_or_default());
-    let name = user.connection_secret_name();
-    let found = match existing {
-        None => match secrets.create(&PostParams::default(), desired).await {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                let found = secrets.get(&name).await?;
-                secret::check_owned(&found, &Owner::user(user)).map_err(|message| {
-                    Error::Blocked {
-                        reason: DatabaseUserReason::SecretConflict.as_str(),
-                        message,
-                    }
-                })?;
-                found
-            }
-            Err(e) => return Err(e.into()),
-        },
-        Some(found) => found.clone(),
-    };
-    let mut desired = desired.clone();
-    desired.metadata.uid = found.metadata.uid.clone();
-    secrets
-        .patch(
-            &name,
-            &PatchParams::apply(crate::connection::FIELD_MANAGER).force(),
-            &Patch::Apply(&desired),
-        )
-        .await?;
-    Ok(())
+    crate::connection::write_owned_secret(
+        &secrets,
+        &user.connection_secret_name(),
+        existing,
+        desired,
+        confirm_live(ctx, user),
+        |found| secret::check_owned(found, &Owner::user(user)).map_err(secret_conflict),
+    )
+    .await
+}
+
+/// A connection Secret of that name that is not this user's: refused, never taken over.
+fn secret_conflict(message: String) -> Error {
+    Error::Blocked {
+        reason: DatabaseUserReason::SecretConflict.as_str(),
+        message,
+    }
 }
