@@ -4,7 +4,7 @@
 
 use dbops_api::Database;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 
 use crate::error::{Error, Result};
 
@@ -18,12 +18,14 @@ use crate::error::{Error, Result};
 /// deleted UID's, they would belong to nobody and block the new one). Otherwise
 /// [`Error::Superseded`], which abandons the reconcile without writing anything.
 ///
-/// A read of the API, not of the cache (which is what the reconcile began with): a list
-/// by name, since the controller's RBAC has no `get` on Databases.
+/// A read of the API, not of the cache (which is what the reconcile began with): a GET,
+/// which the apiserver answers from etcd. It was a LIST by name (the RBAC then had no
+/// `get`); a consistent LIST is served from the watch cache once the cache has caught up
+/// with etcd, which under a burst of writes made it the slowest request of a reconcile,
+/// made while holding a session slot (issue 25).
 pub(crate) async fn confirm_live(client: &kube::Client, db: &Database) -> Result<()> {
     let api: Api<Database> = Api::namespaced(client.clone(), &db.namespace().unwrap_or_default());
-    let by_name = ListParams::default().fields(&format!("metadata.name={}", db.name_any()));
-    let live = api.list(&by_name).await?.items.into_iter().next();
+    let live = api.get_opt(&db.name_any()).await?;
     match superseded(db, live.as_ref()) {
         Some(why) => Err(Error::Superseded(why)),
         None => Ok(()),

@@ -12,7 +12,7 @@ use dbops_shared::postgres::Session;
 use dbops_shared::server::Resolved;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 
 use super::state::State;
@@ -84,8 +84,7 @@ pub async fn admin_session(
 pub async fn confirm_live(ctx: &Context<State>, user: &DatabaseUser) -> Result<()> {
     let api: Api<DatabaseUser> =
         Api::namespaced(ctx.client.clone(), &user.namespace().unwrap_or_default());
-    let by_name = ListParams::default().fields(&format!("metadata.name={}", user.name_any()));
-    let live = api.list(&by_name).await?.items.into_iter().next();
+    let live = api.get_opt(&user.name_any()).await?;
     match crate::live::superseded(user, live.as_ref()) {
         Some(why) => Err(Error::Superseded(why)),
         None => Ok(()),

@@ -112,9 +112,9 @@ async fn count_all(
     s: &Session,
     tables: &[(String, String)],
 ) -> Result<Vec<i64>, dbops_shared::postgres::PgError> {
-    s.batch_execute("SET row_security = off")
-        .await
-        .map_err(dbops_shared::postgres::PgError::sql("turning row security off"))?;
+    s.batch_execute("SET row_security = off").await.map_err(
+        dbops_shared::postgres::PgError::sql("turning row security off"),
+    )?;
     let mut counts = Vec::with_capacity(tables.len());
     for (schema, table) in tables {
         counts.push(sql::count_rows(s, schema, table).await?);
