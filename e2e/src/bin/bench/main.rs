@@ -47,14 +47,35 @@ enum Command {
     Users(users::UsersArgs),
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    if let Command::Databases(args) = &cli.command
+        && let Some(dir) = args.data_dir()
+        && std::env::var_os("TMPDIR").is_none_or(|t| t != dir)
+    {
+        // The temporary directories (control plane, servers) on the tmpfs: the same
+        // program again with TMPDIR set, in place of this one.
+        use std::os::unix::process::CommandExt;
+        let exe = std::env::current_exe()?;
+        let err = std::process::Command::new(exe)
+            .args(std::env::args_os().skip(1))
+            .env("TMPDIR", dir)
+            .exec();
+        return Err(err.into());
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Command::Databases(args) => databases::run(args).await,
         Command::Backup(args) => backup::run(args).await,
         Command::Secrets(args) => secrets::run(args).await,
