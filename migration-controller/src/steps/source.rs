@@ -13,12 +13,16 @@ use crate::sql;
 pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
     let source = source_server(saga).await?;
     let database = db.database_name();
-    let s = session(saga, &source, "postgres").await?;
     let mut status = saga.status();
     let logical = status.mode == Some(ChosenMode::Logical);
-    // Logical mode, nothing frozen yet: Verify's counts now, while the source is writable.
-    let counted = (logical && status.freeze.is_none())
-        .then_some(crate::replication::baseline::take(saga, &database).await);
+    // Logical mode, nothing frozen yet: Verify's counts now, while the source is writable
+    // (before this step takes a session of its own).
+    let counted = if logical && status.freeze.is_none() {
+        Some(crate::replication::baseline::take(saga, &database).await)
+    } else {
+        None
+    };
+    let s = session(saga, &source, "postgres").await?;
     let record = match status.freeze.clone() {
         Some(r) => r,
         None => {

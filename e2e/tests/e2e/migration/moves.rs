@@ -56,6 +56,13 @@ async fn a_database_moves_with_every_committed_write() {
         committed.last()
     );
     assert!(committed.len() >= 50);
+    // Dump mode takes no counts before the freeze: nothing connected to the target's
+    // database before ProvisionTarget made it.
+    let target_log = std::fs::read_to_string(s.target.log_path()).unwrap();
+    assert!(
+        !target_log.contains("database \"app\" does not exist"),
+        "something reached for the target database before it existed"
+    );
 
     // Every committed row is on the target, and nothing the writer did not attempt.
     let rows = writes_on(&s.target).await;
