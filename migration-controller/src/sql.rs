@@ -226,17 +226,19 @@ pub async fn tables(s: &Session) -> Result<Vec<(String, String)>, PgError> {
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
+/// The statement that counts the rows of one table.
+pub fn count_statement(schema: &str, table: &str) -> String {
+    format!(
+        "SELECT count(*) FROM {}.{}",
+        quote_ident(schema),
+        quote_ident(table)
+    )
+}
+
 /// `count(*)` of one table.
 pub async fn count_rows(s: &Session, schema: &str, table: &str) -> Result<i64, PgError> {
     let row = s
-        .query_one(
-            &format!(
-                "SELECT count(*) FROM {}.{}",
-                quote_ident(schema),
-                quote_ident(table)
-            ),
-            &[],
-        )
+        .query_one(&count_statement(schema, table), &[])
         .await
         .map_err(PgError::sql(format!(
             "counting the rows of {schema}.{table}"

@@ -61,9 +61,6 @@ pub async fn take(saga: &Saga<'_>, database: &str) -> std::result::Result<String
     let outcome = async {
         let e = ends(saga, database).await?;
         drop_slots(saga, &e).await?;
-        let t = session(saga, &e.target, &e.database).await?;
-        super::pause::resume_paused(&t, &e.name).await?;
-        drop(t);
         measure(saga, &e).await
     }
     .await;
@@ -151,6 +148,8 @@ async fn measure(saga: &Saga<'_>, e: &Ends) -> Result<Why<Baseline>> {
         Err(why) => return Ok(Err(why)),
     };
     let mut t = session(saga, &e.target, &e.database).await?;
+    // A pause a crashed controller left in place ends first.
+    super::pause::resume_paused(&t, &e.name).await?;
     if let Err(why) = create_slot(&mut t, &slot).await? {
         return Ok(Err(why));
     }
@@ -431,13 +430,8 @@ async fn list(c: &impl GenericClient) -> Result<Why<Listed>> {
 async fn count(c: &impl GenericClient, tables: &[(String, String)]) -> Result<Vec<i64>> {
     let mut rows = Vec::with_capacity(tables.len());
     for (schema, table) in tables {
-        let statement = format!(
-            "SELECT count(*) FROM {}.{}",
-            quote_ident(schema),
-            quote_ident(table)
-        );
         let row = c
-            .query_one(&statement, &[])
+            .query_one(&crate::sql::count_statement(schema, table), &[])
             .await
             .map_err(PgError::sql(format!(
                 "counting the rows of {schema}.{table}"
