@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
@@ -155,6 +156,26 @@ pub struct PasswordRotation {
 
 fn default_keep_previous() -> String {
     "1h".to_string()
+}
+
+/// What the last rotation left, in the status of a Database (its owner's logins) and of a
+/// DatabaseUser: flattened into both, so the fields are `status.previousValidUntil`,
+/// `status.lastRotation` and `status.rotateRequest` of each.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RotationStatus {
+    /// Until when the login before the last rotation (`previousLogin` of a Database,
+    /// `previousRole` of a DatabaseUser) may log in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_valid_until: Option<Time>,
+
+    /// When the password last changed (the login was created or rotated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rotation: Option<Time>,
+
+    /// The value of the annotation `dbops.dev/rotate` last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotate_request: Option<String>,
 }
 
 /// Extra keys of a connection Secret, each rendered from a template over `host`, `port`,

@@ -29,7 +29,7 @@ use crate::common::{BackupDeletionPolicy, DatabaseRef};
         name = "Phase",
         type_ = "string",
         json_path = ".status.phase",
-        description = "Lifecycle phase"
+        description = "Pending, Running, Completed or Failed"
     ),
     printcolumn(
         name = "Size",

@@ -1,11 +1,11 @@
 //! `Database`: a PostgreSQL database and its owner role on a server.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::access::LoginOptions;
+use crate::access::{LoginOptions, RotationStatus};
 use crate::common::{DatabaseDeletionPolicy, LocalObjectReference, ServerReference};
 
 /// Desired state of a Database.
@@ -200,17 +200,10 @@ pub struct DatabaseStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_login: Option<String>,
 
-    /// Until when `previousLogin` may log in.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub previous_valid_until: Option<Time>,
-
-    /// When the owner's password last changed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_rotation: Option<Time>,
-
-    /// The value of the annotation `dbops.dev/rotate` last acted on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rotate_request: Option<String>,
+    /// The end of the previous login, the last rotation and the last `dbops.dev/rotate`
+    /// acted on.
+    #[serde(flatten)]
+    pub rotation: RotationStatus,
 }
 
 /// Lifecycle phase of a Database.

@@ -19,8 +19,8 @@ pub mod server;
 pub mod user;
 
 pub use access::{
-    DurationLimit, LoginOptions, MemoryLimit, PasswordRotation, ROTATE_ANNOTATION, SecretTemplate,
-    SessionLimits, SessionSettings,
+    DurationLimit, LoginOptions, MemoryLimit, PasswordRotation, ROTATE_ANNOTATION, RotationStatus,
+    SecretTemplate, SessionLimits, SessionSettings,
 };
 pub use backup::{Backup, BackupPhase, BackupRunner, BackupSpec, BackupStatus};
 pub use common::{

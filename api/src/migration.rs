@@ -35,7 +35,7 @@ use crate::common::{DatabaseRef, LocalObjectReference, ServerReference};
         name = "Phase",
         type_ = "string",
         json_path = ".status.phase",
-        description = "Lifecycle phase"
+        description = "Pending, Running, AwaitingApproval, Succeeded, Failed, RollingBack or RolledBack"
     ),
     printcolumn(
         name = "Mode",

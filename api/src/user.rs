@@ -1,11 +1,11 @@
 //! `DatabaseUser`: one more login to a Database, read-only or read-write.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::access::LoginOptions;
+use crate::access::{LoginOptions, RotationStatus};
 use crate::common::DatabaseRef;
 
 /// Desired state of a DatabaseUser.
@@ -132,17 +132,10 @@ pub struct DatabaseUserStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_role: Option<String>,
 
-    /// Until when `previousRole` may log in.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub previous_valid_until: Option<Time>,
-
-    /// When the password last changed (the login was created or rotated).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_rotation: Option<Time>,
-
-    /// The value of the annotation `dbops.dev/rotate` last acted on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rotate_request: Option<String>,
+    /// The end of the previous login, the last rotation and the last `dbops.dev/rotate`
+    /// acted on.
+    #[serde(flatten)]
+    pub rotation: RotationStatus,
 
     /// The DatabaseServer the user is on (its Database's).
     #[serde(default, skip_serializing_if = "Option::is_none")]

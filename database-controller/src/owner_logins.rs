@@ -51,8 +51,8 @@ pub fn rotation_due(db: &Database, status: &DatabaseStatus, now: f64) -> Option<
     rotation::due(
         db.annotations(),
         db.spec.login.password_rotation.as_ref(),
-        status.rotate_request.as_ref(),
-        status.last_rotation.as_ref(),
+        status.rotation.rotate_request.as_ref(),
+        status.rotation.last_rotation.as_ref(),
         now,
     )
 }
@@ -61,6 +61,7 @@ pub fn rotation_due(db: &Database, status: &DatabaseStatus, now: f64) -> Option<
 pub fn due(db: &Database, status: &DatabaseStatus, now: f64) -> bool {
     rotation_due(db, status, now).is_some()
         || status
+            .rotation
             .previous_valid_until
             .as_ref()
             .is_some_and(|t| rotation::epoch(t) <= now)
@@ -123,8 +124,8 @@ where
             status_login: status.login.as_deref(),
             annotations: db.annotations(),
             rotation: db.spec.login.password_rotation.as_ref(),
-            last_rotation: status.last_rotation.as_ref(),
-            rotate_request: status.rotate_request.as_ref(),
+            last_rotation: status.rotation.last_rotation.as_ref(),
+            rotate_request: status.rotation.rotate_request.as_ref(),
             every_new_password_counts: false,
             roles: &roles,
             now: rotation::secs_now(),

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use dbops_api::names::annotation::ROTATE;
-use dbops_api::{PasswordRotation, access::parse_duration};
+use dbops_api::{PasswordRotation, RotationStatus, access::parse_duration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// Now, in seconds since the epoch.
@@ -22,6 +22,22 @@ pub fn secs_now() -> f64 {
 /// A status time in seconds since the epoch.
 pub fn epoch(t: &Time) -> f64 {
     t.0.as_millisecond() as f64 / 1000.0
+}
+
+/// What a turn of the logins leaves in the status (a Database's or a DatabaseUser's): the
+/// previous login's expiry (seconds since the epoch), the last rotation and the last
+/// `dbops.dev/rotate` acted on.
+pub fn record(
+    previous: Option<&(String, f64)>,
+    last_rotation: Option<Time>,
+    rotate_request: Option<String>,
+) -> RotationStatus {
+    RotationStatus {
+        previous_valid_until: previous
+            .and_then(|(_, until)| jiff::Timestamp::from_second(*until as i64).ok().map(Time)),
+        last_rotation,
+        rotate_request,
+    }
 }
 
 /// `epoch` as RFC 3339, for `VALID UNTIL`.

@@ -16,6 +16,7 @@ use kube::api::Api;
 
 use crate::error::{Error, Result};
 use crate::live::confirm_live;
+use crate::rotation;
 use crate::state::{Provisioned, State};
 
 /// The action the Database's Events name.
@@ -148,13 +149,11 @@ fn provisioned(
     new.size_bytes = Some(reported_size(old.size_bytes, p.size_bytes, p.size_limit));
     new.login = Some(p.logins.login.clone());
     new.previous_login = p.logins.previous.as_ref().map(|(l, _)| l.clone());
-    new.previous_valid_until = p
-        .logins
-        .previous
-        .as_ref()
-        .and_then(|(_, until)| jiff::Timestamp::from_second(*until as i64).ok().map(Time));
-    new.last_rotation = p.logins.last_rotation.clone();
-    new.rotate_request = p.logins.rotate_request.clone();
+    new.rotation = rotation::record(
+        p.logins.previous.as_ref(),
+        p.logins.last_rotation.clone(),
+        p.logins.rotate_request.clone(),
+    );
     let mut conditions = Conditions {
         list: &mut new.conditions,
         generation: db.metadata.generation,

@@ -14,6 +14,7 @@ use super::lookup::confirm_live;
 use super::provision::Done;
 use super::state::State;
 use crate::error::{Error, Result};
+use crate::rotation;
 
 /// The action the user controller's Events name.
 const ACTION: &str = "Reconcile";
@@ -68,12 +69,11 @@ pub fn desired(
         new.group_role = Some(done.group.clone());
         new.role = Some(done.role.clone());
         new.previous_role = done.previous.as_ref().map(|(r, _)| r.clone());
-        new.previous_valid_until = done
-            .previous
-            .as_ref()
-            .and_then(|(_, until)| jiff::Timestamp::from_second(*until as i64).ok().map(Time));
-        new.last_rotation = done.last_rotation.clone();
-        new.rotate_request = done.rotate_request.clone();
+        new.rotation = rotation::record(
+            done.previous.as_ref(),
+            done.last_rotation.clone(),
+            done.rotate_request.clone(),
+        );
         new.connection_secret = Some(user.connection_secret_name());
         new.former_server = done.former_server.clone();
     }
@@ -98,7 +98,9 @@ pub fn desired(
             message,
         });
     }
-    if new.last_rotation != old.last_rotation && old.last_rotation.is_some() {
+    if new.rotation.last_rotation != old.rotation.last_rotation
+        && old.rotation.last_rotation.is_some()
+    {
         notes.push(Note::normal(ACTION, "PasswordRotated", rotated(&new)));
     }
     Desired { status: new, notes }
@@ -112,7 +114,8 @@ fn rotated(new: &DatabaseUserStatus) -> String {
         new.previous_role
             .clone()
             .unwrap_or_else(|| "no previous login".into()),
-        new.previous_valid_until
+        new.rotation
+            .previous_valid_until
             .as_ref()
             .map_or_else(String::new, |t| t.0.to_string())
     )
@@ -191,7 +194,7 @@ mod tests {
         assert!(again.notes.is_empty());
         // A rotation: the new login, the previous one until its expiry.
         let mut old = s.clone();
-        old.last_rotation = Some(at(1));
+        old.rotation.last_rotation = Some(at(1));
         let rotated = Done {
             role: "orders_ro_2".into(),
             previous: Some(("orders_ro_1".into(), 100.0)),
@@ -200,7 +203,7 @@ mod tests {
         };
         let d = desired(&u, &old, &Ok(rotated), at(30));
         assert_eq!(d.status.previous_role.as_deref(), Some("orders_ro_1"));
-        assert_eq!(d.status.previous_valid_until, Some(at(100)));
+        assert_eq!(d.status.rotation.previous_valid_until, Some(at(100)));
         assert_eq!(d.notes.len(), 1);
         assert_eq!(d.notes[0].reason, "PasswordRotated");
         assert!(

@@ -444,10 +444,13 @@ async fn rotation_keeps_a_live_application_working_through_two_rotations() {
         assert_eq!(after.previous_role.as_deref(), Some(previous.as_str()));
         // Second precision (metav1.Time): a rotation in the creation's second keeps it.
         assert!(
-            after.last_rotation >= before.last_rotation,
+            after.rotation.last_rotation >= before.rotation.last_rotation,
             "lastRotation moves on"
         );
-        assert_eq!(after.rotate_request, Some(format!("round-{round}")));
+        assert_eq!(
+            after.rotation.rotate_request,
+            Some(format!("round-{round}"))
+        );
         // The previous login keeps working until keepPrevious, then it cannot log in.
         wait_retired(&s, &previous).await;
         assert!(
@@ -524,7 +527,7 @@ async fn the_owners_password_rotates_and_what_it_creates_stays_the_owners() {
         let db = s.wait_ready("rot").await;
         let status = db.status.unwrap();
         assert_eq!(status.login.as_deref(), Some(login));
-        assert_eq!(status.rotate_request, Some(format!("{round}")));
+        assert_eq!(status.rotation.rotate_request, Some(format!("{round}")));
     }
     assert!(
         before.query_one("SELECT 1", &[]).await.is_err(),

@@ -256,7 +256,7 @@ impl Credential for Database {
             (
                 s.login.as_ref(),
                 s.previous_login.as_ref(),
-                s.rotate_request.as_deref(),
+                s.rotation.rotate_request.as_deref(),
             )
         })
     }
@@ -268,7 +268,7 @@ impl Credential for DatabaseUser {
             (
                 s.role.as_ref(),
                 s.previous_role.as_ref(),
-                s.rotate_request.as_deref(),
+                s.rotation.rotate_request.as_deref(),
             )
         })
     }
