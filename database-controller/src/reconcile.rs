@@ -89,7 +89,12 @@ async fn active_migration(ctx: &Context<State>, db: &Database) -> Result<Option<
     let migrations: Vec<Arc<Migration>> = match ctx.state.migrations.get() {
         Some(store) => {
             // Before the first list, "no Migration" would be a guess; the wait is bounded.
-            match tokio::time::timeout(STORE_SYNC_WAIT, store.wait_until_ready()).await {
+            match tokio::time::timeout(
+                STORE_SYNC_WAIT,
+                dbops_shared::store_ready::until_ready(store),
+            )
+            .await
+            {
                 Ok(Ok(())) => store.state(),
                 _ => {
                     return Err(Error::Retry {

@@ -182,7 +182,12 @@ pub async fn reconcile(
     let api: Api<DatabaseServer> = Api::all(ctx.client.clone());
     let databases = match ctx.state.databases.get() {
         Some(store) => {
-            match tokio::time::timeout(Duration::from_secs(30), store.wait_until_ready()).await {
+            match tokio::time::timeout(
+                Duration::from_secs(30),
+                dbops_shared::store_ready::until_ready(store),
+            )
+            .await
+            {
                 Ok(Ok(())) => store.state(),
                 _ => {
                     return Err(Error::Probe {

@@ -329,7 +329,7 @@ impl Running {
         });
         let synced = AtomicBool::new(false);
         let readiness = async {
-            if store.wait_until_ready().await.is_ok() {
+            if crate::store_ready::until_ready(&store).await.is_ok() {
                 tracing::info!(controller = ctx.controller, "watch store synced");
                 synced.store(true, Ordering::Release);
                 self.store_synced();

@@ -22,5 +22,6 @@ pub mod server;
 pub mod shutdown;
 pub mod startup;
 pub mod status;
+pub mod store_ready;
 pub mod telemetry;
 pub mod watch_health;

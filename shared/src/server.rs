@@ -172,9 +172,9 @@ impl Directory {
     pub async fn synced(&self) -> Result<(), ServerError> {
         let all = async {
             let (a, b, c) = tokio::join!(
-                self.servers.wait_until_ready(),
-                self.secrets.wait_until_ready(),
-                self.namespaces.wait_until_ready()
+                crate::store_ready::until_ready(&self.servers),
+                crate::store_ready::until_ready(&self.secrets),
+                crate::store_ready::until_ready(&self.namespaces)
             );
             a.and(b).and(c)
         };

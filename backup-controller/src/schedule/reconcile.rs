@@ -41,10 +41,13 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Ac
     }
     let schedule = valid_schedule(&ctx, &db, &spec.schedule).await?;
 
-    tokio::time::timeout(STORE_SYNC, ctx.state.backups.wait_until_ready())
-        .await
-        .map_err(|_| Error::StoreNotSynced)?
-        .map_err(|_| Error::StoreNotSynced)?;
+    tokio::time::timeout(
+        STORE_SYNC,
+        dbops_shared::store_ready::until_ready(&ctx.state.backups),
+    )
+    .await
+    .map_err(|_| Error::StoreNotSynced)?
+    .map_err(|_| Error::StoreNotSynced)?;
     let existing = scheduled_backups(&ctx.state.backups, &db);
     let now = Timestamp::now();
     let created = db.creation_timestamp().map_or(now, |t| t.0);

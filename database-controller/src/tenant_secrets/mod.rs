@@ -199,7 +199,9 @@ impl TenantSecrets {
                 }
             }
         };
-        match tokio::time::timeout(SET_UP_WAIT, store.wait_until_ready()).await {
+        match tokio::time::timeout(SET_UP_WAIT, dbops_shared::store_ready::until_ready(&store))
+            .await
+        {
             Ok(Ok(())) => Ok(store),
             _ => Err(not_synced(&namespace)),
         }
@@ -415,7 +417,7 @@ where
     K: kube::Resource + Clone + 'static,
     K::DynamicType: std::hash::Hash + Eq + Clone,
 {
-    match tokio::time::timeout(SET_UP_WAIT, store.wait_until_ready()).await {
+    match tokio::time::timeout(SET_UP_WAIT, dbops_shared::store_ready::until_ready(store)).await {
         Ok(Ok(())) => Ok(()),
         _ => Err(Error::Retry {
             reason: DatabaseReason::CacheNotSynced.as_str(),

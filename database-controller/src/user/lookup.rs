@@ -31,7 +31,12 @@ pub async fn database_of(ctx: &Context<State>, user: &DatabaseUser) -> Result<Ar
         reason: DatabaseUserReason::CacheNotSynced.as_str(),
         message: "the Database cache is not set up yet".into(),
     })?;
-    match tokio::time::timeout(STORE_SYNC_WAIT, store.wait_until_ready()).await {
+    match tokio::time::timeout(
+        STORE_SYNC_WAIT,
+        dbops_shared::store_ready::until_ready(store),
+    )
+    .await
+    {
         Ok(Ok(())) => {}
         _ => {
             return Err(Error::Retry {

@@ -329,7 +329,11 @@ async fn check_quota(saga: &Saga<'_>, db: &Database, server: &DatabaseServer) ->
     };
     let store = &saga.ctx.state.databases;
     if !matches!(
-        tokio::time::timeout(DATABASES_SYNC_WAIT, store.wait_until_ready()).await,
+        tokio::time::timeout(
+            DATABASES_SYNC_WAIT,
+            dbops_shared::store_ready::until_ready(store)
+        )
+        .await,
         Ok(Ok(()))
     ) {
         return Err(Error::DatabasesNotSynced);
