@@ -16,6 +16,10 @@
 //! - `dbops_queue_wait_seconds{queue}`: how long a request waited before it could be sent:
 //!   for a token of `--api-rate-limit` (`api_rate_limit`) or for one of a server's
 //!   `--max-sessions-per-server` session slots (`postgres_session`);
+//! - `dbops_postgres_session_held_seconds`: how long each session slot was held, from
+//!   the slot's grant to the session's return (against the statements' own time in
+//!   `dbops_external_request_duration_seconds{target="postgres"}`, what a slot is held
+//!   for besides SQL);
 //!
 //! in the backup-controller only ([`BackupMetrics`]):
 //!
@@ -101,6 +105,8 @@ impl Metrics {
                 "Duration of requests to the Kubernetes API (watches left out), PostgreSQL and the backup store";
             "queue_wait" in Seconds => QUEUE_WAIT,
                 "Time a request waited for the API rate limit or for a PostgreSQL session slot";
+            "postgres_session_held" in Seconds => SESSION_HELD,
+                "Time a PostgreSQL session slot was held, from its grant to the session's return";
         }
         Self {
             registry: Arc::new(registry),
@@ -545,6 +551,13 @@ pub fn observe_queue_wait(queue: Queue, waited: std::time::Duration) {
     QUEUE_WAIT
         .get_or_create(&QueueLabels { queue })
         .observe(waited.as_secs_f64());
+}
+
+static SESSION_HELD: LazyLock<Histogram> = LazyLock::new(|| Histogram::new(REQUEST_BUCKETS));
+
+/// Records how long one PostgreSQL session slot was held.
+pub fn observe_session_held(held: std::time::Duration) {
+    SESSION_HELD.observe(held.as_secs_f64());
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

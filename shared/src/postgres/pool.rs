@@ -181,6 +181,7 @@ impl Servers {
             crate::metrics::Queue::PostgresSession,
             waiting.elapsed(),
         );
+        let granted = Instant::now();
         let pool_key = PoolKey::new(credentials, dbname, &server.tls);
         let client = match state.take_idle(&pool_key) {
             Some(client) => client,
@@ -204,6 +205,7 @@ impl Servers {
             server: key,
             state,
             _permit: permit,
+            granted,
         })
     }
 }
@@ -244,6 +246,8 @@ pub(super) struct Lease {
     server: ServerKey,
     state: Arc<ServerState>,
     _permit: OwnedSemaphorePermit,
+    /// When the slot was granted (its connect, when new, counts as held).
+    granted: Instant,
 }
 
 impl Lease {
@@ -278,6 +282,7 @@ impl fmt::Debug for Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        crate::metrics::observe_session_held(self.granted.elapsed());
         if let Some(client) = self.client.take()
             && !client.is_closed()
         {

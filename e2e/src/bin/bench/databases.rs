@@ -641,7 +641,7 @@ async fn phases(controller: &ControllerProcess) -> Result<String> {
         format!("{count:.0} in {sum:.1} s")
     };
     Ok(format!(
-        "reconciles {}; SQL {}; API requests {}; waits for a session {}, for the API rate limit {}",
+        "reconciles {}; SQL {}; API requests {}; waits for a session {}, sessions held {}, waits for the API rate limit {}",
         pair(
             "dbops_reconcile_duration_seconds",
             &["controller=\"database-controller\""]
@@ -655,6 +655,7 @@ async fn phases(controller: &ControllerProcess) -> Result<String> {
             &["target=\"kubernetes\""]
         ),
         pair("dbops_queue_wait_seconds", &["queue=\"postgres_session\""]),
+        pair("dbops_postgres_session_held_seconds", &[]),
         pair("dbops_queue_wait_seconds", &["queue=\"api_rate_limit\""]),
     ))
 }
