@@ -89,20 +89,13 @@ async fn active_migration(ctx: &Context<State>, db: &Database) -> Result<Option<
     let migrations: Vec<Arc<Migration>> = match ctx.state.migrations.get() {
         Some(store) => {
             // Before the first list, "no Migration" would be a guess; the wait is bounded.
-            match tokio::time::timeout(
-                STORE_SYNC_WAIT,
-                dbops_shared::store_ready::until_ready(store),
-            )
-            .await
-            {
-                Ok(Ok(())) => store.state(),
-                _ => {
-                    return Err(Error::Retry {
-                        reason: DatabaseReason::CacheNotSynced.as_str(),
-                        message: "the Migration cache has not synced yet".into(),
-                    });
-                }
+            if !dbops_shared::store_ready::ready_within(store, STORE_SYNC_WAIT).await {
+                return Err(Error::Retry {
+                    reason: DatabaseReason::CacheNotSynced.as_str(),
+                    message: "the Migration cache has not synced yet".into(),
+                });
             }
+            store.state()
         }
         None => {
             let api: Api<Migration> = Api::namespaced(ctx.client.clone(), &namespace);

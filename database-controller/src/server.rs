@@ -182,20 +182,13 @@ pub async fn reconcile(
     let api: Api<DatabaseServer> = Api::all(ctx.client.clone());
     let databases = match ctx.state.databases.get() {
         Some(store) => {
-            match tokio::time::timeout(
-                Duration::from_secs(30),
-                dbops_shared::store_ready::until_ready(store),
-            )
-            .await
-            {
-                Ok(Ok(())) => store.state(),
-                _ => {
-                    return Err(Error::Probe {
-                        reason: DatabaseServerReason::CacheNotSynced.as_str(),
-                        message: "the Database cache has not synced yet".into(),
-                    });
-                }
+            if !dbops_shared::store_ready::ready_within(store, Duration::from_secs(30)).await {
+                return Err(Error::Probe {
+                    reason: DatabaseServerReason::CacheNotSynced.as_str(),
+                    message: "the Database cache has not synced yet".into(),
+                });
             }
+            store.state()
         }
         None => Vec::new(),
     };

@@ -26,26 +26,25 @@ pub const RECHECK: Duration = Duration::from_millis(100);
 static SEEN_READY: LazyLock<Notify> = LazyLock::new(Notify::new);
 
 /// Waits until `store` has its first full list, like `Store::wait_until_ready`, but wakes
-/// every concurrent waiter (see the module's documentation). Unbounded: callers put their
-/// own deadline around it. Fails only when the store's writer is gone unready.
+/// every concurrent waiter (see the module's documentation). Unbounded: see
+/// [`ready_within`] for the bounded wait. Fails only when the store's writer is gone unready.
 pub async fn until_ready<K>(store: &Store<K>) -> Result<(), WriterDropped>
 where
     K: Lookup + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
+    // The common case, every reconcile once the cache is in: nothing to wait for or tell.
+    if let Some(result) = store.wait_until_ready().now_or_never() {
+        return result;
+    }
     loop {
         // Registered before the look, so a store seen ready in between is not missed.
         let told = SEEN_READY.notified();
         tokio::pin!(told);
         told.as_mut().enable();
-        let look = store.wait_until_ready();
-        tokio::pin!(look);
-        if let Some(result) = look.as_mut().now_or_never() {
-            SEEN_READY.notify_waiters();
-            return result;
-        }
         tokio::select! {
-            result = &mut look => {
+            biased;
+            result = store.wait_until_ready() => {
                 SEEN_READY.notify_waiters();
                 return result;
             }
@@ -53,6 +52,19 @@ where
             () = tokio::time::sleep(RECHECK) => {}
         }
     }
+}
+
+/// Whether `store` has its first full list within `bound` ([`until_ready`]); a writer gone
+/// unready counts as not ready.
+pub async fn ready_within<K>(store: &Store<K>, bound: Duration) -> bool
+where
+    K: Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    matches!(
+        tokio::time::timeout(bound, until_ready(store)).await,
+        Ok(Ok(()))
+    )
 }
 
 #[cfg(test)]

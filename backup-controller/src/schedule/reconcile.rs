@@ -41,13 +41,9 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Ac
     }
     let schedule = valid_schedule(&ctx, &db, &spec.schedule).await?;
 
-    tokio::time::timeout(
-        STORE_SYNC,
-        dbops_shared::store_ready::until_ready(&ctx.state.backups),
-    )
-    .await
-    .map_err(|_| Error::StoreNotSynced)?
-    .map_err(|_| Error::StoreNotSynced)?;
+    if !dbops_shared::store_ready::ready_within(&ctx.state.backups, STORE_SYNC).await {
+        return Err(Error::StoreNotSynced);
+    }
     let existing = scheduled_backups(&ctx.state.backups, &db);
     let now = Timestamp::now();
     let created = db.creation_timestamp().map_or(now, |t| t.0);

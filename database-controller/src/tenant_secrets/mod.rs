@@ -199,11 +199,10 @@ impl TenantSecrets {
                 }
             }
         };
-        match tokio::time::timeout(SET_UP_WAIT, dbops_shared::store_ready::until_ready(&store))
-            .await
-        {
-            Ok(Ok(())) => Ok(store),
-            _ => Err(not_synced(&namespace)),
+        if dbops_shared::store_ready::ready_within(&store, SET_UP_WAIT).await {
+            Ok(store)
+        } else {
+            Err(not_synced(&namespace))
         }
     }
 
@@ -417,11 +416,11 @@ where
     K: kube::Resource + Clone + 'static,
     K::DynamicType: std::hash::Hash + Eq + Clone,
 {
-    match tokio::time::timeout(SET_UP_WAIT, dbops_shared::store_ready::until_ready(store)).await {
-        Ok(Ok(())) => Ok(()),
-        _ => Err(Error::Retry {
-            reason: DatabaseReason::CacheNotSynced.as_str(),
-            message: format!("the {what} cache has not synced yet"),
-        }),
+    if dbops_shared::store_ready::ready_within(store, SET_UP_WAIT).await {
+        return Ok(());
     }
+    Err(Error::Retry {
+        reason: DatabaseReason::CacheNotSynced.as_str(),
+        message: format!("the {what} cache has not synced yet"),
+    })
 }

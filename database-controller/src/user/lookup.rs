@@ -31,19 +31,11 @@ pub async fn database_of(ctx: &Context<State>, user: &DatabaseUser) -> Result<Ar
         reason: DatabaseUserReason::CacheNotSynced.as_str(),
         message: "the Database cache is not set up yet".into(),
     })?;
-    match tokio::time::timeout(
-        STORE_SYNC_WAIT,
-        dbops_shared::store_ready::until_ready(store),
-    )
-    .await
-    {
-        Ok(Ok(())) => {}
-        _ => {
-            return Err(Error::Retry {
-                reason: DatabaseUserReason::CacheNotSynced.as_str(),
-                message: "the Database cache has not synced yet".into(),
-            });
-        }
+    if !dbops_shared::store_ready::ready_within(store, STORE_SYNC_WAIT).await {
+        return Err(Error::Retry {
+            reason: DatabaseUserReason::CacheNotSynced.as_str(),
+            message: "the Database cache has not synced yet".into(),
+        });
     }
     store
         .get(&ObjectRef::new(name).within(&namespace))

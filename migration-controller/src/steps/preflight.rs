@@ -328,14 +328,7 @@ async fn check_quota(saga: &Saga<'_>, db: &Database, server: &DatabaseServer) ->
         return Ok(());
     };
     let store = &saga.ctx.state.databases;
-    if !matches!(
-        tokio::time::timeout(
-            DATABASES_SYNC_WAIT,
-            dbops_shared::store_ready::until_ready(store)
-        )
-        .await,
-        Ok(Ok(()))
-    ) {
+    if !dbops_shared::store_ready::ready_within(store, DATABASES_SYNC_WAIT).await {
         return Err(Error::DatabasesNotSynced);
     }
     let name = server.name_any();
