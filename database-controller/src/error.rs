@@ -31,14 +31,20 @@ pub enum Error {
     /// reconcile is abandoned, nothing more is written for it (`live::confirm_live`).
     #[error("{0}")]
     Superseded(String),
+    /// A routine check put off because its server is busy (`routine`): nothing was read
+    /// or written, the status stands, and the Database is looked at again after this.
+    #[error("routine check put off for {0:?}: the server is busy")]
+    Deferred(std::time::Duration),
 }
 
 impl ReconcileError for Error {
     fn kind(&self) -> ErrorKind {
         match self {
-            Error::Kube(_) | Error::Internal(_) | Error::Retry { .. } | Error::Superseded(_) => {
-                ErrorKind::Transient
-            }
+            Error::Kube(_)
+            | Error::Internal(_)
+            | Error::Retry { .. }
+            | Error::Superseded(_)
+            | Error::Deferred(_) => ErrorKind::Transient,
             // TLS failures too: a server's certificate can be fixed without a spec change.
             Error::Postgres(_) => ErrorKind::Transient,
             Error::Blocked { .. } => ErrorKind::Permanent,
@@ -52,6 +58,7 @@ impl ReconcileError for Error {
             Error::Blocked { reason, .. } | Error::Retry { reason, .. } => reason,
             Error::Internal(_) => DatabaseReason::InternalError.as_str(),
             Error::Superseded(_) => "Superseded",
+            Error::Deferred(_) => "Deferred",
         }
     }
 }

@@ -31,6 +31,7 @@ mod provision;
 mod reconcile;
 mod restore;
 mod rotation;
+mod routine;
 mod secret;
 mod server;
 mod server_access;
@@ -144,6 +145,7 @@ impl Shared {
             databases: self.databases.clone(),
             tenants: self.tenants.clone(),
             last_prune: std::sync::Mutex::new(None),
+            routine: Default::default(),
             sizes: std::sync::Mutex::default(),
             restorer: restore::Restorer {
                 store: args.store.backup_store.clone(),

@@ -20,7 +20,7 @@ use crate::live::confirm_live;
 use crate::plan::{self, Change};
 use crate::server_access::{admin_session, server_of};
 use crate::state::{Provisioned, State};
-use crate::{limits, owner_logins, restore, secret, sql, status};
+use crate::{limits, owner_logins, restore, routine, secret, sql, status};
 
 /// Brings the role, database, settings, extensions and connection Secret to the spec.
 pub(crate) async fn provision(
@@ -30,25 +30,50 @@ pub(crate) async fn provision(
 ) -> Result<Provisioned> {
     let uid = db.uid().unwrap_or_default();
     let generation = db.metadata.generation.unwrap_or_default();
-    if let Some(done) = ctx
+    let recent = ctx
         .state
         .verified
-        .recent(&uid, generation, ctx.resync_interval / 2)
-        && !owner_logins::due(
-            db,
-            &ctx.state.statuses.latest(db),
-            crate::rotation::secs_now(),
-        )
-        && secret_is_current(db, ctx).await?
-    {
+        .recent(&uid, generation, ctx.resync_interval / 2);
+    let latest = ctx.state.statuses.latest(db);
+    let converged = routine::converged(db, &latest);
+    // Only what the API shows is settled: the Secret, rotation, the status.
+    let settled = (recent.is_some() || converged)
+        && !owner_logins::due(db, &latest, crate::rotation::secs_now())
+        && secret_is_current(db, ctx).await?;
+    if settled && let Some(done) = recent {
         return Ok(done);
     }
-    let provisioned = provision_in_postgres(db, ctx, migration_active).await;
+    let routine = settled && converged && !migration_active;
+    let provisioned = provision_in_postgres(db, ctx, migration_active, routine).await;
     match &provisioned {
         Ok(p) => ctx.state.verified.record(&uid, generation, p),
+        Err(Error::Deferred(_)) => {}
         Err(_) => ctx.state.verified.forget(&uid),
     }
     provisioned
+}
+
+/// The admin's session on the Database's server for a full check: for a routine one
+/// (see `routine`), only a slot free now, unless the check was put off long enough.
+async fn check_session(
+    db: &Database,
+    ctx: &Context<State>,
+    target: &Resolved,
+    routine: bool,
+) -> Result<Session> {
+    let uid = db.uid().unwrap_or_default();
+    if !routine || !ctx.state.routine.may_defer(&uid, ctx.resync_interval) {
+        return admin_session(&ctx.state.servers, target, "postgres").await;
+    }
+    let free = ctx
+        .state
+        .servers
+        .connect_if_free(&target.endpoint, &target.credentials, "postgres")
+        .await?;
+    free.ok_or_else(|| {
+        ctx.state.routine.deferred(&uid);
+        Error::Deferred(ctx.resync_interval)
+    })
 }
 
 /// What the connection Secret found says about the owner's password and login.
@@ -82,6 +107,7 @@ async fn provision_in_postgres(
     db: &Database,
     ctx: &Context<State>,
     migration_active: bool,
+    routine: bool,
 ) -> Result<Provisioned> {
     let target = server_of(&ctx.state.directory, db).await?;
     admit(&ctx.state, db, &target)?;
@@ -92,7 +118,7 @@ async fn provision_in_postgres(
     let existing = existing_secret(ctx, db).await?;
     let found = FromSecret::read(existing.as_deref(), &db.owner_role());
 
-    let mut session = admin_session(&ctx.state.servers, &target, "postgres").await?;
+    let mut session = check_session(db, ctx, &target, routine).await?;
     let database = converge_database(
         db,
         ctx,
@@ -107,6 +133,9 @@ async fn provision_in_postgres(
     let logins =
         converge_logins(db, ctx, &mut session, &found, &database.password, &settings).await?;
     let size_bytes = record_size(db, ctx, database.size_bytes);
+    ctx.state
+        .routine
+        .checked(&db.uid().unwrap_or_default(), database.size_read);
     drop(session);
     install_extensions(db, ctx, &target, &database.extensions).await?;
 
@@ -150,8 +179,11 @@ struct Converged {
     extensions: Vec<extensions::Available>,
     /// The owner role's own settings (`name=value`) as the plan left them.
     role_settings: Vec<String>,
-    /// `pg_database_size` as the plan left the database.
+    /// `pg_database_size` as the plan left the database, or as last read within
+    /// `routine::SIZE_EVERY`.
     size_bytes: i64,
+    /// The size, if this check read it.
+    size_read: Option<i64>,
 }
 
 /// Observe, plan (pure, see `plan`) and apply: the owner role and the database, with the
@@ -166,7 +198,9 @@ async fn converge_database(
     migration_active: bool,
 ) -> Result<Converged> {
     let (database, role) = (db.database_name(), db.owner_role());
-    let (observed, in_use) = sql::observe_in_use(session, &role, &database).await?;
+    let known_size = ctx.state.routine.recent_size(&db.uid().unwrap_or_default());
+    let (observed, in_use) =
+        sql::observe_in_use(session, &role, &database, known_size.is_none()).await?;
     let plan = plan::plan(
         &plan::Inputs {
             uid: &db.uid().unwrap_or_default(),
@@ -203,6 +237,7 @@ async fn converge_database(
         &observed,
     )
     .await?;
+    let read_again = applied.in_use.is_some();
     let in_use = match applied.in_use {
         // The database made (or restored) just now, read again.
         Some(again) => again,
@@ -213,11 +248,15 @@ async fn converge_database(
         },
         None => in_use,
     };
-    // Read in the same row as the database's oid, which `apply` found.
-    let size_bytes = in_use.size_bytes.ok_or_else(|| Error::Blocked {
-        reason: DatabaseReason::DatabaseMissing.as_str(),
-        message: format!("database {database:?} vanished while it was being checked"),
-    })?;
+    // Read in the same row as the database's oid, which `apply` found (or last read, for
+    // a database that is still there: `apply` made none).
+    let size_read = in_use.size_bytes;
+    let size_bytes = size_read
+        .or(known_size.filter(|_| !read_again))
+        .ok_or_else(|| Error::Blocked {
+            reason: DatabaseReason::DatabaseMissing.as_str(),
+            message: format!("database {database:?} vanished while it was being checked"),
+        })?;
     Ok(Converged {
         oid: applied.oid,
         server_version: observed.server_version,
@@ -225,6 +264,7 @@ async fn converge_database(
         extensions,
         role_settings: in_use.role_settings,
         size_bytes,
+        size_read,
     })
 }
 
@@ -366,7 +406,7 @@ async fn restore(
     )
     .await?;
     let database = db.database_name();
-    let (again, in_use) = sql::observe_in_use(session, &db.owner_role(), &database).await?;
+    let (again, in_use) = sql::observe_in_use(session, &db.owner_role(), &database, true).await?;
     let oid = again
         .database
         .map(|d| d.oid)
@@ -413,7 +453,7 @@ async fn apply(
                 connection_limit,
             } => {
                 sql::create_database(session, &database, &role, *connection_limit, mark).await?;
-                let (again, in_use) = sql::observe_in_use(session, &role, &database).await?;
+                let (again, in_use) = sql::observe_in_use(session, &role, &database, true).await?;
                 read_again = Some(in_use);
                 oid = Some(
                     again

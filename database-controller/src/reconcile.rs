@@ -63,8 +63,11 @@ async fn reconcile_held(db: &Database, ctx: &Context<State>) -> Result<Action> {
     sync_finalizer(db, &api, migration.is_some()).await?;
 
     let outcome = provision(db, ctx, migration.is_some()).await;
-    if let Err(Error::Superseded(why)) = outcome {
-        return Err(Error::Superseded(why));
+    match outcome {
+        Err(Error::Superseded(why)) => return Err(Error::Superseded(why)),
+        // Nothing was read, the status stands: looked at again at the next resync.
+        Err(Error::Deferred(after)) => return Ok(Action::requeue(after)),
+        _ => {}
     }
     status::publish(db, ctx, &api, &outcome, migration.as_deref()).await?;
     match outcome {

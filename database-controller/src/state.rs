@@ -18,6 +18,7 @@ use kube::runtime::reflector::Store;
 
 use crate::owner_logins::Logins;
 use crate::restore::Restorer;
+use crate::routine::Routine;
 use crate::tenant_secrets::TenantSecrets;
 
 /// The database-controller's own state.
@@ -45,6 +46,8 @@ pub struct State {
     /// other Secret of a tenant is cached.
     pub tenants: TenantSecrets,
     pub last_prune: Mutex<Option<Instant>>,
+    /// Routine checks put off for a busy server, and the sizes last read.
+    pub routine: Routine,
     /// The backup store and pg_restore, for `spec.restoreFrom`.
     pub restorer: Restorer,
     /// The Databases (namespace, name) with a `dbops_database_size_bytes` series, so
@@ -76,6 +79,7 @@ impl State {
             .checks
             .retain(|uid, (_, _, at)| live.contains(uid) && at.elapsed() < every);
         self.statuses.retain(|uid| live.contains(uid));
+        self.routine.retain(|uid| live.contains(uid));
         let named: HashSet<(String, String)> = store
             .state()
             .iter()

@@ -95,7 +95,9 @@ impl Metrics {
         if controller.controller == DATABASE_CONTROLLER {
             register! { registry;
                 "database_size_bytes" => DATABASE_SIZE,
-                    "Size on disk of each Database's database (pg_database_size) at its last full check";
+                    "Size on disk of each Database's database (pg_database_size) at its last reading";
+                "routine_checks_deferred" => ROUTINE_CHECKS_DEFERRED,
+                    "Routine full checks of converged Databases put off because every session slot of their server was busy";
             }
         }
         register! { registry;
@@ -551,6 +553,13 @@ pub fn observe_queue_wait(queue: Queue, waited: std::time::Duration) {
     QUEUE_WAIT
         .get_or_create(&QueueLabels { queue })
         .observe(waited.as_secs_f64());
+}
+
+static ROUTINE_CHECKS_DEFERRED: LazyLock<Counter> = LazyLock::new(Counter::default);
+
+/// Counts one routine check put off for a busy server.
+pub fn record_routine_check_deferred() {
+    ROUTINE_CHECKS_DEFERRED.inc();
 }
 
 static SESSION_HELD: LazyLock<Histogram> = LazyLock::new(|| Histogram::new(REQUEST_BUCKETS));

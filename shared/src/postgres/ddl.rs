@@ -114,35 +114,39 @@ pub async fn server_version(s: &Session) -> Result<(i32, String), PgError> {
 
 /// Reads the server version, the role and the database in one round trip (no writes).
 pub async fn observe(s: &Session, role: &str, database: &str) -> Result<Observed, PgError> {
-    Ok(observe_row(s, role, database, false).await?.0)
+    Ok(observe_row(s, role, database, false, false).await?.0)
 }
 
 /// What a Database's full check reads besides [`Observed`]: the owner role's own session
-/// settings (`ALTER ROLE ... SET`, as `name=value`, sorted) and the database's size.
+/// settings (`ALTER ROLE ... SET`, as `name=value`, sorted) and, when asked, the
+/// database's size.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InUse {
     pub role_settings: Vec<String>,
-    /// `pg_database_size`; `None` when there is no database.
+    /// `pg_database_size`; `None` when there is no database or it was not asked for.
     pub size_bytes: Option<i64>,
 }
 
 /// [`observe`] and [`InUse`] in the same round trip: a converged Database's whole check
-/// is this one statement.
+/// is this one statement. The size only `with_size`: `pg_database_size` walks the
+/// database's files, and costs the server more than the rest of the statement.
 pub async fn observe_in_use(
     s: &Session,
     role: &str,
     database: &str,
+    with_size: bool,
 ) -> Result<(Observed, InUse), PgError> {
-    observe_row(s, role, database, true).await
+    observe_row(s, role, database, true, with_size).await
 }
 
-/// The one query of [`observe`] and [`observe_in_use`]; the settings and size only when
-/// `in_use` (a `CASE` PostgreSQL does not evaluate otherwise).
+/// The one query of [`observe`] and [`observe_in_use`]; the settings only when `in_use`,
+/// the size only when `with_size` too (a `CASE` PostgreSQL does not evaluate otherwise).
 async fn observe_row(
     s: &Session,
     role: &str,
     database: &str,
     in_use: bool,
+    with_size: bool,
 ) -> Result<(Observed, InUse), PgError> {
     let row = s
         .query_one(
@@ -155,9 +159,9 @@ async fn observe_row(
                                  JOIN pg_catalog.pg_roles r ON r.oid = x.setrole, \
                                  pg_catalog.unnest(x.setconfig) AS c \
                                 WHERE r.rolname = $1 AND x.setdatabase = 0 ORDER BY c) END, \
-               CASE WHEN $3 AND d.oid IS NOT NULL THEN pg_catalog.pg_database_size(d.oid) END \
+               CASE WHEN $3 AND $4 AND d.oid IS NOT NULL THEN pg_catalog.pg_database_size(d.oid) END \
              FROM (SELECT 1) AS one LEFT JOIN pg_database d ON d.datname = $2",
-            &[&role, &database, &in_use],
+            &[&role, &database, &in_use, &with_size],
         )
         .await
         .map_err(PgError::sql("reading pg_roles and pg_database"))?;

@@ -159,7 +159,7 @@ impl Servers {
         let key = server.key.clone();
         let state = self.state(&key);
         // Given back if this call ends (or is cancelled) before it connects.
-        let mut trial = if probe {
+        let trial = if probe {
             TrialGuard { state: None }
         } else {
             state.admit(&key)?
@@ -181,6 +181,42 @@ impl Servers {
             crate::metrics::Queue::PostgresSession,
             waiting.elapsed(),
         );
+        self.open(state, trial, permit, server, credentials, dbname)
+            .await
+    }
+
+    /// [`Servers::lease`] for work that can be put off: a slot only if one is free now,
+    /// `None` (nothing waited for, nothing connected) if every slot is taken. A slot is
+    /// never free while callers wait in the queue (tokio's semaphore hands a returned
+    /// permit to the first waiter), so this does not pass them.
+    pub(super) async fn lease_if_free(
+        &self,
+        server: &Endpoint,
+        credentials: &Credentials,
+        dbname: &str,
+    ) -> Result<Option<Lease>, PgError> {
+        let state = self.state(&server.key);
+        let Ok(permit) = state.sessions.clone().try_acquire_owned() else {
+            return Ok(None);
+        };
+        let trial = state.admit(&server.key)?;
+        self.open(state, trial, permit, server, credentials, dbname)
+            .await
+            .map(Some)
+    }
+
+    /// The lease of a granted slot: an idle client of the pool, or a new connection
+    /// (whose outcome the breaker records).
+    async fn open(
+        &self,
+        state: Arc<ServerState>,
+        mut trial: TrialGuard,
+        permit: OwnedSemaphorePermit,
+        server: &Endpoint,
+        credentials: &Credentials,
+        dbname: &str,
+    ) -> Result<Lease, PgError> {
+        let key = server.key.clone();
         let granted = Instant::now();
         let pool_key = PoolKey::new(credentials, dbname, &server.tls);
         let client = match state.take_idle(&pool_key) {
@@ -343,5 +379,35 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(probed, PgError::Unreachable { .. }), "{probed}");
+    }
+
+    #[tokio::test]
+    async fn a_lease_if_free_neither_waits_nor_connects_while_every_slot_is_taken() {
+        let servers = Servers::new(1, 3, Duration::from_secs(60));
+        let server = Endpoint::new("127.0.0.1", 1, TlsMode::Disable);
+        let creds = Credentials {
+            username: "u".into(),
+            password: "p".into(),
+        };
+        let held = servers
+            .state(&server.key)
+            .sessions
+            .clone()
+            .try_acquire_owned()
+            .expect("the one slot");
+        let none = tokio::time::timeout(
+            Duration::from_secs(5),
+            servers.lease_if_free(&server, &creds, "postgres"),
+        )
+        .await
+        .expect("returns at once");
+        assert!(matches!(none, Ok(None)), "{none:?}");
+        drop(held);
+        // With the slot free it does connect (and port 1 refuses).
+        let tried = servers.lease_if_free(&server, &creds, "postgres").await;
+        assert!(
+            matches!(tried, Err(PgError::Unreachable { .. })),
+            "{tried:?}"
+        );
     }
 }

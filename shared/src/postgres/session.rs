@@ -26,6 +26,19 @@ impl Servers {
         Ok(Session { lease })
     }
 
+    /// [`Servers::connect`] for work that yields to the rest (a converged object's
+    /// routine check): a session only if one of the server's slots is free now, `None`
+    /// without waiting otherwise.
+    pub async fn connect_if_free(
+        &self,
+        server: &Endpoint,
+        credentials: &Credentials,
+        dbname: &str,
+    ) -> Result<Option<Session>, PgError> {
+        let lease = self.lease_if_free(server, credentials, dbname).await?;
+        Ok(lease.map(|lease| Session { lease }))
+    }
+
     /// [`Servers::connect`] for a server's health probe: tried even while the breaker is
     /// open (one probe per server and interval, not per object), and its outcome closes or
     /// opens the breaker like any other connection.

@@ -631,8 +631,9 @@ impl std::fmt::Display for Progress {
 }
 
 /// Where the controller's reconciles spent their time so far, from its /metrics: their
-/// count and total, PostgreSQL statements and connections, Kubernetes API requests, and
-/// the waits for a session slot and for the API rate limit (each a count and a total).
+/// count and total, PostgreSQL statements and connections, Kubernetes API requests, the
+/// waits for a session slot, the slots held, the routine checks put off for a busy server,
+/// and the waits for the API rate limit (each a count and a total but the put-off ones).
 async fn phases(controller: &ControllerProcess) -> Result<String> {
     let body = scale::metrics(controller).await?;
     let pair = |name: &str, labels: &[&str]| {
@@ -641,7 +642,7 @@ async fn phases(controller: &ControllerProcess) -> Result<String> {
         format!("{count:.0} in {sum:.1} s")
     };
     Ok(format!(
-        "reconciles {}; SQL {}; API requests {}; waits for a session {}, sessions held {}, waits for the API rate limit {}",
+        "reconciles {}; SQL {}; API requests {}; waits for a session {}, sessions held {}, routine checks put off {:.0}, waits for the API rate limit {}",
         pair(
             "dbops_reconcile_duration_seconds",
             &["controller=\"database-controller\""]
@@ -656,6 +657,7 @@ async fn phases(controller: &ControllerProcess) -> Result<String> {
         ),
         pair("dbops_queue_wait_seconds", &["queue=\"postgres_session\""]),
         pair("dbops_postgres_session_held_seconds", &[]),
+        scale::metric_sum(&body, "dbops_routine_checks_deferred_total", &[]),
         pair("dbops_queue_wait_seconds", &["queue=\"api_rate_limit\""]),
     ))
 }
