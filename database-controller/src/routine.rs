@@ -21,8 +21,11 @@ use dbops_api::{Database, DatabaseStatus, condition};
 use dbops_shared::conditions::get;
 use dbops_shared::memo::Memo;
 
-/// How long a routine check may be put off, at least: longer when the resync is.
-const MIN_DEFERRAL: Duration = Duration::from_secs(60);
+/// How long a routine check may be put off, at least: longer when the resync is. At a
+/// minute, 10,000 Databases with a 10 s resync still made 49,000 forced checks while a
+/// burst of creates ran (a slot each, the size read with most); five minutes is the
+/// shipped resync.
+const MIN_DEFERRAL: Duration = Duration::from_secs(300);
 
 /// How often a Database's size is read at most.
 pub const SIZE_EVERY: Duration = Duration::from_secs(60);
