@@ -77,10 +77,41 @@ pub struct DatabasesArgs {
     order: Order,
 }
 
+/// About this much of a server's data directory per database (its catalogs, ~7.5 MB),
+/// with room for WAL.
+const BYTES_PER_DATABASE: u64 = 8 << 20;
+
 impl DatabasesArgs {
     /// The directory for `TMPDIR`, unless `--data disk` or the tmpfs is not there.
     pub fn data_dir(&self) -> Option<&str> {
         (self.data != "disk" && std::path::Path::new(&self.data).is_dir()).then_some(&self.data)
+    }
+
+    /// Refuses a `--data` directory without room for one run's databases: a full tmpfs
+    /// is memory, and the kernel's OOM killer then ends the kube-apiserver mid-run (a
+    /// 10,000-Database run on `/dev/shm` did, at 2,925).
+    pub fn check_room(&self) -> Result<()> {
+        let Some(dir) = self.data_dir() else {
+            return Ok(());
+        };
+        let out = std::process::Command::new("df")
+            .args(["--output=avail", "-B1", dir])
+            .output()
+            .with_context(|| format!("df {dir}"))?;
+        let avail: u64 = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .nth(1)
+            .and_then(|l| l.trim().parse().ok())
+            .with_context(|| format!("the space left on {dir}, from df"))?;
+        let need = BYTES_PER_DATABASE * self.count as u64 + (1 << 30);
+        anyhow::ensure!(
+            avail >= need,
+            "--data {dir} has {:.1} GiB free; {} databases need about {:.1} GiB: use --data disk (for 10,000, with TMPDIR=$(e2e/bench-disk up))",
+            avail as f64 / f64::from(1 << 30),
+            self.count,
+            need as f64 / f64::from(1 << 30)
+        );
+        Ok(())
     }
 }
 

@@ -49,6 +49,9 @@ enum Command {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    if let Command::Databases(args) = &cli.command {
+        args.check_room()?;
+    }
     if let Command::Databases(args) = &cli.command
         && let Some(dir) = args.data_dir()
         && std::env::var_os("TMPDIR").is_none_or(|t| t != dir)
