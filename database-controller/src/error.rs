@@ -32,9 +32,9 @@ pub enum Error {
     #[error("{0}")]
     Superseded(String),
     /// A routine check put off because its server is busy (`routine`): nothing was read
-    /// or written, the status stands, and the Database is looked at again after this.
-    #[error("routine check put off for {0:?}: the server is busy")]
-    Deferred(std::time::Duration),
+    /// or written, the status stands, and the Database is looked at again at the resync.
+    #[error("routine check put off: the server is busy")]
+    Deferred,
 }
 
 impl ReconcileError for Error {
@@ -44,7 +44,7 @@ impl ReconcileError for Error {
             | Error::Internal(_)
             | Error::Retry { .. }
             | Error::Superseded(_)
-            | Error::Deferred(_) => ErrorKind::Transient,
+            | Error::Deferred => ErrorKind::Transient,
             // TLS failures too: a server's certificate can be fixed without a spec change.
             Error::Postgres(_) => ErrorKind::Transient,
             Error::Blocked { .. } => ErrorKind::Permanent,
@@ -58,7 +58,7 @@ impl ReconcileError for Error {
             Error::Blocked { reason, .. } | Error::Retry { reason, .. } => reason,
             Error::Internal(_) => DatabaseReason::InternalError.as_str(),
             Error::Superseded(_) => "Superseded",
-            Error::Deferred(_) => "Deferred",
+            Error::Deferred => "Deferred",
         }
     }
 }

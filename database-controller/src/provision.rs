@@ -47,7 +47,7 @@ pub(crate) async fn provision(
     let provisioned = provision_in_postgres(db, ctx, migration_active, routine).await;
     match &provisioned {
         Ok(p) => ctx.state.verified.record(&uid, generation, p),
-        Err(Error::Deferred(_)) => {}
+        Err(Error::Deferred) => {}
         Err(_) => ctx.state.verified.forget(&uid),
     }
     provisioned
@@ -72,7 +72,7 @@ async fn check_session(
         .await?;
     free.ok_or_else(|| {
         ctx.state.routine.deferred(&uid);
-        Error::Deferred(ctx.resync_interval)
+        Error::Deferred
     })
 }
 
@@ -237,7 +237,6 @@ async fn converge_database(
         &observed,
     )
     .await?;
-    let read_again = applied.in_use.is_some();
     let in_use = match applied.in_use {
         // The database made (or restored) just now, read again.
         Some(again) => again,
@@ -248,15 +247,13 @@ async fn converge_database(
         },
         None => in_use,
     };
-    // Read in the same row as the database's oid, which `apply` found (or last read, for
-    // a database that is still there: `apply` made none).
+    // Read in the same row as the database's oid, which `apply` found; or last read, when
+    // this check did not ask (a database `apply` made or restored is read again with it).
     let size_read = in_use.size_bytes;
-    let size_bytes = size_read
-        .or(known_size.filter(|_| !read_again))
-        .ok_or_else(|| Error::Blocked {
-            reason: DatabaseReason::DatabaseMissing.as_str(),
-            message: format!("database {database:?} vanished while it was being checked"),
-        })?;
+    let size_bytes = size_read.or(known_size).ok_or_else(|| Error::Blocked {
+        reason: DatabaseReason::DatabaseMissing.as_str(),
+        message: format!("database {database:?} vanished while it was being checked"),
+    })?;
     Ok(Converged {
         oid: applied.oid,
         server_version: observed.server_version,

@@ -66,7 +66,7 @@ async fn reconcile_held(db: &Database, ctx: &Context<State>) -> Result<Action> {
     match outcome {
         Err(Error::Superseded(why)) => return Err(Error::Superseded(why)),
         // Nothing was read, the status stands: looked at again at the next resync.
-        Err(Error::Deferred(after)) => return Ok(Action::requeue(after)),
+        Err(Error::Deferred) => return Ok(Action::requeue(ctx.resync_interval)),
         _ => {}
     }
     status::publish(db, ctx, &api, &outcome, migration.as_deref()).await?;

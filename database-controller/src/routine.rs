@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use dbops_api::{Database, DatabaseStatus, condition};
-use dbops_shared::conditions::get;
+use dbops_shared::conditions::is_true;
 use dbops_shared::memo::Memo;
 
 /// How long a routine check may be put off, at least: longer when the resync is. At a
@@ -40,7 +40,7 @@ pub fn max_deferral(resync: Duration) -> Duration {
 pub fn converged(db: &Database, latest: &DatabaseStatus) -> bool {
     latest.observed_generation.is_some()
         && latest.observed_generation == db.metadata.generation
-        && get(&latest.conditions, condition::READY).is_some_and(|c| c.status == "True")
+        && is_true(&latest.conditions, condition::READY)
 }
 
 /// Per Database: since when its routine check has been put off, and its last size read.

@@ -340,15 +340,19 @@ impl Drop for Lease {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn the_breaker_opens_after_repeated_connection_failures() {
-        // Port 1 on loopback refuses at once: a real, immediate connection failure.
-        let servers = Servers::new(2, 3, Duration::from_secs(60));
-        let server = Endpoint::new("127.0.0.1", 1, TlsMode::Disable);
+    /// Port 1 on loopback, which refuses at once: a real, immediate connection failure.
+    fn refusing() -> (Endpoint, Credentials) {
         let creds = Credentials {
             username: "u".into(),
             password: "p".into(),
         };
+        (Endpoint::new("127.0.0.1", 1, TlsMode::Disable), creds)
+    }
+
+    #[tokio::test]
+    async fn the_breaker_opens_after_repeated_connection_failures() {
+        let servers = Servers::new(2, 3, Duration::from_secs(60));
+        let (server, creds) = refusing();
         for _ in 0..3 {
             let e = servers
                 .lease(&server, &creds, "postgres", false)
@@ -384,11 +388,7 @@ mod tests {
     #[tokio::test]
     async fn a_lease_if_free_neither_waits_nor_connects_while_every_slot_is_taken() {
         let servers = Servers::new(1, 3, Duration::from_secs(60));
-        let server = Endpoint::new("127.0.0.1", 1, TlsMode::Disable);
-        let creds = Credentials {
-            username: "u".into(),
-            password: "p".into(),
-        };
+        let (server, creds) = refusing();
         let held = servers
             .state(&server.key)
             .sessions

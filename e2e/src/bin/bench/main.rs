@@ -51,20 +51,19 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     if let Command::Databases(args) = &cli.command {
         args.check_room()?;
-    }
-    if let Command::Databases(args) = &cli.command
-        && let Some(dir) = args.data_dir()
-        && std::env::var_os("TMPDIR").is_none_or(|t| t != dir)
-    {
-        // The temporary directories (control plane, servers) on the tmpfs: the same
-        // program again with TMPDIR set, in place of this one.
-        use std::os::unix::process::CommandExt;
-        let exe = std::env::current_exe()?;
-        let err = std::process::Command::new(exe)
-            .args(std::env::args_os().skip(1))
-            .env("TMPDIR", dir)
-            .exec();
-        return Err(err.into());
+        if let Some(dir) = args.data_dir()
+            && std::env::var_os("TMPDIR").is_none_or(|t| t != dir)
+        {
+            // The temporary directories (control plane, servers) on the tmpfs: the same
+            // program again with TMPDIR set, in place of this one.
+            use std::os::unix::process::CommandExt;
+            let exe = std::env::current_exe()?;
+            let err = std::process::Command::new(exe)
+                .args(std::env::args_os().skip(1))
+                .env("TMPDIR", dir)
+                .exec();
+            return Err(err.into());
+        }
     }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
