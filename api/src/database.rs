@@ -192,7 +192,7 @@ pub struct DatabaseStatus {
     pub size_bytes: Option<i64>,
 
     /// The login the connection Secret names: the owner role, or after a password
-    /// rotation one of its two logins (`<owner>_1`, `<owner>_2`).
+    /// rotation one of its two logins (`<owner>-1`, `<owner>-2`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub login: Option<String>,
 

@@ -263,6 +263,12 @@ pub struct FreezeRecord {
     /// absent when the database had none (the compensation then resets it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_read_only: Option<String>,
+    /// The roles whose CONNECT privilege on the database the freeze revoked (`PUBLIC` for
+    /// everyone), given back by the compensation. Present when the source's admin is not
+    /// a superuser, whom a connection limit of 0 would shut out as well: the freeze then
+    /// closes the database by its privileges and leaves the limit alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed_to: Option<Vec<String>>,
 }
 
 /// Lifecycle phase of a Migration.

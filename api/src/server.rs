@@ -47,6 +47,12 @@ pub const IN_USE_FINALIZER: &str = crate::names::finalizer::SERVER_IN_USE;
         description = "Reachable, authenticated, TLS as asked"
     ),
     printcolumn(
+        name = "Superuser",
+        type_ = "boolean",
+        json_path = ".status.capabilities.superuser",
+        description = "Whether the admin role is a superuser (status.capabilities says what it may do)"
+    ),
+    printcolumn(
         name = "Version",
         type_ = "string",
         json_path = ".status.serverVersion",
@@ -186,6 +192,43 @@ pub struct DatabaseServerStatus {
     /// How many Databases are on this server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub databases: Option<i32>,
+
+    /// What the admin role may do, as the last probe found it. The admin need not be a
+    /// superuser (nobody is on RDS, Cloud SQL or Azure): a Database, DatabaseUser, Backup
+    /// or Migration that needs a right it lacks is refused naming it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<ServerCapabilities>,
+}
+
+/// What a DatabaseServer's admin role may do (its attributes and its memberships in
+/// PostgreSQL's built-in roles).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerCapabilities {
+    /// SUPERUSER: may do anything.
+    pub superuser: bool,
+    /// CREATEROLE: may create the owner and login roles (every Database and DatabaseUser
+    /// needs it).
+    pub create_role: bool,
+    /// CREATEDB: may create databases (every Database needs it).
+    pub create_database: bool,
+    /// REPLICATION (or SUPERUSER): may replicate, as a Logical Migration's source needs.
+    pub replication: bool,
+    /// May create a role with REPLICATION (a superuser, or REPLICATION on PostgreSQL 16+).
+    /// Without it a Logical Migration's subscription logs in as the admin itself.
+    pub create_replication_role: bool,
+    /// May CREATE SUBSCRIPTION (a superuser, or a member of `pg_create_subscription` on
+    /// PostgreSQL 16+), as a Logical Migration's target needs.
+    pub create_subscription: bool,
+    /// Reads every table (`pg_read_all_data` on PostgreSQL 14+, or a superuser).
+    pub read_all_data: bool,
+    /// May end other roles' sessions (`pg_signal_backend`, or a superuser): deletions,
+    /// rotations and a Migration's freeze end the sessions they must.
+    pub signal_backend: bool,
+    /// Sees every session's activity (`pg_monitor`, or a superuser).
+    pub monitor: bool,
+    /// Bypasses row-level security (BYPASSRLS, or a superuser).
+    pub bypass_rls: bool,
 }
 
 /// TLS in use on a server.

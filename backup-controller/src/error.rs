@@ -114,6 +114,7 @@ impl From<PgError> for Failure {
     fn from(e: PgError) -> Self {
         let kind = match e {
             PgError::AuthenticationFailed { .. } | PgError::Tls { .. } => ErrorKind::Permanent,
+            _ if e.reason() == BackupReason::AdminLacksPrivilege.as_str() => ErrorKind::Permanent,
             _ => ErrorKind::Transient,
         };
         Self {

@@ -1,5 +1,6 @@
 //! Admission: whether a Database may be (or stay) on its DatabaseServer, by the server's
-//! namespace selector and its `limits.databasesPerNamespace` quota.
+//! namespace selector and its `limits.databasesPerNamespace` quota, and whether the
+//! server's admin may create what a new Database or DatabaseUser needs ([`admin_may`]).
 
 use dbops_api::reasons::DatabaseReason;
 use std::sync::Arc;
@@ -11,6 +12,45 @@ use kube::ResourceExt;
 use crate::error::{Error, Result};
 use crate::server_access::server_error;
 use crate::state::State;
+use dbops_shared::postgres::ddl::{Capabilities, Capability};
+
+/// Refuses, before anything is created, what the server's admin may not do, as its last
+/// probe found (`status.capabilities`; not probed yet: let PostgreSQL say). `what` names
+/// what needs them.
+pub(crate) fn admin_may(server: &Resolved, needs: &[Capability], what: &str) -> Result<()> {
+    let Some(known) = server
+        .server
+        .status
+        .as_ref()
+        .and_then(|s| s.capabilities.as_ref())
+    else {
+        return Ok(());
+    };
+    let can = Capabilities {
+        superuser: known.superuser,
+        create_role: known.create_role,
+        create_database: known.create_database,
+        replication: known.replication,
+        create_replication_role: known.create_replication_role,
+        create_subscription: known.create_subscription,
+        read_all_data: known.read_all_data,
+        signal_backend: known.signal_backend,
+        monitor: known.monitor,
+        bypass_rls: known.bypass_rls,
+    };
+    match can.lacking(needs) {
+        None => Ok(()),
+        Some(lacks) => Err(Error::Blocked {
+            reason: DatabaseReason::AdminLacksPrivilege.as_str(),
+            message: format!(
+                "the admin of DatabaseServer {:?} lacks {} (status.capabilities.{} is false), which {what} needs; nothing was created on the server",
+                server.name,
+                lacks.grant(),
+                lacks.field()
+            ),
+        }),
+    }
+}
 
 /// Whether the Database may be (or stay) on its server: one already provisioned there
 /// stays admitted whatever the server's namespace selector and quota say now; a new one
@@ -20,6 +60,11 @@ pub(crate) fn admit(state: &State, db: &Database, server: &Resolved) -> Result<(
     if already_on(db, &server.name) {
         return Ok(());
     }
+    admin_may(
+        server,
+        &[Capability::CreateRole, Capability::CreateDatabase],
+        "a Database",
+    )?;
     if server.server.metadata.deletion_timestamp.is_some() {
         return Err(server_error(ServerError::Deleting(server.name.clone())));
     }

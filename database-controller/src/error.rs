@@ -45,6 +45,11 @@ impl ReconcileError for Error {
             | Error::Retry { .. }
             | Error::Superseded(_)
             | Error::Deferred => ErrorKind::Transient,
+            // A right the admin lacks: no retry gives it (the server's capabilities,
+            // when they change, wake its Databases).
+            Error::Postgres(e) if e.reason() == DatabaseReason::AdminLacksPrivilege.as_str() => {
+                ErrorKind::Permanent
+            }
             // TLS failures too: a server's certificate can be fixed without a spec change.
             Error::Postgres(_) => ErrorKind::Transient,
             Error::Blocked { .. } => ErrorKind::Permanent,

@@ -1,13 +1,14 @@
 //! Rotation of a Database owner's password without downtime. PostgreSQL has one password
 //! per role, so the owner role `<owner>` keeps owning the database and every object, and
-//! two logins `<owner>_1`/`<owner>_2` take turns: each is a member of the owner whose
+//! two logins `<owner>-1`/`<owner>-2` take turns (names no tenant can give a role:
+//! `dbops_shared::postgres::derived`): each is a member of the owner whose
 //! sessions start as the owner (`ALTER ROLE ... SET role = '<owner>'`), so what they create
 //! is the owner's, as before, and DatabaseUsers' default privileges (FOR ROLE the owner)
 //! hold for it.
 //!
 //! A Database starts as it always did: the connection Secret names the owner itself.
 //! The first rotation (every `passwordRotation.every`, or a new value of the annotation
-//! `dbops.dev/rotate`) gives `<owner>_1` a password and the Secret; the owner's own login
+//! `dbops.dev/rotate`) gives `<owner>-1` a password and the Secret; the owner's own login
 //! expires after `keepPrevious` (`VALID UNTIL`, enforced by the server) and then loses
 //! LOGIN, its sessions ended. Later rotations alternate between the two logins. A Database
 //! never rotated has no login role: nothing changes for it (the upgrade is a no-op).
@@ -27,15 +28,9 @@ use crate::rotation::turn::{self, Inputs, Shape};
 pub use crate::rotation::turn::{Kept, Logins};
 use crate::user::sql;
 
-/// The owner's two logins.
+/// The owner's two logins (`dbops_shared::postgres::derived`: no tenant can take them).
 pub fn logins(owner: &str) -> [String; 2] {
-    let base = if owner.len() <= 61 {
-        owner.to_string()
-    } else {
-        let hash = dbops_shared::checksum::sha256_hex(owner.as_bytes());
-        format!("{}_{}", &owner[..54], &hash[..6])
-    };
-    sql::logins(&base)
+    dbops_shared::postgres::derived::owner_logins(owner)
 }
 
 /// Whether the owner's logins are in play: rotation asked for (now or before).
@@ -143,7 +138,7 @@ mod tests {
 
     #[test]
     fn the_owners_logins_fit_postgres() {
-        assert_eq!(logins("orders"), ["orders_1", "orders_2"]);
+        assert_eq!(logins("orders"), ["orders-1", "orders-2"]);
         let long = "o".repeat(63);
         assert!(logins(&long).iter().all(|l| l.len() <= 63));
     }

@@ -361,13 +361,39 @@ async fn allowed_extensions(
     }
     let offered = extensions::available(session, &db.spec.extensions).await?;
     let allowed = target.server.spec.allowed_extensions.as_deref();
-    match extensions::refusal(&db.spec.extensions, allowed, &offered, &target.name) {
+    let superuser =
+        !extensions::any_untrusted(&offered) || admin_is_superuser(target, session).await?;
+    match extensions::refusal(
+        &db.spec.extensions,
+        allowed,
+        &offered,
+        &target.name,
+        superuser,
+    ) {
         Some(refused) => Err(Error::Blocked {
             reason: refused.reason,
             message: refused.message,
         }),
         None => Ok(offered),
     }
+}
+
+/// Whether the server's admin is a superuser: as its last probe found (status), else
+/// asked now.
+async fn admin_is_superuser(target: &Resolved, session: &Session) -> Result<bool> {
+    let known = target
+        .server
+        .status
+        .as_ref()
+        .and_then(|s| s.capabilities.as_ref());
+    Ok(match known {
+        Some(c) => c.superuser,
+        None => {
+            dbops_shared::postgres::ddl::capabilities(session)
+                .await?
+                .superuser
+        }
+    })
 }
 
 /// Fills a database made for `spec.restoreFrom` (see `restore`); returns its oid, which

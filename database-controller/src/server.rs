@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use dbops_api::names::finalizer::SERVER_IN_USE as IN_USE_FINALIZER;
 use dbops_api::reasons::DatabaseServerReason;
 use dbops_api::{
-    Database, DatabaseServer, DatabaseServerStatus, Migration, MigrationPhase, ServerTlsStatus,
-    TlsMode, condition,
+    Database, DatabaseServer, DatabaseServerStatus, Migration, MigrationPhase, ServerCapabilities,
+    ServerTlsStatus, TlsMode, condition,
 };
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, set_condition};
 use dbops_shared::controller::{Context, ErrorKind, ReconcileError};
@@ -96,6 +96,7 @@ enum Probe {
         version: String,
         tls: ServerTlsStatus,
         user: String,
+        capabilities: ServerCapabilities,
     },
     Failed {
         reason: &'static str,
@@ -333,6 +334,10 @@ async fn probe_now(server: &DatabaseServer, ctx: &Context<State>) -> Probe {
     let ssl: bool = row.try_get(1).unwrap_or(false);
     let protocol: Option<String> = row.try_get(2).ok().flatten();
     let cipher: Option<String> = row.try_get(3).ok().flatten();
+    let capabilities = match dbops_shared::postgres::ddl::capabilities(&session).await {
+        Ok(c) => c,
+        Err(e) => return pg_failed(e),
+    };
     Probe::Ready {
         version,
         tls: ServerTlsStatus {
@@ -345,6 +350,50 @@ async fn probe_now(server: &DatabaseServer, ctx: &Context<State>) -> Probe {
             cipher,
         },
         user: resolved.credentials.username,
+        capabilities: status_capabilities(capabilities),
+    }
+}
+
+/// The capabilities as `status.capabilities` shows them.
+fn status_capabilities(c: dbops_shared::postgres::ddl::Capabilities) -> ServerCapabilities {
+    ServerCapabilities {
+        superuser: c.superuser,
+        create_role: c.create_role,
+        create_database: c.create_database,
+        replication: c.replication,
+        create_replication_role: c.create_replication_role,
+        create_subscription: c.create_subscription,
+        read_all_data: c.read_all_data,
+        signal_backend: c.signal_backend,
+        monitor: c.monitor,
+        bypass_rls: c.bypass_rls,
+    }
+}
+
+/// How the Ready message describes the admin: a superuser, or what it lacks of what
+/// dbops can use.
+fn admin_summary(user: &str, c: &ServerCapabilities) -> String {
+    if c.superuser {
+        return format!("{user} (superuser)");
+    }
+    let lacks: Vec<&str> = [
+        (c.create_role, "createRole"),
+        (c.create_database, "createDatabase"),
+        (c.replication, "replication"),
+        (c.create_subscription, "createSubscription"),
+        (c.signal_backend, "signalBackend"),
+    ]
+    .iter()
+    .filter(|(has, _)| !has)
+    .map(|(_, name)| *name)
+    .collect();
+    if lacks.is_empty() {
+        format!("{user} (not a superuser; every right dbops uses)")
+    } else {
+        format!(
+            "{user} (not a superuser; lacks {}: see status.capabilities)",
+            lacks.join(", ")
+        )
     }
 }
 
@@ -374,9 +423,16 @@ fn desired(
             DatabaseServerReason::InUse.as_str(),
             message,
         ),
-        Report::Probe(Probe::Ready { version, tls, user }) => {
+        Report::Probe(Probe::Ready {
+            version,
+            tls,
+            user,
+            capabilities,
+        }) => {
             new.server_version = Some(version.clone());
             new.tls = Some(tls.clone());
+            new.capabilities = Some(capabilities.clone());
+            let user = admin_summary(user, capabilities);
             let over = match &tls.protocol {
                 Some(p) => format!("{p} ({})", tls.mode.as_str()),
                 None => "plain TCP (tls.mode disable)".into(),
@@ -534,6 +590,12 @@ mod tests {
                 cipher: None,
             },
             user: "postgres".into(),
+            capabilities: ServerCapabilities {
+                create_role: true,
+                create_database: true,
+                signal_backend: true,
+                ..Default::default()
+            },
         };
         let first = desired(
             &server,
@@ -547,6 +609,15 @@ mod tests {
         assert_eq!(ready_reason(&first.status).1, "Reachable");
         assert_eq!(first.notes.len(), 1);
         assert!(first.notes[0].normal);
+        assert_eq!(
+            first.status.capabilities.as_ref().map(|c| c.superuser),
+            Some(false)
+        );
+        let said = ready_reason(&first.status).2;
+        assert!(
+            said.contains("not a superuser; lacks replication, createSubscription"),
+            "{said}"
+        );
         let again = desired(&server, &first.status, Report::Probe(&ready), 2, now());
         assert_eq!(again.status, first.status);
         assert!(again.notes.is_empty(), "nothing changed, nothing told");

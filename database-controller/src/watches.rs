@@ -126,15 +126,20 @@ pub fn databases(
 }
 
 /// What each DatabaseServer last showed its Databases: generation, Ready (status and
-/// reason), being deleted.
-type ServerView = (Option<i64>, Option<(String, String)>, bool);
+/// reason), being deleted, what its admin may do.
+type ServerView = (
+    Option<i64>,
+    Option<(String, String)>,
+    bool,
+    Option<dbops_api::ServerCapabilities>,
+);
 
 #[derive(Default)]
 struct ServersSeen(Mutex<HashMap<String, ServerView>>);
 
-/// A DatabaseServer → its Databases, only when its generation, readiness or deletion
-/// changed: the count in its status changes with every Database and must not wake them
-/// all.
+/// A DatabaseServer → its Databases, only when its generation, readiness, deletion or
+/// admin's capabilities changed: the count in its status changes with every Database
+/// and must not wake them all.
 fn on_server(
     server: &DatabaseServer,
     databases: &Store<Database>,
@@ -149,6 +154,7 @@ fn on_server(
         server.metadata.generation,
         ready,
         server.metadata.deletion_timestamp.is_some(),
+        server.status.as_ref().and_then(|s| s.capabilities.clone()),
     );
     let changed = {
         let mut seen = seen.0.lock().unwrap_or_else(|e| e.into_inner());

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 
-use crate::postgres::PgServer;
+use crate::postgres::{AdminKind, PgServer};
 use crate::wait::Want;
 
 /// The label on a test's DatabaseServers: the test's namespace.
@@ -100,8 +100,9 @@ pub async fn create_secret(
         .with_context(|| format!("creating Secret {ns}/{name}"))
 }
 
-/// Creates the admin Secret `ns/name` for `pg` (username `postgres` with the server's
-/// superuser password; `ns` is the controllers' namespace in tests) and the DatabaseServer
+/// Creates the admin Secret `ns/name` for `pg` (the admin [`AdminKind::for_tests`] names:
+/// a managed service's admin with replication rights unless `DBOPS_TEST_ADMIN` says
+/// otherwise; `ns` is the controllers' namespace in tests) and the DatabaseServer
 /// [`server_name`]`(ns, name)` for `pg` with it: plain TCP, every namespace allowed
 /// ([`server_spec`]).
 pub async fn create_admin_secret(
@@ -110,26 +111,36 @@ pub async fn create_admin_secret(
     name: &str,
     pg: &PgServer,
 ) -> Result<Secret> {
-    let secret = create_superuser_secret(client, ns, name, pg).await?;
-    create_server(client, ns, &server_name(ns, name), server_spec(pg, name)).await?;
-    Ok(secret)
+    create_admin_secret_of(client, ns, name, pg, AdminKind::for_tests()).await
 }
 
-/// The admin Secret alone: username `postgres` with `pg`'s superuser password.
-async fn create_superuser_secret(
+/// [`create_admin_secret`] for the admin `kind`.
+pub async fn create_admin_secret_of(
     client: &kube::Client,
     ns: &str,
     name: &str,
     pg: &PgServer,
+    kind: AdminKind,
 ) -> Result<Secret> {
+    let secret = create_admin_login_secret(client, ns, name, pg, kind).await?;
+    create_server(client, ns, &server_name(ns, name), server_spec(pg, name)).await?;
+    Ok(secret)
+}
+
+/// The admin Secret alone: the login of the admin `kind` on `pg` (made on first use).
+pub async fn create_admin_login_secret(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    pg: &PgServer,
+    kind: AdminKind,
+) -> Result<Secret> {
+    let (username, password) = pg.admin_login(kind).await?;
     create_secret(
         client,
         ns,
         name,
-        &[
-            ("username", crate::postgres::SUPERUSER),
-            ("password", pg.superuser_password()),
-        ],
+        &[("username", &username), ("password", &password)],
     )
     .await
     .context("creating an admin Secret")
@@ -159,7 +170,7 @@ pub async fn create_tls_server(
     mode: &str,
     ca_pem: Option<&str>,
 ) -> Result<DatabaseServer> {
-    create_superuser_secret(client, ns, name, pg).await?;
+    create_admin_login_secret(client, ns, name, pg, AdminKind::for_tests()).await?;
     let mut tls = serde_json::json!({"mode": mode});
     if let Some(pem) = ca_pem {
         let ca = format!("{name}-ca");

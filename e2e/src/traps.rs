@@ -41,8 +41,14 @@
 use anyhow::{Context, Result};
 use tokio_postgres::Client;
 
-use crate::postgres::PgServer;
+use crate::postgres::{AdminKind, PgServer};
 use crate::postgres::{SUPERUSER, quote_ident, quote_literal};
+
+/// The roles an admin Secret of the tests may name: the harness's superuser and the
+/// emulated managed admins ([`AdminKind`]).
+fn admins() -> Vec<&'static str> {
+    AdminKind::ALL.iter().map(|k| k.role()).collect()
+}
 
 /// The first words of each line a trap logs.
 const TAG: &str = "dbops-trap";
@@ -170,7 +176,7 @@ impl Traps {
         let sql = format!(
             "{}{SHADOWS}{}",
             self.machinery(owner),
-            OWN_DATABASE.replace("{ADMIN}", &quote_ident(SUPERUSER))
+            OWN_DATABASE.replace("{ADMIN}", &quote_ident(AdminKind::for_tests().role()))
         );
         client
             .batch_execute(&sql)
@@ -188,14 +194,19 @@ impl Traps {
     }
 
     /// What shows a trap fired with more than its owner's privileges, on each of
-    /// `servers` (named for the report): a trap that ran as the admin (`postgres`), even
-    /// where it could not escalate; a role `dbops_trap_*` or any superuser but the
-    /// harness's, a role (not predefined) member of another role or holding CREATEROLE,
-    /// CREATEDB, REPLICATION or BYPASSRLS, a file in the traps' directory. When there is
-    /// anything, the report ends with every `fired` line of the servers' logs, which says
-    /// which trap and as whom. Empty: nothing escalated.
+    /// `servers` (named for the report): a trap that ran as an admin (`postgres` or an
+    /// emulated managed admin, [`AdminKind`]), even where it could not escalate; a role
+    /// `dbops_trap_*` or any superuser but the harness's; a role other than the admins (not
+    /// predefined) holding CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS, or a member of
+    /// another role; an admin that gained SUPERUSER or BYPASSRLS, or that some role became
+    /// a member of; a file in the traps' directory. The admins' own memberships (a managed
+    /// admin is a member of the roles it made, so it may act for them) are what they
+    /// should be: they give the member roles nothing. When there is anything, the report
+    /// ends with every `fired` line of the servers' logs, which says which trap and as
+    /// whom. Empty: nothing escalated.
     pub async fn escalations(&self, servers: &[(&str, &PgServer)]) -> Result<Vec<String>> {
         let mut found = Vec::new();
+        let admins = admins();
         for (name, pg) in servers {
             let admin = pinned_superuser(pg, "postgres").await?;
             let roles = admin
@@ -204,9 +215,10 @@ impl Traps {
                             rolreplication, rolbypassrls \
                        FROM pg_roles \
                       WHERE rolname <> $1 AND NOT starts_with(rolname::text, 'pg_') \
-                        AND (starts_with(rolname::text, 'dbops_trap_') OR rolsuper \
-                             OR rolcreaterole OR rolcreatedb OR rolreplication OR rolbypassrls)",
-                    &[&SUPERUSER],
+                        AND (starts_with(rolname::text, 'dbops_trap_') OR rolsuper OR rolbypassrls \
+                             OR (rolname <> ALL ($2::text[]) \
+                                 AND (rolcreaterole OR rolcreatedb OR rolreplication)))",
+                    &[&SUPERUSER, &admins],
                 )
                 .await?;
             let attributes = [
@@ -229,8 +241,10 @@ impl Traps {
                 .query(
                     "SELECT m.member::regrole::text, m.roleid::regrole::text \
                        FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.member \
-                      WHERE NOT starts_with(r.rolname::text, 'pg_')",
-                    &[],
+                       JOIN pg_roles g ON g.oid = m.roleid \
+                      WHERE NOT starts_with(r.rolname::text, 'pg_') \
+                        AND (r.rolname <> ALL ($1::text[]) OR g.rolname = ANY ($1::text[]))",
+                    &[&admins],
                 )
                 .await?;
             for m in memberships {
@@ -242,8 +256,12 @@ impl Traps {
             }
         }
         for (name, pg) in servers {
-            for (origin, _, line) in runs(pg)?.into_iter().filter(|(_, u, _)| u == SUPERUSER) {
-                found.push(format!("{name}: trap {origin} ran as the admin: {line}"));
+            for (origin, user, line) in runs(pg)? {
+                if admins.contains(&user.as_str()) {
+                    found.push(format!(
+                        "{name}: trap {origin} ran as the admin {user}: {line}"
+                    ));
+                }
             }
         }
         for entry in std::fs::read_dir(self.dir.path())? {

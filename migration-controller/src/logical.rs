@@ -11,6 +11,7 @@
 //! | `NoFreeWalSender` | `max_wal_senders` minus the running `walsender` backends is 0 |
 //! | `TablesWithoutReplicaIdentity` | an ordinary table outside the system schemas, not an extension's, has no usable replica identity (listed, schema-qualified) |
 //! | `LargeObjectsPresent` | `pg_largeobject_metadata` is not empty (logical replication does not copy large objects) |
+//! | `AdminLacksPrivilege` | the source's admin may not replicate (no `REPLICATION`), or the target's may not `CREATE SUBSCRIPTION` (neither a superuser nor, on 16+, a member of `pg_create_subscription`) |
 //!
 //! A table's replica identity is usable when it is `FULL`, `DEFAULT` with a primary key,
 //! or `USING INDEX` with its index still there; `NOTHING` is not, primary key or not
@@ -27,6 +28,7 @@
 use std::fmt;
 
 use dbops_api::MigrationReason;
+use dbops_shared::postgres::ddl::Capability;
 use dbops_shared::postgres::{PgError, Session};
 
 /// Table names a message lists before it says "and N more" (a condition message must stay
@@ -47,6 +49,19 @@ pub struct SourceFacts {
     pub tables: Vec<TableIdentity>,
     /// Rows of `pg_largeobject_metadata`.
     pub large_objects: i64,
+    /// What the two admins may do that the Logical mode needs.
+    pub admins: AdminRights,
+}
+
+/// The rights of the admins the Logical mode needs besides creating roles and databases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdminRights {
+    /// The source's admin may replicate (`REPLICATION`, or a superuser): the subscription
+    /// logs in as a replication role it makes, or as itself.
+    pub source_replication: bool,
+    /// The target's admin may `CREATE SUBSCRIPTION` (a superuser, or from PostgreSQL 16 a
+    /// member of `pg_create_subscription`).
+    pub target_subscription: bool,
 }
 
 /// One table and what its replica identity rests on.
@@ -108,6 +123,11 @@ pub enum Unmet {
     LargeObjectsPresent {
         count: i64,
     },
+    /// An admin lacks a right (on `server`, "source" or "target"): `needs` says which.
+    AdminLacksPrivilege {
+        server: &'static str,
+        needs: &'static str,
+    },
 }
 
 impl Unmet {
@@ -122,6 +142,7 @@ impl Unmet {
                 MigrationReason::TablesWithoutReplicaIdentity
             }
             Unmet::LargeObjectsPresent { .. } => MigrationReason::LargeObjectsPresent,
+            Unmet::AdminLacksPrivilege { .. } => MigrationReason::AdminLacksPrivilege,
         }
     }
 
@@ -176,6 +197,12 @@ impl Unmet {
                  store them in bytea columns and remove them with lo_unlink, or migrate \
                  with mode Dump",
                 plural(*count, "large object", "large objects")
+            ),
+            Unmet::AdminLacksPrivilege { server, needs } => format!(
+                "the {server} server's admin (its DatabaseServer's adminSecretRef) lacks \
+                 {needs}, which logical replication needs there (status.capabilities of the \
+                 DatabaseServer says what it has): grant it (docs/operations.md, Managed \
+                 PostgreSQL), or migrate with mode Dump"
             ),
         }
     }
@@ -235,6 +262,18 @@ pub fn unmet(facts: &SourceFacts, target_version_num: i32, target_version: &str)
             count: facts.large_objects,
         });
     }
+    if !facts.admins.source_replication {
+        unmet.push(Unmet::AdminLacksPrivilege {
+            server: "source",
+            needs: Capability::Replication.grant(),
+        });
+    }
+    if !facts.admins.target_subscription {
+        unmet.push(Unmet::AdminLacksPrivilege {
+            server: "target",
+            needs: Capability::CreateSubscription.grant(),
+        });
+    }
     unmet
 }
 
@@ -269,8 +308,10 @@ pub fn auto_mode(unmet: Vec<Unmet>) -> Mode {
     }
 }
 
-/// Reads the facts from an admin session connected to the source database (no writes).
-pub async fn observe(s: &Session) -> Result<SourceFacts, PgError> {
+/// Reads the facts from an admin session connected to the source database (no writes);
+/// `target_subscription` is what the target's admin may do.
+pub async fn observe(s: &Session, target_subscription: bool) -> Result<SourceFacts, PgError> {
+    let source = dbops_shared::postgres::ddl::capabilities(s).await?;
     let row = s
         .query_one(
             "SELECT current_setting('wal_level'), \
@@ -317,17 +358,23 @@ pub async fn observe(s: &Session) -> Result<SourceFacts, PgError> {
         wal_senders: row.get(4),
         tables,
         large_objects: row.get(5),
+        admins: AdminRights {
+            source_replication: source.has(Capability::Replication),
+            target_subscription,
+        },
     })
 }
 
-/// [`observe`], then [`unmet`].
+/// [`observe`], then [`unmet`]; `target_subscription`: the target's admin may `CREATE
+/// SUBSCRIPTION`.
 pub async fn preflight(
     s: &Session,
     target_version_num: i32,
     target_version: &str,
+    target_subscription: bool,
 ) -> Result<Vec<Unmet>, PgError> {
     Ok(unmet(
-        &observe(s).await?,
+        &observe(s, target_subscription).await?,
         target_version_num,
         target_version,
     ))
@@ -355,6 +402,10 @@ mod tests {
             wal_senders: 9,
             tables: vec![table("public.t", 'd', true, false)],
             large_objects: 0,
+            admins: AdminRights {
+                source_replication: true,
+                target_subscription: true,
+            },
         }
     }
 
@@ -377,6 +428,31 @@ mod tests {
         assert_eq!(unmet(&ready(), 170000, "17.0"), []);
         assert_eq!(condition(&[]), None);
         assert_eq!(auto_mode(unmet(&ready(), 170000, "17.0")), Mode::Logical);
+    }
+
+    #[test]
+    fn an_admin_without_replication_or_subscription_rights_is_named_and_auto_dumps() {
+        let mut facts = ready();
+        facts.admins.source_replication = false;
+        let unmet = unmet(&facts, 170000, "17.0");
+        assert_eq!(unmet.len(), 1, "{unmet:?}");
+        assert_eq!(unmet[0].reason(), MigrationReason::AdminLacksPrivilege);
+        let said = unmet[0].message();
+        assert!(
+            said.contains("source") && said.contains("REPLICATION"),
+            "{said}"
+        );
+        facts.admins = AdminRights {
+            source_replication: true,
+            target_subscription: false,
+        };
+        let unmet = super::unmet(&facts, 170000, "17.0");
+        let said = unmet[0].message();
+        assert!(
+            said.contains("target") && said.contains("pg_create_subscription"),
+            "{said}"
+        );
+        assert!(matches!(auto_mode(unmet), Mode::Dump { .. }));
     }
 
     #[test]
@@ -405,6 +481,10 @@ mod tests {
                 table("\"Odd\".nothing", 'n', true, false),
             ],
             large_objects: 3,
+            admins: AdminRights {
+                source_replication: true,
+                target_subscription: true,
+            },
         };
         let unmet = unmet(&facts, 170000, "17.0");
         let reasons: Vec<_> = unmet.iter().map(Unmet::reason).collect();

@@ -20,7 +20,8 @@ pub use ddl::is_marked as is_databases;
 /// The database-controller's mark: the first word of the comment.
 pub use ddl::mark as database_mark;
 pub use ddl::{
-    create_database, create_role, drop_marked, drop_role, mark_database, observe, server_version,
+    capabilities, create_database, create_role, drop_marked, drop_role, mark_database, observe,
+    server_version,
 };
 
 /// The mark of objects this Migration created on the target.
@@ -47,43 +48,96 @@ pub async fn installed_extensions(s: &Session) -> Result<Vec<String>, PgError> {
 }
 
 /// What FreezeSource is about to change: the connection limit and the database-level
-/// `default_transaction_read_only`. `None` when the database does not exist.
-pub async fn freeze_state(s: &Session, database: &str) -> Result<Option<FreezeRecord>, PgError> {
+/// `default_transaction_read_only`, and for an admin that is not a superuser
+/// (`close_by_privilege`) the roles holding CONNECT on it but the admin and `spare_roles`.
+/// `None` when the database does not exist.
+pub async fn freeze_state(
+    s: &Session,
+    database: &str,
+    close_by_privilege: bool,
+    spare_roles: &[String],
+) -> Result<Option<FreezeRecord>, PgError> {
     let row = s
         .query_opt(
             "SELECT d.datconnlimit, \
                (SELECT substr(c, length('default_transaction_read_only=') + 1) \
                   FROM pg_db_role_setting r, unnest(r.setconfig) AS c \
                  WHERE r.setdatabase = d.oid AND r.setrole = 0 \
-                   AND c LIKE 'default\\_transaction\\_read\\_only=%') \
+                   AND c LIKE 'default\\_transaction\\_read\\_only=%'), \
+               ARRAY(SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC' \
+                                          ELSE pg_get_userbyid(a.grantee)::text END \
+                       FROM aclexplode(COALESCE(d.datacl, acldefault('d', d.datdba))) a \
+                      WHERE a.privilege_type = 'CONNECT' \
+                        AND a.grantee <> (SELECT oid FROM pg_roles WHERE rolname = CURRENT_USER) \
+                        AND (a.grantee = 0 OR pg_get_userbyid(a.grantee)::text <> ALL ($2::text[])) \
+                      ORDER BY 1) \
              FROM pg_database d WHERE d.datname = $1",
-            &[&database],
+            &[&database, &spare_roles],
         )
         .await
         .map_err(PgError::sql("reading the settings of the source database"))?;
     Ok(row.map(|r| FreezeRecord {
         previous_connection_limit: r.get(0),
         previous_read_only: r.get(1),
+        closed_to: close_by_privilege.then(|| r.get(2)),
     }))
 }
 
-/// Stops new writes: new sessions default to read-only transactions, no new non-superuser
-/// session is admitted, and every other session on the database is ended (waiting up to
-/// 5 s for each, a few rounds), except those of `spare_role` (the Logical mode's WAL
-/// sender, which the final catch-up needs). Returns (sessions ended, sessions still there).
+/// `r1, r2` of a GRANT or REVOKE: each role quoted, `PUBLIC` as the keyword.
+fn grantees(roles: &[String]) -> String {
+    roles
+        .iter()
+        .map(|r| {
+            if r == "PUBLIC" {
+                r.clone()
+            } else {
+                quote_ident(r)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// How [`freeze`] closes the database to new sessions.
+fn close_statements(db: &str, record: &FreezeRecord) -> String {
+    match record.closed_to.as_deref() {
+        None => format!("ALTER DATABASE {db} CONNECTION LIMIT 0"),
+        // The admin keeps CONNECT of its own (it had it through the owner's), so the
+        // steps after the freeze still reach the database.
+        Some([]) => format!("GRANT CONNECT ON DATABASE {db} TO CURRENT_USER"),
+        Some(roles) => format!(
+            "GRANT CONNECT ON DATABASE {db} TO CURRENT_USER; \
+             REVOKE CONNECT ON DATABASE {db} FROM {}",
+            grantees(roles)
+        ),
+    }
+}
+
+/// Stops new writes: new sessions default to read-only transactions, no new session is
+/// admitted but a superuser's (connection limit 0) or, as `record` says for an admin that
+/// is not a superuser, but the admin's and `spare_roles`' (CONNECT revoked from the
+/// others), and every other session on the database is ended (waiting up to 5 s for
+/// each, a few rounds), except those of `spare_roles` (the Logical mode's WAL sender,
+/// which the final catch-up needs). Returns (sessions ended, sessions still there).
 pub async fn freeze(
     s: &Session,
     database: &str,
-    spare_role: Option<&str>,
+    record: &FreezeRecord,
+    spare_roles: &[String],
 ) -> Result<(usize, i64), PgError> {
-    let frozen = freeze_state(s, database).await?.is_some_and(|f| {
-        f.previous_connection_limit == 0 && f.previous_read_only.as_deref() == Some("on")
+    let now = freeze_state(s, database, record.closed_to.is_some(), spare_roles).await?;
+    let frozen = now.is_some_and(|f| {
+        f.previous_read_only.as_deref() == Some("on")
+            && match &f.closed_to {
+                None => f.previous_connection_limit == 0,
+                Some(open) => open.is_empty(),
+            }
     });
     if !frozen {
+        let db = quote_ident(database);
         s.batch_execute(&format!(
-            "ALTER DATABASE {db} CONNECTION LIMIT 0; \
-             ALTER DATABASE {db} SET default_transaction_read_only = on",
-            db = quote_ident(database)
+            "{}; ALTER DATABASE {db} SET default_transaction_read_only = on",
+            close_statements(&db, record)
         ))
         .await
         .map_err(PgError::sql(format!("freezing database {database}")))?;
@@ -92,7 +146,7 @@ pub async fn freeze(
     let mut ended = 0;
     for _ in 0..5 {
         let rows = s
-            .query(terminate_sessions(version), &[&database, &spare_role])
+            .query(terminate_sessions(version), &[&database, &spare_roles])
             .await
             .map_err(PgError::sql(format!("ending the sessions on {database}")))?;
         if rows.is_empty() {
@@ -107,8 +161,8 @@ pub async fn freeze(
     let left: i64 = s
         .query_one(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid() \
-               AND ($2::text IS NULL OR usename IS NULL OR usename::text <> $2::text)",
-            &[&database, &spare_role],
+               AND (usename IS NULL OR usename::text <> ALL ($2::text[]))",
+            &[&database, &spare_roles],
         )
         .await
         .map_err(PgError::sql(format!("counting the sessions on {database}")))?
@@ -127,11 +181,11 @@ fn terminate_sessions(server_version_num: i32) -> &'static str {
     if server_version_num >= 140000 {
         "SELECT pg_terminate_backend(pid, 5000), pid FROM pg_stat_activity \
          WHERE datname = $1 AND pid <> pg_backend_pid() \
-           AND ($2::text IS NULL OR usename IS NULL OR usename::text <> $2::text)"
+           AND (usename IS NULL OR usename::text <> ALL ($2::text[]))"
     } else {
         "SELECT pg_terminate_backend(pid), pid FROM pg_stat_activity \
          WHERE datname = $1 AND pid <> pg_backend_pid() \
-           AND ($2::text IS NULL OR usename IS NULL OR usename::text <> $2::text)"
+           AND (usename IS NULL OR usename::text <> ALL ($2::text[]))"
     }
 }
 
@@ -164,8 +218,12 @@ pub async fn unfreeze(s: &Session, database: &str, was: &FreezeRecord) -> Result
         ),
         None => format!("ALTER DATABASE {db} RESET default_transaction_read_only"),
     };
+    let reopen = match was.closed_to.as_deref() {
+        None | Some([]) => String::new(),
+        Some(roles) => format!("GRANT CONNECT ON DATABASE {db} TO {}; ", grantees(roles)),
+    };
     s.batch_execute(&format!(
-        "ALTER DATABASE {db} CONNECTION LIMIT {}; {read_only}",
+        "{reopen}ALTER DATABASE {db} CONNECTION LIMIT {}; {read_only}",
         was.previous_connection_limit
     ))
     .await

@@ -36,6 +36,7 @@
 //! | `trace` | the `sql` and `pg.connect` spans and the counter around each statement and connection |
 //! | `pool` | [`Servers`]: per server the session limit, the breaker and the idle clients; a lease of one |
 //! | `session` | [`Servers::connect`], [`Servers::probe`], [`Session`] and [`Transaction`] |
+//! | [`derived`] | the role names dbops derives (rotation logins, DatabaseUser groups), none a tenant can give |
 //! | [`ddl`] | the statements both the database- and the migration-controller run |
 //! | [`extensions`] | what extensions a server offers, and creating them |
 //!
@@ -46,6 +47,7 @@ mod breaker;
 mod connect;
 mod credentials;
 pub mod ddl;
+pub mod derived;
 mod endpoint;
 mod error;
 pub mod extensions;

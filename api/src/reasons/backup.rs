@@ -47,6 +47,8 @@ reasons! {
         StatementTimeout => Retried,
         /// Another SQL error.
         SqlError => Retried,
+        /// The server's admin lacks a right the dump needs (named in the message).
+        AdminLacksPrivilege => Failed,
         /// pg_dump failed.
         DumpFailed => Retried,
         /// The manifest could not be written.

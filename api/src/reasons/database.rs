@@ -48,6 +48,10 @@ macro_rules! database_reasons {
                 StatementTimeout => Retried,
                 /// Another SQL error.
                 SqlError => Retried,
+                /// The server's admin lacks a right this needs (named in the message; the
+                /// DatabaseServer's status.capabilities says what it has): nothing was
+                /// changed, and nothing is until the right is granted.
+                AdminLacksPrivilege => Waits,
                 /// A role, database or Secret of that name is not this object's.
                 NameConflict => Waits,
                 /// A Secret `<name>-connection` exists that this object did not create.

@@ -72,6 +72,8 @@ reasons! {
         TablesWithoutReplicaIdentity => Failed,
         /// The database holds large objects.
         LargeObjectsPresent => Failed,
+        /// A server's admin lacks a right the Migration needs (named in the message).
+        AdminLacksPrivilege => Failed,
         /// The snapshot Backup failed.
         SnapshotFailed => Failed,
         /// Sessions survived `pg_terminate_backend`.

@@ -27,6 +27,8 @@ reasons! {
         ServerWithoutTLS => Retried,
         /// Reading the version and TLS of the probe's session failed.
         SqlError => Retried,
+        /// The admin may not read what the probe reads.
+        AdminLacksPrivilege => Retried,
         /// A statement of the probe waited too long for a lock.
         LockTimeout => Retried,
         /// A statement of the probe ran too long.

@@ -1,6 +1,6 @@
 //! Two logins taking turns: the one password rotation the Database's owner
 //! (`owner_logins`) and a DatabaseUser (`user`) share. PostgreSQL has one password per
-//! role, so a rotation moves to the other login of a pair (`<base>_1`/`<base>_2`):
+//! role, so a rotation moves to the other login of a pair (`<base>-1`/`<base>-2`):
 //! 1. the login given up gets `VALID UNTIL now + keepPrevious` (the server itself refuses
 //!    it after that);
 //! 2. the other login gets a new password, LOGIN without expiry, its limit, settings and

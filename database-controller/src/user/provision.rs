@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::rotation::turn::{self, Inputs, Kept, Shape};
 use crate::secret::{self, Owner};
 use crate::{limits, rotation};
+use dbops_shared::postgres::ddl::Capability;
 
 /// What a reconcile found and did: the status fields it sets.
 #[derive(Debug, Clone, Default)]
@@ -104,6 +105,7 @@ pub async fn provision(user: &DatabaseUser, ctx: &Context<State>) -> Result<Done
     let roles = observe_roles(&session, user, target, &group).await?;
     let plan = plan_logins(user, status, existing, &roles, shape);
     if !roles.iter().any(|r| r.name == group) {
+        crate::admit::admin_may(target, &[Capability::CreateRole], "a DatabaseUser")?;
         confirm_live(ctx, user).await?;
         sql::create_group(&mut session, &group, &mark).await?;
     }

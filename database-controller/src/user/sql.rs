@@ -1,6 +1,6 @@
 //! The SQL of a DatabaseUser. Roles, all marked `dbops.dev/uid=<DatabaseUser uid>`:
 //! - the group `<base>` (NOLOGIN) holds the privileges in the Database's database;
-//! - the logins `<base>_1` and `<base>_2` (LOGIN, INHERIT, members of the group) take
+//! - the logins `<base>-1` and `<base>-2` (LOGIN, INHERIT, members of the group) take
 //!   turns: the connection Secret names one; after a rotation the other keeps working
 //!   until its `VALID UNTIL` (`keepPrevious`), then loses LOGIN and its sessions end.
 //!
@@ -32,28 +32,15 @@ pub(super) async fn in_transaction(
         .map_err(PgError::sql(format!("{doing}: COMMIT")))
 }
 
-/// The group role of a DatabaseUser: `<database>_<name>` (non-identifier characters of
-/// the name read as `_`), shortened with a hash to leave room for the logins' `_1`/`_2`.
+/// The group role of a DatabaseUser: `<database>.<name>` (non-identifier characters of
+/// the name read as `_`; `dbops_shared::postgres::derived`: no tenant can take it).
 pub fn group_role(database: &str, name: &str) -> String {
-    let name: String = name
-        .chars()
-        .map(|c| match c {
-            'a'..='z' | '0'..='9' | '_' => c,
-            'A'..='Z' => c.to_ascii_lowercase(),
-            _ => '_',
-        })
-        .collect();
-    let full = format!("{database}_{name}");
-    if full.len() <= 61 {
-        return full;
-    }
-    let hash = dbops_shared::checksum::sha256_hex(full.as_bytes());
-    format!("{}_{}", &full[..54], &hash[..6])
+    dbops_shared::postgres::derived::user_group(database, name)
 }
 
 /// The two logins of a group, in turn order.
 pub fn logins(group: &str) -> [String; 2] {
-    [format!("{group}_1"), format!("{group}_2")]
+    dbops_shared::postgres::derived::user_logins(group)
 }
 
 /// One role as observed.
@@ -116,6 +103,7 @@ pub async fn create_group(s: &mut Session, group: &str, mark: &str) -> Result<()
         &[
             format!("CREATE ROLE {g} NOLOGIN"),
             format!("COMMENT ON ROLE {g} IS {}", quote_literal(mark)),
+            ddl::adopt_statement(group),
         ],
         format!("creating role {group}"),
     )
@@ -228,6 +216,7 @@ pub async fn activate(
             "COMMENT ON ROLE {r} IS {}",
             quote_literal(want.mark)
         ));
+        statements.push(ddl::adopt_statement(want.name));
     }
     statements.push(format!("ALTER ROLE {r} LOGIN VALID UNTIL 'infinity'"));
     statements.extend(login_statements(want, have));
@@ -381,9 +370,10 @@ mod tests {
     fn role_names_fit_postgres_and_leave_room_for_the_logins() {
         assert_eq!(
             group_role("orders", "orders-dashboard"),
-            "orders_orders_dashboard"
+            "orders.orders_dashboard"
         );
-        assert_eq!(group_role("orders", "Ro.app"), "orders_ro_app");
+        assert_eq!(group_role("orders", "Ro.app"), "orders.ro_app");
+        assert_eq!(logins("orders.ro_app")[1], "orders.ro_app-2");
         let long = group_role(&"d".repeat(63), &"n".repeat(60));
         assert_eq!(long.len(), 61);
         assert!(logins(&long).iter().all(|l| l.len() <= 63));

@@ -86,9 +86,13 @@ impl Setup {
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             logs: crate::harness::bed::test_dir(prefix, "logs"),
         };
-        let password = setup.pg.superuser_password().to_string();
+        let (user, password) = setup
+            .pg
+            .admin_login(crate::postgres::AdminKind::for_tests())
+            .await
+            .unwrap();
         setup
-            .create_admin_secret(ADMIN_SECRET, Some("postgres"), Some(&password))
+            .create_admin_secret(ADMIN_SECRET, Some(&user), Some(&password))
             .await;
         setup.create_server(ADMIN_SECRET, json!({})).await;
         setup.start_controller();

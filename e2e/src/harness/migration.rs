@@ -97,7 +97,7 @@ impl Setup {
     /// [`Setup::new`] with both servers speaking TLS with a certificate for `localhost`
     /// from `ca`, their DatabaseServers on `localhost` with `verify-full` and the CA, and
     /// every login but the harness's superuser refused without TLS (the admin Secrets hold
-    /// a role `dbops_admin` of their own).
+    /// the test's admin, [`crate::postgres::AdminKind::for_tests`]).
     pub async fn over_tls(prefix: &str, ca: &TestCa) -> Self {
         Self::build(prefix, false, Some(ca), &[], None).await
     }
@@ -189,24 +189,14 @@ impl Setup {
             .unwrap();
     }
 
-    /// For [`Setup::over_tls`]: a superuser `dbops_admin` with a random password on the
-    /// source or the target, its admin Secret, the CA Secret and a `verify-full`
-    /// DatabaseServer on `localhost`; then TLS is required of every login but the harness's.
+    /// For [`Setup::over_tls`]: the admin [`AdminKind::for_tests`] names on the source or
+    /// the target, its admin Secret, the CA Secret and a `verify-full` DatabaseServer on
+    /// `localhost`; then TLS is required of every login but the harness's superuser.
     pub async fn create_tls_admin(&self, name: &str, source: bool, ca: &TestCa) {
         use crate::fixtures::{create_ca_secret, create_secret, create_server, server_spec};
         let pg = if source { &self.source } else { &self.target };
-        let password = rand::distr::SampleString::sample_string(
-            &rand::distr::Alphanumeric,
-            &mut rand::rng(),
-            24,
-        );
-        pg.connect_as_superuser()
-            .await
-            .unwrap()
-            .batch_execute(&format!(
-                "CREATE ROLE dbops_admin LOGIN SUPERUSER PASSWORD {}",
-                crate::postgres::quote_literal(&password)
-            ))
+        let (user, password) = pg
+            .admin_login(crate::postgres::AdminKind::for_tests())
             .await
             .unwrap();
         let ns = self.ns();
@@ -214,7 +204,7 @@ impl Setup {
             &self.b.client,
             ns,
             name,
-            &[("username", "dbops_admin"), ("password", &password)],
+            &[("username", &user), ("password", &password)],
         )
         .await
         .unwrap();

@@ -1,10 +1,10 @@
 //! What a harness shows of a log or an error: its servers' superuser passwords as
-//! `<label-password>`, then every password in SQL redacted
+//! `<label-password>` (and its emulated managed admins' as `<label-role>`), then every password in SQL redacted
 //! ([`crate::postgres::redact_passwords`]). No test prints a password.
 
 use std::fmt::Display;
 
-use crate::postgres::{PgServer, redact_passwords};
+use crate::postgres::{AdminKind, PgServer, redact_passwords};
 
 /// `text` with the superuser password of each `(label, server)` shown as
 /// `<label-password>`, and every password in SQL redacted.
@@ -14,7 +14,13 @@ pub fn redact<'a, L: Display>(
 ) -> String {
     let mut text = text.to_string();
     for (label, pg) in servers {
-        text = text.replace(pg.superuser_password(), &format!("<{label}-password>"));
+        for kind in AdminKind::ALL {
+            let who = match kind {
+                AdminKind::Superuser => "password",
+                _ => kind.role(),
+            };
+            text = text.replace(&pg.admin_password(kind), &format!("<{label}-{who}>"));
+        }
     }
     redact_passwords(&text)
 }

@@ -18,6 +18,7 @@ mod majors;
 mod metrics;
 mod migration;
 mod migration_logical;
+mod names;
 mod postgres;
 mod schedule;
 mod tenancy;

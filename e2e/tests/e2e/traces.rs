@@ -206,7 +206,7 @@ async fn a_final_snapshot_is_one_trace_across_both_controllers() {
     );
     for (op, key, value) in &every {
         assert!(
-            !value.contains(w.pg.superuser_password()),
+            !value.contains(&w.pg.test_admin_password()),
             "the admin password is in {op}/{key}"
         );
         assert!(

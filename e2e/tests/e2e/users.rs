@@ -43,8 +43,8 @@ async fn privileges_hold_for_what_the_owner_creates_later(major: u32) {
     let ro = wait_user(&s, "shop-ro", "True", "UserReady").await;
     wait_user(&s, "shop-rw", "True", "UserReady").await;
     let status = ro.status.unwrap();
-    assert_eq!(status.role.as_deref(), Some("shop_shop_ro_1"));
-    assert_eq!(status.group_role.as_deref(), Some("shop_shop_ro"));
+    assert_eq!(status.role.as_deref(), Some("shop.shop_ro-1"));
+    assert_eq!(status.group_role.as_deref(), Some("shop.shop_ro"));
 
     // Made by the owner after the users exist, in an existing schema and in a new one.
     owner
@@ -255,7 +255,7 @@ async fn guardrails_refuse_more_than_the_server_allows_and_apply_defaults() {
     assert_eq!(show("work_mem").await, "8MB");
     let limit: i32 = admin
         .query_one(
-            "SELECT rolconnlimit FROM pg_roles WHERE rolname = 'app_app_reader_1'",
+            "SELECT rolconnlimit FROM pg_roles WHERE rolname = 'app.app_reader-1'",
             &[],
         )
         .await
@@ -428,10 +428,10 @@ async fn rotation_keeps_a_live_application_working_through_two_rotations() {
         let rotate =
             json!({"metadata": {"annotations": {"dbops.dev/rotate": format!("round-{round}")}}});
         merge_patch(&users(&s), "live-app", rotate).await.unwrap();
-        let next = if previous.ends_with("_1") {
-            previous.replace("_1", "_2")
+        let next = if previous.ends_with("-1") {
+            previous.replace("-1", "-2")
         } else {
-            previous.trim_end_matches("_2").to_string() + "_1"
+            previous.trim_end_matches("-2").to_string() + "-1"
         };
         let secret = user_secret(&s, "live-app", Some(&next)).await;
         let after = wait_user_where(&s, "live-app", "True", "UserReady", |u| {
@@ -492,7 +492,7 @@ async fn the_owners_password_rotates_and_what_it_creates_stays_the_owners() {
     wait_user(&s, "rot-ro", "True", "UserReady").await;
     let databases = s.databases();
 
-    for (round, login, previous) in [(1, "rot_1", "rot"), (2, "rot_2", "rot_1")] {
+    for (round, login, previous) in [(1, "rot-1", "rot"), (2, "rot-2", "rot-1")] {
         let rotate = json!({"metadata": {"annotations": {"dbops.dev/rotate": format!("{round}")}}});
         merge_patch(&databases, "rot", rotate).await.unwrap();
         let secret = user_secret(&s, "rot", Some(login)).await;

@@ -206,7 +206,7 @@ async fn users_follow_their_database(s: &mut Setup, mode: ChosenMode) {
         let group = u.status.unwrap().group_role.unwrap();
         assert_eq!(
             roles_like(&s.source, &group).await.unwrap(),
-            [group.clone(), format!("{group}_1")],
+            [group.clone(), format!("{group}-1")],
             "{user}: its roles on the source"
         );
         groups.push(group);
@@ -319,7 +319,7 @@ async fn users_follow_their_database(s: &mut Setup, mode: ChosenMode) {
         .await;
         assert_eq!(
             roles_like(&s.target, group).await.unwrap(),
-            [group.clone(), format!("{group}_1")],
+            [group.clone(), format!("{group}-1")],
             "the user's roles on the target"
         );
     }
@@ -332,7 +332,7 @@ async fn users_follow_their_database(s: &mut Setup, mode: ChosenMode) {
         .await;
         assert_eq!(
             u.status.unwrap().role.as_deref(),
-            Some(format!("{}_1", groups[if user == READER { 0 } else { 1 }]).as_str()),
+            Some(format!("{}-1", groups[if user == READER { 0 } else { 1 }]).as_str()),
             "{user}: the same login"
         );
     }

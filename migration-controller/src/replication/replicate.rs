@@ -29,10 +29,10 @@ pub async fn replicate(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome
     let e = ends(saga, &db.database_name()).await?;
     let schema = copy_schema(saga, &e, &db.owner_role()).await?;
     let mut s = session(saga, &e.source, &e.database).await?;
-    let password = publish(saga, &mut s, &e).await?;
+    let login = publish(saga, &mut s, &e).await?;
     let mut t = session(saga, &e.target, &e.database).await?;
     if sql::subscription(&t, &e.name).await?.is_none() {
-        subscribe(saga, (&mut s, &mut t), &e, password).await?;
+        subscribe(saga, (&mut s, &mut t), &e, login).await?;
     }
     drop((s, t));
     let seen = observe(saga, &e, None).await?;
@@ -57,22 +57,40 @@ pub async fn replicate(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome
     )))
 }
 
-/// The publication of the database's tables and the replication role on the source (`s`),
-/// each made once; the role's password when it was made just now.
-async fn publish(saga: &Saga<'_>, s: &mut Session, e: &Ends) -> Result<Option<String>> {
+/// Who the subscription logs in to the source as.
+enum Login {
+    /// The Migration's replication role, made just now with this password.
+    Made(String),
+    /// The Migration's replication role, made by an earlier attempt: it gets a new
+    /// password (only this process knows it).
+    Existing,
+    /// The source's admin itself: an admin that is not a superuser may not make a role
+    /// with REPLICATION before PostgreSQL 16, but may replicate as itself.
+    Admin,
+}
+
+/// The publication of the database's tables on the source (`s`) and the login the
+/// subscription uses there, each made once.
+async fn publish(saga: &Saga<'_>, s: &mut Session, e: &Ends) -> Result<Login> {
     if !sql::publication_exists(s, &e.name).await? {
         let tables = crate::sql::tables(s).await?;
         sql::create_publication(s, &e.name, &tables).await?;
     }
-    let (source_num, _) = crate::sql::server_version(s).await?;
     let mark = sql::role_mark(&migration_uid(saga));
     match sql::role(s, &e.name).await? {
         None => {
+            let can = crate::sql::capabilities(s).await?;
+            if !can.create_replication_role {
+                // Preflight refused an admin without REPLICATION.
+                return Ok(Login::Admin);
+            }
+            let (source_num, _) = crate::sql::server_version(s).await?;
             let password = dbops_shared::postgres::generate_password();
-            sql::create_role(s, &e.name, &password, &mark, &e.database, source_num).await?;
-            Ok(Some(password))
+            let read_all = can.superuser && source_num >= 140000;
+            sql::create_role(s, &e.name, &password, &mark, &e.database, read_all).await?;
+            Ok(Login::Made(password))
         }
-        Some(comment) if comment.as_deref() == Some(mark.as_str()) => Ok(None),
+        Some(comment) if comment.as_deref() == Some(mark.as_str()) => Ok(Login::Existing),
         Some(_) => Err(Error::permanent(
             MigrationReason::NameConflict,
             format!(
@@ -89,24 +107,28 @@ async fn subscribe(
     saga: &Saga<'_>,
     (s, t): (&mut Session, &mut Session),
     e: &Ends,
-    password: Option<String>,
+    login: Login,
 ) -> Result<()> {
     // A slot of this name without its subscription: a CREATE SUBSCRIPTION that did not
     // commit on the target after it created the slot. Dropped, then made again.
     for slot in sql::slots(s, &e.name, None).await? {
         drop_slot(s, &slot.name).await?;
     }
-    // The password is known only to this process: a new one when the role was not
-    // created just now (a restarted controller rotates it).
-    let password = match password {
-        Some(p) => p,
-        None => {
+    let (user, password) = match login {
+        Login::Made(p) => (e.name.clone(), p),
+        // The password is known only to this process: a new one when the role was not
+        // created just now (a restarted controller rotates it).
+        Login::Existing => {
             let p = dbops_shared::postgres::generate_password();
             sql::set_password(s, &e.name, &p).await?;
-            p
+            (e.name.clone(), p)
         }
+        Login::Admin => (
+            e.source.credentials.username.clone(),
+            e.source.credentials.password.clone(),
+        ),
     };
-    let conninfo = sql::conninfo(&e.source.endpoint, &e.database, &e.name, &password);
+    let conninfo = sql::conninfo(&e.source.endpoint, &e.database, &user, &password, &e.name);
     let (target_num, target_version) = crate::sql::server_version(t).await?;
     // Preflight refuses such a target; a Migration that chose Logical before that rule
     // (an older controller) ends here, before anything runs as the admin.

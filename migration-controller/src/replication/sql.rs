@@ -51,17 +51,24 @@ pub fn sslmode(mode: TlsMode) -> &'static str {
     }
 }
 
-/// The connection string the subscription uses to reach the source.
-pub fn conninfo(source: &Endpoint, database: &str, role: &str, password: &str) -> String {
+/// The connection string the subscription uses to reach the source: as `user` (the
+/// replication role, or the source's admin), named `application` there.
+pub fn conninfo(
+    source: &Endpoint,
+    database: &str,
+    user: &str,
+    password: &str,
+    application: &str,
+) -> String {
     [
         ("host", source.key.host.as_str()),
         ("port", &source.key.port.to_string()),
         ("dbname", database),
-        ("user", role),
+        ("user", user),
         ("password", password),
         ("sslmode", sslmode(source.tls.mode)),
         ("connect_timeout", "10"),
-        ("application_name", role),
+        ("application_name", application),
     ]
     .iter()
     .map(|(k, v)| format!("{k}={}", conninfo_value(v)))
@@ -137,19 +144,21 @@ pub async fn role(s: &Session, name: &str) -> Result<Option<Option<String>>, PgE
     Ok(row.map(|r| r.get(0)))
 }
 
-/// Creates the replication role (LOGIN REPLICATION, the password's verifier), marks it
-/// and lets it connect to `database` (closed to PUBLIC by dbops) and read the tables
-/// (`pg_read_all_data` from PostgreSQL 14, else SELECT on the tables of every schema of
-/// the connected database), in one transaction. `DROP OWNED BY` takes it all back.
+/// Creates the replication role (LOGIN REPLICATION, the password's verifier), marks it,
+/// makes the admin a member (its `DROP OWNED BY` needs that) and lets it connect to
+/// `database` (closed to PUBLIC by dbops) and read the tables: `pg_read_all_data` when
+/// the admin may grant it (`read_all`: a superuser on PostgreSQL 14+), else SELECT on the
+/// tables of every schema of the connected database; in one transaction. `DROP OWNED BY`
+/// takes it all back.
 pub async fn create_role(
     s: &mut Session,
     name: &str,
     password: &str,
     mark: &str,
     database: &str,
-    server_version_num: i32,
+    read_all: bool,
 ) -> Result<(), PgError> {
-    let schemas: Vec<String> = if server_version_num >= 140000 {
+    let schemas: Vec<String> = if read_all {
         Vec::new()
     } else {
         s.query(
@@ -169,9 +178,10 @@ pub async fn create_role(
     let mut statements = vec![
         format!("CREATE ROLE {r} LOGIN REPLICATION"),
         format!("COMMENT ON ROLE {r} IS {}", quote_literal(mark)),
+        ddl::adopt_statement(name),
         format!("GRANT CONNECT ON DATABASE {} TO {r}", quote_ident(database)),
     ];
-    if server_version_num >= 140000 {
+    if read_all {
         statements.push(format!("GRANT pg_read_all_data TO {r}"));
     }
     for schema in &schemas {
@@ -517,7 +527,7 @@ mod tests {
     #[test]
     fn connection_strings_quote_every_value() {
         let source = Endpoint::new("db.example", 5433, TlsMode::VerifyFull);
-        let c = conninfo(&source, "it's", "dbops_mig_x", "p\\w'd");
+        let c = conninfo(&source, "it's", "dbops_mig_x", "p\\w'd", "dbops_mig_x");
         assert_eq!(
             c,
             "host='db.example' port='5433' dbname='it\\'s' user='dbops_mig_x' \

@@ -193,7 +193,10 @@ async fn target_takes(
     // allowedExtensions, or trusted when it has none) and available there.
     let offered = extensions::available(&t, extensions).await?;
     let allowed = target.server.spec.allowed_extensions.as_deref();
-    if let Some(refused) = extensions::refusal(extensions, allowed, &offered, &target.name) {
+    let superuser = !extensions::any_untrusted(&offered) || sql::capabilities(&t).await?.superuser;
+    if let Some(refused) =
+        extensions::refusal(extensions, allowed, &offered, &target.name, superuser)
+    {
         return Err(Error::permanent(
             reason_of(refused.reason),
             format!(
@@ -242,8 +245,13 @@ async fn choose_mode(
             "mode Dump: the source is frozen for the whole copy".to_string(),
         ),
         requested => {
+            let target = crate::servers::target_server(saga).await?;
+            let t = session(saga, &target, "postgres").await?;
+            let subscribes = sql::capabilities(&t).await?.create_subscription;
+            drop(t);
             let s = session(saga, source, database).await?;
-            let unmet = crate::logical::preflight(&s, target_num, target_version).await?;
+            let unmet =
+                crate::logical::preflight(&s, target_num, target_version, subscribes).await?;
             drop(s);
             match crate::logical::auto_mode(unmet) {
                 crate::logical::Mode::Logical => (

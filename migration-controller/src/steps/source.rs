@@ -22,25 +22,38 @@ pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOut
     } else {
         None
     };
+    // Logical mode: the subscription's WAL sender stays for the catch-up, whether it
+    // logs in as the Migration's replication role or as the source's admin (an admin
+    // that may not create a replication role: see `replication::replicate`).
+    let spare: Vec<String> = if logical {
+        vec![
+            crate::replication::sql::name(&migration_uid(saga)),
+            source.credentials.username.clone(),
+        ]
+    } else {
+        Vec::new()
+    };
     let s = session(saga, &source, "postgres").await?;
     let record = match status.freeze.clone() {
         Some(r) => r,
         None => {
-            let found = sql::freeze_state(&s, &database).await?.ok_or_else(|| {
-                Error::permanent(
-                    MigrationReason::SourceNotFound,
-                    format!("database {database:?} is gone from {}", at(&source)),
-                )
-            })?;
+            // A connection limit of 0 would shut out an admin that is not a superuser.
+            let by_privilege = !sql::capabilities(&s).await?.superuser;
+            let found = sql::freeze_state(&s, &database, by_privilege, &spare)
+                .await?
+                .ok_or_else(|| {
+                    Error::permanent(
+                        MigrationReason::SourceNotFound,
+                        format!("database {database:?} is gone from {}", at(&source)),
+                    )
+                })?;
             // Written before anything changes: the compensation restores exactly this.
             status.freeze = Some(found.clone());
             saga.save(status).await?;
             found
         }
     };
-    // Logical mode: the subscription's WAL sender stays for the catch-up.
-    let spare = logical.then(|| crate::replication::sql::name(&migration_uid(saga)));
-    let (ended, left) = sql::freeze(&s, &database, spare.as_deref()).await?;
+    let (ended, left) = sql::freeze(&s, &database, &record, &spare).await?;
     if left > 0 {
         return Err(Error::transient(
             MigrationReason::SessionsRemain,
@@ -52,10 +65,16 @@ pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOut
         Some(Err(why)) => format!("; Verify counts in the freeze: {why}"),
         None => String::new(),
     };
+    let closed = match &record.closed_to {
+        None => format!(
+            "connection limit 0 (was {})",
+            record.previous_connection_limit
+        ),
+        Some(roles) => format!("CONNECT revoked from {roles:?}"),
+    };
     Ok(StepOutcome::Done(format!(
-        "database {database} on {}: connection limit 0 (was {}), default_transaction_read_only on (was {}); {ended} sessions ended{counted}",
+        "database {database} on {}: {closed}, default_transaction_read_only on (was {}); {ended} sessions ended{counted}",
         at(&source),
-        record.previous_connection_limit,
         record.previous_read_only.as_deref().unwrap_or("unset"),
     )))
 }
@@ -67,7 +86,10 @@ pub async fn unfreeze_source(saga: &mut Saga<'_>, db: Option<&Database>) -> Resu
     let (database, _) = names(saga, db)?;
     let source = source_server(saga).await?;
     let s = session(saga, &source, "postgres").await?;
-    if sql::freeze_state(&s, &database).await?.is_none() {
+    if sql::freeze_state(&s, &database, false, &[])
+        .await?
+        .is_none()
+    {
         return Ok(format!(
             "database {database} no longer exists on {}",
             at(&source)

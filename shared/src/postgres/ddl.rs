@@ -186,9 +186,10 @@ async fn observe_row(
     Ok((observed, in_use))
 }
 
-/// Creates the login role, marks it and gives it the password's SCRAM verifier, in one
-/// transaction. `CREATE ROLE` and its mark are logged as usual; the verifier goes in a
-/// statement of its own with statement logging off ([`execute_unlogged`]).
+/// Creates the login role, marks it, makes the admin a member of it ([`adopt_statement`])
+/// and gives it the password's SCRAM verifier, in one transaction. `CREATE ROLE` and its
+/// mark are logged as usual; the verifier goes in a statement of its own with statement
+/// logging off ([`execute_unlogged`]).
 pub async fn create_role(
     s: &mut Session,
     role: &str,
@@ -199,13 +200,177 @@ pub async fn create_role(
     execute_unlogged(
         s,
         Unlogged::InTransactionAfter(&format!(
-            "CREATE ROLE {r} LOGIN; COMMENT ON ROLE {r} IS {}",
-            quote_literal(mark)
+            "CREATE ROLE {r} LOGIN; COMMENT ON ROLE {r} IS {}; {}",
+            quote_literal(mark),
+            adopt_statement(role)
         )),
         &password_statement(role, password),
         format!("creating role {role}"),
     )
     .await
+}
+
+/// `GRANT <role> TO CURRENT_USER`: the admin becomes a member of a role it made, with
+/// the role's privileges (INHERIT) and the right to `SET ROLE` to it, the defaults of a
+/// plain GRANT on every major. An admin that is not a superuser needs both: to create a
+/// database `OWNER` the role, to alter, comment, close and drop what the role owns, to
+/// set its default privileges and to restore as it (`SET ROLE`). The membership goes
+/// one way: the role gets nothing of the admin's. A `CREATEROLE` admin may grant it on
+/// every major (from PostgreSQL 16 it holds ADMIN OPTION on each role it created); for a
+/// superuser it changes nothing.
+pub fn adopt_statement(role: &str) -> String {
+    format!("GRANT {} TO CURRENT_USER", quote_ident(role))
+}
+
+/// Makes the admin a member of `role` ([`adopt_statement`]) unless it already has the
+/// role's privileges (a superuser always has): for a role made before the admin needed
+/// it, or by another admin. A missing role is left to the statement that needs it.
+pub async fn adopt(s: &Session, role: &str) -> Result<(), PgError> {
+    let row = s
+        .query_opt(
+            "SELECT pg_catalog.pg_has_role(CURRENT_USER, r.oid, 'USAGE') \
+               FROM pg_catalog.pg_roles r WHERE r.rolname = $1",
+            &[&role],
+        )
+        .await
+        .map_err(PgError::sql(format!(
+            "reading the admin's membership in {role}"
+        )))?;
+    if row.is_some_and(|r| !r.get::<_, bool>(0)) {
+        execute(
+            s,
+            &adopt_statement(role),
+            format!("making the admin a member of role {role}"),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// What the admin role may do on its server, as found by [`capabilities`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    pub superuser: bool,
+    pub create_role: bool,
+    pub create_database: bool,
+    /// `REPLICATION`: may open replication connections (Logical mode's source).
+    pub replication: bool,
+    /// May create a role with `REPLICATION`: a superuser, or from PostgreSQL 16 an admin
+    /// with `REPLICATION` itself.
+    pub create_replication_role: bool,
+    /// May `CREATE SUBSCRIPTION`: a superuser, or from PostgreSQL 16 a member of
+    /// `pg_create_subscription` (Logical mode's target).
+    pub create_subscription: bool,
+    /// Reads every table (`pg_read_all_data`, PostgreSQL 14+, or a superuser).
+    pub read_all_data: bool,
+    /// May end other roles' sessions (`pg_signal_backend`, or a superuser).
+    pub signal_backend: bool,
+    /// Sees every session's activity (`pg_monitor`/`pg_read_all_stats`, or a superuser).
+    pub monitor: bool,
+    /// Bypasses row-level security (`BYPASSRLS`, or a superuser).
+    pub bypass_rls: bool,
+}
+
+impl Capabilities {
+    /// The first of `needs` the admin lacks, by its name in `DatabaseServer.status`.
+    pub fn lacking(&self, needs: &[Capability]) -> Option<Capability> {
+        needs.iter().copied().find(|c| !self.has(*c))
+    }
+
+    pub fn has(&self, c: Capability) -> bool {
+        match c {
+            Capability::CreateRole => self.create_role || self.superuser,
+            Capability::CreateDatabase => self.create_database || self.superuser,
+            Capability::Replication => self.replication || self.superuser,
+            Capability::CreateReplicationRole => self.create_replication_role,
+            Capability::CreateSubscription => self.create_subscription,
+            Capability::SignalBackend => self.signal_backend,
+            Capability::Superuser => self.superuser,
+        }
+    }
+}
+
+/// One right the admin may lack, by its name in `DatabaseServer.status.capabilities`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    CreateRole,
+    CreateDatabase,
+    Replication,
+    CreateReplicationRole,
+    CreateSubscription,
+    SignalBackend,
+    Superuser,
+}
+
+impl Capability {
+    /// The field of `status.capabilities`.
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::CreateRole => "createRole",
+            Self::CreateDatabase => "createDatabase",
+            Self::Replication => "replication",
+            Self::CreateReplicationRole => "createReplicationRole",
+            Self::CreateSubscription => "createSubscription",
+            Self::SignalBackend => "signalBackend",
+            Self::Superuser => "superuser",
+        }
+    }
+
+    /// What PostgreSQL calls the right, for a message.
+    pub fn grant(self) -> &'static str {
+        match self {
+            Self::CreateRole => "the CREATEROLE attribute",
+            Self::CreateDatabase => "the CREATEDB attribute",
+            Self::Replication => "the REPLICATION attribute",
+            Self::CreateReplicationRole => {
+                "SUPERUSER, or REPLICATION on PostgreSQL 16 or newer (to create a replication role)"
+            }
+            Self::CreateSubscription => {
+                "SUPERUSER, or membership in pg_create_subscription on PostgreSQL 16 or newer"
+            }
+            Self::SignalBackend => "membership in pg_signal_backend",
+            Self::Superuser => "SUPERUSER",
+        }
+    }
+}
+
+/// Reads what the admin may do (one statement; no write). Role attributes come from
+/// `pg_roles` and memberships from `pg_has_role`, both of which every role may read; a
+/// built-in role a major does not have counts as not held.
+pub async fn capabilities(s: &Session) -> Result<Capabilities, PgError> {
+    let row = s
+        .query_one(
+            "WITH me AS (SELECT * FROM pg_catalog.pg_roles WHERE rolname = CURRENT_USER), \
+                  v AS (SELECT pg_catalog.current_setting('server_version_num')::int AS num) \
+             SELECT me.rolsuper, me.rolcreaterole, me.rolcreatedb, me.rolreplication, \
+                    me.rolbypassrls, v.num, \
+                    ARRAY(SELECT b.rolname::text FROM pg_catalog.pg_roles b \
+                           WHERE b.rolname IN ('pg_read_all_data', 'pg_create_subscription', \
+                                               'pg_signal_backend', 'pg_monitor', \
+                                               'pg_read_all_stats') \
+                             AND pg_catalog.pg_has_role(CURRENT_USER, b.oid, 'USAGE')) \
+               FROM me, v",
+            &[],
+        )
+        .await
+        .map_err(PgError::sql("reading the admin's attributes"))?;
+    let superuser: bool = row.get(0);
+    let replication: bool = row.get(3);
+    let num: i32 = row.get(5);
+    let member: Vec<String> = row.get(6);
+    let has = |r: &str| superuser || member.iter().any(|m| m == r);
+    Ok(Capabilities {
+        superuser,
+        create_role: row.get(1),
+        create_database: row.get(2),
+        replication,
+        create_replication_role: superuser || (num >= 160000 && replication),
+        create_subscription: superuser || (num >= 160000 && has("pg_create_subscription")),
+        read_all_data: has("pg_read_all_data"),
+        signal_backend: has("pg_signal_backend"),
+        monitor: has("pg_monitor") || has("pg_read_all_stats"),
+        bypass_rls: superuser || row.get::<_, bool>(4),
+    })
 }
 
 /// Gives the role a new password (its SCRAM verifier), with statement logging off.
@@ -427,6 +592,9 @@ pub async fn create_database(
     owner: &str,
     connection_limit: i32,
 ) -> Result<(), PgError> {
+    // `OWNER` needs the admin's membership: a role made before it was given (a crash
+    // in between cannot happen: one transaction) or by an earlier admin gets it now.
+    adopt(s, owner).await?;
     execute(
         s,
         &format!(
@@ -501,6 +669,8 @@ pub async fn drop_role(s: &Session, role: &str) -> Result<(), PgError> {
     if !exists {
         return Ok(());
     }
+    // REASSIGN and DROP OWNED need the role's privileges.
+    adopt(s, role).await?;
     execute(
         s,
         &format!(

@@ -50,6 +50,13 @@ impl PgError {
             PgError::Sql { source, .. } if source.code() == Some(&SqlState::QUERY_CANCELED) => {
                 "StatementTimeout"
             }
+            // The admin is not allowed what it tried: no retry makes it so (an admin that is
+            // not a superuser, on a managed server).
+            PgError::Sql { source, .. }
+                if source.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) =>
+            {
+                "AdminLacksPrivilege"
+            }
             PgError::Sql { .. } => "SqlError",
         }
     }

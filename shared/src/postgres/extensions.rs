@@ -69,12 +69,14 @@ pub async fn available(s: &Session, names: &[String]) -> Result<Vec<Available>, 
 
 /// The first of `wanted` (in its order) that the server `server` may not have, and why;
 /// `None` when every one is allowed and available. `allowed` is the DatabaseServer's
-/// `allowedExtensions`; `offered` what [`available`] read.
+/// `allowedExtensions`; `offered` what [`available`] read; `superuser` whether the admin
+/// is one (only a superuser creates an extension PostgreSQL does not mark trusted).
 pub fn refusal(
     wanted: &[String],
     allowed: Option<&[String]>,
     offered: &[Available],
     server: &str,
+    superuser: bool,
 ) -> Option<Refusal> {
     let mut not_allowed = Vec::new();
     let mut not_available = Vec::new();
@@ -114,6 +116,22 @@ pub fn refusal(
             ),
         });
     }
+    let untrusted: Vec<&str> = wanted
+        .iter()
+        .filter(|name| offered.iter().any(|a| &a.name == *name && !a.trusted))
+        .map(String::as_str)
+        .collect();
+    if !superuser && !untrusted.is_empty() {
+        return Some(Refusal {
+            reason: "AdminLacksPrivilege",
+            message: format!(
+                "extension{} {} not trusted by PostgreSQL, and creating {} needs SUPERUSER, which the admin of DatabaseServer {server:?} lacks (status.capabilities); nothing was created",
+                if untrusted.len() == 1 { "" } else { "s" },
+                untrusted.join(", "),
+                if untrusted.len() == 1 { "it" } else { "them" }
+            ),
+        });
+    }
     if !not_available.is_empty() {
         return Some(Refusal {
             reason: "ExtensionNotAvailable",
@@ -125,6 +143,12 @@ pub fn refusal(
         });
     }
     None
+}
+
+/// Whether any of `offered` is not trusted: then [`refusal`] must know whether the admin
+/// is a superuser.
+pub fn any_untrusted(offered: &[Available]) -> bool {
+    offered.iter().any(|a| !a.trusted)
 }
 
 /// Creates the extension, if missing, in the database the session is connected to, in
@@ -161,8 +185,18 @@ mod tests {
     #[test]
     fn without_a_list_only_trusted_extensions_are_allowed() {
         let offered = [ext("pgcrypto", true), ext("file_fdw", false)];
-        assert_eq!(refusal(&names(&["pgcrypto"]), None, &offered, "pg"), None);
-        let r = refusal(&names(&["pgcrypto", "file_fdw"]), None, &offered, "pg").unwrap();
+        assert_eq!(
+            refusal(&names(&["pgcrypto"]), None, &offered, "pg", true),
+            None
+        );
+        let r = refusal(
+            &names(&["pgcrypto", "file_fdw"]),
+            None,
+            &offered,
+            "pg",
+            true,
+        )
+        .unwrap();
         assert_eq!(r.reason, "ExtensionNotAllowed");
         assert!(r.message.contains("file_fdw"), "{}", r.message);
         assert!(!r.message.contains("pgcrypto"), "{}", r.message);
@@ -174,10 +208,10 @@ mod tests {
         let offered = [ext("pgcrypto", true), ext("file_fdw", false)];
         let list = names(&["file_fdw"]);
         assert_eq!(
-            refusal(&names(&["file_fdw"]), Some(&list), &offered, "pg"),
+            refusal(&names(&["file_fdw"]), Some(&list), &offered, "pg", true),
             None
         );
-        let r = refusal(&names(&["pgcrypto"]), Some(&list), &offered, "pg").unwrap();
+        let r = refusal(&names(&["pgcrypto"]), Some(&list), &offered, "pg", true).unwrap();
         assert_eq!(r.reason, "ExtensionNotAllowed");
         assert!(r.message.contains("pgcrypto") && r.message.contains("allowedExtensions"));
     }
@@ -185,12 +219,27 @@ mod tests {
     #[test]
     fn an_allowed_extension_the_server_lacks_is_reported_as_unavailable() {
         let list = names(&["postgis"]);
-        let r = refusal(&names(&["postgis"]), Some(&list), &[], "pg").unwrap();
+        let r = refusal(&names(&["postgis"]), Some(&list), &[], "pg", true).unwrap();
         assert_eq!(r.reason, "ExtensionNotAvailable");
         assert!(r.message.contains("postgis"));
         // Without a list, an unknown extension is not known to be trusted: not allowed.
-        let r = refusal(&names(&["postgis"]), None, &[], "pg").unwrap();
+        let r = refusal(&names(&["postgis"]), None, &[], "pg", true).unwrap();
         assert_eq!(r.reason, "ExtensionNotAllowed");
+    }
+
+    #[test]
+    fn an_admin_that_is_not_a_superuser_is_refused_an_untrusted_extension_by_name() {
+        let offered = [ext("pgcrypto", true), ext("file_fdw", false)];
+        let list = names(&["pgcrypto", "file_fdw"]);
+        let r = refusal(&list, Some(&list), &offered, "rds", false).unwrap();
+        assert_eq!(r.reason, "AdminLacksPrivilege");
+        assert!(r.message.contains("file_fdw") && r.message.contains("SUPERUSER"));
+        assert!(!r.message.contains("pgcrypto"), "{}", r.message);
+        assert_eq!(
+            refusal(&names(&["pgcrypto"]), Some(&list), &offered, "rds", false),
+            None
+        );
+        assert_eq!(refusal(&list, Some(&list), &offered, "rds", true), None);
     }
 
     #[test]

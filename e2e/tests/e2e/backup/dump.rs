@@ -53,7 +53,7 @@ async fn a_backup_of_pgbench_data_completes_with_a_verified_artifact() {
 
     let raw = std::fs::read_to_string(s.logs.path().join("backup-controller.log")).unwrap();
     assert!(
-        !raw.contains(s.pg.superuser_password()),
+        !raw.contains(&s.pg.test_admin_password()),
         "the admin password is in the backup-controller's log"
     );
 }

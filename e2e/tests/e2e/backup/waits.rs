@@ -219,7 +219,8 @@ async fn refused_credentials_fail_the_backup_at_once() {
     assert!(s.store_files().is_empty(), "{:?}", s.store_files());
     let raw = std::fs::read_to_string(s.logs.path().join("backup-controller.log")).unwrap();
     let status = serde_json::to_string(&failed.status).unwrap();
-    for secret in [wrong, s.pg.superuser_password()] {
+    let admin = s.pg.test_admin_password();
+    for secret in [wrong, admin.as_str()] {
         assert!(
             !raw.contains(secret),
             "a password is in the backup-controller's log"

@@ -11,7 +11,7 @@ use dbops_e2e::harness::migration::{
     READY, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, Writer, assert_each_once,
     assert_every_commit_in, assert_has_event, assert_step, bin, condition, writes_on,
 };
-use dbops_e2e::postgres::scalar;
+use dbops_e2e::postgres::{AdminKind, scalar};
 use dbops_e2e::tls::TestCa;
 use dbops_e2e::wait::{Want, wait_for};
 use k8s_openapi::api::core::v1::Secret;
@@ -355,8 +355,8 @@ async fn a_migration_is_one_trace_across_the_three_controllers() {
     assert!(statements.iter().any(|st| st.contains("CREATE DATABASE")));
     for st in &statements {
         assert!(!st.contains("SCRAM-SHA-256$"), "a verifier in a span: {st}");
-        assert!(!st.contains(s.source.superuser_password()));
-        assert!(!st.contains(s.target.superuser_password()));
+        assert!(!st.contains(&s.source.test_admin_password()));
+        assert!(!st.contains(&s.target.test_admin_password()));
     }
 }
 
@@ -369,7 +369,10 @@ async fn backup_restore_and_migration_work_over_verified_tls() {
     let ca = TestCa::new("dbops-test-ca").unwrap();
     let mut s = Setup::over_tls("mig-tls", &ca).await;
     // The rule is live: a plain TCP login is refused.
-    let plain = s.source.connect("dbops_admin", "x", "postgres").await;
+    let plain = s
+        .source
+        .connect(AdminKind::for_tests().role(), "x", "postgres")
+        .await;
     assert!(plain.is_err(), "a plain TCP login must be refused");
     s.start_migration_controller(&[]);
     s.create_database("app").await;

@@ -37,7 +37,9 @@ async fn logical_preflight(pg: &PgServer, dbname: &str) -> Vec<logical::Unmet> {
         .await
         .unwrap();
     // A target of 17: what these tests look at is the source.
-    let unmet = logical::preflight(&session, 170000, "17").await.unwrap();
+    let unmet = logical::preflight(&session, 170000, "17", true)
+        .await
+        .unwrap();
     println!(
         "{dbname} on {}: {:?}",
         pg.port(),
