@@ -43,7 +43,9 @@ pub struct Grants {
     /// Default ACL entries for the group: `(schema or "", object type)`.
     pub defaults: Vec<(String, String)>,
     /// Everyone may create in schema `public` (PostgreSQL before 15): a ReadWrite user
-    /// could make tables there, so CREATE goes to the owner alone.
+    /// could make tables there, so CREATE goes to the owner alone. Only when the admin may
+    /// change `public`'s privileges (a superuser, or a member of its owner): before 15 it
+    /// belongs to the bootstrap superuser, whom a managed service's admin is not.
     pub public_create: bool,
 }
 
@@ -72,7 +74,8 @@ fn grants_query() -> String {
            ARRAY(SELECT schema || ':' || kind || ':' || pg_catalog.array_to_string(privs, ',') \
                    FROM def WHERE privs IS NOT NULL ORDER BY 1), \
            EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n, pg_catalog.aclexplode(n.nspacl) a \
-                    WHERE n.nspname = 'public' AND a.grantee = 0 AND a.privilege_type = 'CREATE')"
+                    WHERE n.nspname = 'public' AND a.grantee = 0 AND a.privilege_type = 'CREATE' \
+                      AND pg_catalog.pg_has_role(CURRENT_USER, n.nspowner, 'USAGE'))"
     )
 }
 

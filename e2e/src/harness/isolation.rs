@@ -7,13 +7,13 @@ use dbops_api::{Database, Migration, MigrationPhase};
 use kube::api::Api;
 
 use crate::controllers::ControllerProcess;
-use crate::fixtures::{Connection, create_admin_secret, create_migration, merge_patch_spec};
+use crate::fixtures::{Connection, create_admin_secret_of, create_migration, merge_patch_spec};
 use crate::harness::bed::{Bed, bed};
 use crate::harness::majors::start_logical_source;
 use crate::harness::migration::{READY, SAGA, phase_of};
 use crate::harness::object::Logged;
 use crate::harness::redact::redact;
-use crate::postgres::PgServer;
+use crate::postgres::{AdminKind, PgServer};
 use crate::traps::{Traps, pinned_superuser, reached};
 use crate::wait::{Want, database_has};
 
@@ -67,11 +67,16 @@ impl World {
     /// DatabaseServers, a file backup store and the three controllers (this namespace
     /// only, resync 5 s).
     pub async fn start(prefix: &str, servers: &[(&'static str, u32)]) -> Self {
+        Self::start_as(prefix, servers, AdminKind::for_tests()).await
+    }
+
+    /// [`World::start`] with the admin `kind` in every server's admin Secret.
+    pub async fn start_as(prefix: &str, servers: &[(&'static str, u32)], kind: AdminKind) -> Self {
         let b = bed(prefix).await;
         let mut started = Vec::new();
         for &(name, major) in servers {
             let pg = start_logical_source(&format!("{prefix}-{name}"), major).await;
-            create_admin_secret(&b.client, b.ns.name(), &admin(name), &pg)
+            create_admin_secret_of(&b.client, b.ns.name(), &admin(name), &pg, kind)
                 .await
                 .unwrap();
             started.push((name, pg));

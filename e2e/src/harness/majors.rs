@@ -16,13 +16,13 @@ use serde_json::json;
 use crate::controllers::ControllerProcess;
 use crate::fixtures::approve_migration;
 use crate::fixtures::{
-    Connection, create_admin_secret, create_backup, create_migration, server_name,
+    Connection, create_admin_secret_of, create_backup, create_migration, server_name,
 };
 use crate::harness::bed::{Bed, bed};
 use crate::harness::migration::{READY, SAGA, condition, phase_of};
 use crate::harness::object::Logged;
 use crate::harness::redact::redact;
-use crate::postgres::PgServer;
+use crate::postgres::{AdminKind, PgServer};
 use crate::postgres::{LOGICAL_REPLICATION, client_bin_dir, scalar, server_majors};
 use crate::wait::Want;
 
@@ -82,6 +82,11 @@ impl Majors {
     /// their admin Secrets and DatabaseServers, a file backup store and the three
     /// controllers with the newest client programs and the other majors' ([`clients`]).
     pub async fn start(prefix: &str, majors: &[u32]) -> Self {
+        Self::start_as(prefix, majors, AdminKind::for_tests()).await
+    }
+
+    /// [`Majors::start`] with the admin `kind` in every server's admin Secret.
+    pub async fn start_as(prefix: &str, majors: &[u32], kind: AdminKind) -> Self {
         let b = bed(prefix).await;
         let started = futures::future::join_all(majors.iter().map(|&major| async move {
             let pg = start_logical_source(&format!("{prefix}-{major}"), major).await;
@@ -105,7 +110,7 @@ impl Majors {
             identities,
         };
         for (major, pg) in &m.servers {
-            create_admin_secret(&m.b.client, m.ns(), &admin(*major), pg)
+            create_admin_secret_of(&m.b.client, m.ns(), &admin(*major), pg, kind)
                 .await
                 .unwrap();
         }

@@ -11,6 +11,7 @@ pub mod deploy;
 pub mod isolation;
 pub mod leader;
 pub mod majors;
+pub mod managed;
 pub mod migration;
 pub mod migration_logical;
 pub mod object;

@@ -60,6 +60,34 @@ impl AdminKind {
     /// Every kind, for what must know all their passwords (redaction).
     pub const ALL: [AdminKind; 3] = [Self::Superuser, Self::Base, Self::Replication];
 
+    /// What a Migration's freeze runs on a source with this admin: `CONNECTION LIMIT 0`
+    /// for a superuser; an admin that is not one (whom the limit would shut out too)
+    /// revokes CONNECT from the database's roles instead.
+    pub fn freeze_statement(self) -> &'static str {
+        match self {
+            Self::Superuser => "CONNECTION LIMIT 0",
+            _ => "REVOKE CONNECT ON DATABASE",
+        }
+    }
+
+    /// Whether a Logical Migration makes a replication role `dbops_mig_*` on a source of
+    /// `major` with this admin (a superuser; a CREATEROLE admin with REPLICATION from 16),
+    /// or the subscription logs in as the admin itself.
+    pub fn makes_replication_role(self, major: u32) -> bool {
+        match self {
+            Self::Superuser => true,
+            Self::Replication => major >= 16,
+            Self::Base => false,
+        }
+    }
+
+    /// Whether Verify's counts can be taken before a Logical Migration's freeze with this
+    /// admin on the target: they need `pg_replication_origin_status`, which PostgreSQL
+    /// shows to superusers only.
+    pub fn counts_before_the_freeze(self) -> bool {
+        self == Self::Superuser
+    }
+
     /// The statements that make the role on a server of `version_num`
     /// (`server_version_num`), run as the superuser.
     pub fn statements(self, version_num: i32, password: &str) -> Vec<String> {

@@ -16,6 +16,21 @@ impl PgServer {
         .await
     }
 
+    /// Whether `database` is frozen for new sessions of `role` (its owner): a connection
+    /// limit of 0 (a superuser admin's freeze) or `role` without CONNECT on it (another
+    /// admin's).
+    pub async fn frozen_for(&self, database: &str, role: &str) -> Result<bool> {
+        let admin = self.connect_as_superuser().await?;
+        Ok(admin
+            .query_one(
+                "SELECT d.datconnlimit = 0 OR NOT has_database_privilege($2, d.oid, 'CONNECT') \
+                   FROM pg_database d WHERE d.datname = $1",
+                &[&database, &role],
+            )
+            .await?
+            .get(0))
+    }
+
     /// Whether a role of this name exists.
     pub async fn role_exists(&self, name: &str) -> Result<bool> {
         self.query_one_value(

@@ -15,6 +15,7 @@ mod deploy;
 mod isolation;
 mod leader;
 mod majors;
+mod managed;
 mod metrics;
 mod migration;
 mod migration_logical;

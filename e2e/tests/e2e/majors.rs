@@ -15,7 +15,13 @@
 //! given only an older pg_dump refuses a newer server with `PgDumpTooOld`.
 //!
 //! One test per pair of servers; within a test the Migrations, Backups and restores run
-//! side by side, each on a Database of its own.
+//! side by side, each on a Database of its own, and so does the feature round of issue 34
+//! on each server (`harness::managed`: extensions, limits and settings, drift repair, a
+//! DatabaseUser, both rotations, every deletion policy).
+//!
+//! The servers' admin is the suite's (`AdminKind::for_tests`): a managed service's admin
+//! with replication rights, not a superuser. From a source older than 16 it may not make a
+//! replication role, so the Logical Migration's subscription logs in as the admin itself.
 
 use std::time::Instant;
 
@@ -51,6 +57,8 @@ async fn the_oldest_major_moves_to_the_newest_and_both_back_up_and_restore() {
             m.backup("new-1", "new", 18, 18).await;
             m.restore("newcopy", "new-1", 18, &original).await;
         },
+        m.features(13),
+        m.features(18),
     );
     assert_eq!(m.leftovers().await, Vec::<String>::new());
     println!(
@@ -72,6 +80,8 @@ async fn a_database_moves_from_15_to_17_in_both_modes() {
         // The schema copy picks its programs as the Dump mode does (15's here, not
         // --pg-dump's 18): pg_restore 17+ could not restore into a 13-16 target.
         m.fill_and_migrate("replicated", (15, 17), ChosenMode::Logical, 15),
+        m.features(15),
+        m.features(17),
     );
     assert_eq!(m.leftovers().await, Vec::<String>::new());
 

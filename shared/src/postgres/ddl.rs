@@ -347,7 +347,9 @@ pub async fn capabilities(s: &Session) -> Result<Capabilities, PgError> {
                     ARRAY(SELECT b.rolname::text FROM pg_catalog.pg_roles b \
                            WHERE b.rolname IN ('pg_read_all_data', 'pg_create_subscription', \
                                                'pg_signal_backend', 'pg_monitor', \
-                                               'pg_read_all_stats') \
+                                               'pg_read_all_stats', 'rds_replication', \
+                                               'rds_superuser', 'cloudsqlsuperuser', \
+                                               'azure_pg_admin') \
                              AND pg_catalog.pg_has_role(CURRENT_USER, b.oid, 'USAGE')) \
                FROM me, v",
             &[],
@@ -359,13 +361,23 @@ pub async fn capabilities(s: &Session) -> Result<Capabilities, PgError> {
     let num: i32 = row.get(5);
     let member: Vec<String> = row.get(6);
     let has = |r: &str| superuser || member.iter().any(|m| m == r);
+    // The managed services' own roles, as their documentation describes them (untested
+    // here: the test bed emulates them with PostgreSQL's own attributes and roles): RDS's
+    // `rds_replication` gives replication; RDS's `rds_superuser`, Cloud SQL's
+    // `cloudsqlsuperuser` and Azure's `azure_pg_admin` may create subscriptions on
+    // every major.
+    let managed_admin = ["rds_superuser", "cloudsqlsuperuser", "azure_pg_admin"]
+        .iter()
+        .any(|r| has(r));
     Ok(Capabilities {
         superuser,
         create_role: row.get(1),
         create_database: row.get(2),
-        replication,
+        replication: replication || has("rds_replication"),
+        // Only the attribute lets a CREATEROLE admin give it (16+); a role that
+        // replicates through a membership replicates as itself.
         create_replication_role: superuser || (num >= 160000 && replication),
-        create_subscription: superuser || (num >= 160000 && has("pg_create_subscription")),
+        create_subscription: managed_admin || (num >= 160000 && has("pg_create_subscription")),
         read_all_data: has("pg_read_all_data"),
         signal_backend: has("pg_signal_backend"),
         monitor: has("pg_monitor") || has("pg_read_all_stats"),
