@@ -52,16 +52,27 @@ impl DumpError {
             DumpError::Failed { stderr, .. } if is_connection_failure(stderr) => {
                 BackupReason::ServerUnreachable
             }
+            DumpError::Failed { stderr, .. } if is_privilege_failure(stderr) => {
+                BackupReason::AdminLacksPrivilege
+            }
             DumpError::Store(_) => BackupReason::StoreUnavailable,
             DumpError::LockTimeout { .. } => BackupReason::LockTimeout,
             _ => BackupReason::DumpFailed,
         }
     }
 
-    /// Whether retrying cannot help (wrong credentials).
+    /// Whether retrying cannot help (wrong credentials, a privilege the admin lacks).
     pub fn is_permanent(&self) -> bool {
-        matches!(self, DumpError::Failed { stderr, .. } if is_auth_failure(stderr))
+        matches!(self, DumpError::Failed { stderr, .. }
+            if is_auth_failure(stderr) || is_privilege_failure(stderr))
     }
+}
+
+/// pg_dump was refused something the admin may not read (an admin that is not a
+/// superuser, on a managed server: a table of a role it is not a member of, without
+/// `pg_read_all_data`).
+fn is_privilege_failure(stderr: &str) -> bool {
+    stderr.contains("ERROR:  permission denied")
 }
 
 /// Whom pg_dump connects to, as whom, and which database it dumps.
@@ -221,7 +232,10 @@ mod tests {
         );
         assert_eq!(down.reason(), BackupReason::ServerUnreachable);
         assert!(!down.is_permanent());
-        let other = failed("pg_dump: error: query failed: ERROR:  permission denied");
+        let denied = failed("pg_dump: error: query failed: ERROR:  permission denied for table t");
+        assert_eq!(denied.reason(), BackupReason::AdminLacksPrivilege);
+        assert!(denied.is_permanent());
+        let other = failed("pg_dump: error: query failed: ERROR:  out of memory");
         assert_eq!(other.reason(), BackupReason::DumpFailed);
         assert!(!other.is_permanent());
     }

@@ -88,7 +88,8 @@ impl Majors {
         // A ReadOnly DatabaseUser, and a table the owner makes after it.
         let reader = format!("{db}-ro");
         let spec = json!({"databaseRef": {"name": db}, "access": "ReadOnly",
-                          "connectionLimit": 3, "settings": {"statementTimeout": "10s"}});
+                          "connectionLimit": 3, "settings": {"statementTimeout": "10s"},
+                          "passwordRotation": {"every": "720h", "keepPrevious": "3s"}});
         let user: DatabaseUser = manifest(&reader, spec).unwrap();
         self.users()
             .create(&PostParams::default(), &user)

@@ -116,16 +116,25 @@ async fn logical_migration_keeps_every_write_and_leaves_nothing_behind() {
     assert_eq!(db.spec.server_ref.name, s.server(TARGET_ADMIN));
     assert_eq!(leftovers(&s).await, Vec::<String>::new());
 
-    // The subscription's connection string (with the replication role's password) is
-    // in neither the controller's log nor the servers' statement logs.
+    // The subscription's connection string (with the replication login's password) is
+    // never in the controller's log; a superuser admin keeps it out of the servers'
+    // statement logs too. Another admin may not turn them off (docs/operations.md,
+    // Managed PostgreSQL): on a target that logs DDL, as these do, it is in the
+    // `CREATE SUBSCRIPTION` line, and nowhere else.
     let log = s.log("migration-controller", 1_000_000);
     assert!(!log.contains("password="), "a conninfo in the log");
-    for pg in [&s.source, &s.target] {
+    for (pg, is_target) in [(&s.source, false), (&s.target, true)] {
         let ddl = pg.ddl_statements().unwrap();
-        assert!(
-            !ddl.iter().any(|l| l.contains("password=")),
-            "a conninfo in a server log"
-        );
+        let with_conninfo: Vec<&String> = ddl.iter().filter(|l| l.contains("password=")).collect();
+        if AdminKind::for_tests() == AdminKind::Superuser || !is_target {
+            assert!(with_conninfo.is_empty(), "a conninfo in a server log");
+        } else {
+            assert!(
+                with_conninfo.len() == 1 && with_conninfo[0].contains("CREATE SUBSCRIPTION"),
+                "the conninfo once, in CREATE SUBSCRIPTION: {} lines",
+                with_conninfo.len()
+            );
+        }
     }
     let events = s.events_about("Migration", "app-move").await;
     for step in MigrationStep::LOGICAL {
