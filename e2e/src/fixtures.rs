@@ -15,7 +15,8 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 
-use crate::postgres::{AdminKind, PgServer};
+use crate::postgres::PgServer;
+use crate::postgres::admin::AdminKind;
 use crate::wait::Want;
 
 /// The label on a test's DatabaseServers: the test's namespace.

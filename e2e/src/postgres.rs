@@ -9,12 +9,10 @@
 //! Every DDL statement the server runs is logged (`log_statement=ddl`), so a test can see
 //! what a controller did to the schema and when ([`PgServer::ddl_statements`]).
 
-mod admin;
+pub mod admin;
 mod binaries;
 mod catalog;
 mod text;
-
-pub use admin::AdminKind;
 
 pub use binaries::{bin_dir, client_bin_dir, server_majors};
 pub use text::{quote_ident, quote_literal, redact_passwords};

@@ -41,7 +41,8 @@
 use anyhow::{Context, Result};
 use tokio_postgres::Client;
 
-use crate::postgres::{AdminKind, PgServer};
+use crate::postgres::PgServer;
+use crate::postgres::admin::AdminKind;
 use crate::postgres::{SUPERUSER, quote_ident, quote_literal};
 
 /// The roles an admin Secret of the tests may name: the harness's superuser and the

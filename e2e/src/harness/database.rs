@@ -88,7 +88,7 @@ impl Setup {
         };
         let (user, password) = setup
             .pg
-            .admin_login(crate::postgres::AdminKind::for_tests())
+            .admin_login(crate::postgres::admin::AdminKind::for_tests())
             .await
             .unwrap();
         setup

@@ -13,7 +13,8 @@ use crate::harness::majors::start_logical_source;
 use crate::harness::migration::{READY, SAGA, phase_of};
 use crate::harness::object::Logged;
 use crate::harness::redact::redact;
-use crate::postgres::{AdminKind, PgServer};
+use crate::postgres::PgServer;
+use crate::postgres::admin::AdminKind;
 use crate::traps::{Traps, pinned_superuser, reached};
 use crate::wait::{Want, database_has};
 

@@ -22,7 +22,8 @@ use crate::harness::bed::{Bed, bed};
 use crate::harness::migration::{READY, SAGA, condition, phase_of};
 use crate::harness::object::Logged;
 use crate::harness::redact::redact;
-use crate::postgres::{AdminKind, PgServer};
+use crate::postgres::PgServer;
+use crate::postgres::admin::AdminKind;
 use crate::postgres::{LOGICAL_REPLICATION, client_bin_dir, scalar, server_majors};
 use crate::wait::Want;
 

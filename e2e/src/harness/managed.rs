@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used)] // a test harness: an unwrap that fails is a failed test
 //! The feature round of issue 34, on the [`Majors`] world: everything a Database and a
 //! DatabaseUser do, on one server, with whichever admin its Secret names (the suite's is a
-//! managed service's admin, `crate::postgres::AdminKind`): provisioning with an extension,
+//! managed service's admin, `crate::postgres::admin::AdminKind`): provisioning with an extension,
 //! a connection limit and session settings; drift repaired; a ReadOnly DatabaseUser whose
 //! default privileges reach a table made after it; the owner's and the user's password
 //! rotated (the previous login retired after `keepPrevious`); deletion with each policy.

@@ -196,7 +196,7 @@ impl Setup {
         use crate::fixtures::{create_ca_secret, create_secret, create_server, server_spec};
         let pg = if source { &self.source } else { &self.target };
         let (user, password) = pg
-            .admin_login(crate::postgres::AdminKind::for_tests())
+            .admin_login(crate::postgres::admin::AdminKind::for_tests())
             .await
             .unwrap();
         let ns = self.ns();

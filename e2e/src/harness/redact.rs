@@ -4,7 +4,8 @@
 
 use std::fmt::Display;
 
-use crate::postgres::{AdminKind, PgServer, redact_passwords};
+use crate::postgres::admin::AdminKind;
+use crate::postgres::{PgServer, redact_passwords};
 
 /// `text` with the superuser password of each `(label, server)` shown as
 /// `<label-password>`, and every password in SQL redacted.

@@ -22,7 +22,7 @@ use dbops_e2e::fixtures::{Connection, approve_migration, create_backup};
 use dbops_e2e::harness::isolation::{UNSAFE_BEFORE_16, World, assert_reached_as, trapped_rows};
 use dbops_e2e::harness::migration::{READY, condition, mode_of, phase_of};
 use dbops_e2e::harness::object::Logged;
-use dbops_e2e::postgres::AdminKind;
+use dbops_e2e::postgres::admin::AdminKind;
 use dbops_e2e::traps::pinned_superuser;
 use dbops_e2e::wait::{Want, wait_for};
 use serde_json::json;

@@ -26,7 +26,8 @@ use dbops_e2e::harness::leader::{
     current_step, ddl_key, kill_leader, kill_leader_and_measure_takeover, migration_phase, pg_bin,
 };
 use dbops_e2e::harness::object::InBed;
-use dbops_e2e::postgres::{AdminKind, redact_passwords};
+use dbops_e2e::postgres::admin::AdminKind;
+use dbops_e2e::postgres::redact_passwords;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 

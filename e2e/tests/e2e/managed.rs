@@ -9,7 +9,7 @@
 use dbops_api::{ChosenMode, DatabaseServer, MigrationPhase, MigrationStep};
 use dbops_e2e::harness::majors::Majors;
 use dbops_e2e::harness::migration::{READY, condition};
-use dbops_e2e::postgres::AdminKind;
+use dbops_e2e::postgres::admin::AdminKind;
 use dbops_e2e::wait::{Want, wait_for};
 use kube::api::Api;
 use serde_json::json;

@@ -24,7 +24,7 @@ use dbops_e2e::harness::migration_logical::{
     Writer, app_with_tables, assert_items_copied, assert_slot_without_subscription,
     assert_source_writable, leftovers, logical_setup, replication_name, secrets,
 };
-use dbops_e2e::postgres::AdminKind;
+use dbops_e2e::postgres::admin::AdminKind;
 use dbops_e2e::wait::wait_for;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;

@@ -11,7 +11,8 @@ use dbops_e2e::harness::users::{
     connect_with, create_user, refused, roles_like, user_secret, users, wait_retired, wait_user,
     wait_user_where,
 };
-use dbops_e2e::postgres::{AdminKind, scalar};
+use dbops_e2e::postgres::admin::AdminKind;
+use dbops_e2e::postgres::scalar;
 use dbops_e2e::wait::{Want, eventually};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams};

@@ -11,7 +11,8 @@ use dbops_e2e::harness::migration::{
     READY, SAGA, SOURCE_ADMIN, Setup, TARGET_ADMIN, Writer, assert_each_once,
     assert_every_commit_in, assert_has_event, assert_step, bin, condition, writes_on,
 };
-use dbops_e2e::postgres::{AdminKind, scalar};
+use dbops_e2e::postgres::admin::AdminKind;
+use dbops_e2e::postgres::scalar;
 use dbops_e2e::tls::TestCa;
 use dbops_e2e::wait::{Want, wait_for};
 use k8s_openapi::api::core::v1::Secret;
