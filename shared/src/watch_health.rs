@@ -9,12 +9,16 @@
 //! its relists with `request timed out` for minutes, and only a new process recovered.
 //!
 //! [`WatchHealth`] keeps, per watch, the current *streak* of failures: failures no further
-//! apart than [`WatchHealth::gap`] belong to one streak, and a success in between is
-//! implied by a longer silence (a watch that works reports nothing). Once a streak has
-//! lasted `--watch-stall-timeout`, [`watchdog`] ends the process with
-//! [`crate::controller::ControllerError::WatchStalled`], naming the watch, the number of
-//! failures and the last one; the Deployment (or the test bed) starts a fresh process,
-//! which lists everything anew.
+//! apart than [`WatchHealth::gap`] belong to one streak, and a success ends it: an event
+//! (a list, including an empty one, or a change), or a silence longer than the gap (a
+//! quiet watch that works again reports nothing). Once the failures of a streak have
+//! kept coming for `--watch-stall-timeout` (from its first failure to its latest), the
+//! [`watchdog`] ends the process with [`crate::controller::ControllerError::WatchStalled`],
+//! naming the watch, the number of failures and the last one; the Deployment (or the
+//! test bed) starts a fresh process, which lists everything anew. One failure, or a few
+//! within less than the timeout, followed by nothing, is a watch that recovered (issue
+//! 35: one 429 while a CRD's storage started ended the controller 90 s later, when a
+//! streak was measured up to now).
 
 use std::{
     collections::HashMap,
@@ -144,7 +148,10 @@ impl WatchHealth {
         let streaks = self.streaks.lock().unwrap_or_else(PoisonError::into_inner);
         streaks
             .iter()
+            // Still failing (a failure within the gap), and failing for the whole timeout:
+            // from the first failure to the latest, not to now.
             .filter(|(_, s)| now.saturating_duration_since(s.last) <= self.gap)
+            .filter(|(_, s)| s.last.saturating_duration_since(s.first) >= timeout)
             .map(|(watch, s)| Stall {
                 watch: watch.clone(),
                 failing_for: now.saturating_duration_since(s.first),
@@ -196,6 +203,24 @@ mod tests {
         assert_eq!(stall.failing_for, secs(240));
         assert_eq!(stall.last_error, "request timed out");
         assert_eq!(health.stalled_at(secs(300), t0 + secs(240)), None);
+    }
+
+    /// Issue 35's regression test: one failure (a 429 while a CRD's storage starts), then
+    /// nothing. Before the fix the streak counted up to now and stalled at the timeout,
+    /// ending the process 90 s after a watch that had recovered at once.
+    #[test]
+    fn one_failure_then_nothing_never_stalls() {
+        let health = WatchHealth::new(API_TIMEOUT);
+        let t0 = Instant::now();
+        health.failed_at("database-controller", &"storage is (re)initializing", t0);
+        for after in [90, 95, 110, 119, 180] {
+            assert_eq!(health.stalled_at(secs(90), t0 + secs(after)), None, "{after}");
+        }
+        // Failures that keep coming for the timeout do stall.
+        health.failed_at("database-controller", &"request timed out", t0 + secs(50));
+        health.failed_at("database-controller", &"request timed out", t0 + secs(95));
+        let stall = health.stalled_at(secs(90), t0 + secs(100)).unwrap();
+        assert_eq!(stall.failures, 3);
     }
 
     #[test]
