@@ -4,8 +4,9 @@
 //! managed service's admin, `crate::postgres::admin::AdminKind`): provisioning with an extension,
 //! a connection limit and session settings; drift repaired; a ReadOnly DatabaseUser whose
 //! default privileges reach a table made after it; the owner's and the user's password
-//! rotated (the previous login retired after `keepPrevious`); deletion with each policy.
-//! Backups, restores and Migrations across majors are the majors tests' own.
+//! rotated (the previous login retired after `keepPrevious`); a Backup and a restore on the
+//! same server; deletion with each policy. Migrations across majors are the majors tests'
+//! own.
 
 use std::time::Duration;
 
@@ -143,6 +144,24 @@ impl Majors {
         );
         self.wait_retired(major, &previous_login).await;
 
+        // A Backup of it, and a Database restored from it on the same server.
+        let (backup, copy) = (format!("{db}-1"), format!("{db}copy"));
+        self.create_backup(&backup, &db).await;
+        self.wait_backup(&backup, BackupPhase::Completed).await;
+        self.create_database(
+            &copy,
+            major,
+            json!({"restoreFrom": {"backupRef": {"name": backup}}, "deletionPolicy": "Delete"}),
+        )
+        .await;
+        let restored = pg.connect_as_superuser_to(&copy).await.unwrap();
+        assert_eq!(
+            scalar::<i64>(&restored, "SELECT count(*) FROM later").await,
+            2,
+            "{copy}: the rows of the Backup"
+        );
+        drop(restored);
+
         // Deletion with each policy: the user first (its roles go), then the Databases.
         let gone = self.users().get(&reader).await.unwrap();
         self.users()
@@ -155,7 +174,7 @@ impl Majors {
         let group = group.unwrap();
         assert!(!pg.role_exists(&group).await.unwrap(), "{group} dropped");
         drop((su, owner, rotated, ro));
-        for name in [&db, &keep] {
+        for name in [&db, &keep, &copy] {
             let d = self.databases().get(name).await.unwrap();
             self.databases()
                 .delete(name, &DeleteParams::default())
