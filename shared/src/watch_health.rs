@@ -214,7 +214,11 @@ mod tests {
         let t0 = Instant::now();
         health.failed_at("database-controller", &"storage is (re)initializing", t0);
         for after in [90, 95, 110, 119, 180] {
-            assert_eq!(health.stalled_at(secs(90), t0 + secs(after)), None, "{after}");
+            assert_eq!(
+                health.stalled_at(secs(90), t0 + secs(after)),
+                None,
+                "{after}"
+            );
         }
         // Failures that keep coming for the timeout do stall.
         health.failed_at("database-controller", &"request timed out", t0 + secs(50));

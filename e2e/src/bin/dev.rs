@@ -17,6 +17,8 @@ use std::time::Instant;
 
 #[path = "dev/audit.rs"]
 mod audit;
+#[path = "dev/supervise.rs"]
+mod supervise;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -229,7 +231,7 @@ async fn up(args: UpArgs) -> Result<()> {
 
     let backups = state.join("backups");
     std::fs::create_dir_all(&backups)?;
-    let controllers = start_controllers(
+    let mut controllers = start_controllers(
         &kubeconfig,
         &logs,
         &backups,
@@ -259,11 +261,7 @@ async fn up(args: UpArgs) -> Result<()> {
         ca_file = state.join("ca.crt").display(),
         controllers = controllers
             .iter()
-            .map(|c| format!(
-                "{} http://127.0.0.1:{}/metrics",
-                c.process.name(),
-                c.metrics_port
-            ))
+            .map(|c| format!("{} http://127.0.0.1:{}/metrics", c.name, c.port))
             .collect::<Vec<_>>()
             .join(", "),
         jaeger = jaeger.query_url(),
@@ -275,7 +273,14 @@ async fn up(args: UpArgs) -> Result<()> {
     std::fs::write(state.join("ready"), &summary)?;
     println!("{summary}");
 
-    wait_for_stop_signal().await?;
+    // Until SIGTERM or Ctrl-C: a controller that exits is started again (with backoff).
+    let paths = supervise::Paths {
+        kubeconfig: kubeconfig.clone(),
+        logs: logs.clone(),
+        state: state.clone(),
+    };
+    std::fs::remove_file(supervise::restarts_file(&state)).ok();
+    supervise::supervise(&mut controllers, &paths, wait_for_stop_signal()).await?;
     println!("stopping the dev environment");
     std::fs::remove_file(state.join("ready")).ok();
     drop(controllers);
@@ -312,7 +317,7 @@ fn start_controllers(
     backups: &Path,
     base_port: u16,
     otlp_endpoint: &str,
-) -> Result<Vec<ControllerProcess>> {
+) -> Result<Vec<supervise::Supervisee>> {
     let store = format!("--backup-store=file://{}", backups.display());
     let otlp = format!("--otlp-endpoint={otlp_endpoint}");
     let bin = dbops_e2e::paths::postgres_bin_dir()?;
@@ -334,7 +339,8 @@ fn start_controllers(
         // The controllers' own namespace, as in a cluster: Leases, the backup store's
         // registration ConfigMap, and the DatabaseServers' admin and CA Secrets.
         args.push(format!("--controller-namespace={CONTROLLER_NAMESPACE}"));
-        ControllerProcess::start_on(name, kubeconfig, logs, port, &args)
+        let process = ControllerProcess::start_on(name, kubeconfig, logs, port, &args)?;
+        Ok(supervise::Supervisee::new(name, port, args, process))
     })
     .collect()
 }
