@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use crate::error::{Error, Result};
 use crate::server_access::server_error;
 use crate::state::State;
-use dbops_shared::postgres::ddl::{Capabilities, Capability};
+use dbops_shared::postgres::ddl::{Capability, Has};
 
 /// Refuses, before anything is created, what the server's admin may not do, as its last
 /// probe found (`status.capabilities`; not probed yet: let PostgreSQL say). `what` names
@@ -26,19 +26,7 @@ pub(crate) fn admin_may(server: &Resolved, needs: &[Capability], what: &str) -> 
     else {
         return Ok(());
     };
-    let can = Capabilities {
-        superuser: known.superuser,
-        create_role: known.create_role,
-        create_database: known.create_database,
-        replication: known.replication,
-        create_replication_role: known.create_replication_role,
-        create_subscription: known.create_subscription,
-        read_all_data: known.read_all_data,
-        signal_backend: known.signal_backend,
-        monitor: known.monitor,
-        bypass_rls: known.bypass_rls,
-    };
-    match can.lacking(needs) {
+    match known.lacking(needs) {
         None => Ok(()),
         Some(lacks) => Err(Error::Blocked {
             reason: DatabaseReason::AdminLacksPrivilege.as_str(),

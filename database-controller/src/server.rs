@@ -350,23 +350,7 @@ async fn probe_now(server: &DatabaseServer, ctx: &Context<State>) -> Probe {
             cipher,
         },
         user: resolved.credentials.username,
-        capabilities: status_capabilities(capabilities),
-    }
-}
-
-/// The capabilities as `status.capabilities` shows them.
-fn status_capabilities(c: dbops_shared::postgres::ddl::Capabilities) -> ServerCapabilities {
-    ServerCapabilities {
-        superuser: c.superuser,
-        create_role: c.create_role,
-        create_database: c.create_database,
-        replication: c.replication,
-        create_replication_role: c.create_replication_role,
-        create_subscription: c.create_subscription,
-        read_all_data: c.read_all_data,
-        signal_backend: c.signal_backend,
-        monitor: c.monitor,
-        bypass_rls: c.bypass_rls,
+        capabilities,
     }
 }
 

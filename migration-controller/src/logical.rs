@@ -28,7 +28,7 @@
 use std::fmt;
 
 use dbops_api::MigrationReason;
-use dbops_shared::postgres::ddl::Capability;
+use dbops_shared::postgres::ddl::{Capability, Has};
 use dbops_shared::postgres::{PgError, Session};
 
 /// Table names a message lists before it says "and N more" (a condition message must stay

@@ -247,37 +247,22 @@ pub async fn adopt(s: &Session, role: &str) -> Result<(), PgError> {
     Ok(())
 }
 
-/// What the admin role may do on its server, as found by [`capabilities`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Capabilities {
-    pub superuser: bool,
-    pub create_role: bool,
-    pub create_database: bool,
-    /// `REPLICATION`: may open replication connections (Logical mode's source).
-    pub replication: bool,
-    /// May create a role with `REPLICATION`: a superuser, or from PostgreSQL 16 an admin
-    /// with `REPLICATION` itself.
-    pub create_replication_role: bool,
-    /// May `CREATE SUBSCRIPTION`: a superuser, or from PostgreSQL 16 a member of
-    /// `pg_create_subscription` (Logical mode's target).
-    pub create_subscription: bool,
-    /// Reads every table (`pg_read_all_data`, PostgreSQL 14+, or a superuser).
-    pub read_all_data: bool,
-    /// May end other roles' sessions (`pg_signal_backend`, or a superuser).
-    pub signal_backend: bool,
-    /// Sees every session's activity (`pg_monitor`/`pg_read_all_stats`, or a superuser).
-    pub monitor: bool,
-    /// Bypasses row-level security (`BYPASSRLS`, or a superuser).
-    pub bypass_rls: bool,
-}
+/// What the admin role may do on its server, as found by [`capabilities`]: the
+/// `DatabaseServer.status.capabilities` the probe reports.
+pub use dbops_api::ServerCapabilities as Capabilities;
 
-impl Capabilities {
-    /// The first of `needs` the admin lacks, by its name in `DatabaseServer.status`.
-    pub fn lacking(&self, needs: &[Capability]) -> Option<Capability> {
+/// What a [`Capabilities`] says of one [`Capability`].
+pub trait Has {
+    /// Whether the admin has `c`.
+    fn has(&self, c: Capability) -> bool;
+    /// The first of `needs` the admin lacks.
+    fn lacking(&self, needs: &[Capability]) -> Option<Capability> {
         needs.iter().copied().find(|c| !self.has(*c))
     }
+}
 
-    pub fn has(&self, c: Capability) -> bool {
+impl Has for Capabilities {
+    fn has(&self, c: Capability) -> bool {
         match c {
             Capability::CreateRole => self.create_role || self.superuser,
             Capability::CreateDatabase => self.create_database || self.superuser,
