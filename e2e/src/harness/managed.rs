@@ -269,21 +269,6 @@ impl Majors {
     /// Waits until `login` on the server of `major` can no longer log in (retired after
     /// `keepPrevious`).
     async fn wait_retired(&self, major: u32, login: &str) {
-        let su = self.pg(major).connect_as_superuser().await.unwrap();
-        eventually(
-            &format!("{login} retired on {major}"),
-            SETTLED,
-            || async {
-                Ok(su
-                    .query_one(
-                        "SELECT rolcanlogin FROM pg_roles WHERE rolname = $1",
-                        &[&login],
-                    )
-                    .await?
-                    .get::<_, bool>(0))
-            },
-            |can| !*can,
-        )
-        .await;
+        self.pg(major).wait_retired(login, SETTLED).await;
     }
 }

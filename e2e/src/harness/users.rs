@@ -137,22 +137,7 @@ pub async fn refused(c: &tokio_postgres::Client, sql: &str) -> SqlState {
 
 /// Waits (40 s at most) until `login` can no longer log in: retired after keepPrevious.
 pub async fn wait_retired(s: &Setup, login: &str) {
-    eventually(
-        &format!("login {login} retired after keepPrevious"),
-        Duration::from_secs(40),
-        || async {
-            let admin = s.pg.connect_as_superuser().await?;
-            Ok(admin
-                .query_one(
-                    "SELECT rolcanlogin FROM pg_roles WHERE rolname = $1",
-                    &[&login],
-                )
-                .await?
-                .get::<_, bool>(0))
-        },
-        |can| !*can,
-    )
-    .await;
+    s.pg.wait_retired(login, Duration::from_secs(40)).await;
 }
 
 pub async fn roles_like(s: &Setup, prefix: &str) -> Vec<String> {

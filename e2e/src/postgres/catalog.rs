@@ -31,6 +31,27 @@ impl PgServer {
             .get(0))
     }
 
+    /// Waits up to `timeout` until `login` can no longer log in (retired after a rotation's
+    /// `keepPrevious`); panics after it: for tests.
+    pub async fn wait_retired(&self, login: &str, timeout: std::time::Duration) {
+        crate::wait::eventually(
+            &format!("login {login} retired after keepPrevious"),
+            timeout,
+            || async {
+                let admin = self.connect_as_superuser().await?;
+                Ok(admin
+                    .query_one(
+                        "SELECT rolcanlogin FROM pg_roles WHERE rolname = $1",
+                        &[&login],
+                    )
+                    .await?
+                    .get::<_, bool>(0))
+            },
+            |can| !*can,
+        )
+        .await;
+    }
+
     /// Whether a role of this name exists.
     pub async fn role_exists(&self, name: &str) -> Result<bool> {
         self.query_one_value(
