@@ -124,7 +124,7 @@ pub async fn cleanup(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<Strin
     };
     if saga.m.spec.source_retention == SourceRetention::Keep {
         return Ok(format!(
-            "{replication}sourceRetention Keep: database {database} stays on DatabaseServer {}, frozen (read-only, connection limit 0)",
+            "{replication}sourceRetention Keep: database {database} stays on DatabaseServer {}, frozen (read-only, closed to new sessions)",
             source_ref.name
         ));
     }

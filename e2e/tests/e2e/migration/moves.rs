@@ -311,14 +311,25 @@ async fn a_migration_is_one_trace_across_the_three_controllers() {
         "dbops-migration-controller",
     ];
     let jaeger = s.jaeger.as_ref().unwrap();
-    // Spans are exported in batches: wait for all three services in the one trace.
+    // Spans are exported in batches: wait for all three services in the one trace, and
+    // for the spans asserted below (a busy machine sends the last batches late).
+    let ns = s.ns().to_string();
     let trace = wait_for(
         "the Migration's trace with spans of all three controllers",
         READY,
         || async { jaeger.trace(&trace_id).map(Some).or_else(|_| Ok(None)) },
         |t| {
-            t.as_ref()
-                .is_some_and(|t| services.iter().all(|svc| t.services().contains(svc)))
+            t.as_ref().is_some_and(|t| {
+                services.iter().all(|svc| t.services().contains(svc))
+                    && t.spans_of("dbops-migration-controller", "reconcile Migration")
+                        .filter(|sp| sp.tag("object.namespace").as_deref() == Some(ns.as_str()))
+                        .count()
+                        >= 3
+                    && t.spans_of("dbops-backup-controller", "reconcile Backup")
+                        .any(|sp| sp.tag("object.name").as_deref() == Some("app-move-snapshot"))
+                    && t.spans_of("dbops-database-controller", "reconcile Database")
+                        .any(|sp| sp.tag("object.name").as_deref() == Some("app"))
+            })
         },
     )
     .await

@@ -2,7 +2,7 @@
 //! Snapshot, the target stopped after the freeze or down during the copy, a second
 //! Migration refused and a deleted one, an extension schema on the target.
 
-use dbops_api::{MigrationPhase, MigrationStep, StepState};
+use dbops_api::{Migration, MigrationPhase, MigrationStep, StepState};
 use dbops_e2e::harness::migration::{
     READY, SAGA, Setup, assert_failed, assert_has_event, assert_step, condition, phase_of,
     step_state,
@@ -11,7 +11,7 @@ use dbops_e2e::harness::object::InBed;
 use dbops_e2e::wait::ObjectView;
 use dbops_e2e::wait::wait_for;
 use kube::ResourceExt;
-use kube::api::DeleteParams;
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 
 /// (2a) A database of that name already on the target: Preflight fails, nothing is
@@ -54,10 +54,16 @@ async fn a_name_conflict_on_the_target_fails_preflight_and_changes_nothing() {
     assert!(!s.target.role_exists("app").await.unwrap());
     let c = s.connection("app").await;
     s.source_writable("app", &c).await.unwrap();
-    assert!(
-        m.finalizers().is_empty(),
-        "the finalizer is gone at the end"
-    );
+    // The finalizer goes right after the status that says RolledBack.
+    let migrations: Api<Migration> = Api::namespaced(s.b.client.clone(), s.ns());
+    wait_for(
+        "the finalizer gone at the end",
+        READY,
+        || async { Ok(migrations.get("app-move").await?.finalizers().to_vec()) },
+        |finalizers| finalizers.is_empty(),
+    )
+    .await
+    .unwrap();
 }
 
 /// (2b) The snapshot Backup fails (the store cannot be written): RolledBack at Snapshot,
