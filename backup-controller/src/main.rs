@@ -163,9 +163,11 @@ fn watches(
     let databases: Api<Database> = controller::scoped_api(ctx.client.clone(), namespace);
     let index = ctx.clone();
     let backups = c.store();
-    c.watches(
-        Api::<DatabaseServer>::all(ctx.client.clone()),
-        ctx.state.directory.server_config(),
+    c.watches_stream(
+        controller::trigger(
+            Api::<DatabaseServer>::all(ctx.client.clone()),
+            ctx.state.directory.server_config(),
+        ),
         move |_server: DatabaseServer| {
             // The unfinished Backups (few: Pending or Running), whichever server their
             // Database is on: a server's change is rare, a Database lookup per Backup is not
@@ -184,9 +186,8 @@ fn watches(
             waiting
         },
     )
-    .watches(
-        databases,
-        watcher::Config::default(),
+    .watches_stream(
+        controller::trigger(databases, watcher::Config::default()),
         move |db: Database| {
             let ns = db.metadata.namespace.clone().unwrap_or_default();
             let name = db.metadata.name.clone().unwrap_or_default();

@@ -512,14 +512,18 @@ pub fn watches(
             .into_iter()
             .map(|name| ObjectRef::new(&name))
     })
-    .watches(
-        dbops_shared::controller::scoped_api::<Database>(client.clone(), namespace),
-        watcher::Config::default(),
+    .watches_stream(
+        dbops_shared::controller::trigger(
+            dbops_shared::controller::scoped_api::<Database>(client.clone(), namespace),
+            watcher::Config::default(),
+        ),
         |db: Database| servers_of(&db),
     )
-    .watches(
-        dbops_shared::controller::scoped_api::<Migration>(client, namespace),
-        watcher::Config::default(),
+    .watches_stream(
+        dbops_shared::controller::trigger(
+            dbops_shared::controller::scoped_api::<Migration>(client, namespace),
+            watcher::Config::default(),
+        ),
         |m: Migration| {
             // Its target, and the server it moves the Database from (whose count drops
             // when it ends).

@@ -15,7 +15,6 @@ use dbops_api::reasons::DatabaseReason;
 use dbops_api::{Backup, Database, DatabaseServer, DatabaseUser, Migration, condition};
 use dbops_shared::conditions;
 use dbops_shared::controller::{self, Context};
-use dbops_shared::watch_health::WatchHealth;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::core::PartialObjectMeta;
@@ -30,7 +29,7 @@ use crate::state::State;
 pub type SecretEvents = futures::stream::BoxStream<'static, Result<Secret, watcher::Error>>;
 
 /// Runs a watch that only fills a store, for the life of the process: a failure is
-/// logged and counted in the process's watch health, and retried with backoff.
+/// logged (the client tells the watch health) and retried with backoff.
 fn in_background<T: Send + 'static>(
     watch: &'static str,
     events: impl Stream<Item = Result<T, watcher::Error>> + Send + 'static,
@@ -39,7 +38,6 @@ fn in_background<T: Send + 'static>(
         if let Err(error) = &event {
             tracing::warn!(%error, watch, "watch failed; retrying with backoff");
         }
-        WatchHealth::process().observe(watch, &event);
         std::future::ready(())
     }));
 }
@@ -95,9 +93,11 @@ pub fn databases(
         databases,
     );
     c.owns_stream(secrets)
-        .watches(
-            Api::<DatabaseServer>::all(client.clone()),
-            ctx.state.directory.server_config(),
+        .watches_stream(
+            controller::trigger(
+                Api::<DatabaseServer>::all(client.clone()),
+                ctx.state.directory.server_config(),
+            ),
             move |server: DatabaseServer| on_server(&server, &on, &seen),
         )
         .watches_stream(
@@ -113,14 +113,18 @@ pub fn databases(
             database_metadata(&client, namespace),
             move |db: PartialObjectMeta<Database>| over_quota_beside(&db, &over_quota),
         )
-        .watches(
-            controller::scoped_api::<Migration>(client.clone(), namespace),
-            watcher::Config::default(),
+        .watches_stream(
+            controller::trigger(
+                controller::scoped_api::<Migration>(client.clone(), namespace),
+                watcher::Config::default(),
+            ),
             |m: Migration| Some(of_migration(&m)),
         )
-        .watches(
-            controller::scoped_api::<Backup>(client, namespace),
-            watcher::Config::default(),
+        .watches_stream(
+            controller::trigger(
+                controller::scoped_api::<Backup>(client, namespace),
+                watcher::Config::default(),
+            ),
             move |b: Backup| of_backup(&b, &restoring),
         )
 }

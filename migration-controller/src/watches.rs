@@ -35,13 +35,15 @@ pub fn watches(
     // The store keeps what Preflight reads; managedFields is most of an object.
     .modify(|d| d.managed_fields_mut().clear());
     let database_events = reflector::reflector(databases, database_watch).touched_objects();
-    c.owns(
+    c.owns_stream(controller::trigger(
         controller::scoped_api::<Backup>(client.clone(), namespace),
         watcher::Config::default().labels(label::MIGRATION),
-    )
-    .watches(
-        Api::<DatabaseServer>::all(client),
-        ctx.state.directory.server_config(),
+    ))
+    .watches_stream(
+        controller::trigger(
+            Api::<DatabaseServer>::all(client),
+            ctx.state.directory.server_config(),
+        ),
         move |server: DatabaseServer| migrations_using(&migrations, &server.name_any()),
     )
     .watches_stream(database_events, move |db: Database| {

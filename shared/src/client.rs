@@ -1,6 +1,7 @@
 //! The Kubernetes client every controller uses: configuration from `KUBECONFIG` (or
 //! `~/.kube/config`) or the in-cluster service account, behind the `--api-rate-limit`
-//! token bucket, with every request traced and counted ([`TraceLayer`]).
+//! token bucket, with every request traced and counted ([`TraceLayer`]), and every
+//! watcher's request reported to the process's [`WatchHealth`].
 
 use std::{
     future::Future,
@@ -17,6 +18,7 @@ use tracing::{Instrument, field};
 use crate::{
     metrics::{Target, observe_external_request, record_external_request},
     rate_limit::{RateLimitLayer, RateLimiter},
+    watch_health::{WatchHealth, watch_of},
 };
 
 /// Why no client could be built.
@@ -108,7 +110,9 @@ where
 /// `<METHOD> <resource>[/<subresource>]`, with `http.request.method`, `url.path` (never
 /// the query, never a body), `k8s.resource` and `http.response.status_code`. Every
 /// request, traced or not (watches run outside reconciles), counts in
-/// `dbops_external_requests_total{target="kubernetes"}`.
+/// `dbops_external_requests_total{target="kubernetes"}`. A watcher's request (a watch
+/// start or a paged list of a collection) tells the process's [`WatchHealth`] how its
+/// watch is doing: answered with success, or failed.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TraceLayer;
 
@@ -129,6 +133,7 @@ pub struct Traced<S> {
 impl<S, B, RB> Service<Request<B>> for Traced<S>
 where
     S: Service<Request<B>, Response = Response<RB>>,
+    S::Error: std::fmt::Display,
     S::Future: Send + 'static,
 {
     type Response = S::Response;
@@ -145,6 +150,8 @@ where
             .uri()
             .query()
             .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+        // A watcher's request: its answer tells the watch's health (watch_health.rs).
+        let watcher = watch_of(request.method(), request.uri());
         let started = std::time::Instant::now();
         let span = if tracing::Span::current().is_none() {
             tracing::Span::none()
@@ -167,6 +174,13 @@ where
         Box::pin(
             async move {
                 let result = response.await;
+                if let Some(watch) = &watcher {
+                    let health = WatchHealth::process();
+                    match &result {
+                        Ok(response) => health.answered(watch, response.status()),
+                        Err(error) => health.unanswered(watch, error),
+                    }
+                }
                 let outcome = match &result {
                     Ok(response) => {
                         let status = response.status();

@@ -8,8 +8,10 @@
 //!         let ctx = run.context(CONTROLLER, State::new(run.client(), ..));
 //!         let migrations = run
 //!             .controller::<Migration>(watcher::Config::default(), Trigger::GenerationChange)
-//!             .owns(backups, snapshots)
-//!             .watches(servers, server_config, |server| migrations_using(&server));
+//!             .owns_stream(controller::trigger(backups, snapshots))
+//!             .watches_stream(controller::trigger(servers, server_config), |server| {
+//!                 migrations_using(&server)
+//!             });
 //!         run.drive(migrations, ctx, saga::reconcile).await;
 //!     })
 //!     .await
@@ -25,7 +27,8 @@
 //!    reconciles finish, releases the Lease and stops the health server.
 //! 3. The wiring builds each kube-runtime `Controller` with [`Running::controller`] (its
 //!    watch store without `managedFields`, pages of [`LIST_PAGE_SIZE`], `--concurrency`,
-//!    the [`Trigger`]), adds the kind's own watches with kube's builder methods, and runs
+//!    the [`Trigger`]), adds the kind's own watches with kube's `owns_stream` and
+//!    `watches_stream`, each watch made by [`trigger`] with a backoff of its own, and runs
 //!    it with [`Running::drive`]: each reconcile bounded by `--reconcile-timeout`, in one
 //!    span ([`instrumented_reconcile`]), its errors through [`error_policy`]. The process
 //!    is ready once every controller's store has synced.
@@ -291,6 +294,13 @@ impl Running {
         };
         controller
             .with_config(controller::Config::default().concurrency(self.args.concurrency))
+            // Each watch backs off on its own (`default_backoff` above, [`trigger`] for the
+            // others). kube's default puts one backoff around all of a controller's
+            // watches together: after a kube-apiserver restart, each watch's error in turn
+            // paused every other watch, up to 30 s at a time, and as long as some watch
+            // erred the pauses did not reset, so a controller's own watch went minutes
+            // without a request (issue 35).
+            .trigger_backoff(EachWatchItsOwn)
             .graceful_shutdown_on(self.stop.clone().cancelled_owned())
     }
 
@@ -441,6 +451,34 @@ pub trait Stored: Clone + DeserializeOwned + Debug + Send + Sync + 'static {}
 
 impl<K: Clone + DeserializeOwned + Debug + Send + Sync + 'static> Stored for K {}
 
+/// The objects a watch of `api` sees change, for a controller's `owns_stream` or
+/// `watches_stream`: retried with its own backoff, as every watch of a [`Running::controller`]
+/// must be (kube's `owns` and `watches` leave the backoff to the controller, which
+/// [`EachWatchItsOwn`] does not do).
+pub fn trigger<K: Resource + Stored>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+    watcher(api, config).default_backoff().touched_objects()
+}
+
+/// The backoff of a controller's watches taken together: none, since each watch has its
+/// own (see [`Running::controller`]).
+#[derive(Clone, Copy, Debug)]
+struct EachWatchItsOwn;
+
+impl Iterator for EachWatchItsOwn {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        Some(Duration::ZERO)
+    }
+}
+
+impl kube::runtime::utils::Backoff for EachWatchItsOwn {
+    fn reset(&mut self) {}
+}
+
 /// `K`'s API as the runner lists it.
 pub fn api_of<K: Watched>(client: Client, namespace: Option<&str>) -> Api<K> {
     <K::Scope as ApiScope>::api::<K>(client, namespace)
@@ -578,10 +616,9 @@ fn log_result<K, S, E>(
             tracing::warn!(%object, reason = error.reason(), error = %error, "reconcile failed");
         }
         Err(controller::Error::QueueError(error)) => {
+            // Its health is the client's to tell (watch_health.rs): the request that failed
+            // names the watch, which this stream does not.
             tracing::warn!(%error, "watch failed; retrying with backoff");
-            // One streak for every watch that triggers this controller: the stream does
-            // not say which one failed.
-            WatchHealth::process().failed(&format!("{} controller's", ctx.controller), &error);
         }
         Err(controller::Error::RunnerError(error)) => {
             tracing::error!(%error, "controller runner failed");

@@ -375,7 +375,6 @@ where
             if let Err(error) = &event {
                 tracing::warn!(%error, what, "watch failed; retrying with backoff");
             }
-            crate::watch_health::WatchHealth::process().observe(what, &event);
         }
     });
 }

@@ -8,17 +8,21 @@
 //! after a kube-apiserver restart (issue 12): the database-controller's leader kept failing
 //! its relists with `request timed out` for minutes, and only a new process recovered.
 //!
-//! [`WatchHealth`] keeps, per watch, the current *streak* of failures: failures no further
-//! apart than [`WatchHealth::gap`] belong to one streak, and a success ends it: an event
-//! (a list, including an empty one, or a change), or a silence longer than the gap (a
-//! quiet watch that works again reports nothing). Once the failures of a streak have
-//! kept coming for `--watch-stall-timeout` (from its first failure to its latest), the
+//! [`WatchHealth`] keeps, per watch, the current *streak* of failures. It learns of them
+//! from the client's stack ([`crate::client`]), which sees every request a watcher sends:
+//! a watch start (`watch=true`) or a paged list (`limit=`) of a collection belongs to the
+//! watch named by [`watch_of`] (the collection's path and selectors). An answer with a
+//! 2xx status, a list or a watch that starts, ends the watch's streak, whether or not any
+//! object exists (issue 35: a watch that recovered but saw no object reported nothing, so
+//! a single 429 of a controller's own watch, while a CRD's storage started, ended the
+//! process 90 s later); so does a 429, the server asking to come back later. A timeout, a connection error or any other status (but `410
+//! Expired`, after which the watcher lists anew at once, as the API intends) is a
+//! failure; failures no further apart than [`WatchHealth::gap`] belong to one streak, and
+//! a silence longer than that ends one too. Once the failures of a streak have kept
+//! coming for `--watch-stall-timeout` (from its first failure to its latest), the
 //! [`watchdog`] ends the process with [`crate::controller::ControllerError::WatchStalled`],
 //! naming the watch, the number of failures and the last one; the Deployment (or the
-//! test bed) starts a fresh process, which lists everything anew. One failure, or a few
-//! within less than the timeout, followed by nothing, is a watch that recovered (issue
-//! 35: one 429 while a CRD's storage started ended the controller 90 s later, when a
-//! streak was measured up to now).
+//! test bed) starts a fresh process, which lists everything anew.
 
 use std::{
     collections::HashMap,
@@ -90,30 +94,35 @@ impl WatchHealth {
         self.gap
     }
 
-    /// Records a failure of `watch` (logged by the caller). A `410 Expired` is none: the
-    /// watcher lists anew at once, as the API intends.
-    pub fn failed(&self, watch: &str, error: &kube::runtime::watcher::Error) {
-        if let kube::runtime::watcher::Error::WatchError(status) = error
-            && status.code == 410
-        {
-            return;
+    /// Records what the API server answered a request of `watch` ([`watch_of`]): a 2xx
+    /// status ends its streak, and so does `429 Too Many Requests`: the server is there and
+    /// asks the watch to come back later, as after a restart while the storage of a custom
+    /// resource initializes (for 40 s here), and a fresh process would be told the same.
+    /// `410 Expired` is nothing; any other status is a failure.
+    pub fn answered(&self, watch: &str, status: http::StatusCode) {
+        if status.is_success() || status == http::StatusCode::TOO_MANY_REQUESTS {
+            self.succeeded(watch);
+        } else if status != http::StatusCode::GONE {
+            self.failed_at(watch, &status, Instant::now());
         }
+    }
+
+    /// Records a request of `watch` that got no answer (a timeout, a connection error).
+    pub fn unanswered(&self, watch: &str, error: &dyn Display) {
         self.failed_at(watch, error, Instant::now());
     }
 
-    /// Records that `watch` works again (an event arrived): its streak ends.
+    /// Records that `watch` works again: its streak ends.
     pub fn succeeded(&self, watch: &str) {
         let mut streaks = self.streaks.lock().unwrap_or_else(PoisonError::into_inner);
         streaks.remove(watch);
     }
 
-    /// [`WatchHealth::failed`] or [`WatchHealth::succeeded`] for what a watch stream
-    /// yields.
-    pub fn observe<T>(&self, watch: &str, event: &Result<T, kube::runtime::watcher::Error>) {
-        match event {
-            Ok(_) => self.succeeded(watch),
-            Err(error) => self.failed(watch, error),
-        }
+    /// Forgets the streaks of every watch in `namespace`: their watches were stopped.
+    pub fn forget_namespace(&self, namespace: &str) {
+        let infix = format!("/namespaces/{namespace}/");
+        let mut streaks = self.streaks.lock().unwrap_or_else(PoisonError::into_inner);
+        streaks.retain(|watch, _| !watch.contains(&infix));
     }
 
     fn failed_at(&self, watch: &str, error: &dyn Display, now: Instant) {
@@ -161,6 +170,41 @@ impl WatchHealth {
             .filter(|stall| stall.failing_for >= timeout)
             .max_by_key(|stall| stall.failing_for)
     }
+}
+
+/// The watch a request to the Kubernetes API belongs to, if it is a watcher's: a GET of a
+/// collection that starts a watch (`watch=true`) or lists a page (`limit=`; reconciles
+/// list without one). Named by the collection's path and its selectors, as in
+/// `/api/v1/namespaces/t1/secrets labelSelector=app.kubernetes.io/managed-by=dbops`.
+pub fn watch_of(method: &http::Method, uri: &http::Uri) -> Option<String> {
+    if method != http::Method::GET || !is_collection(uri.path()) {
+        return None;
+    }
+    let (mut watcher, mut selectors) = (false, String::new());
+    for (key, value) in form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes()) {
+        match &*key {
+            "watch" => watcher |= value == "true" || value == "1",
+            "limit" => watcher = true,
+            "labelSelector" | "fieldSelector" if !value.is_empty() => {
+                selectors.push_str(&format!(" {key}={value}"));
+            }
+            _ => {}
+        }
+    }
+    watcher.then(|| format!("{}{selectors}", uri.path()))
+}
+
+/// `/api/v1/secrets`, `/api/v1/namespaces/ns/secrets`, `/apis/g/v/databases`,
+/// `/apis/g/v/namespaces/ns/databases`, `/api/v1/namespaces`: a collection; an object's
+/// path, a subresource's or a discovery path is none.
+fn is_collection(path: &str) -> bool {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest = match segments.first() {
+        Some(&"api") if segments.len() > 2 => &segments[2..],
+        Some(&"apis") if segments.len() > 3 => &segments[3..],
+        _ => return false,
+    };
+    matches!(rest, [_] | ["namespaces", _, _])
 }
 
 /// Returns the first stall of `health` that lasts `timeout`, looking every few seconds;
@@ -263,22 +307,77 @@ mod tests {
     }
 
     #[test]
-    fn an_expired_watch_is_no_failure_and_an_event_ends_a_streak() {
-        use kube::core::Status;
-        use kube::runtime::watcher::Error;
+    fn an_answer_ends_a_streak_and_an_expired_list_is_no_failure() {
+        use http::StatusCode;
         let health = WatchHealth::new(API_TIMEOUT);
-        let expired = Error::WatchError(Box::new(
-            Status::failure("too old", "Expired").with_code(410),
-        ));
-        health.failed("Migration", &expired);
+        let watch = "/apis/dbops.dev/v1alpha1/migrations";
+        health.answered(watch, StatusCode::GONE);
         assert!(health.streaks.lock().unwrap().is_empty());
-        let refused = Error::WatchError(Box::new(
-            Status::failure("storage is (re)initializing", "TooManyRequests").with_code(429),
-        ));
-        health.failed("Migration", &refused);
-        assert_eq!(health.streaks.lock().unwrap()["Migration"].failures, 1);
-        health.observe::<()>("Migration", &Ok(()));
+        health.answered(watch, StatusCode::SERVICE_UNAVAILABLE);
+        health.unanswered(watch, &"request timed out");
+        let streak = health.streaks.lock().unwrap()[watch].clone();
+        assert_eq!(streak.failures, 2);
+        assert_eq!(streak.last_error, "request timed out");
+        // Refused for now (storage initializing): the server is there.
+        health.answered(watch, StatusCode::TOO_MANY_REQUESTS);
         assert!(health.streaks.lock().unwrap().is_empty());
+        // A watch that starts, or a list answered, with no object at all.
+        health.unanswered(watch, &"connection refused");
+        health.answered(watch, StatusCode::OK);
+        assert!(health.streaks.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_stopped_namespace_watch_is_forgotten() {
+        let health = WatchHealth::new(API_TIMEOUT);
+        health.unanswered("/api/v1/namespaces/t1/secrets", &"refused");
+        health.unanswered("/api/v1/namespaces/t10/secrets", &"refused");
+        health.forget_namespace("t1");
+        let streaks = health.streaks.lock().unwrap();
+        assert_eq!(
+            streaks.keys().collect::<Vec<_>>(),
+            ["/api/v1/namespaces/t10/secrets"]
+        );
+    }
+
+    #[test]
+    fn a_watchers_requests_name_their_watch_and_no_other_request_does() {
+        let of = |uri: &str| watch_of(&http::Method::GET, &uri.parse().unwrap());
+        assert_eq!(
+            of("/apis/dbops.dev/v1alpha1/databases?&watch=true&timeoutSeconds=290&allowWatchBookmarks=true&resourceVersion=12").as_deref(),
+            Some("/apis/dbops.dev/v1alpha1/databases")
+        );
+        assert_eq!(
+            of("/api/v1/namespaces/t1/secrets?&labelSelector=app.kubernetes.io%2Fmanaged-by%3Ddbops&limit=100").as_deref(),
+            Some("/api/v1/namespaces/t1/secrets labelSelector=app.kubernetes.io/managed-by=dbops")
+        );
+        assert_eq!(
+            of("/apis/rbac.authorization.k8s.io/v1/rolebindings?fieldSelector=metadata.name%3Ddbops&watch=1").as_deref(),
+            Some("/apis/rbac.authorization.k8s.io/v1/rolebindings fieldSelector=metadata.name=dbops")
+        );
+        assert_eq!(
+            of("/api/v1/namespaces?limit=500").as_deref(),
+            Some("/api/v1/namespaces")
+        );
+        // A reconcile's list (no page), an object, a subresource, discovery, a namespace.
+        assert_eq!(
+            of("/apis/dbops.dev/v1alpha1/namespaces/t1/databases?"),
+            None
+        );
+        assert_eq!(of("/api/v1/namespaces/t1/secrets/orders-connection"), None);
+        assert_eq!(
+            of("/apis/dbops.dev/v1alpha1/namespaces/t1/databases/a/status?limit=1"),
+            None
+        );
+        assert_eq!(of("/apis/dbops.dev/v1alpha1?limit=1"), None);
+        assert_eq!(of("/api/v1/namespaces/t1?watch=true"), None);
+        assert_eq!(
+            watch_of(
+                &http::Method::POST,
+                &"/api/v1/namespaces/t1/secrets?limit=1".parse().unwrap()
+            ),
+            None
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,7 +9,6 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use dbops_shared::controller;
-use dbops_shared::watch_health::WatchHealth;
 use futures::StreamExt;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
@@ -195,7 +194,6 @@ impl Bindings {
             if let Err(error) = &event {
                 tracing::warn!(%error, watch = "RoleBinding", "watch failed; retrying with backoff");
             }
-            WatchHealth::process().observe("RoleBinding", &event);
             std::future::ready(())
         }));
         let _ = self.store.set(store);

@@ -21,8 +21,8 @@
 //! up to those needed every [`TICK`], and a reconcile that needs a namespace not set up
 //! yet sets it up at once ([`TenantSecrets::secrets_for`], bounded). Each change of a
 //! watched Secret goes to the Database controller ([`TenantSecrets::triggers`]), which
-//! reconciles its owner. Each namespace's watch reports to the process's
-//! [`WatchHealth`] like every other watch; a RoleBinding that cannot be written is
+//! reconciles its owner. Each namespace's watch counts in the process's [`WatchHealth`]
+//! like every other watch (its streak forgotten when it stops); a RoleBinding that cannot be written is
 //! logged, and the reconciles of that namespace's Databases say why.
 //!
 //! The ServiceAccount (`service_account`) is `--service-account`, or, when that is not given, whoever the
@@ -66,7 +66,7 @@ const SET_UP_WAIT: Duration = Duration::from_secs(15);
 /// Secret changes queued for the Database controller at most (the watches wait beyond).
 const TRIGGER_BUFFER: usize = 256;
 
-/// The name of a namespace's Secret watch in the process's [`WatchHealth`] and logs.
+/// The name of a namespace's Secret watch in the logs.
 fn watch_name(namespace: &str) -> String {
     format!("Secret (connection) in {namespace}")
 }
@@ -114,7 +114,7 @@ impl Drop for Inner {
             .unwrap_or_else(PoisonError::into_inner);
         for (namespace, tenant) in tenants.drain() {
             tenant.task.abort();
-            WatchHealth::process().succeeded(&watch_name(&namespace));
+            WatchHealth::process().forget_namespace(&namespace);
         }
     }
 }
@@ -299,7 +299,7 @@ impl TenantSecrets {
             .remove(namespace);
         if let Some(tenant) = removed {
             tenant.task.abort();
-            WatchHealth::process().succeeded(&watch_name(namespace));
+            WatchHealth::process().forget_namespace(namespace);
             tracing::info!(
                 namespace,
                 "no Database needs this namespace's connection Secrets any more: their watch stopped"
@@ -329,7 +329,6 @@ impl TenantSecrets {
         let task = tokio::spawn(async move {
             let mut events = std::pin::pin!(events);
             while let Some(event) = events.next().await {
-                WatchHealth::process().observe(&name, &event);
                 let touched = match event {
                     Err(error) => {
                         tracing::warn!(%error, watch = name, "watch failed; retrying with backoff");
