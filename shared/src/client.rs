@@ -11,7 +11,10 @@ use std::{
 };
 
 use http::{Request, Response};
-use kube::{Client, Config, client::ClientBuilder};
+use kube::{
+    Client, Config,
+    client::{ClientBuilder, retry::RetryPolicy},
+};
 use tower::{Layer, Service};
 use tracing::{Instrument, field};
 
@@ -36,12 +39,16 @@ pub async fn rate_limited_client(
     timeout: std::time::Duration,
 ) -> Result<Client, ClientError> {
     let mut config = Config::infer().await?;
-    // No retries hidden inside `timeout`: kube's default policy retries 429/503/504 up to 15
-    // times, honouring `Retry-After` (up to 30 s while the apiserver's watch cache is
-    // initializing after a restart) with a backoff that grows to minutes, so a watch or
-    // list the apiserver refuses for a while ended as an opaque `request timed out` after
-    // `timeout`, never saying why. Refusals now reach the caller as they are: watches
-    // retry them with their own backoff, reconciles with the per-object backoff.
+    // kube's default retry policy is off: it retried 429/503/504 up to 15 times inside
+    // `timeout`, honouring `Retry-After` with a backoff that grows to minutes, so a watch
+    // or list the apiserver refused for a while ended as an opaque `request timed out`
+    // after `timeout`, never saying why. In its place, a bounded one below the rate
+    // limit: a request the apiserver refuses for now (429 from API Priority and Fairness
+    // or while a resource's storage starts: it was not carried out; 503, 504) waits what
+    // `Retry-After` says (or 0.2 s doubling to 5 s) and is sent again, at most 3 times,
+    // each attempt with its own `timeout` and its own token of the rate limit. The
+    // apiserver's 429 thus slows the caller down instead of failing its reconcile;
+    // what is still refused after that reaches the caller as it is.
     config.default_retry = false;
     let layer = RateLimitLayer::new(RateLimiter::new(requests_per_second));
     // Innermost, the deadline of each request: its response (for a watch, the start of
@@ -50,10 +57,24 @@ pub async fn rate_limited_client(
     // for a token.
     Ok(ClientBuilder::try_from(config)?
         .with_layer(&tower::timeout::TimeoutLayer::new(timeout))
+        // The retry sends clones of the service below it: a buffer makes the stack one.
+        .with_layer(&tower::buffer::BufferLayer::new(1024))
+        .with_layer(&tower::retry::RetryLayer::new(refused_again()))
         .with_layer(&WriteFence)
         .with_layer(&TraceLayer)
         .with_layer(&layer)
         .build())
+}
+
+/// The retry of a request the apiserver refused for now (see [`rate_limited_client`]).
+fn refused_again() -> RetryPolicy {
+    RetryPolicy::new(
+        std::time::Duration::from_millis(200),
+        std::time::Duration::from_secs(5),
+        3,
+        true,
+    )
+    .unwrap_or_default()
 }
 
 /// Refuses a write (any method but GET, HEAD, OPTIONS) locally while the leader-election
@@ -150,6 +171,10 @@ where
             .uri()
             .query()
             .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+        crate::metrics::record_kubernetes_request(
+            verb_of(request.method(), request.uri().path(), watch),
+            resource_of(request.uri().path()),
+        );
         // A watcher's request: its answer tells the watch's health (watch_health.rs).
         let watcher = watch_of(request.method(), request.uri());
         let started = std::time::Instant::now();
@@ -204,6 +229,21 @@ where
             }
             .instrument(span),
         )
+    }
+}
+
+/// The Kubernetes verb of a request: `watch`, `list`, `get`, `create`, `update`,
+/// `patch`, `delete` (`other` for anything else).
+fn verb_of(method: &http::Method, path: &str, watch: bool) -> &'static str {
+    match *method {
+        http::Method::GET if watch => "watch",
+        http::Method::GET if crate::watch_health::is_collection(path) => "list",
+        http::Method::GET => "get",
+        http::Method::POST => "create",
+        http::Method::PUT => "update",
+        http::Method::PATCH => "patch",
+        http::Method::DELETE => "delete",
+        _ => "other",
     }
 }
 
@@ -305,6 +345,89 @@ mod tests {
         assert!(
             text.contains(r#"dbops_external_request_duration_seconds_count{target="kubernetes"}"#),
             "{text}"
+        );
+        // And by verb and resource.
+        assert!(
+            text.contains(r#"dbops_kubernetes_requests_total{verb="get",resource="secrets"}"#),
+            "{text}"
+        );
+    }
+
+    /// A 429 (API Priority and Fairness, a storage that starts) waits its `Retry-After`
+    /// and is sent again; a third refusal in a row is not the last word either, but a
+    /// fourth is what the caller gets.
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_request_is_sent_again_after_what_retry_after_says() {
+        let (mock, mut handle) =
+            tower_test::mock::pair::<Request<kube::client::Body>, Response<String>>();
+        let mut service = tower::ServiceBuilder::new()
+            .layer(tower::retry::RetryLayer::new(refused_again()))
+            .layer(tower::buffer::BufferLayer::new(8))
+            .service(mock);
+        let refuse = |after: &str| {
+            Response::builder()
+                .status(http::StatusCode::TOO_MANY_REQUESTS)
+                .header("Retry-After", after)
+                .body(String::new())
+                .unwrap()
+        };
+        let started = tokio::time::Instant::now();
+        let answers = tokio::spawn(async move {
+            let mut at = Vec::new();
+            for answer in [Some("2"), Some("1"), None] {
+                let (request, send) = handle.next_request().await.unwrap();
+                assert_eq!(request.method(), http::Method::POST);
+                at.push(started.elapsed().as_secs());
+                send.send_response(match answer {
+                    Some(after) => refuse(after),
+                    None => Response::new("created".to_string()),
+                });
+            }
+            at
+        });
+        let request = Request::post("/api/v1/namespaces/ns/secrets")
+            .body(kube::client::Body::from(b"{}".to_vec()))
+            .unwrap();
+        let response = tower::ServiceExt::oneshot(&mut service, request)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), http::StatusCode::OK);
+        assert_eq!(answers.await.unwrap(), [0, 2, 3]);
+    }
+
+    #[test]
+    fn verbs_by_method_and_path() {
+        let secrets = "/api/v1/namespaces/ns/secrets";
+        assert_eq!(verb_of(&http::Method::GET, secrets, true), "watch");
+        assert_eq!(verb_of(&http::Method::GET, secrets, false), "list");
+        assert_eq!(
+            verb_of(&http::Method::GET, "/api/v1/namespaces/ns/secrets/a", false),
+            "get"
+        );
+        assert_eq!(verb_of(&http::Method::POST, secrets, false), "create");
+        assert_eq!(
+            verb_of(
+                &http::Method::PATCH,
+                "/apis/dbops.dev/v1alpha1/namespaces/ns/databases/a/status",
+                false
+            ),
+            "patch"
+        );
+        assert_eq!(
+            verb_of(
+                &http::Method::PUT,
+                "/apis/coordination.k8s.io/v1/namespaces/ns/leases/a",
+                false
+            ),
+            "update"
+        );
+        assert_eq!(
+            verb_of(
+                &http::Method::DELETE,
+                "/api/v1/namespaces/ns/secrets/a",
+                false
+            ),
+            "delete"
         );
     }
 

@@ -10,6 +10,9 @@
 //!   `error` when no answer came), PostgreSQL (`postgres`: one per connection and per
 //!   statement; `ok`, `error`) and the backup store (`store`: one per operation; `ok`,
 //!   `error`);
+//! - `dbops_kubernetes_requests_total{verb, resource}`: requests to the Kubernetes API by
+//!   verb (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`) and resource
+//!   (`databases/status`, `secrets`, `events`): where the API requests per object go;
 //! - `dbops_external_request_duration_seconds{target}`: how long each Kubernetes and
 //!   PostgreSQL request took, from sending it to its answer (Kubernetes watches left out:
 //!   they stay open);
@@ -103,6 +106,8 @@ impl Metrics {
         register! { registry;
             "external_requests" => EXTERNAL_REQUESTS,
                 "Requests to the Kubernetes API, PostgreSQL and the backup store, by outcome";
+            "kubernetes_requests" => KUBERNETES_REQUESTS,
+                "Requests to the Kubernetes API by verb and resource";
             "external_request_duration" in Seconds => EXTERNAL_DURATION,
                 "Duration of requests to the Kubernetes API (watches left out), PostgreSQL and the backup store";
             "queue_wait" in Seconds => QUEUE_WAIT,
@@ -499,6 +504,23 @@ static EXTERNAL_REQUESTS: LazyLock<Family<ExternalLabels, Counter>> =
 pub fn record_external_request(target: Target, outcome: &'static str) {
     EXTERNAL_REQUESTS
         .get_or_create(&ExternalLabels { target, outcome })
+        .inc();
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KubernetesLabels {
+    verb: &'static str,
+    resource: String,
+}
+
+static KUBERNETES_REQUESTS: LazyLock<Family<KubernetesLabels, Counter>> =
+    LazyLock::new(Family::default);
+
+/// Counts one request to the Kubernetes API: its verb and its resource (with a
+/// subresource, as `databases/status`; never an object's name).
+pub fn record_kubernetes_request(verb: &'static str, resource: String) {
+    KUBERNETES_REQUESTS
+        .get_or_create(&KubernetesLabels { verb, resource })
         .inc();
 }
 

@@ -197,7 +197,7 @@ pub fn watch_of(method: &http::Method, uri: &http::Uri) -> Option<String> {
 /// `/api/v1/secrets`, `/api/v1/namespaces/ns/secrets`, `/apis/g/v/databases`,
 /// `/apis/g/v/namespaces/ns/databases`, `/api/v1/namespaces`: a collection; an object's
 /// path, a subresource's or a discovery path is none.
-fn is_collection(path: &str) -> bool {
+pub(crate) fn is_collection(path: &str) -> bool {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let rest = match segments.first() {
         Some(&"api") if segments.len() > 2 => &segments[2..],

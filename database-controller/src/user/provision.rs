@@ -285,7 +285,8 @@ async fn write_secret(
         confirm_live(ctx, user),
         |found| secret::check_owned(found, &Owner::user(user)).map_err(secret_conflict),
     )
-    .await
+    .await?;
+    Ok(())
 }
 
 /// A connection Secret of that name that is not this user's: refused, never taken over.

@@ -2,7 +2,9 @@
 //! round-robin over `--namespaces` tenant namespaces, through the database-controller,
 //! next to a baseline that issues the same SQL and creates the same Secrets (in the same
 //! namespaces) directly from one process, on the same control plane in the same run;
-//! baseline (B) and controller (C) runs in the order `--order` says.
+//! baseline (B) and controller runs in the order `--order` says: with the bench's flags
+//! (C: `--concurrency`, `--sessions`, `--api-rate-limit`) or with the shipped defaults
+//! (D: none of them given).
 //!
 //! Reports: time until all are Ready, API writes per Database (from the apiserver's
 //! /metrics), writes and DDL while idle over two resync intervals, the controller's CPU
@@ -28,14 +30,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use dbops_api::Database;
-use dbops_e2e::{ControlPlane, ControllerProcess, PgServer};
+use dbops_e2e::{ControlPlane, PgServer};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use tokio::sync::Mutex;
 
 use crate::bed::{BenchServer, create_databases, random_password, start_control_plane, wait_ready};
 use crate::measure::{api_writes, cpu_by_program, cpu_spent, proc_usage, writes_by_kind};
-use crate::scale;
+use crate::scale::{self, phases, requests_per_database};
 
 #[derive(clap::Args, Debug)]
 pub struct DatabasesArgs {
@@ -71,8 +73,9 @@ pub struct DatabasesArgs {
     /// between identical baseline runs (46-113 s); on tmpfs 13.5-15.7 s.
     #[arg(long, default_value = "/dev/shm")]
     data: String,
-    /// The baseline (B) and controller (C) runs after the warm-up, in this order; the
-    /// ratio is of the means of each kind. The restart is measured after the last C.
+    /// The baseline (B) and controller runs after the warm-up, in this order: C with the
+    /// bench's flags, D with the shipped defaults; ratios are of the means of each kind.
+    /// The restart is measured after the last C or D.
     #[arg(long, default_value = "BCCB", value_parser = parse_order)]
     order: Order,
 }
@@ -119,7 +122,10 @@ impl DatabasesArgs {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Baseline,
+    /// With the bench's flags (`--concurrency`, `--sessions`, `--api-rate-limit`).
     Controller,
+    /// With the flags a user gets: none of those three given.
+    Defaults,
 }
 
 /// `--order`: the runs, in order.
@@ -132,11 +138,12 @@ fn parse_order(s: &str) -> Result<Order, String> {
         .map(|c| match c.to_ascii_uppercase() {
             'B' => Ok(Kind::Baseline),
             'C' => Ok(Kind::Controller),
-            other => Err(format!("--order takes B and C only, not {other:?}")),
+            'D' => Ok(Kind::Defaults),
+            other => Err(format!("--order takes B, C and D only, not {other:?}")),
         })
         .collect::<Result<Vec<_>, _>>()?;
     if runs.is_empty() {
-        return Err("--order needs at least one run (B or C)".into());
+        return Err("--order needs at least one run (B, C or D)".into());
     }
     Ok(Order(runs))
 }
@@ -156,6 +163,7 @@ pub async fn run(args: DatabasesArgs) -> Result<()> {
         .map(|k| match k {
             Kind::Baseline => 'B',
             Kind::Controller => 'C',
+            Kind::Defaults => 'D',
         })
         .collect();
     println!(
@@ -177,21 +185,37 @@ pub async fn run(args: DatabasesArgs) -> Result<()> {
     } else {
         None
     };
-    let last_controller = args.order.0.iter().rposition(|k| *k == Kind::Controller);
-    let (mut bs, mut cs) = (Vec::new(), Vec::new());
+    let last_controller = args.order.0.iter().rposition(|k| *k != Kind::Baseline);
+    let (mut bs, mut cs, mut ds) = (Vec::new(), Vec::new(), Vec::new());
     for (i, kind) in args.order.0.iter().enumerate() {
         match kind {
             Kind::Baseline => {
                 let round = bs.len() as u32 + 1;
                 bs.push(run_baseline(&client, &args, round).await?);
             }
-            Kind::Controller => {
-                let round = cs.len() as u32 + 1;
+            Kind::Controller | Kind::Defaults => {
+                let round = (cs.len() + ds.len()) as u32 + 1;
                 let last = Some(i) == last_controller;
-                cs.push(run_controller(&cp, &client, &args, round, tmp.path(), last).await?);
+                let tuned = *kind == Kind::Controller;
+                let run = run_controller(&cp, &client, &args, round, tmp.path(), last, tuned);
+                let run = run.await?;
+                if tuned {
+                    cs.push(run);
+                } else {
+                    ds.push(run);
+                }
             }
         }
     }
+    let defaults_secs: Vec<f64> = ds.iter().map(|d| d.secs).collect();
+    // The defaults' runs are reported beside the tuned ones; the rows below the first
+    // table are of the tuned runs, or of the defaults' when there was no tuned run.
+    let only_defaults = cs.is_empty();
+    let (cs, ds) = if only_defaults {
+        (ds, Vec::new())
+    } else {
+        (cs, ds)
+    };
 
     let n = args.count as f64;
     let mean = |v: &[f64]| {
@@ -239,6 +263,24 @@ pub async fn run(args: DatabasesArgs) -> Result<()> {
         args.count,
         list(base_secs.iter().map(|s| format!("{s:.1} s")).collect()),
         list(ctl_secs.iter().map(|s| format!("{s:.1} s")).collect()),
+    );
+    if !defaults_secs.is_empty() && !ds.is_empty() {
+        let d = mean(&defaults_secs);
+        println!(
+            "| time until all {} are Ready with the shipped defaults (runs D: no --concurrency, --max-sessions-per-server, --api-rate-limit) | | {} | {:.2}x the baseline, {:.2}x the tuned runs |",
+            args.count,
+            list(defaults_secs.iter().map(|s| format!("{s:.1} s")).collect()),
+            d / mean(&base_secs),
+            d / mean(&ctl_secs),
+        );
+        println!(
+            "| API requests per Database, by verb and resource (runs D) | | {} | |",
+            list(ds.iter().map(|r| r.requests.clone()).collect())
+        );
+    }
+    println!(
+        "| API requests per Database, by verb and resource (each controller run above) | | {} | |",
+        list(cs.iter().map(|r| r.requests.clone()).collect())
     );
     if let Some(w) = warmup {
         println!("| warm-up baseline run before them (not counted) | {w:.1} s | | |");
@@ -334,7 +376,7 @@ pub async fn run(args: DatabasesArgs) -> Result<()> {
     println!(
         "\nEach run in order: seconds until the first, 10 %, 50 %, 90 % and all were done (Secret created / Ready); where the machine's CPU went (seconds, from the first create to the last Ready); for the controller, where its reconciles' time went.\n"
     );
-    let (mut b, mut c) = (bs.iter(), cs.iter());
+    let (mut b, mut c, mut d) = (bs.iter(), cs.iter(), ds.iter());
     for kind in &args.order.0 {
         match kind {
             Kind::Baseline => {
@@ -342,10 +384,16 @@ pub async fn run(args: DatabasesArgs) -> Result<()> {
                     println!("- B {}; CPU: {}{}", r.progress, r.cpu_spent, r.statements);
                 }
             }
-            Kind::Controller => {
-                if let Some(r) = c.next() {
+            Kind::Controller | Kind::Defaults => {
+                let next = if *kind == Kind::Defaults && !only_defaults {
+                    d.next()
+                } else {
+                    c.next()
+                };
+                if let Some(r) = next {
+                    let what = if *kind == Kind::Defaults { 'D' } else { 'C' };
                     println!(
-                        "- C {}; CPU: {}; {}{}",
+                        "- {what} {}; CPU: {}; {}{}",
                         r.progress, r.cpu_spent, r.phases, r.statements
                     );
                 }
@@ -417,6 +465,8 @@ struct ControllerRun {
     rss_peak: u64,
     rss_settled: u64,
     breakdown: String,
+    /// API requests per Database by verb and resource ([`requests_per_database`]).
+    requests: String,
     idle_writes: f64,
     idle_ddl: usize,
     /// The restart measurement, after the last controller run only.
@@ -433,6 +483,7 @@ async fn run_controller(
     round: u32,
     dir: &std::path::Path,
     last: bool,
+    tuned: bool,
 ) -> Result<ControllerRun> {
     let pg = start_server(&format!("controller{round}"), args).await?;
     let run = format!("bench-controller-{round}");
@@ -445,10 +496,14 @@ async fn run_controller(
     if !watch_all {
         extra.push(format!("--watch-namespace={run}"));
     }
+    if tuned {
+        extra.extend([
+            format!("--concurrency={}", args.concurrency),
+            format!("--max-sessions-per-server={}", args.sessions),
+            format!("--api-rate-limit={}", args.api_rate_limit),
+        ]);
+    }
     extra.extend([
-        format!("--concurrency={}", args.concurrency),
-        format!("--max-sessions-per-server={}", args.sessions),
-        format!("--api-rate-limit={}", args.api_rate_limit),
         format!("--resync-interval={}", args.resync),
         "--log-filter=warn".to_string(),
     ]);
@@ -491,6 +546,7 @@ async fn run_controller(
     let secs = t0.elapsed().as_secs_f64();
     let progress = Progress::of(t0, &ready_at);
     let phases = phases(&controller).await?;
+    let requests = requests_per_database(&controller, args.count).await?;
     let statements = top_statements(&pg, args).await?;
     let cpu_spent = cpu_spent(&machine0, &cpu_by_program(), secs);
     let writes = api_writes(client).await? - w0 - args.count as f64;
@@ -548,6 +604,7 @@ async fn run_controller(
         rss_peak,
         rss_settled,
         breakdown,
+        requests,
         idle_writes,
         idle_ddl,
         restart,
@@ -659,38 +716,6 @@ impl std::fmt::Display for Progress {
         let parts: Vec<String> = self.0.iter().map(|s| format!("{s:.1}")).collect();
         write!(f, "done at {} s", parts.join(" / "))
     }
-}
-
-/// Where the controller's reconciles spent their time so far, from its /metrics: their
-/// count and total, PostgreSQL statements and connections, Kubernetes API requests, the
-/// waits for a session slot, the slots held, the routine checks put off for a busy server,
-/// and the waits for the API rate limit (each a count and a total but the put-off ones).
-async fn phases(controller: &ControllerProcess) -> Result<String> {
-    let body = scale::metrics(controller).await?;
-    let pair = |name: &str, labels: &[&str]| {
-        let count = scale::metric_sum(&body, &format!("{name}_count"), labels);
-        let sum = scale::metric_sum(&body, &format!("{name}_sum"), labels);
-        format!("{count:.0} in {sum:.1} s")
-    };
-    Ok(format!(
-        "reconciles {}; SQL {}; API requests {}; waits for a session {}, sessions held {}, routine checks put off {:.0}, waits for the API rate limit {}",
-        pair(
-            "dbops_reconcile_duration_seconds",
-            &["controller=\"database-controller\""]
-        ),
-        pair(
-            "dbops_external_request_duration_seconds",
-            &["target=\"postgres\""]
-        ),
-        pair(
-            "dbops_external_request_duration_seconds",
-            &["target=\"kubernetes\""]
-        ),
-        pair("dbops_queue_wait_seconds", &["queue=\"postgres_session\""]),
-        pair("dbops_postgres_session_held_seconds", &[]),
-        scale::metric_sum(&body, "dbops_routine_checks_deferred_total", &[]),
-        pair("dbops_queue_wait_seconds", &["queue=\"api_rate_limit\""]),
-    ))
 }
 
 /// A run's PostgreSQL server; with `--statements`, with pg_stat_statements loaded (every

@@ -344,6 +344,71 @@ pub(crate) fn is_ddl(sql: &str) -> bool {
     })
 }
 
+/// The controller's API requests so far per Database, by verb and resource, most first
+/// (from `dbops_kubernetes_requests_total`), with their total: where the requests go.
+pub(crate) async fn requests_per_database(
+    controller: &ControllerProcess,
+    count: usize,
+) -> Result<String> {
+    let body = metrics(controller).await?;
+    let mut rows: Vec<(f64, String)> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("dbops_kubernetes_requests_total{"))
+        .filter_map(|rest| {
+            let (labels, value) = rest.split_once("} ")?;
+            let label = |k: &str| {
+                labels
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
+                    .map(|v| v.trim_end_matches('"').to_string())
+            };
+            let value: f64 = value.trim().parse().ok()?;
+            Some((value, format!("{} {}", label("verb")?, label("resource")?)))
+        })
+        .collect();
+    rows.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let n = count.max(1) as f64;
+    let total: f64 = rows.iter().map(|r| r.0).fold(0.0, |a, b| a + b);
+    let parts: Vec<String> = rows
+        .iter()
+        .filter(|(v, _)| *v / n >= 0.005)
+        .map(|(v, what)| format!("{what} {:.2}", v / n))
+        .collect();
+    Ok(format!("{:.2} ({})", total / n, parts.join(", ")))
+}
+
+/// Where the controller's reconciles spent their time so far, from its /metrics: their
+/// count and total, PostgreSQL statements and connections, Kubernetes API requests, the
+/// waits for a session slot, the slots held, the routine checks put off for a busy server,
+/// and the waits for the API rate limit (each a count and a total but the put-off ones).
+pub(crate) async fn phases(controller: &ControllerProcess) -> Result<String> {
+    let body = metrics(controller).await?;
+    let pair = |name: &str, labels: &[&str]| {
+        let count = metric_sum(&body, &format!("{name}_count"), labels);
+        let sum = metric_sum(&body, &format!("{name}_sum"), labels);
+        format!("{count:.0} in {sum:.1} s")
+    };
+    Ok(format!(
+        "reconciles {}; SQL {}; API requests {}; waits for a session {}, sessions held {}, routine checks put off {:.0}, waits for the API rate limit {}",
+        pair(
+            "dbops_reconcile_duration_seconds",
+            &["controller=\"database-controller\""]
+        ),
+        pair(
+            "dbops_external_request_duration_seconds",
+            &["target=\"postgres\""]
+        ),
+        pair(
+            "dbops_external_request_duration_seconds",
+            &["target=\"kubernetes\""]
+        ),
+        pair("dbops_queue_wait_seconds", &["queue=\"postgres_session\""]),
+        pair("dbops_postgres_session_held_seconds", &[]),
+        metric_sum(&body, "dbops_routine_checks_deferred_total", &[]),
+        pair("dbops_queue_wait_seconds", &["queue=\"api_rate_limit\""]),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
