@@ -11,6 +11,7 @@ use dbops_shared::controller::Context;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
 
 use crate::error::{Error, Result};
 use crate::live::confirm_live;
@@ -22,9 +23,12 @@ pub const FIELD_MANAGER: &str = "dbops-database-controller";
 
 /// The Database's connection Secret from its namespace's watch cache (set up at once when
 /// the namespace is not yet, see `tenant_secrets`) or, when the cache does not hold it
-/// yet, as this process last wrote it (`TenantSecrets::lookup`; issue 35: it was a GET,
-/// one API request per new Database that answered 404). A cached copy may be a little
-/// old; every change to it is a watch event that reconciles the Database again.
+/// (newer than the cache), from the API. A cached copy may be a little old; every change
+/// to it is a watch event that reconciles the Database again. The GET of a Secret the
+/// cache does not hold stays, though it answers 404 for every new Database: the cache
+/// holds dbops' Secrets only (its label), and a Secret of that name someone else made
+/// must be found before anything happens on the server (issue 35 tried without it:
+/// `an_existing_secret_is_never_taken_over` then saw the role created).
 pub(crate) async fn cached_secret(
     ctx: &Context<State>,
     db: &Database,
@@ -32,7 +36,11 @@ pub(crate) async fn cached_secret(
     let namespace = db.namespace().unwrap_or_default();
     let name = db.connection_secret_name();
     let store = ctx.state.tenants.secrets_for(db).await?;
-    Ok(ctx.state.tenants.lookup(&store, &namespace, &name))
+    if let Some(found) = store.get(&ObjectRef::new(&name).within(&namespace)) {
+        return Ok(Some(found));
+    }
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    Ok(secrets.get_opt(&name).await?.map(Arc::new))
 }
 
 /// The connection Secret to decide on: [`cached_secret`], read again from the API when the
@@ -94,7 +102,7 @@ pub(crate) async fn write_secret(
     existing: Option<&Secret>,
     desired: &Secret,
 ) -> Result<()> {
-    let written = write_owned_secret(
+    write_owned_secret(
         secrets,
         &db.connection_secret_name(),
         existing,
@@ -102,11 +110,7 @@ pub(crate) async fn write_secret(
         confirm_live(&ctx.client, db),
         |found| secret::check_ours(found, db).map_err(secret_conflict),
     )
-    .await?;
-    if let Some(written) = written {
-        ctx.state.tenants.wrote(written);
-    }
-    Ok(())
+    .await
 }
 
 /// Writes the connection Secret `name` as `desired` unless `existing` (from the cache,
@@ -121,15 +125,15 @@ pub(crate) async fn write_owned_secret(
     desired: &Secret,
     live: impl Future<Output = Result<()>>,
     check: impl FnOnce(&Secret) -> Result<()>,
-) -> Result<Option<Secret>> {
+) -> Result<()> {
     if existing.is_some_and(|s| secret::is_current(s, desired)) {
-        return Ok(None);
+        return Ok(());
     }
     live.await?;
-    let written = match existing {
+    match existing {
         // A new Secret: a plain create costs the apiserver less than an apply.
         None => match secrets.create(&PostParams::default(), desired).await {
-            Ok(created) => Ok(created),
+            Ok(_) => Ok(()),
             // Not in the cache, yet there: written only if it is the owner's own.
             Err(kube::Error::Api(e)) if e.code == 409 => {
                 let found = secrets.get(name).await?;
@@ -139,8 +143,7 @@ pub(crate) async fn write_owned_secret(
             Err(e) => Err(e.into()),
         },
         Some(found) => apply_secret(secrets, name, found, desired).await,
-    }?;
-    Ok(Some(written))
+    }
 }
 
 /// Server-side apply of the Secret: takes back every field this controller sets. Only
@@ -151,16 +154,17 @@ async fn apply_secret(
     name: &str,
     found: &Secret,
     desired: &Secret,
-) -> Result<Secret> {
+) -> Result<()> {
     let mut desired = desired.clone();
     desired.metadata.uid = found.metadata.uid.clone();
-    Ok(secrets
+    secrets
         .patch(
             name,
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&desired),
         )
-        .await?)
+        .await?;
+    Ok(())
 }
 
 fn secret_conflict(message: String) -> Error {

@@ -47,7 +47,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::mpsc;
@@ -99,9 +99,6 @@ struct Inner {
     /// them.
     bindings: Bindings,
     tenants: Mutex<HashMap<String, Tenant>>,
-    /// The connection Secrets this process wrote that their namespace's watch has not
-    /// delivered since ([`TenantSecrets::lookup`]).
-    written: Written,
     /// Set-ups and tear-downs, one at a time.
     changes: tokio::sync::Mutex<()>,
     triggers: mpsc::Sender<Secret>,
@@ -140,7 +137,6 @@ impl TenantSecrets {
                 configured,
                 identity: tokio::sync::OnceCell::new(),
                 tenants: Mutex::default(),
-                written: Written::default(),
                 changes: tokio::sync::Mutex::new(()),
                 triggers,
                 receiver: Mutex::new(Some(receiver)),
@@ -208,29 +204,6 @@ impl TenantSecrets {
         } else {
             Err(not_synced(&namespace))
         }
-    }
-
-    /// The connection Secret `name` of `namespace` as this process knows it: from the
-    /// namespace's cache (`store`, synced), or, when the cache does not hold it yet, the
-    /// copy this process wrote last ([`TenantSecrets::wrote`]). `None`: there is none,
-    /// with no request to the API. A Secret someone else made since the cache's first list
-    /// is found by the create it makes fail (409).
-    pub fn lookup(
-        &self,
-        store: &Store<Secret>,
-        namespace: &str,
-        name: &str,
-    ) -> Option<Arc<Secret>> {
-        match store.get(&ObjectRef::new(name).within(namespace)) {
-            Some(cached) => Some(cached),
-            None => self.inner.written.get(namespace, name),
-        }
-    }
-
-    /// Remembers a connection Secret this process has just written, until its namespace's
-    /// watch delivers it.
-    pub fn wrote(&self, secret: Secret) {
-        self.inner.written.insert(secret);
     }
 
     fn running(&self, namespace: &str) -> Option<Store<Secret>> {
@@ -327,7 +300,6 @@ impl TenantSecrets {
         if let Some(tenant) = removed {
             tenant.task.abort();
             WatchHealth::process().forget_namespace(namespace);
-            self.inner.written.forget_namespace(namespace);
             tracing::info!(
                 namespace,
                 "no Database needs this namespace's connection Secrets any more: their watch stopped"
@@ -354,7 +326,6 @@ impl TenantSecrets {
         .reflect(writer);
         let name = watch_name(namespace);
         let triggers = self.inner.triggers.clone();
-        let written = self.inner.written.clone();
         let task = tokio::spawn(async move {
             let mut events = std::pin::pin!(events);
             while let Some(event) = events.next().await {
@@ -370,8 +341,6 @@ impl TenantSecrets {
                     ) => s,
                     Ok(_) => continue,
                 };
-                // The cache holds this Secret's latest now.
-                written.seen(&touched);
                 if triggers.send(touched).await.is_err() {
                     break;
                 }
@@ -453,79 +422,4 @@ where
         reason: DatabaseReason::CacheNotSynced.as_str(),
         message: format!("the {what} cache has not synced yet"),
     })
-}
-
-/// Connection Secrets written by this process and not yet delivered by their
-/// namespace's watch, by (namespace, name): a reconcile that follows its own write finds
-/// the Secret without a GET. An entry goes when the watch delivers any event of that
-/// Secret, or with its namespace's watch; so there are at most as many as the watches lag.
-#[derive(Clone, Default)]
-struct Written(Arc<Mutex<SecretsByName>>);
-
-/// Secrets by (namespace, name).
-type SecretsByName = HashMap<(String, String), Arc<Secret>>;
-
-impl Written {
-    fn key(secret: &Secret) -> (String, String) {
-        (secret.namespace().unwrap_or_default(), secret.name_any())
-    }
-
-    fn insert(&self, secret: Secret) {
-        let key = Self::key(&secret);
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key, Arc::new(secret));
-    }
-
-    fn get(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&(namespace.to_owned(), name.to_owned()))
-            .cloned()
-    }
-
-    fn seen(&self, secret: &Secret) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&Self::key(secret));
-    }
-
-    fn forget_namespace(&self, namespace: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|(ns, _), _| ns != namespace);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn secret(namespace: &str, name: &str, version: &str) -> Secret {
-        let mut s = Secret::default();
-        s.metadata.namespace = Some(namespace.into());
-        s.metadata.name = Some(name.into());
-        s.metadata.resource_version = Some(version.into());
-        s
-    }
-
-    /// A Secret this process wrote is found until its watch delivers it (and then from
-    /// the cache); stopping the namespace's watch forgets its Secrets.
-    #[test]
-    fn a_written_secret_is_known_until_its_watch_delivers_it() {
-        let written = Written::default();
-        written.insert(secret("shop", "orders-connection", "7"));
-        written.insert(secret("blog", "posts-connection", "8"));
-        let found = written.get("shop", "orders-connection").unwrap();
-        assert_eq!(found.metadata.resource_version.as_deref(), Some("7"));
-        assert!(written.get("shop", "posts-connection").is_none());
-        written.seen(&secret("shop", "orders-connection", "9"));
-        assert!(written.get("shop", "orders-connection").is_none());
-        written.forget_namespace("blog");
-        assert!(written.get("blog", "posts-connection").is_none());
-    }
 }

@@ -285,8 +285,7 @@ async fn write_secret(
         confirm_live(ctx, user),
         |found| secret::check_owned(found, &Owner::user(user)).map_err(secret_conflict),
     )
-    .await?;
-    Ok(())
+    .await
 }
 
 /// A connection Secret of that name that is not this user's: refused, never taken over.
