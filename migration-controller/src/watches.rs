@@ -33,7 +33,7 @@ pub fn watches(
     )
     .default_backoff()
     // The store keeps what Preflight reads; managedFields is most of an object.
-    .modify(|d| d.managed_fields_mut().clear());
+    .modify(|d| controller::slim(&mut d.metadata));
     let database_events = reflector::reflector(databases, database_watch).touched_objects();
     c.owns_stream(controller::trigger(
         controller::scoped_api::<Backup>(client.clone(), namespace),

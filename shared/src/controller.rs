@@ -258,8 +258,7 @@ impl Running {
     }
 
     /// A kube-runtime `Controller` of the `K`s `config` selects: its store keeps no
-    /// `managedFields` (nothing reads them; on a small object they weigh more than the
-    /// rest), lists pages of [`LIST_PAGE_SIZE`], runs `--concurrency` reconciles at once
+    /// `managedFields` and no last-applied copy ([`slim`]), lists pages of [`LIST_PAGE_SIZE`], runs `--concurrency` reconciles at once
     /// (kube's `with_config` sets another), stops on SIGTERM, and starts a reconcile on
     /// what `trigger` says. Build every controller of the process before driving any: the
     /// process is ready once all of them have synced.
@@ -275,7 +274,7 @@ impl Running {
             writer,
             watcher(api, config.page_size(LIST_PAGE_SIZE))
                 .default_backoff()
-                .modify(|o| o.meta_mut().managed_fields = None),
+                .modify(|o| slim(o.meta_mut())),
         )
         .applied_objects();
         let controller = match trigger {
@@ -496,6 +495,20 @@ impl kube::runtime::utils::Backoff for EachWatchItsOwn {
     fn reset(&mut self) {}
 }
 
+/// The annotation client-side `kubectl apply` leaves on what it applied: a copy of the
+/// whole object as applied.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// What a watch store keeps of an object's metadata: neither its `managedFields` nor the
+/// copy of the object `kubectl apply` left in [`LAST_APPLIED`]. Nothing reads them, and
+/// on a small object they weigh more than the rest (issue 35: memory per object).
+pub fn slim(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
 /// `K`'s API as the runner lists it.
 pub fn api_of<K: Watched>(client: Client, namespace: Option<&str>) -> Api<K> {
     <K::Scope as ApiScope>::api::<K>(client, namespace)
@@ -649,6 +662,25 @@ mod tests {
     use kube::client::Body;
 
     use super::*;
+
+    #[test]
+    fn a_stored_object_keeps_its_own_annotations_only() {
+        let mut meta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            annotations: Some(
+                [
+                    (LAST_APPLIED.to_string(), "{\"spec\":{}}".to_string()),
+                    ("dbops.dev/rotate".to_string(), "1".to_string()),
+                ]
+                .into(),
+            ),
+            managed_fields: Some(vec![Default::default()]),
+            ..Default::default()
+        };
+        slim(&mut meta);
+        assert_eq!(meta.managed_fields, None);
+        let annotations = meta.annotations.unwrap_or_default();
+        assert_eq!(annotations.keys().collect::<Vec<_>>(), ["dbops.dev/rotate"]);
+    }
 
     #[tokio::test]
     async fn a_process_is_ready_once_every_controller_has_synced() {

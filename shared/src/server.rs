@@ -111,7 +111,8 @@ impl Directory {
             "DatabaseServer",
             reflector(
                 writer,
-                watcher(Api::<DatabaseServer>::all(client.clone()), servers_config),
+                watcher(Api::<DatabaseServer>::all(client.clone()), servers_config)
+                    .modify(|s| crate::controller::slim(&mut s.metadata)),
             ),
         );
         let (secrets, writer) = reflector::store();
@@ -123,9 +124,7 @@ impl Directory {
                     Api::<Secret>::namespaced(client.clone(), controller_namespace),
                     watcher::Config::default(),
                 )
-                .modify(|s| {
-                    s.metadata.managed_fields = None;
-                }),
+                .modify(|s| crate::controller::slim(&mut s.metadata)),
             ),
         );
         let (namespaces, writer) = reflector::store();
@@ -136,7 +135,8 @@ impl Directory {
                 watcher(
                     Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
                     watcher::Config::default(),
-                ),
+                )
+                .modify(|n| crate::controller::slim(&mut n.metadata)),
             ),
         );
         Self {

@@ -25,7 +25,7 @@ pub fn watches(
     let watch = watcher(backups, watcher::Config::default().labels(SCHEDULE_OF))
         .default_backoff()
         // The store keeps what the plan reads; managedFields is most of an object.
-        .modify(|b| b.managed_fields_mut().clear());
+        .modify(|b| controller::slim(&mut b.metadata));
     let stream = reflector::reflector(writer, watch).touched_objects();
     c.watches_stream(stream, |b: Backup| {
         let ns = b.namespace()?;

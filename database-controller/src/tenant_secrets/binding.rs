@@ -188,7 +188,7 @@ impl Bindings {
                     .fields(&format!("metadata.name={ROLE_BINDING}")),
             )
             .default_backoff()
-            .modify(|b| b.metadata.managed_fields = None),
+            .modify(|b| dbops_shared::controller::slim(&mut b.metadata)),
         );
         let task = tokio::spawn(events.for_each(|event| {
             if let Err(error) = &event {

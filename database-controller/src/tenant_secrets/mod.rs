@@ -320,7 +320,7 @@ impl TenantSecrets {
         )
         .default_backoff()
         .modify(|s| {
-            s.managed_fields_mut().clear();
+            dbops_shared::controller::slim(&mut s.metadata);
             secret::keep_in_cache(s);
         })
         .reflect(writer);
