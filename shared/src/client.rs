@@ -46,7 +46,7 @@ pub async fn rate_limited_client(
     // limit: a request the apiserver refuses for now (429 from API Priority and Fairness
     // or while a resource's storage starts: it was not carried out; 503, 504) waits what
     // `Retry-After` says (or 0.2 s doubling to 5 s) and is sent again, at most 3 times,
-    // each attempt with its own `timeout` and its own token of the rate limit. The
+    // each attempt with its own `timeout` (and one token of the rate limit for all). The
     // apiserver's 429 thus slows the caller down instead of failing its reconcile;
     // what is still refused after that reaches the caller as it is.
     config.default_retry = false;
