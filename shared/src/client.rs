@@ -19,6 +19,7 @@ use tower::{Layer, Service};
 use tracing::{Instrument, field};
 
 use crate::{
+    api_path::{is_collection, resource_of},
     metrics::{Target, observe_external_request, record_external_request},
     rate_limit::{RateLimitLayer, RateLimiter},
     watch_health::{WatchHealth, watch_of},
@@ -171,9 +172,10 @@ where
             .uri()
             .query()
             .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+        let resource = resource_of(request.uri().path());
         crate::metrics::record_kubernetes_request(
             verb_of(request.method(), request.uri().path(), watch),
-            resource_of(request.uri().path()),
+            resource.clone(),
         );
         // A watcher's request: its answer tells the watch's health (watch_health.rs).
         let watcher = watch_of(request.method(), request.uri());
@@ -183,7 +185,6 @@ where
         } else {
             let method = request.method().as_str();
             let path = request.uri().path();
-            let resource = resource_of(path);
             tracing::info_span!(
                 "kubernetes",
                 otel.name = %format_args!("{method} {resource}"),
@@ -237,7 +238,7 @@ where
 fn verb_of(method: &http::Method, path: &str, watch: bool) -> &'static str {
     match *method {
         http::Method::GET if watch => "watch",
-        http::Method::GET if crate::watch_health::is_collection(path) => "list",
+        http::Method::GET if is_collection(path) => "list",
         http::Method::GET => "get",
         http::Method::POST => "create",
         http::Method::PUT => "update",
@@ -258,57 +259,9 @@ fn outcome_of(status: http::StatusCode) -> &'static str {
     }
 }
 
-/// The resource a request path names, without namespace or object name: `databases`,
-/// `databases/status`, `secrets`, `namespaces`; the path itself when it is not a
-/// resource path (`/version`).
-fn resource_of(path: &str) -> String {
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let rest = match segments.first() {
-        Some(&"api") if segments.len() > 2 => &segments[2..],
-        Some(&"apis") if segments.len() > 3 => &segments[3..],
-        _ => return path.to_owned(),
-    };
-    let rest = match rest {
-        ["namespaces", _namespace, resource, more @ ..] => {
-            let mut r = vec![*resource];
-            r.extend(more);
-            r
-        }
-        other => other.to_vec(),
-    };
-    match rest.as_slice() {
-        [resource] | [resource, _] => (*resource).to_owned(),
-        [resource, _, subresource, ..] => format!("{resource}/{subresource}"),
-        [] => path.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn spans_name_the_resource_not_the_object() {
-        assert_eq!(
-            resource_of("/api/v1/namespaces/ns/secrets/pg-admin"),
-            "secrets"
-        );
-        assert_eq!(resource_of("/api/v1/namespaces/ns/secrets"), "secrets");
-        assert_eq!(resource_of("/api/v1/namespaces/ns"), "namespaces");
-        assert_eq!(
-            resource_of("/apis/dbops.dev/v1alpha1/namespaces/ns/databases/orders/status"),
-            "databases/status"
-        );
-        assert_eq!(
-            resource_of("/apis/dbops.dev/v1alpha1/databases"),
-            "databases"
-        );
-        assert_eq!(
-            resource_of("/apis/coordination.k8s.io/v1/namespaces/ns/leases/x"),
-            "leases"
-        );
-        assert_eq!(resource_of("/version"), "/version");
-    }
 
     #[tokio::test]
     async fn every_request_is_counted_by_outcome() {

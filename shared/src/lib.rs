@@ -1,6 +1,7 @@
 //! Plumbing every dbops controller uses: flags, telemetry, metrics, health, backoff,
 //! conditions, the backup store, leader election, the API rate limit and the generic controller runner.
 
+pub mod api_path;
 pub mod backoff;
 pub mod backup_store;
 pub mod checksum;

@@ -32,6 +32,8 @@ use std::{
 };
 
 use tokio::time::Instant;
+
+use crate::api_path::is_collection;
 use tokio_util::sync::CancellationToken;
 
 /// kube-runtime's default watch backoff never waits longer than this between attempts.
@@ -192,19 +194,6 @@ pub fn watch_of(method: &http::Method, uri: &http::Uri) -> Option<String> {
         }
     }
     watcher.then(|| format!("{}{selectors}", uri.path()))
-}
-
-/// `/api/v1/secrets`, `/api/v1/namespaces/ns/secrets`, `/apis/g/v/databases`,
-/// `/apis/g/v/namespaces/ns/databases`, `/api/v1/namespaces`: a collection; an object's
-/// path, a subresource's or a discovery path is none.
-pub(crate) fn is_collection(path: &str) -> bool {
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let rest = match segments.first() {
-        Some(&"api") if segments.len() > 2 => &segments[2..],
-        Some(&"apis") if segments.len() > 3 => &segments[3..],
-        _ => return false,
-    };
-    matches!(rest, [_] | ["namespaces", _, _])
 }
 
 /// Returns the first stall of `health` that lasts `timeout`, looking every few seconds;
