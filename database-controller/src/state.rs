@@ -78,7 +78,7 @@ impl State {
         self.verified
             .checks
             .retain(|uid, (_, _, at)| live.contains(uid) && at.elapsed() < every);
-        self.statuses.retain(|uid| live.contains(uid));
+        self.statuses.sweep(store);
         self.routine.retain(|uid| live.contains(uid));
         let named: HashSet<(String, String)> = store
             .state()

@@ -313,6 +313,23 @@ impl<K: HasStatus> StatusWriter<K> {
         self.recent.retain(|uid, _| live(uid));
     }
 
+    /// Keeps only the writes `cache` has not shown yet: an object the cache shows with the
+    /// status written last, or no longer holds, is forgotten. Once the watch has caught up
+    /// the memo is empty, whatever the number of objects (a write kept after that would be
+    /// a second copy of every status in the process).
+    pub fn sweep(&self, cache: &Store<K>) {
+        let cached = cache.state();
+        let by_uid: std::collections::HashMap<&str, &K> = cached
+            .iter()
+            .filter_map(|k| k.meta().uid.as_deref().map(|uid| (uid, k.as_ref())))
+            .collect();
+        self.recent.retain(|uid, r| {
+            by_uid
+                .get(uid)
+                .is_some_and(|k| k.status() != Some(&r.status))
+        });
+    }
+
     /// How many objects' writes the cache has not shown yet (for tests and metrics).
     pub fn pending(&self) -> usize {
         self.recent.len()
@@ -403,6 +420,40 @@ mod tests {
             w.latest(&db("u199", "1", Some("Pending"))),
             status("Pending")
         );
+    }
+
+    #[test]
+    fn once_the_cache_has_caught_up_the_memo_holds_nothing() {
+        use kube::runtime::{reflector, watcher};
+        let w = StatusWriter::<Database>::default();
+        let (cache, mut feed) = reflector::store::<Database>();
+        // 40 writes (under the size at which `remember` sweeps): the cache shows 30 of
+        // them, 5 not yet, and 5 objects are gone from it.
+        for i in 0..40 {
+            let shown = if i < 30 { "Ready" } else { "Pending" };
+            if i < 35 {
+                feed.apply_watcher_event(&watcher::Event::Apply(db(
+                    &format!("u{i}"),
+                    "2",
+                    Some(shown),
+                )));
+            }
+            w.remember(
+                &format!("u{i}"),
+                status("Ready"),
+                Some("2".into()),
+                Some(&cache),
+            );
+        }
+        assert_eq!(w.pending(), 40, "under SWEEP_MIN nothing was swept yet");
+        w.sweep(&cache);
+        assert_eq!(w.pending(), 5, "only the writes the cache has not shown");
+        for i in 30..35 {
+            assert_eq!(
+                w.latest(&db(&format!("u{i}"), "1", Some("Pending"))),
+                status("Ready")
+            );
+        }
     }
 
     #[test]
