@@ -57,9 +57,15 @@ impl<V> Memo<V> {
         drop
     }
 
-    /// Keeps only the uids for which `f` holds.
+    /// Keeps only the uids for which `f` holds. A map left at under a quarter of its
+    /// room gives the rest back (a table grown by a burst of thousands of objects would
+    /// otherwise stay that size for the life of the process).
     pub fn retain(&self, mut f: impl FnMut(&str, &V) -> bool) {
-        self.map().retain(|uid, value| f(uid, value));
+        let mut map = self.map();
+        map.retain(|uid, value| f(uid, value));
+        if map.capacity() > 64 && map.len() < map.capacity() / 4 {
+            map.shrink_to_fit();
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -95,5 +101,21 @@ mod tests {
         memo.insert("c", 4);
         memo.forget("c");
         assert_eq!(memo.uids(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_memo_emptied_after_a_burst_gives_its_room_back() {
+        let memo = Memo::default();
+        for i in 0..10_000 {
+            memo.insert(&format!("uid-{i}"), i);
+        }
+        let grown = memo.map().capacity();
+        memo.retain(|uid, _| uid == "uid-7");
+        assert_eq!(memo.len(), 1);
+        assert!(
+            memo.map().capacity() < grown / 100,
+            "{} of {grown}",
+            memo.map().capacity()
+        );
     }
 }
