@@ -327,7 +327,7 @@ pub async fn run(args: DatabasesArgs) -> Result<()> {
         list(cs.iter().map(|c| mib(c.rss_settled)).collect())
     );
     println!(
-        "| RSS per Database above idle, peak / settled (target ≤ 3 KiB each) | | {} | |",
+        "| RSS per Database above idle, peak / settled (target ≤ 4 KiB at 10,000) | | {} | |",
         list(
             cs.iter()
                 .map(|c| format!(
