@@ -293,12 +293,8 @@ impl<K: HasStatus> StatusWriter<K> {
             return;
         }
         if let Some(cache) = cache {
-            for cached in cache.state() {
-                if let Some(uid) = cached.meta().uid.as_deref() {
-                    self.recent
-                        .forget_if(uid, |r| cached.status() == Some(&r.status));
-                }
-            }
+            // An object the cache does not hold yet keeps its write.
+            self.sweep_against(cache, true);
         }
         *sweep_at = self.recent.len() * 2;
     }
@@ -318,15 +314,20 @@ impl<K: HasStatus> StatusWriter<K> {
     /// the memo is empty, whatever the number of objects (a write kept after that would be
     /// a second copy of every status in the process).
     pub fn sweep(&self, cache: &Store<K>) {
+        self.sweep_against(cache, false);
+    }
+
+    /// Forgets each write `cache` shows; an object `cache` does not hold is kept only
+    /// when `keep_unseen`.
+    fn sweep_against(&self, cache: &Store<K>, keep_unseen: bool) {
         let cached = cache.state();
         let by_uid: std::collections::HashMap<&str, &K> = cached
             .iter()
             .filter_map(|k| k.meta().uid.as_deref().map(|uid| (uid, k.as_ref())))
             .collect();
-        self.recent.retain(|uid, r| {
-            by_uid
-                .get(uid)
-                .is_some_and(|k| k.status() != Some(&r.status))
+        self.recent.retain(|uid, r| match by_uid.get(uid) {
+            Some(k) => k.status() != Some(&r.status),
+            None => keep_unseen,
         });
     }
 
