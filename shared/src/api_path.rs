@@ -1,6 +1,7 @@
-//! What a Kubernetes API request path names, read once for the client's stack (its spans,
+//! What a Kubernetes API request names, read once for the client's stack (its spans,
 //! its metrics, the write fence) and for the watch health: the resource, and whether the
-//! path is a collection (what a list or a watch reads) or one object.
+//! path is a collection (what a list or a watch reads) or one object, and whether its
+//! query asks for a watch.
 
 /// The segments after `/api/<version>` or `/apis/<group>/<version>`: `["secrets"]`,
 /// `["namespaces", "ns", "databases", "orders", "status"]`; `None` for any other path
@@ -45,6 +46,11 @@ pub fn is_collection(path: &str) -> bool {
         .is_some_and(|rest| matches!(rest.as_slice(), [_] | ["namespaces", _, _]))
 }
 
+/// Whether a request's query asks for a watch (`watch=true`, or `watch=1`).
+pub fn is_watch(query: Option<&str>) -> bool {
+    query.is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,5 +76,13 @@ mod tests {
             "leases"
         );
         assert_eq!(resource_of("/version"), "/version");
+    }
+
+    #[test]
+    fn a_watch_is_asked_for_in_the_query() {
+        assert!(is_watch(Some("watch=true&resourceVersion=1")));
+        assert!(is_watch(Some("labelSelector=a&watch=1")));
+        assert!(!is_watch(Some("limit=500")));
+        assert!(!is_watch(None));
     }
 }

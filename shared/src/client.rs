@@ -19,7 +19,7 @@ use tower::{Layer, Service};
 use tracing::{Instrument, field};
 
 use crate::{
-    api_path::{is_collection, resource_of},
+    api_path::{is_collection, is_watch, resource_of},
     metrics::{Target, observe_external_request, record_external_request},
     rate_limit::{RateLimitLayer, RateLimiter},
     watch_health::{WatchHealth, watch_of},
@@ -168,10 +168,7 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         // A watch's answer is its stream's start; its duration says nothing of the API.
-        let watch = request
-            .uri()
-            .query()
-            .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+        let watch = is_watch(request.uri().query());
         let resource = resource_of(request.uri().path());
         crate::metrics::record_kubernetes_request(
             verb_of(request.method(), request.uri().path(), watch),

@@ -258,7 +258,8 @@ impl Running {
     }
 
     /// A kube-runtime `Controller` of the `K`s `config` selects: its store keeps no
-    /// `managedFields` and no last-applied copy ([`slim`]), lists pages of [`LIST_PAGE_SIZE`], runs `--concurrency` reconciles at once
+    /// `managedFields` and no last-applied copy ([`slim`]), lists pages of
+    /// [`LIST_PAGE_SIZE`], runs `--concurrency` reconciles at once
     /// (kube's `with_config` sets another), stops on SIGTERM, and starts a reconcile on
     /// what `trigger` says. Build every controller of the process before driving any: the
     /// process is ready once all of them have synced.

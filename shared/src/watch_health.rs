@@ -15,9 +15,9 @@
 //! 2xx status, a list or a watch that starts, ends the watch's streak, whether or not any
 //! object exists (issue 35: a watch that recovered but saw no object reported nothing, so
 //! a single 429 of a controller's own watch, while a CRD's storage started, ended the
-//! process 90 s later); so does a 429, the server asking to come back later. A timeout, a connection error or any other status (but `410
-//! Expired`, after which the watcher lists anew at once, as the API intends) is a
-//! failure; failures no further apart than [`WatchHealth::gap`] belong to one streak, and
+//! process 90 s later); so does a 429, the server asking to come back later. A timeout,
+//! a connection error or any other status (but `410 Expired`, after which the watcher
+//! lists anew at once, as the API intends) is a failure; failures no further apart than [`WatchHealth::gap`] belong to one streak, and
 //! a silence longer than that ends one too. Once the failures of a streak have kept
 //! coming for `--watch-stall-timeout` (from its first failure to its latest), the
 //! [`watchdog`] ends the process with [`crate::controller::ControllerError::WatchStalled`],
@@ -33,7 +33,7 @@ use std::{
 
 use tokio::time::Instant;
 
-use crate::api_path::is_collection;
+use crate::api_path::{is_collection, is_watch};
 use tokio_util::sync::CancellationToken;
 
 /// kube-runtime's default watch backoff never waits longer than this between attempts.
@@ -182,10 +182,9 @@ pub fn watch_of(method: &http::Method, uri: &http::Uri) -> Option<String> {
     if method != http::Method::GET || !is_collection(uri.path()) {
         return None;
     }
-    let (mut watcher, mut selectors) = (false, String::new());
+    let (mut watcher, mut selectors) = (is_watch(uri.query()), String::new());
     for (key, value) in form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes()) {
         match &*key {
-            "watch" => watcher |= value == "true" || value == "1",
             "limit" => watcher = true,
             "labelSelector" | "fieldSelector" if !value.is_empty() => {
                 selectors.push_str(&format!(" {key}={value}"));
