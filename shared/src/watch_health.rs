@@ -17,8 +17,8 @@
 //! a single 429 of a controller's own watch, while a CRD's storage started, ended the
 //! process 90 s later); so does a 429, the server asking to come back later. A timeout,
 //! a connection error or any other status (but `410 Expired`, after which the watcher
-//! lists anew at once, as the API intends) is a failure; failures no further apart than [`WatchHealth::gap`] belong to one streak, and
-//! a silence longer than that ends one too. Once the failures of a streak have kept
+//! lists anew at once, as the API intends) is a failure; failures no further apart than
+//! [`WatchHealth::gap`] belong to one streak, and a silence longer than that ends one too. Once the failures of a streak have kept
 //! coming for `--watch-stall-timeout` (from its first failure to its latest), the
 //! [`watchdog`] ends the process with [`crate::controller::ControllerError::WatchStalled`],
 //! naming the watch, the number of failures and the last one; the Deployment (or the
