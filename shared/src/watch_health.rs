@@ -9,20 +9,21 @@
 //! its relists with `request timed out` for minutes, and only a new process recovered.
 //!
 //! [`WatchHealth`] keeps, per watch, the current *streak* of failures. It learns of them
-//! from the client's stack ([`crate::client`]), which sees every request a watcher sends:
-//! a watch start (`watch=true`) or a paged list (`limit=`) of a collection belongs to the
-//! watch named by [`watch_of`] (the collection's path and selectors). An answer with a
-//! 2xx status, a list or a watch that starts, ends the watch's streak, whether or not any
-//! object exists (issue 35: a watch that recovered but saw no object reported nothing, so
-//! a single 429 of a controller's own watch, while a CRD's storage started, ended the
-//! process 90 s later); so does a 429, the server asking to come back later. A timeout,
-//! a connection error or any other status (but `410 Expired`, after which the watcher
-//! lists anew at once, as the API intends) is a failure; failures no further apart than
-//! [`WatchHealth::gap`] belong to one streak, and a silence longer than that ends one too. Once the failures of a streak have kept
-//! coming for `--watch-stall-timeout` (from its first failure to its latest), the
-//! [`watchdog`] ends the process with [`crate::controller::ControllerError::WatchStalled`],
-//! naming the watch, the number of failures and the last one; the Deployment (or the
-//! test bed) starts a fresh process, which lists everything anew.
+//! from the client's stack ([`crate::client`]), which sees every request a watcher
+//! sends: a watch start (`watch=true`) or a paged list (`limit=`) of a collection
+//! belongs to the watch named by [`watch_of`] (the collection's path and selectors). An
+//! answer with a 2xx status, a list or a watch that starts, ends the watch's streak,
+//! whether or not any object exists (issue 35: a watch that recovered but saw no object
+//! reported nothing, so a single 429 of a controller's own watch, while a CRD's storage
+//! started, ended the process 90 s later); so does a 429, the server asking to come back
+//! later. A timeout, a connection error or any other status (but `410 Expired`, after
+//! which the watcher lists anew at once, as the API intends) is a failure; failures no
+//! further apart than [`WatchHealth::gap`] belong to one streak, and a silence longer
+//! than that ends one too. Once the failures of a streak have kept coming for
+//! `--watch-stall-timeout` (from its first failure to its latest), the [`watchdog`] ends
+//! the process with [`crate::controller::ControllerError::WatchStalled`], naming the
+//! watch, the number of failures and the last one; the Deployment (or the test bed)
+//! starts a fresh process, which lists everything anew.
 
 use std::{
     collections::HashMap,
