@@ -14,6 +14,7 @@ pub mod kubectl;
 pub mod live_writer;
 pub mod namespace;
 pub mod paths;
+pub mod pgbouncer;
 pub mod postgres;
 pub mod process;
 pub mod s3;

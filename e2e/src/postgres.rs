@@ -17,7 +17,8 @@ mod text;
 pub use binaries::{bin_dir, client_bin_dir, server_majors};
 pub use text::{quote_ident, quote_literal, redact_passwords};
 
-use binaries::{chown_to_postgres, runnable_by_postgres};
+pub(crate) use binaries::chown_to_postgres;
+use binaries::runnable_by_postgres;
 use text::is_statement_line;
 
 use std::path::{Path, PathBuf};

@@ -16,6 +16,7 @@ pub mod leader;
 pub mod memo;
 pub mod metrics;
 pub mod pg_tools;
+pub mod pooler;
 pub mod postgres;
 pub mod rate_limit;
 pub mod ref_index;

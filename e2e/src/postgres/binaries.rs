@@ -176,7 +176,7 @@ pub(super) fn runnable_by_postgres(bin: &Path) -> Result<PathBuf> {
     Ok(mirror.join("bin"))
 }
 
-pub(super) fn chown_to_postgres(dir: &Path) -> Result<()> {
+pub(crate) fn chown_to_postgres(dir: &Path) -> Result<()> {
     let status = std::process::Command::new("chown")
         .args(["-R", "postgres:postgres"])
         .arg(dir)

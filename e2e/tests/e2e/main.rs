@@ -20,6 +20,7 @@ mod metrics;
 mod migration;
 mod migration_logical;
 mod names;
+mod pooler;
 mod postgres;
 mod schedule;
 mod tenancy;

@@ -1,0 +1,143 @@
+//! PgBouncer from Debian's package (`e2e/install` installs it), run by the harness on a
+//! loopback port with the configuration dbops renders (`dbops_shared::pooler`), as the
+//! pooler's Pods will run it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use dbops_shared::pooler::{self, Route, Settings, Userlist};
+use tokio_postgres::{Client, NoTls};
+
+use crate::process::{Spec, Supervised, free_port, is_root};
+
+/// The Debian package's binary.
+pub fn binary() -> Result<PathBuf> {
+    ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .context("pgbouncer is not installed: run e2e/install (Debian package pgbouncer)")
+}
+
+/// A running PgBouncer; stopped when dropped.
+pub struct PgBouncer {
+    dir: PathBuf,
+    settings: Settings,
+    process: Supervised,
+}
+
+impl PgBouncer {
+    /// Settings for a pooler on a free loopback port whose files live in `dir`.
+    pub fn settings_in(dir: &Path, admin_user: &str) -> Result<Settings> {
+        Ok(Settings {
+            listen_addr: "127.0.0.1".into(),
+            listen_port: free_port()?,
+            pool_mode: pooler::PoolMode::Transaction,
+            max_client_conn: 200,
+            default_pool_size: 5,
+            max_db_connections: 0,
+            auth_file: dir.join("userlist.txt"),
+            admin_user: admin_user.into(),
+            server_tls: pooler::ServerTls {
+                sslmode: "disable".into(),
+                ca_file: None,
+            },
+            client_tls: None,
+        })
+    }
+
+    /// Writes the configuration into `dir` (given to `postgres` when this is root: PgBouncer
+    /// refuses to run as root) and starts PgBouncer on it, waiting until it answers.
+    pub async fn start(
+        dir: &Path,
+        settings: Settings,
+        routes: &[Route],
+        userlist: &Userlist,
+    ) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let this_far = Self::write(dir, &settings, routes, userlist)?;
+        let spec = Spec::new("pgbouncer", binary()?)
+            .args([this_far.display().to_string()])
+            .stop_signal("INT")
+            .run_as(is_root().then(|| "postgres".to_string()));
+        let process = Supervised::start(&spec, dir)?;
+        let mut bouncer = Self {
+            dir: dir.to_path_buf(),
+            settings,
+            process,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = bouncer.process.try_exit()? {
+                bail!(
+                    "pgbouncer exited ({status}):\n{}",
+                    bouncer.process.log_tail(3000)
+                );
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", bouncer.port()))
+                .await
+                .is_ok()
+            {
+                return Ok(bouncer);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "pgbouncer did not listen on {} within 20 s:\n{}",
+                    bouncer.port(),
+                    bouncer.process.log_tail(3000)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn write(
+        dir: &Path,
+        settings: &Settings,
+        routes: &[Route],
+        users: &Userlist,
+    ) -> Result<PathBuf> {
+        let ini = dir.join("pgbouncer.ini");
+        std::fs::write(&ini, pooler::render(settings, routes)?)?;
+        std::fs::write(&settings.auth_file, users.render())?;
+        if is_root() {
+            crate::postgres::chown_to_postgres(dir)?;
+        }
+        Ok(ini)
+    }
+
+    /// Rewrites the configuration; PgBouncer reads it on the admin console's `RELOAD`.
+    pub fn rewrite(&mut self, routes: &[Route], userlist: &Userlist) -> Result<()> {
+        Self::write(&self.dir, &self.settings, routes, userlist).map(|_| ())
+    }
+
+    pub fn port(&self) -> u16 {
+        self.settings.listen_port
+    }
+
+    pub fn log_tail(&self, max_bytes: u64) -> String {
+        self.process.log_tail(max_bytes)
+    }
+
+    /// A client through the pooler (plain TCP), as an application connects.
+    pub async fn connect(&self, user: &str, password: &str, dbname: &str) -> Result<Client> {
+        let (client, connection) = tokio_postgres::Config::new()
+            .host("127.0.0.1")
+            .port(self.port())
+            .user(user)
+            .password(password)
+            .dbname(dbname)
+            .connect_timeout(Duration::from_secs(10))
+            .connect(NoTls)
+            .await?;
+        tokio::spawn(connection);
+        Ok(client)
+    }
+
+    /// The admin console (`pgbouncer` database; simple queries only).
+    pub async fn admin(&self, password: &str) -> Result<Client> {
+        let user = self.settings.admin_user.clone();
+        self.connect(&user, password, "pgbouncer").await
+    }
+}

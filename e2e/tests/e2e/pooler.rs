@@ -1,0 +1,320 @@
+//! The pooler's configuration run by a real PgBouncer (Debian's package) against real
+//! servers: the `pgbouncer.ini` and SCRAM userlist dbops renders (`dbops_shared::pooler`),
+//! passwords set on the server with the verifiers of derived salts, as the pooler needs.
+
+use std::time::{Duration, Instant};
+
+use dbops_e2e::pgbouncer::PgBouncer;
+use dbops_e2e::postgres::{PgServer, quote_ident, quote_literal};
+use dbops_shared::pooler::{Route, SaltKey, Userlist, salt_for, verifier};
+use dbops_shared::postgres::generate_password;
+
+use crate::test_dir;
+
+const ADMIN: &str = "dbops_pooler_admin";
+
+/// A login with a password whose verifier the pooler can derive, and its database
+/// (CONNECT revoked from PUBLIC, as dbops makes them).
+async fn tenant(pg: &PgServer, key: &SaltKey, login: &str, db: &str) -> String {
+    let password = generate_password();
+    let su = pg.connect_as_superuser().await.unwrap();
+    let v = verifier(&password, &salt_for(key, login));
+    su.batch_execute(&format!(
+        "CREATE ROLE {} LOGIN PASSWORD {}",
+        quote_ident(login),
+        quote_literal(&v)
+    ))
+    .await
+    .unwrap();
+    su.batch_execute(&format!(
+        "CREATE DATABASE {db} OWNER {}",
+        quote_ident(login)
+    ))
+    .await
+    .unwrap();
+    su.batch_execute(&format!("REVOKE CONNECT ON DATABASE {db} FROM PUBLIC"))
+        .await
+        .unwrap();
+    password
+}
+
+/// Another login on `db` (a rotation's second login).
+async fn second_login(pg: &PgServer, key: &SaltKey, login: &str, db: &str) -> String {
+    let password = generate_password();
+    let su = pg.connect_as_superuser().await.unwrap();
+    let v = verifier(&password, &salt_for(key, login));
+    su.batch_execute(&format!(
+        "CREATE ROLE {} LOGIN PASSWORD {}; GRANT CONNECT ON DATABASE {db} TO {0}",
+        quote_ident(login),
+        quote_literal(&v)
+    ))
+    .await
+    .unwrap();
+    password
+}
+
+fn route(db: &str, pg: &PgServer) -> Route {
+    Route {
+        name: db.into(),
+        host: pg.host().into(),
+        port: pg.port(),
+        dbname: db.into(),
+    }
+}
+
+fn userlist(key: &SaltKey, logins: &[(&str, &str)]) -> Userlist {
+    let mut list = Userlist::default();
+    for (login, password) in logins {
+        list.insert(login, &verifier(password, &salt_for(key, login)))
+            .unwrap();
+    }
+    list
+}
+
+async fn whoami(c: &tokio_postgres::Client) -> (String, String) {
+    let rows = c
+        .simple_query("SELECT current_user, current_database()")
+        .await
+        .unwrap();
+    rows.iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some((r.get(0).unwrap().to_string(), r.get(1).unwrap().to_string()))
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no row in {rows:?}"))
+}
+
+#[tokio::test]
+async fn pooled_logins_reach_their_own_database_only_and_a_retired_login_stops() {
+    dbops_e2e::init_test_logging();
+    let pg = PgServer::start_with_settings("pooled", &[("log_connections", "on")])
+        .await
+        .unwrap();
+    let key = SaltKey::generate();
+    let a = tenant(&pg, &key, "orders_owner", "orders").await;
+    let b = tenant(&pg, &key, "billing_owner", "billing").await;
+    let a2 = second_login(&pg, &key, "orders_owner-2", "orders").await;
+    let admin = generate_password();
+
+    let dir = test_dir("pooler", "logins");
+    let settings = PgBouncer::settings_in(dir.path(), ADMIN).unwrap();
+    let routes = [route("orders", &pg), route("billing", &pg)];
+    let mut bouncer = PgBouncer::start(
+        dir.path(),
+        settings,
+        &routes,
+        &userlist(
+            &key,
+            &[
+                ("orders_owner", &a),
+                ("billing_owner", &b),
+                ("orders_owner-2", &a2),
+                (ADMIN, &admin),
+            ],
+        ),
+    )
+    .await
+    .unwrap();
+
+    // Each login through the pooler reaches its own database, as itself.
+    let c = bouncer.connect("orders_owner", &a, "orders").await.unwrap();
+    assert_eq!(whoami(&c).await, ("orders_owner".into(), "orders".into()));
+    let c = bouncer
+        .connect("billing_owner", &b, "billing")
+        .await
+        .unwrap();
+    assert_eq!(whoami(&c).await, ("billing_owner".into(), "billing".into()));
+
+    // Not another tenant's: the server refuses it (CONNECT), the pooler passes that on.
+    let e = bouncer
+        .connect("orders_owner", &a, "billing")
+        .await
+        .map(drop)
+        .expect_err("orders_owner must not reach billing through the pooler");
+    assert!(
+        format!("{e:#}").contains("permission denied"),
+        "the server's refusal: {e:#}"
+    );
+    // A wrong password never gets past the pooler.
+    let e = bouncer
+        .connect("orders_owner", &b, "orders")
+        .await
+        .map(drop)
+        .expect_err("a wrong password must be refused");
+    assert!(format!("{e:#}").contains("authentication failed"), "{e:#}");
+
+    // The pooler authenticated each login with SCRAM against the server's own verifier
+    // (pass-through): no query, no other login on the server's side.
+    let log = std::fs::read_to_string(pg.log_path()).unwrap();
+    for login in ["orders_owner", "billing_owner"] {
+        assert!(
+            log.contains(&format!(
+                "connection authenticated: identity=\"{login}\" method=scram-sha-256"
+            )),
+            "{login} authenticated by SCRAM on the server:\n{}",
+            pg.log_tail(4000)
+        );
+    }
+
+    // A rotation's overlap: both logins of orders work through the pooler.
+    let c = bouncer
+        .connect("orders_owner-2", &a2, "orders")
+        .await
+        .unwrap();
+    assert_eq!(whoami(&c).await, ("orders_owner-2".into(), "orders".into()));
+    drop(c);
+    // The retired login leaves the userlist: the pooler refuses it after a RELOAD, while
+    // the other login goes on working.
+    bouncer
+        .rewrite(
+            &routes,
+            &userlist(
+                &key,
+                &[("orders_owner", &a), ("billing_owner", &b), (ADMIN, &admin)],
+            ),
+        )
+        .unwrap();
+    bouncer
+        .admin(&admin)
+        .await
+        .unwrap()
+        .simple_query("RELOAD")
+        .await
+        .unwrap();
+    let e = bouncer
+        .connect("orders_owner-2", &a2, "orders")
+        .await
+        .map(drop)
+        .expect_err("a login gone from the userlist must be refused");
+    assert!(format!("{e:#}").contains("authentication failed"), "{e:#}");
+    let c = bouncer.connect("orders_owner", &a, "orders").await.unwrap();
+    assert_eq!(whoami(&c).await.0, "orders_owner");
+    drop(c);
+
+    // Why the salt is derived and not random: a verifier of the right password with any
+    // other salt lets the client past a (fresh) pooler, and the server then refuses the
+    // pooler's login.
+    let other_salt = userlist(&SaltKey::generate(), &[("orders_owner", &a)]);
+    let dir2 = test_dir("pooler", "other-salt");
+    let settings = PgBouncer::settings_in(dir2.path(), ADMIN).unwrap();
+    let fresh = PgBouncer::start(dir2.path(), settings, &routes, &other_salt)
+        .await
+        .unwrap();
+    let e = fresh
+        .connect("orders_owner", &a, "orders")
+        .await
+        .map(drop)
+        .expect_err("a verifier the server does not hold cannot pass through");
+    assert!(format!("{e:#}").contains("authentication failed"), "{e:#}");
+    drop(fresh);
+    drop(dir2);
+    drop(dir);
+}
+
+/// The ★ cutover's mechanism: PAUSE one database, point its route at another server,
+/// RELOAD, RESUME. A client connected through the pooler throughout sees a wait, not an
+/// error, and its next queries land on the new server; the same login's verifier (one
+/// derived salt) is valid on both servers, so the userlist does not change.
+#[tokio::test]
+async fn a_paused_database_moves_to_another_server_and_its_pooled_client_sees_no_error() {
+    dbops_e2e::init_test_logging();
+    let (source, target) = tokio::join!(PgServer::start("pool-src"), PgServer::start("pool-dst"));
+    let (source, target) = (source.unwrap(), target.unwrap());
+    let key = SaltKey::generate();
+    let password = tenant(&source, &key, "shop_owner", "shop").await;
+    // The target holds the same login (a Migration creates it there) with the same
+    // password: the derived salt gives it the same verifier.
+    {
+        let su = target.connect_as_superuser().await.unwrap();
+        let v = verifier(&password, &salt_for(&key, "shop_owner"));
+        su.batch_execute(&format!(
+            "CREATE ROLE shop_owner LOGIN PASSWORD {}",
+            quote_literal(&v)
+        ))
+        .await
+        .unwrap();
+        su.batch_execute("CREATE DATABASE shop OWNER shop_owner")
+            .await
+            .unwrap();
+    }
+    let admin = generate_password();
+    let dir = test_dir("pooler", "cutover");
+    let settings = PgBouncer::settings_in(dir.path(), ADMIN).unwrap();
+    let users = userlist(&key, &[("shop_owner", &password), (ADMIN, &admin)]);
+    let mut bouncer = PgBouncer::start(dir.path(), settings, &[route("shop", &source)], &users)
+        .await
+        .unwrap();
+
+    let client = bouncer
+        .connect("shop_owner", &password, "shop")
+        .await
+        .unwrap();
+    let port_of = |rows: Vec<tokio_postgres::SimpleQueryMessage>| -> u16 {
+        rows.iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                _ => None,
+            })
+            .and_then(|p| p.parse().ok())
+            .expect("inet_server_port()")
+    };
+    // The client queries without a pause of its own, before, during and after the move.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let worker = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let (mut ok, mut failed, mut longest) = (0u32, Vec::new(), Duration::ZERO);
+            let mut ports = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                match client.simple_query("SELECT inet_server_port()").await {
+                    Ok(rows) => {
+                        ok += 1;
+                        ports.push(port_of(rows));
+                    }
+                    Err(e) => failed.push(format!("{e:#}")),
+                }
+                longest = longest.max(t.elapsed());
+            }
+            (ok, failed, longest, ports)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await; // queries on the source first
+
+    let console = bouncer.admin(&admin).await.unwrap();
+    let paused = Instant::now();
+    console.simple_query("PAUSE shop").await.unwrap();
+    bouncer.rewrite(&[route("shop", &target)], &users).unwrap();
+    console.simple_query("RELOAD").await.unwrap();
+    // A little time in the pause, as a freeze takes, so the client's wait shows.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    console.simple_query("RESUME shop").await.unwrap();
+    let pause = paused.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await; // queries on the target after
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed, longest, ports) = worker.await.unwrap();
+
+    println!(
+        "pooled client across the move: {ok} queries, {} failed, longest wait {longest:?} (pause {pause:?})",
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "queries failed across the move: {failed:?}"
+    );
+    assert_eq!(ports.first(), Some(&source.port()), "first on the source");
+    assert_eq!(ports.last(), Some(&target.port()), "last on the target");
+    let switch = ports.iter().position(|p| *p == target.port()).unwrap();
+    assert!(
+        ports[switch..].iter().all(|p| *p == target.port()),
+        "never back on the source after the move"
+    );
+    assert!(
+        longest >= Duration::from_millis(150),
+        "the client waited through the pause: {longest:?}"
+    );
+    drop(bouncer);
+    drop(dir);
+}
