@@ -10,26 +10,22 @@
 //!   `pg_authid`, which no managed service grants.
 //! - **The verifier must be the one the server holds**, byte for byte (pass-through needs
 //!   the same salt and iterations), and dbops cannot read `pg_authid` on a managed
-//!   server. So dbops sets every pooled login's password with a verifier whose salt it
-//!   can derive again ([`salt_for`]: HMAC-SHA-256 of the login under a random key per
-//!   server, [`SaltKey`]), and can always write the same verifier into the userlist from
-//!   the password it already keeps in the connection Secret. The salt never comes from
-//!   the password, is unique per server and login, and cannot be predicted without the
-//!   key.
+//!   server. So every password dbops sets has a salt it can derive again from the login
+//!   (`crate::postgres::scram`), and the userlist entry of a login is made from the
+//!   password dbops already keeps in its connection Secret
+//!   (`crate::postgres::password_verifier`). A role whose password was set before (with
+//!   a random salt) needs its password set once more before it can be pooled.
 //! - **Each database is its own route** ([`Route`]) in `[databases]`, not a wildcard: its
 //!   pool, its `PAUSE`/`RESUME`, and its host, which a Migration's cutover changes
 //!   between a `PAUSE` and a `RESUME` so that clients see a wait and no error.
 //!
 //! | module | holds |
 //! |---|---|
-//! | `scram` | [`SaltKey`], [`salt_for`], [`verifier`] |
 //! | `userlist` | [`Userlist`]: the `auth_file` |
 //! | `ini` | [`Settings`], [`Route`], [`render`]: `pgbouncer.ini` |
 
 mod ini;
-mod scram;
 mod userlist;
 
 pub use ini::{ClientTls, IniError, PoolMode, Route, ServerTls, Settings, render};
-pub use scram::{ITERATIONS, SALT_LEN, SaltKey, SaltKeyError, salt_for, verifier};
 pub use userlist::{Userlist, UserlistError};

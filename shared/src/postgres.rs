@@ -28,6 +28,7 @@
 //! | [`tls`] | rustls connectors and the TLS failures |
 //! | `endpoint` | [`ServerKey`], [`Endpoint`], [`TlsSettings`], [`CaBundle`] |
 //! | `credentials` | [`Credentials`] from a Secret, [`password_verifier`], [`generate_password`] |
+//! | [`scram`] | SCRAM-SHA-256 verifiers with the login's salt ([`scram::salt_for`], [`scram::verifier`]) |
 //! | `error` | [`PgError`] and its condition reasons; how a driver error is classified |
 //! | `quote` | [`quote_ident`], [`quote_literal`] |
 //! | `breaker` | the per-server circuit breaker: closed, open, half-open with one trial |
@@ -54,6 +55,7 @@ pub mod extensions;
 mod pool;
 mod quote;
 mod redact;
+pub mod scram;
 mod session;
 pub mod tls;
 mod trace;

@@ -1,13 +1,16 @@
 //! The pooler's configuration run by a real PgBouncer (Debian's package) against real
 //! servers: the `pgbouncer.ini` and SCRAM userlist dbops renders (`dbops_shared::pooler`),
-//! passwords set on the server with the verifiers of derived salts, as the pooler needs.
+//! and passwords set on the server by dbops's own statement (`ddl::password_statement`,
+//! the login's salt), as the pooler needs.
 
 use std::time::{Duration, Instant};
 
 use dbops_e2e::pgbouncer::PgBouncer;
-use dbops_e2e::postgres::{PgServer, quote_ident, quote_literal};
-use dbops_shared::pooler::{Route, SaltKey, Userlist, salt_for, verifier};
-use dbops_shared::postgres::generate_password;
+use dbops_e2e::postgres::{PgServer, quote_ident};
+use dbops_shared::pooler::{Route, Userlist};
+use dbops_shared::postgres::ddl::password_statement;
+use dbops_shared::postgres::scram::{salt_for, verifier};
+use dbops_shared::postgres::{generate_password, password_verifier};
 
 use crate::test_dir;
 
@@ -15,17 +18,15 @@ const ADMIN: &str = "dbops_pooler_admin";
 
 /// A login with a password whose verifier the pooler can derive, and its database
 /// (CONNECT revoked from PUBLIC, as dbops makes them).
-async fn tenant(pg: &PgServer, key: &SaltKey, login: &str, db: &str) -> String {
+async fn tenant(pg: &PgServer, login: &str, db: &str) -> String {
     let password = generate_password();
     let su = pg.connect_as_superuser().await.unwrap();
-    let v = verifier(&password, &salt_for(key, login));
-    su.batch_execute(&format!(
-        "CREATE ROLE {} LOGIN PASSWORD {}",
-        quote_ident(login),
-        quote_literal(&v)
-    ))
-    .await
-    .unwrap();
+    su.batch_execute(&format!("CREATE ROLE {} LOGIN", quote_ident(login)))
+        .await
+        .unwrap();
+    su.batch_execute(&password_statement(login, &password))
+        .await
+        .unwrap();
     su.batch_execute(&format!(
         "CREATE DATABASE {db} OWNER {}",
         quote_ident(login)
@@ -39,17 +40,18 @@ async fn tenant(pg: &PgServer, key: &SaltKey, login: &str, db: &str) -> String {
 }
 
 /// Another login on `db` (a rotation's second login).
-async fn second_login(pg: &PgServer, key: &SaltKey, login: &str, db: &str) -> String {
+async fn second_login(pg: &PgServer, login: &str, db: &str) -> String {
     let password = generate_password();
     let su = pg.connect_as_superuser().await.unwrap();
-    let v = verifier(&password, &salt_for(key, login));
     su.batch_execute(&format!(
-        "CREATE ROLE {} LOGIN PASSWORD {}; GRANT CONNECT ON DATABASE {db} TO {0}",
+        "CREATE ROLE {0} LOGIN; GRANT CONNECT ON DATABASE {db} TO {0}",
         quote_ident(login),
-        quote_literal(&v)
     ))
     .await
     .unwrap();
+    su.batch_execute(&password_statement(login, &password))
+        .await
+        .unwrap();
     password
 }
 
@@ -62,10 +64,11 @@ fn route(db: &str, pg: &PgServer) -> Route {
     }
 }
 
-fn userlist(key: &SaltKey, logins: &[(&str, &str)]) -> Userlist {
+/// The userlist of these logins, each entry made from the password as dbops will make it.
+fn userlist(logins: &[(&str, &str)]) -> Userlist {
     let mut list = Userlist::default();
     for (login, password) in logins {
-        list.insert(login, &verifier(password, &salt_for(key, login)))
+        list.insert(login, &password_verifier(login, password))
             .unwrap();
     }
     list
@@ -92,10 +95,9 @@ async fn pooled_logins_reach_their_own_database_only_and_a_retired_login_stops()
     let pg = PgServer::start_with_settings("pooled", &[("log_connections", "on")])
         .await
         .unwrap();
-    let key = SaltKey::generate();
-    let a = tenant(&pg, &key, "orders_owner", "orders").await;
-    let b = tenant(&pg, &key, "billing_owner", "billing").await;
-    let a2 = second_login(&pg, &key, "orders_owner-2", "orders").await;
+    let a = tenant(&pg, "orders_owner", "orders").await;
+    let b = tenant(&pg, "billing_owner", "billing").await;
+    let a2 = second_login(&pg, "orders_owner-2", "orders").await;
     let admin = generate_password();
 
     let dir = test_dir("pooler", "logins");
@@ -105,15 +107,12 @@ async fn pooled_logins_reach_their_own_database_only_and_a_retired_login_stops()
         dir.path(),
         settings,
         &routes,
-        &userlist(
-            &key,
-            &[
-                ("orders_owner", &a),
-                ("billing_owner", &b),
-                ("orders_owner-2", &a2),
-                (ADMIN, &admin),
-            ],
-        ),
+        &userlist(&[
+            ("orders_owner", &a),
+            ("billing_owner", &b),
+            ("orders_owner-2", &a2),
+            (ADMIN, &admin),
+        ]),
     )
     .await
     .unwrap();
@@ -170,10 +169,7 @@ async fn pooled_logins_reach_their_own_database_only_and_a_retired_login_stops()
     bouncer
         .rewrite(
             &routes,
-            &userlist(
-                &key,
-                &[("orders_owner", &a), ("billing_owner", &b), (ADMIN, &admin)],
-            ),
+            &userlist(&[("orders_owner", &a), ("billing_owner", &b), (ADMIN, &admin)]),
         )
         .unwrap();
     bouncer
@@ -196,7 +192,10 @@ async fn pooled_logins_reach_their_own_database_only_and_a_retired_login_stops()
     // Why the salt is derived and not random: a verifier of the right password with any
     // other salt lets the client past a (fresh) pooler, and the server then refuses the
     // pooler's login.
-    let other_salt = userlist(&SaltKey::generate(), &[("orders_owner", &a)]);
+    let mut other_salt = Userlist::default();
+    other_salt
+        .insert("orders_owner", &verifier(&a, &salt_for("another-login")))
+        .unwrap();
     let dir2 = test_dir("pooler", "other-salt");
     let settings = PgBouncer::settings_in(dir2.path(), ADMIN).unwrap();
     let fresh = PgBouncer::start(dir2.path(), settings, &routes, &other_salt)
@@ -215,26 +214,24 @@ async fn pooled_logins_reach_their_own_database_only_and_a_retired_login_stops()
 
 /// The ★ cutover's mechanism: PAUSE one database, point its route at another server,
 /// RELOAD, RESUME. A client connected through the pooler throughout sees a wait, not an
-/// error, and its next queries land on the new server; the same login's verifier (one
-/// derived salt) is valid on both servers, so the userlist does not change.
+/// error, and its next queries land on the new server; the same login's verifier (the login's
+/// salt) is the one both servers hold, so the userlist does not change.
 #[tokio::test]
 async fn a_paused_database_moves_to_another_server_and_its_pooled_client_sees_no_error() {
     dbops_e2e::init_test_logging();
     let (source, target) = tokio::join!(PgServer::start("pool-src"), PgServer::start("pool-dst"));
     let (source, target) = (source.unwrap(), target.unwrap());
-    let key = SaltKey::generate();
-    let password = tenant(&source, &key, "shop_owner", "shop").await;
+    let password = tenant(&source, "shop_owner", "shop").await;
     // The target holds the same login (a Migration creates it there) with the same
     // password: the derived salt gives it the same verifier.
     {
         let su = target.connect_as_superuser().await.unwrap();
-        let v = verifier(&password, &salt_for(&key, "shop_owner"));
-        su.batch_execute(&format!(
-            "CREATE ROLE shop_owner LOGIN PASSWORD {}",
-            quote_literal(&v)
-        ))
-        .await
-        .unwrap();
+        su.batch_execute("CREATE ROLE shop_owner LOGIN")
+            .await
+            .unwrap();
+        su.batch_execute(&password_statement("shop_owner", &password))
+            .await
+            .unwrap();
         su.batch_execute("CREATE DATABASE shop OWNER shop_owner")
             .await
             .unwrap();
@@ -242,7 +239,7 @@ async fn a_paused_database_moves_to_another_server_and_its_pooled_client_sees_no
     let admin = generate_password();
     let dir = test_dir("pooler", "cutover");
     let settings = PgBouncer::settings_in(dir.path(), ADMIN).unwrap();
-    let users = userlist(&key, &[("shop_owner", &password), (ADMIN, &admin)]);
+    let users = userlist(&[("shop_owner", &password), (ADMIN, &admin)]);
     let mut bouncer = PgBouncer::start(dir.path(), settings, &[route("shop", &source)], &users)
         .await
         .unwrap();

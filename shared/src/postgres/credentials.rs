@@ -53,9 +53,11 @@ impl Credentials {
     }
 }
 
-/// A SCRAM-SHA-256 verifier of `password` (random salt), for `PASSWORD '...'`.
-pub fn password_verifier(password: &str) -> String {
-    postgres_protocol::password::scram_sha_256(password.as_bytes())
+/// The SCRAM-SHA-256 verifier of `login`'s `password`, for `PASSWORD '...'`: its salt is
+/// the login's ([`super::scram::salt_for`]), so the same login and password always give
+/// the same verifier, on every server (the pooler's userlist holds it too).
+pub fn password_verifier(login: &str, password: &str) -> String {
+    super::scram::verifier(password, &super::scram::salt_for(login))
 }
 
 /// A new random password: 32 characters from a CSPRNG.
@@ -69,12 +71,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn verifiers_hide_the_password_and_differ_by_salt() {
-        let a = password_verifier("s3cret");
-        let b = password_verifier("s3cret");
+    fn verifiers_hide_the_password_and_are_the_logins_own() {
+        let a = password_verifier("app", "s3cret");
         assert!(a.starts_with("SCRAM-SHA-256$4096:"));
         assert!(!a.contains("s3cret"));
-        assert_ne!(a, b, "a random salt each time");
+        assert_eq!(
+            a,
+            password_verifier("app", "s3cret"),
+            "made again, byte for byte"
+        );
+        assert_ne!(
+            a,
+            password_verifier("app-2", "s3cret"),
+            "another login's salt"
+        );
     }
 
     #[test]

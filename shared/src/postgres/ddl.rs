@@ -387,7 +387,7 @@ pub fn password_statement(role: &str, password: &str) -> String {
     format!(
         "ALTER ROLE {} PASSWORD {}",
         quote_ident(role),
-        quote_literal(&password_verifier(password))
+        quote_literal(&password_verifier(role, password))
     )
 }
 

@@ -114,7 +114,7 @@ mod tests {
 
     #[test]
     fn statements_with_a_password_are_recorded_without_their_literals() {
-        let verifier = password_verifier("s3cret");
+        let verifier = password_verifier("app", "s3cret");
         let create = format!(
             "CREATE ROLE {} LOGIN PASSWORD {}; COMMENT ON ROLE {} IS {}",
             quote_ident("app\"x"),

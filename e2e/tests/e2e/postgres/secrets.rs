@@ -184,6 +184,7 @@ async fn secret_statements_are_neither_logged_nor_tracked_and_leave_sessions_as_
     su.batch_execute(&format!(
         "CREATE ROLE weak_admin LOGIN CREATEROLE PASSWORD {}",
         dbops_e2e::postgres::quote_literal(&dbops_shared::postgres::password_verifier(
+            "weak_admin",
             "weak-admin-password"
         ))
     ))

@@ -1,7 +1,17 @@
-//! SCRAM-SHA-256 verifiers with a salt dbops can derive again (RFC 5802, RFC 7677; the
-//! format PostgreSQL stores: `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`).
-
-use std::fmt;
+//! SCRAM-SHA-256 verifiers (RFC 5802, RFC 7677) in the format PostgreSQL stores,
+//! `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`, with a salt derived from
+//! the login ([`salt_for`]), so that the verifier of a password dbops keeps can always be
+//! made again, byte for byte, without reading `pg_authid` (which no managed service lets
+//! the admin read): the pooler's userlist needs the verifier the server holds
+//! (`crate::pooler`), and a Migration's target then holds the same verifier as its source.
+//!
+//! Why a salt that is not random is safe here: SCRAM sends the salt to anyone who starts
+//! a login as that role, so a salt is never secret; what it must be is distinct per role,
+//! so that one precomputed table does not serve many roles. A login's salt is distinct
+//! from every other login's, and dbops's passwords are 32 random characters (190 bits;
+//! a connection Secret's password is only kept while it is the one dbops wrote), which
+//! no table precomputed for a login name can hold. The salt never comes from the
+//! password: equal passwords of two logins give different verifiers.
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -13,42 +23,7 @@ pub const ITERATIONS: u32 = 4096;
 /// PostgreSQL's salt length.
 pub const SALT_LEN: usize = 16;
 
-const SALT_CONTEXT: &[u8] = b"dbops.dev/pooler-salt/v1\0";
-
-/// A server's key for deriving salts: 32 random bytes, kept in a Secret in the
-/// controllers' namespace. `Debug` never shows it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SaltKey([u8; 32]);
-
-/// Why bytes are not a salt key.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("a pooler salt key is 32 bytes, not {0}")]
-pub struct SaltKeyError(pub usize);
-
-impl SaltKey {
-    /// A new key from the operating system's CSPRNG.
-    pub fn generate() -> Self {
-        let mut key = [0u8; 32];
-        rand::fill(&mut key);
-        Self(key)
-    }
-
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self, SaltKeyError> {
-        <[u8; 32]>::try_from(bytes)
-            .map(Self)
-            .map_err(|_| SaltKeyError(bytes.len()))
-    }
-
-    pub fn as_bytes(&self) -> &[u8; 32] {
-        &self.0
-    }
-}
-
-impl fmt::Debug for SaltKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SaltKey(<redacted>)")
-    }
-}
+const SALT_CONTEXT: &[u8] = b"dbops.dev/scram-salt/v1\0";
 
 fn hmac(key: &[u8], message: &[u8]) -> [u8; 32] {
     let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
@@ -56,14 +31,15 @@ fn hmac(key: &[u8], message: &[u8]) -> [u8; 32] {
     mac.finalize().into_bytes().into()
 }
 
-/// The salt of `login`'s verifier on the server whose key is `key`: the same every time,
-/// different for every login and server, unknowable without the key.
-pub fn salt_for(key: &SaltKey, login: &str) -> [u8; SALT_LEN] {
-    let mut message = SALT_CONTEXT.to_vec();
-    message.extend_from_slice(login.as_bytes());
-    let mac = hmac(&key.0, &message);
+/// The salt of `login`'s verifiers: the first 16 bytes of SHA-256 over a fixed context
+/// and the login, the same every time and different for every login.
+pub fn salt_for(login: &str) -> [u8; SALT_LEN] {
+    let digest = Sha256::new()
+        .chain_update(SALT_CONTEXT)
+        .chain_update(login.as_bytes())
+        .finalize();
     let mut salt = [0u8; SALT_LEN];
-    salt.copy_from_slice(&mac[..SALT_LEN]);
+    salt.copy_from_slice(&digest[..SALT_LEN]);
     salt
 }
 
@@ -124,16 +100,15 @@ mod tests {
     }
 
     #[test]
-    fn salts_are_stable_per_login_and_differ_by_login_and_key() {
-        let key = SaltKey::generate();
-        assert_eq!(salt_for(&key, "app"), salt_for(&key, "app"));
-        assert_ne!(salt_for(&key, "app"), salt_for(&key, "app-2"));
-        assert_ne!(salt_for(&key, "app"), salt_for(&SaltKey::generate(), "app"));
+    fn salts_are_stable_per_login_and_differ_by_login() {
+        assert_eq!(salt_for("app"), salt_for("app"));
+        assert_ne!(salt_for("app"), salt_for("app-2"));
+        assert_ne!(salt_for("app"), salt_for("App"));
     }
 
     #[test]
     fn verifiers_have_postgres_format_and_hide_the_password() {
-        let salt = salt_for(&SaltKey::generate(), "app");
+        let salt = salt_for("app");
         let v = verifier("s3cret-password", &salt);
         assert_eq!(
             v,
@@ -147,13 +122,5 @@ mod tests {
         let (stored, server) = keys.split_once(':').unwrap();
         assert_eq!(STANDARD.decode(stored).unwrap().len(), 32);
         assert_eq!(STANDARD.decode(server).unwrap().len(), 32);
-    }
-
-    #[test]
-    fn salt_keys_are_32_bytes_and_never_printed() {
-        assert_eq!(SaltKey::from_bytes(&[1; 31]), Err(SaltKeyError(31)));
-        let key = SaltKey::from_bytes(&[7; 32]).unwrap();
-        assert_eq!(key.as_bytes(), &[7; 32]);
-        assert_eq!(format!("{key:?}"), "SaltKey(<redacted>)");
     }
 }
