@@ -24,6 +24,8 @@ pub fn binary() -> Result<PathBuf> {
 pub struct PgBouncer {
     dir: PathBuf,
     settings: Settings,
+    /// Lines appended to the `[pgbouncer]` section (a benchmark's alternatives).
+    extra: String,
     process: Supervised,
 }
 
@@ -55,8 +57,20 @@ impl PgBouncer {
         routes: &[Route],
         userlist: &Userlist,
     ) -> Result<Self> {
+        Self::start_with(dir, settings, routes, userlist, "").await
+    }
+
+    /// [`PgBouncer::start`] with `extra` lines after what dbops renders (the last section
+    /// is `[pgbouncer]`, so they are settings of it), e.g. `auth_query` for a comparison.
+    pub async fn start_with(
+        dir: &Path,
+        settings: Settings,
+        routes: &[Route],
+        userlist: &Userlist,
+        extra: &str,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let this_far = Self::write(dir, &settings, routes, userlist)?;
+        let this_far = Self::write(dir, &settings, routes, userlist, extra)?;
         let spec = Spec::new("pgbouncer", binary()?)
             .args([this_far.display().to_string()])
             .stop_signal("INT")
@@ -65,6 +79,7 @@ impl PgBouncer {
         let mut bouncer = Self {
             dir: dir.to_path_buf(),
             settings,
+            extra: extra.to_string(),
             process,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -97,9 +112,10 @@ impl PgBouncer {
         settings: &Settings,
         routes: &[Route],
         users: &Userlist,
+        extra: &str,
     ) -> Result<PathBuf> {
         let ini = dir.join("pgbouncer.ini");
-        std::fs::write(&ini, pooler::render(settings, routes)?)?;
+        std::fs::write(&ini, pooler::render(settings, routes)? + extra)?;
         std::fs::write(&settings.auth_file, users.render())?;
         if is_root() {
             crate::postgres::chown_to_postgres(dir)?;
@@ -109,7 +125,7 @@ impl PgBouncer {
 
     /// Rewrites the configuration; PgBouncer reads it on the admin console's `RELOAD`.
     pub fn rewrite(&mut self, routes: &[Route], userlist: &Userlist) -> Result<()> {
-        Self::write(&self.dir, &self.settings, routes, userlist).map(|_| ())
+        Self::write(&self.dir, &self.settings, routes, userlist, &self.extra).map(|_| ())
     }
 
     pub fn port(&self) -> u16 {

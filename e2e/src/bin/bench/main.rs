@@ -1,7 +1,7 @@
 //! dbops-bench: benchmarks of the controllers on a real test bed (reports, not tests).
 //! This file parses the command line and dispatches; each subcommand is a module:
 //! `databases` (see `databases.rs`), `backup`, `secrets`, `outage`, `chaos`, `migration`,
-//! `users`. What they share: the bed (`bed.rs`: control plane, namespaces,
+//! `users`, `pooler-auth`. What they share: the bed (`bed.rs`: control plane, namespaces,
 //! DatabaseServers, Databases and waits) and the measurements (`measure.rs`: API writes,
 //! /proc usage, audited writes by kind).
 
@@ -15,6 +15,7 @@ mod databases;
 mod measure;
 mod migration;
 mod outage;
+mod pooler;
 mod scale;
 mod secrets;
 mod users;
@@ -45,6 +46,9 @@ enum Command {
     /// N Databases with DatabaseUsers each to Ready, then one password rotation of all of
     /// them: time, API writes by kind, SQL.
     Users(users::UsersArgs),
+    /// Client authentication through PgBouncer: dbops's userlist of SCRAM verifiers
+    /// against auth_query, side by side (connections per second, queries on the server).
+    PoolerAuth(pooler::PoolerAuthArgs),
 }
 
 fn main() -> Result<()> {
@@ -85,5 +89,6 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Chaos(args) => chaos::run(args).await,
         Command::Migration(args) => migration::run(args).await,
         Command::Users(args) => users::run(args).await,
+        Command::PoolerAuth(args) => pooler::run(args).await,
     }
 }
