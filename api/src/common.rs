@@ -15,6 +15,8 @@ pub mod condition {
     pub const DEGRADED: &str = "Degraded";
     pub const FAILED: &str = "Failed";
     pub const MIGRATION_IN_PROGRESS: &str = "MigrationInProgress";
+    /// A DatabaseServer's pooler: its Pods serve (`spec.pooler`).
+    pub const POOLER_READY: &str = "PoolerReady";
 }
 
 /// Labels and annotations the controllers put on the objects they create for each other

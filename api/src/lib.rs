@@ -41,8 +41,8 @@ pub use reasons::{
     ProcessReason, Reason, ReasonClass, UnknownReason,
 };
 pub use server::{
-    DatabaseServer, DatabaseServerSpec, DatabaseServerStatus, ServerCapabilities, ServerLimits,
-    ServerTls, ServerTlsStatus,
+    DatabaseServer, DatabaseServerSpec, DatabaseServerStatus, PoolMode, PoolerSpec, PoolerStatus,
+    ServerCapabilities, ServerLimits, ServerTls, ServerTlsStatus,
 };
 pub use user::{Access, DatabaseUser, DatabaseUserSpec, DatabaseUserStatus};
 

@@ -121,10 +121,72 @@ pub struct DatabaseServerSpec {
     #[schemars(length(max = 256), inner(length(max = 63)), extend("x-kubernetes-list-type" = "set"))]
     #[x_kube(validation = Rule::new("self.all(e, e.matches('^[a-z_][a-z0-9_-]{0,62}$'))").message("every allowed extension must be an extension name: 1 to 63 characters of a-z, 0-9, _ and -"))]
     pub allowed_extensions: Option<Vec<String>>,
+
+    /// PgBouncer in front of this server, run by dbops in the controllers' namespace (a
+    /// Deployment, a Service `dbops-pooler-<server>` and a PodDisruptionBudget): every
+    /// connection Secret of a Database on the server gains `pooler-*` keys, each login
+    /// reaching only its own database through it. Absent: no pooler (one that was there
+    /// is removed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pooler: Option<PoolerSpec>,
 }
 
 fn default_port() -> i32 {
     5432
+}
+
+/// PgBouncer in front of a DatabaseServer.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.defaultPoolSize <= self.maxClientConnections").message("defaultPoolSize must not exceed maxClientConnections").field_path(".defaultPoolSize"))]
+pub struct PoolerSpec {
+    /// Pods of the pooler; with 2 or more a PodDisruptionBudget keeps all but one through
+    /// a voluntary disruption.
+    #[serde(default = "default_pooler_replicas")]
+    #[schemars(range(min = 1, max = 10))]
+    pub replicas: i32,
+
+    /// When a server connection goes back to the pool: `transaction` (default; the most
+    /// clients per server connection, but session state such as `SET`, `LISTEN`,
+    /// advisory locks and `WITH HOLD` cursors does not carry over between
+    /// transactions) or `session` (every feature; one server connection per client).
+    #[serde(default)]
+    pub pool_mode: PoolMode,
+
+    /// Client connections each pooler Pod accepts.
+    #[serde(default = "default_max_client_connections")]
+    #[schemars(range(min = 10, max = 100000))]
+    pub max_client_connections: i32,
+
+    /// Server connections each pooler Pod opens per database and login.
+    #[serde(default = "default_pool_size")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub default_pool_size: i32,
+}
+
+fn default_pooler_replicas() -> i32 {
+    2
+}
+
+fn default_max_client_connections() -> i32 {
+    2000
+}
+
+fn default_pool_size() -> i32 {
+    10
+}
+
+/// When the pooler gives a server connection back to the pool.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolMode {
+    /// At the end of each transaction.
+    #[default]
+    Transaction,
+    /// When the client disconnects.
+    Session,
 }
 
 /// TLS settings of a DatabaseServer.
@@ -198,6 +260,26 @@ pub struct DatabaseServerStatus {
     /// or Migration that needs a right it lacks is refused naming it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<ServerCapabilities>,
+
+    /// The pooler, while `spec.pooler` asks for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pooler: Option<PoolerStatus>,
+}
+
+/// What the pooler serves.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolerStatus {
+    /// The host applications connect to (the Service's cluster DNS name).
+    pub host: String,
+    /// Its port.
+    pub port: i32,
+    /// Pods ready.
+    pub ready_replicas: i32,
+    /// Databases routed through it.
+    pub databases: i32,
+    /// Logins it lets in.
+    pub logins: i32,
 }
 
 /// What a DatabaseServer's admin role may do (its attributes and its memberships in

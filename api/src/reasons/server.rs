@@ -37,5 +37,14 @@ reasons! {
         CacheNotSynced => Retried,
         /// The server is being deleted and Databases or Migrations still use it.
         InUse => Waits,
+        /// `PoolerReady`: every pooler Pod is ready.
+        PoolerRunning => Ready,
+        /// `PoolerReady`: the pooler's Pods are starting or not all ready.
+        PoolerStarting => Progressing,
+        /// `PoolerReady`: an object of the pooler's name in the controllers' namespace was
+        /// not made by dbops; nothing is changed.
+        PoolerNameTaken => Waits,
+        /// `PoolerReady`: the pooler's configuration cannot be written.
+        PoolerConfigInvalid => Waits,
     }
 }

@@ -271,3 +271,61 @@ async fn server_guardrails_are_checked() {
         "50 0s"
     );
 }
+
+/// `spec.pooler`: each setting out of its range, an unknown pool mode and a pool larger
+/// than the clients it may serve are refused naming the field; the defaults fill in.
+#[tokio::test]
+async fn pooler_settings_are_checked() {
+    let b = bed("pooler-fields").await;
+    let ok = "  host: pg-main.databases.svc\n  adminSecretRef: {name: pg-main-admin}";
+    for (field, value, needle) in [
+        ("replicas", "0", "spec.pooler.replicas"),
+        ("replicas", "11", "spec.pooler.replicas"),
+        (
+            "maxClientConnections",
+            "9",
+            "spec.pooler.maxClientConnections",
+        ),
+        (
+            "maxClientConnections",
+            "100001",
+            "spec.pooler.maxClientConnections",
+        ),
+        ("defaultPoolSize", "0", "spec.pooler.defaultPoolSize"),
+        ("defaultPoolSize", "1001", "spec.pooler.defaultPoolSize"),
+        ("poolMode", "statement", "spec.pooler.poolMode"),
+    ] {
+        server_refused(
+            &b,
+            "pooler",
+            &format!("{ok}\n  pooler: {{{field}: {value}}}"),
+            &[needle],
+        );
+    }
+    server_refused(
+        &b,
+        "pooler",
+        &format!("{ok}\n  pooler: {{maxClientConnections: 50, defaultPoolSize: 100}}"),
+        &[
+            "spec.pooler.defaultPoolSize",
+            "defaultPoolSize must not exceed maxClientConnections",
+        ],
+    );
+    server_refused(
+        &b,
+        "pooler",
+        &format!("{ok}\n  pooler: {{maxConnections: 50}}"),
+        &["unknown field", "spec.pooler.maxConnections"],
+    );
+    server_accepted(&b, "pooled", &format!("{ok}\n  pooler: {{}}"));
+    let name = dbops_e2e::fixtures::server_name(b.ns.name(), "pooled");
+    assert_eq!(
+        jsonpath(
+            &b,
+            "dbserver",
+            &name,
+            "{.spec.pooler.replicas} {.spec.pooler.poolMode} {.spec.pooler.maxClientConnections} {.spec.pooler.defaultPoolSize}",
+        ),
+        "2 transaction 2000 10"
+    );
+}
