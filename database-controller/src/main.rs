@@ -27,6 +27,7 @@ mod limits;
 mod live;
 mod owner_logins;
 mod plan;
+mod pooler;
 mod provision;
 mod reconcile;
 mod restore;
@@ -104,6 +105,15 @@ struct Args {
     /// user's kubeconfig) get no RoleBinding.
     #[arg(long, env = "DBOPS_SERVICE_ACCOUNT", value_parser = tenant_secrets::ServiceAccountArg::parse)]
     service_account: Option<tenant_secrets::ServiceAccountArg>,
+
+    /// The image of the pooler Pods of DatabaseServers with `spec.pooler` (PgBouncer,
+    /// built from deploy/docker/dbops-pgbouncer.Dockerfile).
+    #[arg(
+        long,
+        env = "DBOPS_POOLER_IMAGE",
+        default_value = "ghcr.io/dbops/dbops-pgbouncer:0.1.0"
+    )]
+    pooler_image: String,
 }
 
 #[tokio::main]
@@ -171,7 +181,7 @@ impl Shared {
     }
 
     /// The DatabaseServer controller's state.
-    fn server_state(&self) -> server::State {
+    fn server_state(&self, pooler_image: &str) -> server::State {
         let recorder = Recorder::new(
             self.client.clone(),
             controller::reporter(server::CONTROLLER),
@@ -182,6 +192,13 @@ impl Shared {
             recorder,
             self.databases.clone(),
             self.migrations.clone(),
+        )
+        .with_poolers(
+            pooler::Poolers {
+                image: pooler_image.to_string(),
+                verifiers: Default::default(),
+            },
+            self.tenants.clone(),
         )
     }
 }
@@ -238,7 +255,8 @@ async fn run(args: Args) -> Result<(), ControllerError> {
             );
             let users = watches::users(users, &shared.client, run.namespace(), user_secrets);
 
-            let server_ctx = run.context(server::CONTROLLER, shared.server_state());
+            let server_ctx =
+                run.context(server::CONTROLLER, shared.server_state(&args.pooler_image));
             let dbservers = run
                 .controller(shared.directory.server_config(), Trigger::GenerationChange)
                 .with_config(

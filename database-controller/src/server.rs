@@ -6,12 +6,13 @@
 //! once no Database uses it) → the probe (admin Secret, CA Secret, a session as the admin
 //! role with the TLS asked for, `server_version` and the TLS in use; every minute while
 //! Ready, every 10 s while failing, at once when the server or one of its Secrets
-//! changed, and never more often because its Databases changed) → the status (a pure
-//! `desired`), written through the shared path only when it differs, with an Event when
-//! Ready changes.
+//! changed, and never more often because its Databases changed) → the pooler, when
+//! `spec.pooler` asks for one (`crate::pooler`) → the status (a pure `desired`, with
+//! `status.pooler` and `PoolerReady`), written through the shared path only when it
+//! differs, with an Event when Ready or PoolerReady changes.
 //!
 //! Watches: DatabaseServers (generation changes), Secrets of the controllers' namespace
-//! (mapped to the servers naming them) and Databases (mapped to their server: the count
+//! (mapped to the servers naming them, and a pooler's Secret to its server) and Databases (mapped to their server: the count
 //! and the finalizer follow them).
 
 use std::collections::HashMap;
@@ -63,6 +64,8 @@ pub struct State {
     probes: Mutex<HashMap<String, (Fingerprint, Instant, Probe)>>,
     /// The DatabaseServer status writes (the shared path).
     statuses: StatusWriter<DatabaseServer>,
+    /// The poolers of servers with `spec.pooler`, and the connection Secrets they serve.
+    poolers: Option<(crate::pooler::Poolers, crate::tenant_secrets::TenantSecrets)>,
 }
 
 impl State {
@@ -81,7 +84,18 @@ impl State {
             migrations,
             probes: Mutex::new(HashMap::new()),
             statuses: StatusWriter::default(),
+            poolers: None,
         }
+    }
+
+    /// Keeps the poolers of servers that ask for one.
+    pub fn with_poolers(
+        mut self,
+        poolers: crate::pooler::Poolers,
+        tenants: crate::tenant_secrets::TenantSecrets,
+    ) -> Self {
+        self.poolers = Some((poolers, tenants));
+        self
     }
 }
 
@@ -226,7 +240,7 @@ pub async fn reconcile(
                 String::new()
             }
         );
-        publish(&server, &ctx, &api, Report::InUse(message), on_it).await?;
+        publish(&server, &ctx, &api, Report::InUse(message), on_it, None).await?;
         // Looked at again soon: the Database cache this reads may lag the event that
         // brought the reconcile here by a moment.
         return Ok(Action::requeue(ctx.resync_interval.min(HELD_RECHECK)));
@@ -234,16 +248,54 @@ pub async fn reconcile(
     dbops_shared::finalizer::set(server.as_ref(), &api, IN_USE_FINALIZER, true).await?;
 
     let probe = probe(&server, &ctx).await;
-    publish(&server, &ctx, &api, Report::Probe(&probe), on_it).await?;
+    let pooler = keep_pooler(&server, &ctx, &databases).await?;
+    publish(
+        &server,
+        &ctx,
+        &api,
+        Report::Probe(&probe),
+        on_it,
+        pooler.as_ref(),
+    )
+    .await?;
+    Ok(Action::requeue(
+        ctx.resync_interval.min(next_look(&probe, pooler.as_ref())),
+    ))
+}
+
+/// When the server is looked at again: soon while it fails or its pooler starts.
+fn next_look(probe: &Probe, pooler: Option<&crate::pooler::Report>) -> Duration {
+    // The pooler Pods' readiness is read, not watched: looked at again soon while they
+    // start.
+    let starting = pooler.is_some_and(|p| !matches!(p.outcome, crate::pooler::Outcome::Running));
     match probe {
         // A failing server is probed on a fixed short interval, one connection per server
         // whatever the number of its Databases: its return is noticed within that interval
         // and wakes them all (Ready maps to them).
         Probe::Failed {
             transient: true, ..
-        } => Ok(Action::requeue(ctx.resync_interval.min(PROBE_RETRY))),
-        _ => Ok(Action::requeue(ctx.resync_interval.min(PROBE_EVERY))),
+        } => PROBE_RETRY,
+        _ if starting => PROBE_RETRY,
+        _ => PROBE_EVERY,
     }
+}
+
+/// The server's pooler, as `spec.pooler` asks (`crate::pooler`).
+async fn keep_pooler(
+    server: &DatabaseServer,
+    ctx: &Context<State>,
+    databases: &[Arc<Database>],
+) -> Result<Option<crate::pooler::Report>, Error> {
+    let Some((poolers, tenants)) = &ctx.state.poolers else {
+        return Ok(None);
+    };
+    let on = crate::pooler::On {
+        client: &ctx.client,
+        namespace: ctx.state.directory.controller_namespace(),
+        directory: &ctx.state.directory,
+        tenants,
+    };
+    Ok(crate::pooler::sync(&on, poolers, server, databases).await?)
 }
 
 /// The server's probe: reused while fresh and nothing it depends on changed.
@@ -395,12 +447,14 @@ fn desired(
     old: &DatabaseServerStatus,
     report: Report<'_>,
     databases: usize,
+    pooler: Option<&crate::pooler::Report>,
     t: Time,
 ) -> Desired<DatabaseServerStatus> {
     let mut new = old.clone();
     let generation = server.metadata.generation;
     new.observed_generation = generation;
     new.databases = Some(i32::try_from(databases).unwrap_or(i32::MAX));
+    let pooler_note = pooler_condition(&mut new, pooler, generation, t.clone());
     let (status, reason, message) = match report {
         Report::InUse(message) => (
             ConditionStatus::False,
@@ -455,11 +509,80 @@ fn desired(
         },
         t,
     );
-    let desired = Desired::new(new);
+    let mut desired = Desired::new(new);
+    if let Some(note) = pooler_note {
+        desired = desired.with(note);
+    }
     match (changed_ready, status) {
         (false, _) => desired,
         (true, ConditionStatus::True) => desired.with(Note::normal("Probe", reason, message)),
         (true, _) => desired.with(Note::warning("Probe", reason, message)),
+    }
+}
+
+/// `status.pooler` and `PoolerReady` from the pooler's report (both gone without one),
+/// with the Event to tell when `PoolerReady` changed.
+fn pooler_condition(
+    new: &mut DatabaseServerStatus,
+    pooler: Option<&crate::pooler::Report>,
+    generation: Option<i64>,
+    t: Time,
+) -> Option<Note> {
+    use crate::pooler::Outcome;
+    let Some(report) = pooler else {
+        new.pooler = None;
+        new.conditions
+            .retain(|c| c.type_ != condition::POOLER_READY);
+        return None;
+    };
+    new.pooler = Some(report.status.clone());
+    let (status, reason, message) = match &report.outcome {
+        Outcome::Running => (
+            ConditionStatus::True,
+            DatabaseServerReason::PoolerRunning,
+            format!(
+                "{} pooler Pods ready at {}:{}, {} databases, {} logins",
+                report.status.ready_replicas,
+                report.status.host,
+                report.status.port,
+                report.status.databases,
+                report.status.logins
+            ),
+        ),
+        Outcome::Starting(m) => (
+            ConditionStatus::False,
+            DatabaseServerReason::PoolerStarting,
+            m.clone(),
+        ),
+        Outcome::NameTaken(m) => (
+            ConditionStatus::False,
+            DatabaseServerReason::PoolerNameTaken,
+            m.clone(),
+        ),
+        Outcome::ConfigInvalid(m) => (
+            ConditionStatus::False,
+            DatabaseServerReason::PoolerConfigInvalid,
+            m.clone(),
+        ),
+    };
+    let changed = set_condition(
+        &mut new.conditions,
+        ConditionSpec {
+            type_: condition::POOLER_READY,
+            status,
+            reason: reason.as_str(),
+            message: message.clone(),
+            observed_generation: generation,
+        },
+        t,
+    );
+    match (changed, status) {
+        (false, _) => None,
+        (true, ConditionStatus::True) => Some(Note::normal("Pooler", reason.as_str(), message)),
+        (true, _) if reason == DatabaseServerReason::PoolerStarting => {
+            Some(Note::normal("Pooler", reason.as_str(), message))
+        }
+        (true, _) => Some(Note::warning("Pooler", reason.as_str(), message)),
     }
 }
 
@@ -473,6 +596,7 @@ async fn publish(
     api: &Api<DatabaseServer>,
     report: Report<'_>,
     databases: usize,
+    pooler: Option<&crate::pooler::Report>,
 ) -> Result<(), Error> {
     let state = &ctx.state;
     let old = state.statuses.latest(server);
@@ -481,6 +605,7 @@ async fn publish(
         &old,
         report,
         databases,
+        pooler,
         Time(jiff::Timestamp::now()),
     );
     state
@@ -507,9 +632,16 @@ pub fn watches(
     .default_backoff()
     .touched_objects();
     c.watches_stream(secrets, move |secret: Secret| {
+        // A server's admin or CA Secret, or its pooler's (changed or deleted by someone
+        // else: made again).
+        let pooler = secret
+            .annotations()
+            .get(crate::pooler::SERVER_ANNOTATION)
+            .cloned();
         by_secret
             .using_secret(&secret.name_any())
             .into_iter()
+            .chain(pooler)
             .map(|name| ObjectRef::new(&name))
     })
     .watches_stream(
@@ -590,6 +722,7 @@ mod tests {
             &Default::default(),
             Report::Probe(&ready),
             2,
+            None,
             now(),
         );
         assert_eq!(first.status.databases, Some(2));
@@ -606,7 +739,14 @@ mod tests {
             said.contains("not a superuser; lacks replication, createSubscription"),
             "{said}"
         );
-        let again = desired(&server, &first.status, Report::Probe(&ready), 2, now());
+        let again = desired(
+            &server,
+            &first.status,
+            Report::Probe(&ready),
+            2,
+            None,
+            now(),
+        );
         assert_eq!(again.status, first.status);
         assert!(again.notes.is_empty(), "nothing changed, nothing told");
         let down = |detail: &str| Probe::Failed {
@@ -615,11 +755,25 @@ mod tests {
             transient: true,
         };
         let refused = down("refused");
-        let outage = desired(&server, &first.status, Report::Probe(&refused), 2, now());
+        let outage = desired(
+            &server,
+            &first.status,
+            Report::Probe(&refused),
+            2,
+            None,
+            now(),
+        );
         assert_eq!(ready_reason(&outage.status).0, "False");
         assert!(!outage.notes[0].normal);
         let reset = down("reset");
-        let later = desired(&server, &outage.status, Report::Probe(&reset), 2, now());
+        let later = desired(
+            &server,
+            &outage.status,
+            Report::Probe(&reset),
+            2,
+            None,
+            now(),
+        );
         assert!(ready_reason(&later.status).2.ends_with("refused"));
         assert!(later.notes.is_empty());
         let in_use = desired(
@@ -627,6 +781,7 @@ mod tests {
             &later.status,
             Report::InUse("deletion waits for Database shop/orders".into()),
             1,
+            None,
             now(),
         );
         assert_eq!(ready_reason(&in_use.status).1, "InUse");

@@ -82,25 +82,84 @@ impl PgBouncer {
             extra: extra.to_string(),
             process,
         };
+        bouncer.wait_listening().await?;
+        Ok(bouncer)
+    }
+
+    /// PgBouncer on the files a pooler Pod mounts from the Secret dbops keeps
+    /// (`pgbouncer.ini`, `userlist.txt`): dbops's routes, settings and userlist as they
+    /// are, but for what only a Pod has, here replaced: the address and port it listens on
+    /// (loopback, a free port) and where the userlist is (`dir`).
+    pub async fn start_from_rendered(
+        dir: &Path,
+        ini: &str,
+        userlist: &str,
+        admin_user: &str,
+    ) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let port = free_port()?;
+        let auth_file = dir.join("userlist.txt");
+        let mut replaced = 0;
+        let ini: String = ini
+            .lines()
+            .map(|line| {
+                let key = line.split('=').next().unwrap_or_default().trim();
+                let new = match key {
+                    "listen_addr" => Some("listen_addr = 127.0.0.1".to_string()),
+                    "listen_port" => Some(format!("listen_port = {port}")),
+                    "auth_file" => Some(format!("auth_file = {}", auth_file.display())),
+                    _ => None,
+                };
+                replaced += usize::from(new.is_some());
+                new.unwrap_or_else(|| line.to_string()) + "\n"
+            })
+            .collect();
+        if replaced != 3 {
+            bail!("the rendered pgbouncer.ini lacks listen_addr, listen_port or auth_file:\n{ini}");
+        }
+        let path = dir.join("pgbouncer.ini");
+        std::fs::write(&path, ini)?;
+        std::fs::write(&auth_file, userlist)?;
+        if is_root() {
+            crate::postgres::chown_to_postgres(dir)?;
+        }
+        let mut settings = Self::settings_in(dir, admin_user)?;
+        settings.listen_port = port;
+        let spec = Spec::new("pgbouncer", binary()?)
+            .args([path.display().to_string()])
+            .stop_signal("INT")
+            .run_as(is_root().then(|| "postgres".to_string()));
+        let process = Supervised::start(&spec, dir)?;
+        let mut bouncer = Self {
+            dir: dir.to_path_buf(),
+            settings,
+            extra: String::new(),
+            process,
+        };
+        bouncer.wait_listening().await?;
+        Ok(bouncer)
+    }
+
+    async fn wait_listening(&mut self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Some(status) = bouncer.process.try_exit()? {
+            if let Some(status) = self.process.try_exit()? {
                 bail!(
                     "pgbouncer exited ({status}):\n{}",
-                    bouncer.process.log_tail(3000)
+                    self.process.log_tail(3000)
                 );
             }
-            if tokio::net::TcpStream::connect(("127.0.0.1", bouncer.port()))
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port()))
                 .await
                 .is_ok()
             {
-                return Ok(bouncer);
+                return Ok(());
             }
             if Instant::now() > deadline {
                 bail!(
                     "pgbouncer did not listen on {} within 20 s:\n{}",
-                    bouncer.port(),
-                    bouncer.process.log_tail(3000)
+                    self.port(),
+                    self.process.log_tail(3000)
                 );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

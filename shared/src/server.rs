@@ -336,7 +336,8 @@ impl Directory {
             .and_then(|s| s.metadata.resource_version.clone())
     }
 
-    fn secret(&self, name: &str) -> Option<Arc<Secret>> {
+    /// Secret `name` of the controllers' namespace, if cached.
+    pub fn secret(&self, name: &str) -> Option<Arc<Secret>> {
         self.secrets
             .get(&ObjectRef::new(name).within(&self.controller_namespace))
     }

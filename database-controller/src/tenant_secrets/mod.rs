@@ -206,6 +206,13 @@ impl TenantSecrets {
         }
     }
 
+    /// The connection Secret `name` of `namespace` as the cache holds it (password,
+    /// username and a digest of the rest), if that namespace is set up.
+    pub fn cached(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
+        self.running(namespace)?
+            .get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace))
+    }
+
     fn running(&self, namespace: &str) -> Option<Store<Secret>> {
         self.inner
             .tenants

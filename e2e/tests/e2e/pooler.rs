@@ -315,3 +315,185 @@ async fn a_paused_database_moves_to_another_server_and_its_pooled_client_sees_no
     drop(bouncer);
     drop(dir);
 }
+
+/// What `spec.pooler` makes: the database-controller keeps a pooler Secret, Deployment,
+/// Service and PodDisruptionBudget in its namespace; the Secret's configuration, run by a
+/// real PgBouncer as a Pod would run it, lets each Database's login (from its connection
+/// Secret) into its own database and no other; once converged nothing is written; a
+/// deleted Secret comes back; without `spec.pooler` everything goes. (This bed has no
+/// node: the Deployment's Pods never run, and `PoolerReady` says so.)
+#[tokio::test]
+async fn a_pooled_servers_databases_are_served_by_the_configuration_dbops_keeps() {
+    use dbops_e2e::harness::database::{ADMIN_SECRET, READY, Setup, value};
+    use dbops_e2e::wait::eventually;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{Secret, Service};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use kube::api::{Api, DeleteParams, Patch, PatchParams};
+
+    dbops_e2e::init_test_logging();
+    let s = Setup::new("pooled-server").await;
+    let ns = s.ns().to_string();
+    let server = s.server(ADMIN_SECRET);
+    let servers: Api<dbops_api::DatabaseServer> = Api::all(s.b.client.clone());
+    servers
+        .patch(
+            &server,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"pooler": {"defaultPoolSize": 4}}})),
+        )
+        .await
+        .unwrap();
+    s.create_ready("orders", serde_json::json!({})).await;
+    s.create_ready("billing", serde_json::json!({})).await;
+
+    let name = format!("dbops-pooler-{}", server.replace('.', "-"));
+    let secrets: Api<Secret> = Api::namespaced(s.b.client.clone(), &ns);
+    let pooler = eventually(
+        "the pooler's Secret to route both databases",
+        READY,
+        || async { Ok(secrets.get_opt(&name).await?) },
+        |secret| {
+            secret.as_ref().is_some_and(|s| {
+                let ini = value(s, "pgbouncer.ini");
+                ini.contains("\norders = ") && ini.contains("\nbilling = ")
+            })
+        },
+    )
+    .await
+    .unwrap();
+    let ini = value(&pooler, "pgbouncer.ini");
+    assert!(ini.contains("default_pool_size = 4"), "{ini}");
+    assert!(ini.contains("auth_type = scram-sha-256"), "{ini}");
+    let userlist = value(&pooler, "userlist.txt");
+    assert!(!userlist.contains("password"), "verifiers only");
+
+    // The Deployment, Service and budget, and the server's status.
+    let deployments: Api<Deployment> = Api::namespaced(s.b.client.clone(), &ns);
+    let deployment = match dbops_e2e::wait::wait_for(
+        "the pooler's Deployment",
+        READY,
+        || async { Ok(deployments.get_opt(&name).await?) },
+        Option::is_some,
+    )
+    .await
+    {
+        Ok(Some(d)) => d,
+        other => panic!("{other:?}\n{}", s.controller_log(6000)),
+    };
+    let spec = deployment.spec.unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.unwrap();
+    assert_eq!(
+        pod.security_context.unwrap().run_as_non_root,
+        Some(true),
+        "restricted Pods"
+    );
+    Api::<Service>::namespaced(s.b.client.clone(), &ns)
+        .get(&name)
+        .await
+        .unwrap();
+    Api::<PodDisruptionBudget>::namespaced(s.b.client.clone(), &ns)
+        .get(&name)
+        .await
+        .unwrap();
+    let status = eventually(
+        "the server's status.pooler",
+        READY,
+        || async { Ok(servers.get(&server).await?.status) },
+        |st| {
+            st.as_ref()
+                .and_then(|st| st.pooler.as_ref())
+                .is_some_and(|p| p.databases == 2 && p.logins == 2)
+        },
+    )
+    .await
+    .unwrap();
+    let ready = dbops_shared::conditions::get(&status.conditions, "PoolerReady").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "PoolerStarting")
+    );
+    assert!(
+        ready.message.starts_with("0 of 2 pooler Pods ready"),
+        "{}",
+        ready.message
+    );
+
+    // PgBouncer on that configuration, as a Pod runs it.
+    let dir = dbops_e2e::harness::bed::test_dir("pooled-server", "pgbouncer");
+    let bouncer = PgBouncer::start_from_rendered(dir.path(), &ini, &userlist, ADMIN)
+        .await
+        .unwrap();
+    for (db, other) in [("orders", "billing"), ("billing", "orders")] {
+        let secret = s.connection_secret(db).await;
+        let (login, password) = (value(&secret, "username"), value(&secret, "password"));
+        let dbname = value(&secret, "dbname");
+        let c = bouncer.connect(&login, &password, &dbname).await.unwrap();
+        assert_eq!(whoami(&c).await, (login.clone(), dbname.clone()));
+        let e = bouncer
+            .connect(&login, &password, other)
+            .await
+            .map(drop)
+            .expect_err("a login reaches its own database only");
+        assert!(format!("{e:#}").contains("permission denied"), "{e:#}");
+    }
+    let console = bouncer
+        .admin(&value(&pooler, "admin-password"))
+        .await
+        .unwrap();
+    console.simple_query("SHOW DATABASES").await.unwrap();
+    drop(bouncer);
+
+    // Converged: nothing written while nothing changes.
+    s.assert_quiet().await;
+
+    // Someone deletes the Secret: it is made again.
+    secrets
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the pooler's Secret made again",
+        READY,
+        || async { Ok(secrets.get_opt(&name).await?) },
+        |secret| {
+            secret
+                .as_ref()
+                .is_some_and(|s| s.metadata.deletion_timestamp.is_none())
+        },
+    )
+    .await
+    .unwrap();
+
+    // No pooler asked for: what dbops made goes, and so do status.pooler and PoolerReady.
+    servers
+        .patch(
+            &server,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"pooler": null}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "the pooler's objects gone",
+        READY,
+        || async {
+            Ok((
+                deployments.get_opt(&name).await?.is_some(),
+                secrets.get_opt(&name).await?.is_some(),
+                servers.get(&server).await?.status,
+            ))
+        },
+        |(deployment, secret, status)| {
+            !deployment
+                && !secret
+                && status.as_ref().is_some_and(|st| {
+                    st.pooler.is_none()
+                        && dbops_shared::conditions::get(&st.conditions, "PoolerReady").is_none()
+                })
+        },
+    )
+    .await;
+    drop(dir);
+}

@@ -1,0 +1,285 @@
+//! What the pooler of a server holds, from the Databases on it and their connection
+//! Secrets (pure): one route per database, one userlist entry per login.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use dbops_api::{Database, DatabaseServer, PoolMode};
+use dbops_shared::pooler::{self, Route, Settings, Userlist};
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+
+use crate::secret;
+
+/// Where the pooler's files are in its Pods.
+pub const CONFIG_DIR: &str = "/etc/pgbouncer";
+/// The file of `pgbouncer.ini` in the pooler's Secret and Pods.
+pub const INI_KEY: &str = "pgbouncer.ini";
+/// The userlist's key.
+pub const USERLIST_KEY: &str = "userlist.txt";
+/// The admin console's password (the login is [`ADMIN_USER`]).
+pub const ADMIN_PASSWORD_KEY: &str = "admin-password";
+/// The pooler's admin console login (PAUSE, RESUME, RELOAD).
+pub const ADMIN_USER: &str = "dbops_pooler_admin";
+/// The port of the pooler's Pods and Service.
+pub const PORT: u16 = 6432;
+/// Where a server CA Secret's `ca.crt` is mounted.
+pub const SERVER_CA_DIR: &str = "/etc/pgbouncer/server-ca";
+/// The system's roots in the pooler's image (Debian's ca-certificates).
+const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// The verifiers made so far, by login and the SHA-256 of its password: a verifier costs
+/// 4096 rounds of HMAC-SHA-256, and a server reconcile renders every login of the server.
+#[derive(Default)]
+pub struct Verifiers {
+    made: Mutex<HashMap<(String, String), String>>,
+}
+
+impl Verifiers {
+    fn of(&self, login: &str, password: &str, digest: &str) -> String {
+        let key = (login.to_string(), digest.to_string());
+        let mut made = self.made.lock().unwrap_or_else(PoisonError::into_inner);
+        made.entry(key)
+            .or_insert_with(|| dbops_shared::postgres::password_verifier(login, password))
+            .clone()
+    }
+
+    /// Forgets the verifiers of logins no longer rendered.
+    fn retain(&self, used: &Userlist) {
+        self.made
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(login, _), v| used.verifier(login) == Some(v.as_str()));
+    }
+}
+
+/// The pooler's routes and logins, and what it could not serve.
+#[derive(Debug, Default, PartialEq)]
+pub struct Served {
+    pub routes: Vec<Route>,
+    pub userlist: Userlist,
+    /// Databases provisioned on the server whose connection Secret is not (yet) in the
+    /// cache: routed, without a login until it is.
+    pub waiting: Vec<String>,
+}
+
+/// The routes and logins of the Databases provisioned on `server`: each database's own
+/// route to the server, its connection Secret's login with the verifier of its password,
+/// and the login before the last rotation while the previous userlist still has it.
+pub fn served(
+    server: &DatabaseServer,
+    databases: &[Arc<Database>],
+    secret_of: impl Fn(&str, &str) -> Option<Arc<Secret>>,
+    previous: &Userlist,
+    verifiers: &Verifiers,
+    extra: &[(&str, &str)],
+) -> Served {
+    let name = server.name_any();
+    let mut out = Served::default();
+    for db in databases {
+        let Some(status) = db.status.as_ref() else {
+            continue;
+        };
+        let (Some(dbname), Some(_)) = (&status.database_name, &status.provider_id) else {
+            continue;
+        };
+        if status.server.as_deref() != Some(name.as_str())
+            || db.metadata.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        out.routes.push(Route {
+            name: dbname.clone(),
+            host: server.spec.host.clone(),
+            port: u16::try_from(server.spec.port).unwrap_or(5432),
+            dbname: dbname.clone(),
+        });
+        let namespace = db.namespace().unwrap_or_default();
+        let login = status
+            .connection_secret
+            .as_deref()
+            .and_then(|s| secret_of(&namespace, s))
+            .and_then(|s| {
+                let password = secret::kept_password(&s)?;
+                let login = secret::username(&s)?;
+                let digest = dbops_shared::checksum::sha256_hex(password.as_bytes());
+                Some((login.clone(), verifiers.of(&login, &password, &digest)))
+            });
+        match login {
+            // A login that cannot be written is left out (the userlist says which).
+            Some((login, verifier)) => {
+                let _ = out.userlist.insert(&login, &verifier);
+            }
+            None => out.waiting.push(format!("{namespace}/{}", db.name_any())),
+        }
+        if let Some(before) = &status.previous_login
+            && let Some(v) = previous.verifier(before)
+        {
+            let _ = out.userlist.insert(before, v);
+        }
+    }
+    for (login, password) in extra {
+        let digest = dbops_shared::checksum::sha256_hex(password.as_bytes());
+        let _ = out
+            .userlist
+            .insert(login, &verifiers.of(login, password, &digest));
+    }
+    out.routes.sort_by(|a, b| a.name.cmp(&b.name));
+    out.routes.dedup_by(|a, b| a.name == b.name);
+    verifiers.retain(&out.userlist);
+    out
+}
+
+/// The pooler's settings in its Pods, from `spec.pooler` and the server's TLS.
+pub fn settings(server: &DatabaseServer) -> Option<Settings> {
+    let p = server.spec.pooler.as_ref()?;
+    let tls = &server.spec.tls;
+    let ca_file = match (&tls.ca_secret_ref, tls.mode.verifies()) {
+        (Some(_), _) => Some(format!("{SERVER_CA_DIR}/ca.crt").into()),
+        (None, true) => Some(SYSTEM_ROOTS.into()),
+        (None, false) => None,
+    };
+    Some(Settings {
+        listen_addr: "*".into(),
+        listen_port: PORT,
+        pool_mode: match p.pool_mode {
+            PoolMode::Transaction => pooler::PoolMode::Transaction,
+            PoolMode::Session => pooler::PoolMode::Session,
+        },
+        max_client_conn: u32::try_from(p.max_client_connections).unwrap_or(2000),
+        default_pool_size: u32::try_from(p.default_pool_size).unwrap_or(10),
+        max_db_connections: 0,
+        auth_file: format!("{CONFIG_DIR}/{USERLIST_KEY}").into(),
+        admin_user: ADMIN_USER.into(),
+        server_tls: pooler::ServerTls {
+            sslmode: tls.mode.as_str().into(),
+            ca_file,
+        },
+        client_tls: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+
+    fn server() -> DatabaseServer {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbops.dev/v1alpha1", "kind": "DatabaseServer",
+            "metadata": {"name": "pg-main", "uid": "s-1"},
+            "spec": {"host": "pg.example", "port": 5433, "adminSecretRef": {"name": "a"},
+                     "pooler": {}}
+        }))
+        .unwrap()
+    }
+
+    fn db(ns: &str, name: &str, server: &str, previous: Option<&str>) -> Arc<Database> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
+                "metadata": {"name": name, "namespace": ns, "uid": format!("u-{name}")},
+                "spec": {"serverRef": {"name": server}},
+                "status": {"server": server, "databaseName": format!("{ns}_{name}"),
+                           "providerID": "pg.example:5433/1",
+                           "connectionSecret": format!("{name}-connection"),
+                           "login": format!("{name}_owner"),
+                           "previousLogin": previous}
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn secret(login: &str, password: &str) -> Arc<Secret> {
+        let bytes = |v: &str| ByteString(v.as_bytes().to_vec());
+        Arc::new(Secret {
+            data: Some(
+                [
+                    ("username".to_string(), bytes(login)),
+                    ("password".to_string(), bytes(password)),
+                ]
+                .into(),
+            ),
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                annotations: Some(
+                    [(
+                        dbops_api::names::annotation::PASSWORD_SHA256.to_string(),
+                        dbops_shared::checksum::sha256_hex(password.as_bytes()),
+                    )]
+                    .into(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn routes_and_logins_of_the_databases_on_the_server_only() {
+        let dbs = [
+            db("shop", "orders", "pg-main", None),
+            db("shop", "billing", "pg-main", Some("billing_owner-1")),
+            db("blog", "posts", "pg-other", None),
+            db("blog", "drafts", "pg-main", None),
+        ];
+        let mut previous = Userlist::default();
+        previous
+            .insert("billing_owner-1", "SCRAM-SHA-256$4096:a$b:c")
+            .unwrap();
+        previous
+            .insert("gone_owner", "SCRAM-SHA-256$4096:a$b:c")
+            .unwrap();
+        let verifiers = Verifiers::default();
+        let secret_of = |ns: &str, name: &str| match (ns, name) {
+            ("shop", "orders-connection") => Some(secret("orders_owner", "pw-1")),
+            ("shop", "billing-connection") => Some(secret("billing_owner-2", "pw-2")),
+            _ => None,
+        };
+        let served = served(&server(), &dbs, secret_of, &previous, &verifiers, &[]);
+        let routes: Vec<_> = served
+            .routes
+            .iter()
+            .map(|r| (r.name.as_str(), r.host.as_str(), r.port))
+            .collect();
+        assert_eq!(
+            routes,
+            [
+                ("blog_drafts", "pg.example", 5433),
+                ("shop_billing", "pg.example", 5433),
+                ("shop_orders", "pg.example", 5433)
+            ]
+        );
+        assert_eq!(
+            served.userlist.logins().collect::<Vec<_>>(),
+            ["billing_owner-1", "billing_owner-2", "orders_owner"],
+            "the previous login while the old list has it; a gone one leaves"
+        );
+        assert_eq!(
+            served.userlist.verifier("orders_owner"),
+            Some(dbops_shared::postgres::password_verifier("orders_owner", "pw-1").as_str())
+        );
+        assert_eq!(served.waiting, ["blog/drafts"]);
+        // Made once: the memo holds exactly the logins served.
+        assert_eq!(verifiers.made.lock().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn settings_follow_the_spec_and_the_servers_tls() {
+        let mut s = server();
+        let set = settings(&s).unwrap();
+        assert_eq!(set.listen_port, PORT);
+        assert_eq!(set.default_pool_size, 10);
+        assert_eq!(set.server_tls.sslmode, "verify-full");
+        assert_eq!(
+            set.server_tls.ca_file.as_deref(),
+            Some(std::path::Path::new(SYSTEM_ROOTS))
+        );
+        s.spec.tls.ca_secret_ref = Some(dbops_api::SecretReference { name: "ca".into() });
+        assert_eq!(
+            settings(&s).unwrap().server_tls.ca_file.as_deref(),
+            Some(std::path::Path::new("/etc/pgbouncer/server-ca/ca.crt"))
+        );
+        s.spec.pooler = None;
+        assert!(settings(&s).is_none());
+    }
+}
