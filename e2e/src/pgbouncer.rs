@@ -86,6 +86,53 @@ impl PgBouncer {
         Ok(bouncer)
     }
 
+    /// [`PgBouncer::start`] through the pooler Pods' entrypoint
+    /// (`deploy/docker/pgbouncer/dbops-pgbouncer-run`), which runs PgBouncer and reloads it
+    /// when its files change, looking every `interval_secs`.
+    pub async fn start_through_entrypoint(
+        dir: &Path,
+        settings: Settings,
+        routes: &[Route],
+        userlist: &Userlist,
+        interval_secs: u32,
+    ) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let ini = Self::write(dir, &settings, routes, userlist, "")?;
+        let entrypoint =
+            crate::paths::repo_root().join("deploy/docker/pgbouncer/dbops-pgbouncer-run");
+        let spec = Spec::new("pgbouncer", "/bin/sh")
+            .args([entrypoint.display().to_string(), ini.display().to_string()])
+            .env("PGBOUNCER", binary()?.display().to_string())
+            .env("DBOPS_RELOAD_INTERVAL", interval_secs.to_string())
+            .run_as(is_root().then(|| "postgres".to_string()));
+        let process = Supervised::start(&spec, dir)?;
+        let mut bouncer = Self {
+            dir: dir.to_path_buf(),
+            settings,
+            extra: String::new(),
+            process,
+        };
+        bouncer.wait_listening().await?;
+        Ok(bouncer)
+    }
+
+    /// Replaces the userlist the way the kubelet updates a Secret volume: a new file
+    /// renamed over the old one.
+    pub fn swap_userlist(&self, userlist: &Userlist) -> Result<()> {
+        let next = self.dir.join(".userlist.next");
+        std::fs::write(&next, userlist.render())?;
+        if is_root() {
+            crate::postgres::chown_to_postgres(&self.dir)?;
+        }
+        std::fs::rename(&next, &self.settings.auth_file)?;
+        Ok(())
+    }
+
+    /// SIGTERM, as a Pod's stop sends it, and the exit status within `timeout`.
+    pub fn terminate(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        self.process.signal_and_wait("TERM", timeout)
+    }
+
     /// PgBouncer on the files a pooler Pod mounts from the Secret dbops keeps
     /// (`pgbouncer.ini`, `userlist.txt`): dbops's routes, settings and userlist as they
     /// are, but for what only a Pod has, here replaced: the address and port it listens on

@@ -497,3 +497,73 @@ async fn a_pooled_servers_databases_are_served_by_the_configuration_dbops_keeps(
     .await;
     drop(dir);
 }
+
+/// The pooler Pods' entrypoint (`deploy/docker/pgbouncer/dbops-pgbouncer-run`) with
+/// Debian's PgBouncer: a login added to the userlist (swapped in as the kubelet swaps a
+/// Secret volume) gets in after the next look, while a client connected before keeps its
+/// connection (a reload, not a restart); SIGTERM ends it cleanly.
+#[tokio::test]
+async fn the_pooler_entrypoint_reloads_a_changed_userlist_without_dropping_clients() {
+    dbops_e2e::init_test_logging();
+    let pg = PgServer::start("pool-entry").await.unwrap();
+    let a = tenant(&pg, "orders_owner", "orders").await;
+    let b = tenant(&pg, "billing_owner", "billing").await;
+    let admin = generate_password();
+    let dir = test_dir("pooler", "entrypoint");
+    let settings = PgBouncer::settings_in(dir.path(), ADMIN).unwrap();
+    let routes = [route("orders", &pg), route("billing", &pg)];
+    let mut bouncer = PgBouncer::start_through_entrypoint(
+        dir.path(),
+        settings,
+        &routes,
+        &userlist(&[("orders_owner", &a), (ADMIN, &admin)]),
+        1,
+    )
+    .await
+    .unwrap();
+    let before = bouncer.connect("orders_owner", &a, "orders").await.unwrap();
+    assert_eq!(whoami(&before).await.0, "orders_owner");
+    bouncer
+        .connect("billing_owner", &b, "billing")
+        .await
+        .map(drop)
+        .expect_err("billing_owner is not in the userlist yet");
+
+    bouncer
+        .swap_userlist(&userlist(&[
+            ("orders_owner", &a),
+            ("billing_owner", &b),
+            (ADMIN, &admin),
+        ]))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let after = loop {
+        match bouncer.connect("billing_owner", &b, "billing").await {
+            Ok(c) => break c,
+            Err(e) if Instant::now() > deadline => {
+                panic!(
+                    "billing_owner never let in: {e:#}\n{}",
+                    bouncer.log_tail(3000)
+                )
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    assert_eq!(whoami(&after).await.0, "billing_owner");
+    assert_eq!(
+        whoami(&before).await.0,
+        "orders_owner",
+        "the client from before the reload is still connected"
+    );
+    assert!(
+        bouncer
+            .log_tail(20_000)
+            .contains("the configuration changed; reloading"),
+        "{}",
+        bouncer.log_tail(3000)
+    );
+    drop((before, after));
+    let status = bouncer.terminate(Duration::from_secs(10)).unwrap();
+    assert!(status.success(), "SIGTERM: a safe shutdown, exit {status}");
+    drop(dir);
+}
