@@ -18,12 +18,13 @@
 
 mod objects;
 mod render;
+mod tls;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use dbops_api::{Database, DatabaseServer, PoolerStatus};
-use dbops_shared::pooler::{Userlist, render as render_ini};
+use dbops_shared::pooler::{TLS_CERT_KEY, TLS_KEY_KEY, Userlist, render as render_ini};
 use dbops_shared::postgres::generate_password;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
@@ -163,6 +164,13 @@ async fn configure(
         .and_then(|t| Userlist::parse(&t).ok())
         .unwrap_or_default();
     let admin_password = value(render::ADMIN_PASSWORD_KEY).unwrap_or_else(generate_password);
+    let (cert, key) = match (value(TLS_CERT_KEY), value(TLS_KEY_KEY)) {
+        (Some(cert), Some(key)) => (cert, key),
+        _ => match tls::serving_certificate(&name, on.namespace) {
+            Ok(pair) => pair,
+            Err(e) => return Ok(Err(Outcome::ConfigInvalid(e))),
+        },
+    };
     let served = render::served(
         server,
         databases,
@@ -181,6 +189,8 @@ async fn configure(
         (render::INI_KEY.to_string(), ini),
         (render::USERLIST_KEY.to_string(), served.userlist.render()),
         (render::ADMIN_PASSWORD_KEY.to_string(), admin_password),
+        (TLS_CERT_KEY.to_string(), cert),
+        (TLS_KEY_KEY.to_string(), key),
     ]
     .into();
     let desired = objects::secret(server, on.namespace, data);

@@ -170,6 +170,7 @@ pub fn desired_for(
     )?;
     let data: BTreeMap<String, ByteString> = own_keys(server, dbname, user, password)
         .into_iter()
+        .chain(pooler_keys(server, dbname, user, password))
         .map(|(k, v)| (k.to_string(), ByteString(v.into_bytes())))
         .chain(
             tls.ca
@@ -231,6 +232,40 @@ fn own_keys(
         ("PGPASSWORD", password.to_string()),
         ("sslmode", ssl.to_string()),
         ("PGSSLMODE", ssl.to_string()),
+    ]
+}
+
+/// The `pooler-*` keys when the server has a pooler: the same login through it, over TLS
+/// verified against the pooler's own certificate (`pooler-ca.crt`, which
+/// `sslrootcert`/`PGSSLROOTCERT` must point at: it names the Service, so `verify-full`).
+fn pooler_keys(
+    server: &Resolved,
+    dbname: &str,
+    user: &str,
+    password: &str,
+) -> Vec<(&'static str, String)> {
+    let Some(pooler) = &server.pooler else {
+        return Vec::new();
+    };
+    let (host, port) = (pooler.host.as_str(), pooler.port);
+    let (user_, password_, dbname_) = (encode(user), encode(password), encode(dbname));
+    vec![
+        ("pooler-host", host.to_string()),
+        ("pooler-port", port.to_string()),
+        (
+            "pooler-uri",
+            format!("postgresql://{user_}:{password_}@{host}:{port}/{dbname_}?sslmode=verify-full"),
+        ),
+        (
+            "pooler-jdbc-url",
+            format!(
+                "jdbc:postgresql://{host}:{port}/{dbname_}?user={user_}&password={password_}&sslmode=verify-full"
+            ),
+        ),
+        (
+            "pooler-ca.crt",
+            String::from_utf8_lossy(&pooler.ca_pem).into_owned(),
+        ),
     ]
 }
 
@@ -413,7 +448,41 @@ mod tests {
                 }))
                 .unwrap(),
             ),
+            pooler: None,
         }
+    }
+
+    /// With a pooler, the Secret gains its keys: the same login through the pooler's
+    /// Service, verified against the pooler's certificate.
+    #[test]
+    fn a_pooled_server_adds_the_pooler_keys() {
+        let db = db();
+        let mut server = plain();
+        let without = desired(&db, &server, "p@ss");
+        assert!(!without.data.as_ref().unwrap().contains_key("pooler-uri"));
+        server.pooler = Some(dbops_shared::pooler::Access {
+            host: "dbops-pooler-pg-main.dbops-system.svc".into(),
+            port: 6432,
+            ca_pem: b"-----BEGIN CERTIFICATE-----".to_vec(),
+        });
+        let with = desired(&db, &server, "p@ss");
+        let get = |k: &str| String::from_utf8(with.data.as_ref().unwrap()[k].0.clone()).unwrap();
+        assert_eq!(get("pooler-host"), "dbops-pooler-pg-main.dbops-system.svc");
+        assert_eq!(get("pooler-port"), "6432");
+        assert_eq!(
+            get("pooler-uri"),
+            format!(
+                "postgresql://{}:p%40ss@dbops-pooler-pg-main.dbops-system.svc:6432/{}?sslmode=verify-full",
+                db.owner_role(),
+                db.database_name()
+            )
+        );
+        assert!(get("pooler-jdbc-url").starts_with("jdbc:postgresql://dbops-pooler-pg-main"));
+        assert_eq!(get("pooler-ca.crt"), "-----BEGIN CERTIFICATE-----");
+        // The cache's digest sees them: a Secret without them is not current.
+        let mut cached = without.clone();
+        keep_in_cache(&mut cached);
+        assert!(!is_current(&cached, &with));
     }
 
     fn plain() -> Resolved {
@@ -518,8 +587,12 @@ mod tests {
         let s = desired(&db(), &plain(), "p@ss/word");
         let data = s.data.as_ref().unwrap();
         let get = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
-        // Every key of the controller's own; `ca.crt` only from a server with a CA.
-        for key in RESERVED_KEYS.iter().filter(|k| **k != "ca.crt") {
+        // Every key of the controller's own; `ca.crt` only from a server with a CA, the
+        // `pooler-*` keys only from one with a pooler.
+        for key in RESERVED_KEYS
+            .iter()
+            .filter(|k| **k != "ca.crt" && !k.starts_with("pooler-"))
+        {
             assert!(data.contains_key(*key), "missing {key}");
         }
         assert!(!data.contains_key("ca.crt"));

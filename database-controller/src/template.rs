@@ -28,8 +28,9 @@ use minijinja::{
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 /// The keys the controller writes itself (every key `secret::desired_for` may write;
-/// `ca.crt` only when the server has a CA of its own): no template may replace one.
-pub const RESERVED_KEYS: [&str; 15] = [
+/// `ca.crt` only when the server has a CA of its own, the `pooler-*` keys only when it has
+/// a pooler): no template may replace one.
+pub const RESERVED_KEYS: [&str; 20] = [
     "host",
     "port",
     "dbname",
@@ -45,6 +46,11 @@ pub const RESERVED_KEYS: [&str; 15] = [
     "sslmode",
     "PGSSLMODE",
     "ca.crt",
+    "pooler-host",
+    "pooler-port",
+    "pooler-uri",
+    "pooler-jdbc-url",
+    "pooler-ca.crt",
 ];
 
 /// At most this many templates in one `secretTemplate`.

@@ -136,13 +136,14 @@ type ServerView = (
     Option<(String, String)>,
     bool,
     Option<dbops_api::ServerCapabilities>,
+    Option<String>,
 );
 
 #[derive(Default)]
 struct ServersSeen(Mutex<HashMap<String, ServerView>>);
 
-/// A DatabaseServer → its Databases, only when its generation, readiness, deletion or
-/// admin's capabilities changed: the count in its status changes with every Database
+/// A DatabaseServer → its Databases, only when its generation, readiness, deletion,
+/// admin's capabilities or pooler changed: the count in its status changes with every Database
 /// and must not wake them all.
 fn on_server(
     server: &DatabaseServer,
@@ -159,6 +160,12 @@ fn on_server(
         ready,
         server.metadata.deletion_timestamp.is_some(),
         server.status.as_ref().and_then(|s| s.capabilities.clone()),
+        // The pooler's host: its connection Secret keys come and go with it.
+        server
+            .status
+            .as_ref()
+            .and_then(|s| s.pooler.as_ref())
+            .map(|p| p.host.clone()),
     );
     let changed = {
         let mut seen = seen.0.lock().unwrap_or_else(|e| e.into_inner());

@@ -133,19 +133,21 @@ impl PgBouncer {
         self.process.signal_and_wait("TERM", timeout)
     }
 
-    /// PgBouncer on the files a pooler Pod mounts from the Secret dbops keeps
-    /// (`pgbouncer.ini`, `userlist.txt`): dbops's routes, settings and userlist as they
-    /// are, but for what only a Pod has, here replaced: the address and port it listens on
-    /// (loopback, a free port) and where the userlist is (`dir`).
+    /// PgBouncer on the files a pooler Pod mounts from the Secret dbops keeps (`files`: the
+    /// Secret's data, `pgbouncer.ini` among it): dbops's routes, settings, userlist and
+    /// certificate as they are, but for what only a Pod has, here replaced: the address
+    /// and port it listens on (loopback, a free port) and the directory the files are in
+    /// (`dir` for the Pod's `/etc/pgbouncer`).
     pub async fn start_from_rendered(
         dir: &Path,
-        ini: &str,
-        userlist: &str,
+        files: &std::collections::BTreeMap<String, String>,
         admin_user: &str,
     ) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         let port = free_port()?;
-        let auth_file = dir.join("userlist.txt");
+        let ini = files
+            .get("pgbouncer.ini")
+            .context("the pooler's Secret has no pgbouncer.ini")?;
         let mut replaced = 0;
         let ini: String = ini
             .lines()
@@ -154,19 +156,24 @@ impl PgBouncer {
                 let new = match key {
                     "listen_addr" => Some("listen_addr = 127.0.0.1".to_string()),
                     "listen_port" => Some(format!("listen_port = {port}")),
-                    "auth_file" => Some(format!("auth_file = {}", auth_file.display())),
                     _ => None,
                 };
                 replaced += usize::from(new.is_some());
-                new.unwrap_or_else(|| line.to_string()) + "\n"
+                new.unwrap_or_else(|| {
+                    line.replace("/etc/pgbouncer/", &format!("{}/", dir.display()))
+                }) + "\n"
             })
             .collect();
-        if replaced != 3 {
-            bail!("the rendered pgbouncer.ini lacks listen_addr, listen_port or auth_file:\n{ini}");
+        if replaced != 2 {
+            bail!("the rendered pgbouncer.ini lacks listen_addr or listen_port:\n{ini}");
+        }
+        for (name, content) in files {
+            if name != "pgbouncer.ini" && !name.contains('/') {
+                std::fs::write(dir.join(name), content)?;
+            }
         }
         let path = dir.join("pgbouncer.ini");
         std::fs::write(&path, ini)?;
-        std::fs::write(&auth_file, userlist)?;
         if is_root() {
             crate::postgres::chown_to_postgres(dir)?;
         }
@@ -185,6 +192,31 @@ impl PgBouncer {
         };
         bouncer.wait_listening().await?;
         Ok(bouncer)
+    }
+
+    /// A client through the pooler over TLS, the pooler's certificate checked against
+    /// `ca_pem` (`verify-ca`: this pooler listens on loopback, not on its Service's name).
+    pub async fn connect_tls(
+        &self,
+        user: &str,
+        password: &str,
+        dbname: &str,
+        ca_pem: &[u8],
+    ) -> Result<Client> {
+        use dbops_shared::postgres::tls::{Verify, connector, roots_from_pem};
+        let roots = roots_from_pem(ca_pem).map_err(anyhow::Error::msg)?;
+        let (client, connection) = tokio_postgres::Config::new()
+            .host("127.0.0.1")
+            .port(self.port())
+            .user(user)
+            .password(password)
+            .dbname(dbname)
+            .ssl_mode(tokio_postgres::config::SslMode::Require)
+            .connect_timeout(Duration::from_secs(10))
+            .connect(connector(Verify::Chain, Some(roots))?)
+            .await?;
+        tokio::spawn(connection);
+        Ok(client)
     }
 
     async fn wait_listening(&mut self) -> Result<()> {
@@ -255,6 +287,12 @@ impl PgBouncer {
             .await?;
         tokio::spawn(connection);
         Ok(client)
+    }
+
+    /// The admin console over TLS ([`PgBouncer::connect_tls`]).
+    pub async fn admin_tls(&self, password: &str, ca_pem: &[u8]) -> Result<Client> {
+        let user = self.settings.admin_user.clone();
+        self.connect_tls(&user, password, "pgbouncer", ca_pem).await
     }
 
     /// The admin console (`pgbouncer` database; simple queries only).

@@ -27,5 +27,70 @@
 mod ini;
 mod userlist;
 
+/// The port of every pooler's Pods and Service.
+pub const PORT: u16 = 6432;
+/// The pooler Secret's key with its serving certificate (self-signed: also the CA the
+/// connection Secrets carry as `pooler-ca.crt`).
+pub const TLS_CERT_KEY: &str = "tls.crt";
+/// The pooler Secret's key with the certificate's private key.
+pub const TLS_KEY_KEY: &str = "tls.key";
+/// The annotation naming the DatabaseServer a pooler object serves.
+pub const SERVER_ANNOTATION: &str = "dbops.dev/server";
+
+/// `dbops-pooler-<server>`: the name of a server's pooler objects, a valid Service name
+/// (a DNS label: dots become dashes, and a name too long keeps a prefix and a digest of
+/// the whole).
+pub fn object_name(server: &str) -> String {
+    let plain = format!("dbops-pooler-{}", server.replace('.', "-"));
+    if plain.len() <= 63 {
+        return plain;
+    }
+    let digest = crate::checksum::sha256_hex(server.as_bytes());
+    format!("{}-{}", plain[..54].trim_end_matches('-'), &digest[..8])
+}
+
+/// How applications reach a server's pooler: the Service's cluster name, its port and
+/// the certificate to verify it with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Access {
+    pub host: String,
+    pub port: u16,
+    pub ca_pem: Vec<u8>,
+}
+
+/// The pooler of `server` as its Secret in `namespace` (the controllers') shows it, once
+/// dbops has made it for that server: `None` without `spec.pooler` or before.
+pub fn access(
+    server: &dbops_api::DatabaseServer,
+    namespace: &str,
+    secret: impl FnOnce(&str) -> Option<std::sync::Arc<k8s_openapi::api::core::v1::Secret>>,
+) -> Option<Access> {
+    server.spec.pooler.as_ref()?;
+    let server_name = server.metadata.name.as_deref()?;
+    let name = object_name(server_name);
+    let secret = secret(&name)?;
+    let (key, value) = dbops_api::names::label::MANAGED_BY;
+    let ours = secret
+        .metadata
+        .labels
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+        == Some(value)
+        && secret
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(SERVER_ANNOTATION)
+            .map(String::as_str)
+            == Some(server_name);
+    let ca_pem = secret.data.as_ref()?.get(TLS_CERT_KEY)?.0.clone();
+    (ours && !ca_pem.is_empty()).then(|| Access {
+        host: format!("{name}.{namespace}.svc"),
+        port: PORT,
+        ca_pem,
+    })
+}
+
 pub use ini::{ClientTls, IniError, PoolMode, Route, ServerTls, Settings, render};
 pub use userlist::{Userlist, UserlistError};

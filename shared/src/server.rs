@@ -85,6 +85,8 @@ pub struct Resolved {
     pub endpoint: Endpoint,
     pub credentials: Credentials,
     pub server: Arc<DatabaseServer>,
+    /// The server's pooler, once dbops has made it (`spec.pooler`).
+    pub pooler: Option<crate::pooler::Access>,
 }
 
 /// The DatabaseServers this installation serves, their Secrets and the namespaces' labels.
@@ -279,11 +281,13 @@ impl Directory {
                     ),
                 },
             })?;
+        let pooler = crate::pooler::access(&server, &self.controller_namespace, |n| self.secret(n));
         Ok(Resolved {
             name,
             endpoint,
             credentials,
             server,
+            pooler,
         })
     }
 

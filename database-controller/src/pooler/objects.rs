@@ -22,21 +22,11 @@ use super::render::{CONFIG_DIR, PORT, SERVER_CA_DIR};
 
 /// The label that selects one server's pooler Pods (and marks its objects).
 pub const POOLER_LABEL: &str = "dbops.dev/pooler";
-/// The annotation naming the DatabaseServer a pooler object serves.
-pub const SERVER_ANNOTATION: &str = "dbops.dev/server";
+pub use dbops_shared::pooler::SERVER_ANNOTATION;
 /// The annotation with the SHA-256 of the object as dbops applied it.
 pub const APPLIED_ANNOTATION: &str = "dbops.dev/applied-sha256";
 
-/// `dbops-pooler-<server>`, a valid Service name (a DNS label: dots become dashes, and a
-/// name too long keeps a prefix and a digest of the whole).
-pub fn name(server: &str) -> String {
-    let plain = format!("dbops-pooler-{}", server.replace('.', "-"));
-    if plain.len() <= 63 {
-        return plain;
-    }
-    let digest = dbops_shared::checksum::sha256_hex(server.as_bytes());
-    format!("{}-{}", plain[..54].trim_end_matches('-'), &digest[..8])
-}
+pub use dbops_shared::pooler::object_name as name;
 
 /// Whether `meta` is of the pooler dbops made for `server`.
 pub fn is_ours(meta: &ObjectMeta, server: &str) -> bool {

@@ -21,8 +21,7 @@ pub const USERLIST_KEY: &str = "userlist.txt";
 pub const ADMIN_PASSWORD_KEY: &str = "admin-password";
 /// The pooler's admin console login (PAUSE, RESUME, RELOAD).
 pub const ADMIN_USER: &str = "dbops_pooler_admin";
-/// The port of the pooler's Pods and Service.
-pub const PORT: u16 = 6432;
+pub use dbops_shared::pooler::PORT;
 /// Where a server CA Secret's `ca.crt` is mounted.
 pub const SERVER_CA_DIR: &str = "/etc/pgbouncer/server-ca";
 /// The system's roots in the pooler's image (Debian's ca-certificates).
@@ -155,7 +154,12 @@ pub fn settings(server: &DatabaseServer) -> Option<Settings> {
             sslmode: tls.mode.as_str().into(),
             ca_file,
         },
-        client_tls: None,
+        // Clients must use TLS: the Pods hold a certificate for the Service's names.
+        client_tls: Some(pooler::ClientTls {
+            sslmode: "require".into(),
+            cert_file: format!("{CONFIG_DIR}/{}", pooler::TLS_CERT_KEY).into(),
+            key_file: format!("{CONFIG_DIR}/{}", pooler::TLS_KEY_KEY).into(),
+        }),
     })
 }
 

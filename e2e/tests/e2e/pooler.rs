@@ -366,7 +366,10 @@ async fn a_pooled_servers_databases_are_served_by_the_configuration_dbops_keeps(
     assert!(ini.contains("default_pool_size = 4"), "{ini}");
     assert!(ini.contains("auth_type = scram-sha-256"), "{ini}");
     let userlist = value(&pooler, "userlist.txt");
-    assert!(!userlist.contains("password"), "verifiers only");
+    assert!(
+        userlist.lines().all(|l| l.contains("\" \"SCRAM-SHA-256$")),
+        "verifiers only"
+    );
 
     // The Deployment, Service and budget, and the server's status.
     let deployments: Api<Deployment> = Api::namespaced(s.b.client.clone(), &ns);
@@ -420,26 +423,68 @@ async fn a_pooled_servers_databases_are_served_by_the_configuration_dbops_keeps(
         ready.message
     );
 
-    // PgBouncer on that configuration, as a Pod runs it.
+    // PgBouncer on that configuration, as a Pod runs it: clients must use TLS, verified
+    // against the certificate the connection Secrets carry.
+    let files: std::collections::BTreeMap<String, String> =
+        ["pgbouncer.ini", "userlist.txt", "tls.crt", "tls.key"]
+            .into_iter()
+            .map(|k| (k.to_string(), value(&pooler, k)))
+            .collect();
+    assert!(ini.contains("client_tls_sslmode = require"), "{ini}");
     let dir = dbops_e2e::harness::bed::test_dir("pooled-server", "pgbouncer");
-    let bouncer = PgBouncer::start_from_rendered(dir.path(), &ini, &userlist, ADMIN)
+    let bouncer = PgBouncer::start_from_rendered(dir.path(), &files, ADMIN)
         .await
         .unwrap();
     for (db, other) in [("orders", "billing"), ("billing", "orders")] {
-        let secret = s.connection_secret(db).await;
+        // The connection Secret's pooler keys: found once the server's status shows
+        // the pooler (its Databases are reconciled then).
+        let secret = eventually(
+            &format!("{db}'s connection Secret to carry the pooler keys"),
+            READY,
+            || async { Ok(s.connection_secret(db).await) },
+            |secret| {
+                secret
+                    .data
+                    .as_ref()
+                    .is_some_and(|d| d.contains_key("pooler-uri"))
+            },
+        )
+        .await;
         let (login, password) = (value(&secret, "username"), value(&secret, "password"));
         let dbname = value(&secret, "dbname");
-        let c = bouncer.connect(&login, &password, &dbname).await.unwrap();
+        assert_eq!(value(&secret, "pooler-host"), format!("{name}.{ns}.svc"));
+        assert_eq!(value(&secret, "pooler-port"), "6432");
+        assert!(
+            value(&secret, "pooler-uri").ends_with(&format!(
+                "@{name}.{ns}.svc:6432/{dbname}?sslmode=verify-full"
+            )),
+            "{}",
+            value(&secret, "pooler-uri").replace(&password, "***")
+        );
+        let ca = value(&secret, "pooler-ca.crt");
+        assert_eq!(ca, value(&pooler, "tls.crt"));
+        bouncer
+            .connect(&login, &password, &dbname)
+            .await
+            .map(drop)
+            .expect_err("plain TCP is refused: clients must use TLS");
+        let c = bouncer
+            .connect_tls(&login, &password, &dbname, ca.as_bytes())
+            .await
+            .unwrap();
         assert_eq!(whoami(&c).await, (login.clone(), dbname.clone()));
         let e = bouncer
-            .connect(&login, &password, other)
+            .connect_tls(&login, &password, other, ca.as_bytes())
             .await
             .map(drop)
             .expect_err("a login reaches its own database only");
         assert!(format!("{e:#}").contains("permission denied"), "{e:#}");
     }
     let console = bouncer
-        .admin(&value(&pooler, "admin-password"))
+        .admin_tls(
+            &value(&pooler, "admin-password"),
+            value(&pooler, "tls.crt").as_bytes(),
+        )
         .await
         .unwrap();
     console.simple_query("SHOW DATABASES").await.unwrap();
