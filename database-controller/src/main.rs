@@ -181,7 +181,11 @@ impl Shared {
     }
 
     /// The DatabaseServer controller's state.
-    fn server_state(&self, pooler_image: &str) -> server::State {
+    fn server_state(
+        &self,
+        pooler_image: &str,
+        users: kube::runtime::reflector::Store<DatabaseUser>,
+    ) -> server::State {
         let recorder = Recorder::new(
             self.client.clone(),
             controller::reporter(server::CONTROLLER),
@@ -197,6 +201,7 @@ impl Shared {
             pooler::Poolers {
                 image: pooler_image.to_string(),
                 verifiers: Default::default(),
+                users: Some(users),
             },
             self.tenants.clone(),
         )
@@ -255,8 +260,10 @@ async fn run(args: Args) -> Result<(), ControllerError> {
             );
             let users = watches::users(users, &shared.client, run.namespace(), user_secrets);
 
-            let server_ctx =
-                run.context(server::CONTROLLER, shared.server_state(&args.pooler_image));
+            let server_ctx = run.context(
+                server::CONTROLLER,
+                shared.server_state(&args.pooler_image, users.store()),
+            );
             let dbservers = run
                 .controller(shared.directory.server_config(), Trigger::GenerationChange)
                 .with_config(

@@ -23,7 +23,7 @@ mod tls;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use dbops_api::{Database, DatabaseServer, PoolerStatus};
+use dbops_api::{Database, DatabaseServer, DatabaseUser, PoolerStatus};
 use dbops_shared::pooler::{TLS_CERT_KEY, TLS_KEY_KEY, Userlist, render as render_ini};
 use dbops_shared::postgres::generate_password;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -45,6 +45,8 @@ pub struct Poolers {
     /// The pooler Pods' image (`--pooler-image`).
     pub image: String,
     pub verifiers: Verifiers,
+    /// The user-controller's cache of DatabaseUsers (their logins are served too).
+    pub users: Option<kube::runtime::reflector::Store<DatabaseUser>>,
 }
 
 /// Where a pooler stands.
@@ -171,9 +173,15 @@ async fn configure(
             Err(e) => return Ok(Err(Outcome::ConfigInvalid(e))),
         },
     };
+    let users = poolers
+        .users
+        .as_ref()
+        .map(|s| s.state())
+        .unwrap_or_default();
     let served = render::served(
         server,
         databases,
+        &users,
         |ns, secret| on.tenants.cached(ns, secret),
         &previous,
         &poolers.verifiers,

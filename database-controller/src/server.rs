@@ -12,7 +12,8 @@
 //! differs, with an Event when Ready or PoolerReady changes.
 //!
 //! Watches: DatabaseServers (generation changes), Secrets of the controllers' namespace
-//! (mapped to the servers naming them, and a pooler's Secret to its server) and Databases (mapped to their server: the count
+//! (mapped to the servers naming them, and a pooler's Secret to its server), DatabaseUsers
+//! (to their server: their logins are in its pooler) and Databases (mapped to their server: the count
 //! and the finalizer follow them).
 
 use std::collections::HashMap;
@@ -22,8 +23,8 @@ use std::time::{Duration, Instant};
 use dbops_api::names::finalizer::SERVER_IN_USE as IN_USE_FINALIZER;
 use dbops_api::reasons::DatabaseServerReason;
 use dbops_api::{
-    Database, DatabaseServer, DatabaseServerStatus, Migration, MigrationPhase, ServerCapabilities,
-    ServerTlsStatus, TlsMode, condition,
+    Database, DatabaseServer, DatabaseServerStatus, DatabaseUser, Migration, MigrationPhase,
+    ServerCapabilities, ServerTlsStatus, TlsMode, condition,
 };
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, set_condition};
 use dbops_shared::controller::{Context, ErrorKind, ReconcileError};
@@ -650,6 +651,18 @@ pub fn watches(
             watcher::Config::default(),
         ),
         |db: Database| servers_of(&db),
+    )
+    .watches_stream(
+        // A DatabaseUser's login is in its server's pooler.
+        dbops_shared::controller::trigger(
+            dbops_shared::controller::scoped_api::<DatabaseUser>(client.clone(), namespace),
+            watcher::Config::default(),
+        ),
+        |u: DatabaseUser| {
+            u.status
+                .and_then(|s| s.server)
+                .map(|name| ObjectRef::new(&name))
+        },
     )
     .watches_stream(
         dbops_shared::controller::trigger(

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use dbops_api::{Database, DatabaseServer, PoolMode};
+use dbops_api::{Database, DatabaseServer, DatabaseUser, PoolMode};
 use dbops_shared::pooler::{self, Route, Settings, Userlist};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -64,10 +64,12 @@ pub struct Served {
 
 /// The routes and logins of the Databases provisioned on `server`: each database's own
 /// route to the server, its connection Secret's login with the verifier of its password,
-/// and the login before the last rotation while the previous userlist still has it.
+/// and the login before the last rotation while the previous userlist still has it; and
+/// the same for each DatabaseUser on the server (its route is its Database's).
 pub fn served(
     server: &DatabaseServer,
     databases: &[Arc<Database>],
+    users: &[Arc<DatabaseUser>],
     secret_of: impl Fn(&str, &str) -> Option<Arc<Secret>>,
     previous: &Userlist,
     verifiers: &Verifiers,
@@ -98,12 +100,7 @@ pub fn served(
             .connection_secret
             .as_deref()
             .and_then(|s| secret_of(&namespace, s))
-            .and_then(|s| {
-                let password = secret::kept_password(&s)?;
-                let login = secret::username(&s)?;
-                let digest = dbops_shared::checksum::sha256_hex(password.as_bytes());
-                Some((login.clone(), verifiers.of(&login, &password, &digest)))
-            });
+            .and_then(|s| login_of(&s, verifiers));
         match login {
             // A login that cannot be written is left out (the userlist says which).
             Some((login, verifier)) => {
@@ -112,6 +109,35 @@ pub fn served(
             None => out.waiting.push(format!("{namespace}/{}", db.name_any())),
         }
         if let Some(before) = &status.previous_login
+            && let Some(v) = previous.verifier(before)
+        {
+            let _ = out.userlist.insert(before, v);
+        }
+    }
+    for user in users {
+        let Some(status) = user.status.as_ref() else {
+            continue;
+        };
+        if status.server.as_deref() != Some(name.as_str())
+            || user.metadata.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        let namespace = user.namespace().unwrap_or_default();
+        let login = status
+            .connection_secret
+            .as_deref()
+            .and_then(|s| secret_of(&namespace, s))
+            .and_then(|s| login_of(&s, verifiers));
+        match login {
+            Some((login, verifier)) => {
+                let _ = out.userlist.insert(&login, &verifier);
+            }
+            None => out
+                .waiting
+                .push(format!("DatabaseUser {namespace}/{}", user.name_any())),
+        }
+        if let Some(before) = &status.previous_role
             && let Some(v) = previous.verifier(before)
         {
             let _ = out.userlist.insert(before, v);
@@ -127,6 +153,15 @@ pub fn served(
     out.routes.dedup_by(|a, b| a.name == b.name);
     verifiers.retain(&out.userlist);
     out
+}
+
+/// The login a connection Secret names and the verifier of its password.
+fn login_of(secret: &Secret, verifiers: &Verifiers) -> Option<(String, String)> {
+    let password = secret::kept_password(secret)?;
+    let login = secret::username(secret)?;
+    let digest = dbops_shared::checksum::sha256_hex(password.as_bytes());
+    let verifier = verifiers.of(&login, &password, &digest);
+    Some((login, verifier))
 }
 
 /// The pooler's settings in its Pods, from `spec.pooler` and the server's TLS.
@@ -239,7 +274,7 @@ mod tests {
             ("shop", "billing-connection") => Some(secret("billing_owner-2", "pw-2")),
             _ => None,
         };
-        let served = served(&server(), &dbs, secret_of, &previous, &verifiers, &[]);
+        let served = served(&server(), &dbs, &[], secret_of, &previous, &verifiers, &[]);
         let routes: Vec<_> = served
             .routes
             .iter()

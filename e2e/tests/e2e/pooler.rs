@@ -346,6 +346,14 @@ async fn a_pooled_servers_databases_are_served_by_the_configuration_dbops_keeps(
         .unwrap();
     s.create_ready("orders", serde_json::json!({})).await;
     s.create_ready("billing", serde_json::json!({})).await;
+    // A DatabaseUser of orders: its login is served too.
+    dbops_e2e::harness::users::create_user(
+        &s,
+        "orders-reader",
+        serde_json::json!({"databaseRef": {"name": "orders"}, "access": "ReadOnly"}),
+    )
+    .await;
+    dbops_e2e::harness::users::wait_user(&s, "orders-reader", "True", "UserReady").await;
 
     let name = format!("dbops-pooler-{}", server.replace('.', "-"));
     let secrets: Api<Secret> = Api::namespaced(s.b.client.clone(), &ns);
@@ -356,7 +364,10 @@ async fn a_pooled_servers_databases_are_served_by_the_configuration_dbops_keeps(
         |secret| {
             secret.as_ref().is_some_and(|s| {
                 let ini = value(s, "pgbouncer.ini");
-                ini.contains("\norders = ") && ini.contains("\nbilling = ")
+                // Two owners, the reader and the admin console.
+                ini.contains("\norders = ")
+                    && ini.contains("\nbilling = ")
+                    && value(s, "userlist.txt").lines().count() == 4
             })
         },
     )
@@ -407,7 +418,7 @@ async fn a_pooled_servers_databases_are_served_by_the_configuration_dbops_keeps(
         |st| {
             st.as_ref()
                 .and_then(|st| st.pooler.as_ref())
-                .is_some_and(|p| p.databases == 2 && p.logins == 2)
+                .is_some_and(|p| p.databases == 2 && p.logins == 3)
         },
     )
     .await
@@ -435,7 +446,11 @@ async fn a_pooled_servers_databases_are_served_by_the_configuration_dbops_keeps(
     let bouncer = PgBouncer::start_from_rendered(dir.path(), &files, ADMIN)
         .await
         .unwrap();
-    for (db, other) in [("orders", "billing"), ("billing", "orders")] {
+    for (db, other) in [
+        ("orders", "billing"),
+        ("billing", "orders"),
+        ("orders-reader", "billing"),
+    ] {
         // The connection Secret's pooler keys: found once the server's status shows
         // the pooler (its Databases are reconciled then).
         let secret = eventually(
