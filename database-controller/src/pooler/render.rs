@@ -95,24 +95,13 @@ pub fn served(
             port: u16::try_from(server.spec.port).unwrap_or(5432),
             dbname: dbname.clone(),
         });
-        let namespace = db.namespace().unwrap_or_default();
-        let login = status
-            .connection_secret
-            .as_deref()
-            .and_then(|s| secret_of(&namespace, s))
-            .and_then(|s| login_of(&s, verifiers));
-        match login {
-            // A login that cannot be written is left out (the userlist says which).
-            Some((login, verifier)) => {
-                let _ = out.userlist.insert(&login, &verifier);
-            }
-            None => out.waiting.push(format!("{namespace}/{}", db.name_any())),
-        }
-        if let Some(before) = &status.previous_login
-            && let Some(v) = previous.verifier(before)
-        {
-            let _ = out.userlist.insert(before, v);
-        }
+        let login = Login {
+            namespace: db.namespace().unwrap_or_default(),
+            owner: format!("Database {}", db.name_any()),
+            secret: status.connection_secret.as_deref(),
+            previous: status.previous_login.as_deref(),
+        };
+        out.serve(login, &secret_of, previous, verifiers);
     }
     for user in users {
         let Some(status) = user.status.as_ref() else {
@@ -123,25 +112,13 @@ pub fn served(
         {
             continue;
         }
-        let namespace = user.namespace().unwrap_or_default();
-        let login = status
-            .connection_secret
-            .as_deref()
-            .and_then(|s| secret_of(&namespace, s))
-            .and_then(|s| login_of(&s, verifiers));
-        match login {
-            Some((login, verifier)) => {
-                let _ = out.userlist.insert(&login, &verifier);
-            }
-            None => out
-                .waiting
-                .push(format!("DatabaseUser {namespace}/{}", user.name_any())),
-        }
-        if let Some(before) = &status.previous_role
-            && let Some(v) = previous.verifier(before)
-        {
-            let _ = out.userlist.insert(before, v);
-        }
+        let login = Login {
+            namespace: user.namespace().unwrap_or_default(),
+            owner: format!("DatabaseUser {}", user.name_any()),
+            secret: status.connection_secret.as_deref(),
+            previous: status.previous_role.as_deref(),
+        };
+        out.serve(login, &secret_of, previous, verifiers);
     }
     for (login, password) in extra {
         let digest = dbops_shared::checksum::sha256_hex(password.as_bytes());
@@ -153,6 +130,46 @@ pub fn served(
     out.routes.dedup_by(|a, b| a.name == b.name);
     verifiers.retain(&out.userlist);
     out
+}
+
+/// The login of a Database's owner or of a DatabaseUser: where its connection Secret is,
+/// and its login before the last rotation.
+struct Login<'a> {
+    namespace: String,
+    owner: String,
+    secret: Option<&'a str>,
+    previous: Option<&'a str>,
+}
+
+impl Served {
+    /// Lets `login` in with the verifier of its Secret's password (or notes it waits for
+    /// its Secret), and its previous login while the last userlist has it. A login that
+    /// cannot be written is left out.
+    fn serve(
+        &mut self,
+        login: Login<'_>,
+        secret_of: &impl Fn(&str, &str) -> Option<Arc<Secret>>,
+        previous: &Userlist,
+        verifiers: &Verifiers,
+    ) {
+        let found = login
+            .secret
+            .and_then(|s| secret_of(&login.namespace, s))
+            .and_then(|s| login_of(&s, verifiers));
+        match found {
+            Some((name, verifier)) => {
+                let _ = self.userlist.insert(&name, &verifier);
+            }
+            None => self
+                .waiting
+                .push(format!("{} in {}", login.owner, login.namespace)),
+        }
+        if let Some(before) = login.previous
+            && let Some(v) = previous.verifier(before)
+        {
+            let _ = self.userlist.insert(before, v);
+        }
+    }
 }
 
 /// The login a connection Secret names and the verifier of its password.
@@ -297,7 +314,7 @@ mod tests {
             served.userlist.verifier("orders_owner"),
             Some(dbops_shared::postgres::password_verifier("orders_owner", "pw-1").as_str())
         );
-        assert_eq!(served.waiting, ["blog/drafts"]);
+        assert_eq!(served.waiting, ["Database drafts in blog"]);
         // Made once: the memo holds exactly the logins served.
         assert_eq!(verifiers.made.lock().unwrap().len(), 2);
     }
