@@ -23,7 +23,7 @@ pub const ADMIN_PASSWORD_KEY: &str = "admin-password";
 pub const ADMIN_USER: &str = "dbops_pooler_admin";
 pub use dbops_shared::pooler::PORT;
 /// Where a server CA Secret's `ca.crt` is mounted.
-pub const SERVER_CA_DIR: &str = "/etc/pgbouncer/server-ca";
+pub const SERVER_CA_DIR: &str = "/etc/pgbouncer-server-ca";
 /// The system's roots in the pooler's image (Debian's ca-certificates).
 const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
 
@@ -333,7 +333,7 @@ mod tests {
         s.spec.tls.ca_secret_ref = Some(dbops_api::SecretReference { name: "ca".into() });
         assert_eq!(
             settings(&s).unwrap().server_tls.ca_file.as_deref(),
-            Some(std::path::Path::new("/etc/pgbouncer/server-ca/ca.crt"))
+            Some(std::path::Path::new("/etc/pgbouncer-server-ca/ca.crt"))
         );
         s.spec.pooler = None;
         assert!(settings(&s).is_none());

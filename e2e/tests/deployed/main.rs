@@ -11,6 +11,7 @@ mod bed;
 mod disruption;
 mod memory;
 mod observe;
+mod pooler;
 mod runtime;
 mod security;
 mod work;
