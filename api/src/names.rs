@@ -58,6 +58,9 @@ pub mod label {
     pub const SCHEDULE_OF: &str = "dbops.dev/schedule-of";
     /// On a Migration's snapshot Backup: the Migration it belongs to.
     pub const MIGRATION: &str = "dbops.dev/migration";
+    /// On a DatabaseServer's pooler objects and Pods: their name, `dbops-pooler-<server>`
+    /// (the Deployment's and Service's selector).
+    pub const POOLER: &str = "dbops.dev/pooler";
     /// On what dbops creates for itself (connection Secrets, scheduled Backups, the
     /// tenant RoleBindings): the objects it may change or delete carry it.
     pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "dbops");
@@ -90,6 +93,12 @@ pub mod annotation {
     pub const TEMPLATE_KEYS: &str = "dbops.dev/template-keys";
     /// On the backup store's ConfigMap `dbops-backup-store`: what it is for.
     pub const DESCRIPTION: &str = "dbops.dev/description";
+    /// On a DatabaseServer's pooler objects: the DatabaseServer they serve (a name too
+    /// long for a label).
+    pub const SERVER: &str = "dbops.dev/server";
+    /// On a DatabaseServer's pooler objects: the SHA-256 of the object as dbops applied
+    /// it (a converged pooler is read, not written).
+    pub const APPLIED_SHA256: &str = "dbops.dev/applied-sha256";
 }
 
 /// Keys that never reach the API server: the database-controller's cache of connection
@@ -129,6 +138,7 @@ mod tests {
                 label::FINAL_SNAPSHOT_OF,
                 label::SCHEDULE_OF,
                 label::MIGRATION,
+                label::POOLER,
                 annotation::ROTATE,
                 annotation::DATABASE_UID,
                 annotation::SCHEDULED_AT,
@@ -136,6 +146,8 @@ mod tests {
                 annotation::PASSWORD_SHA256,
                 annotation::TEMPLATE_KEYS,
                 annotation::DESCRIPTION,
+                annotation::SERVER,
+                annotation::APPLIED_SHA256,
                 OWN_KEYS_SHA256_KEY,
             ],
         ]

@@ -35,7 +35,7 @@ pub const TLS_CERT_KEY: &str = "tls.crt";
 /// The pooler Secret's key with the certificate's private key.
 pub const TLS_KEY_KEY: &str = "tls.key";
 /// The annotation naming the DatabaseServer a pooler object serves.
-pub const SERVER_ANNOTATION: &str = "dbops.dev/server";
+pub const SERVER_ANNOTATION: &str = dbops_api::names::annotation::SERVER;
 
 /// `dbops-pooler-<server>`: the name of a server's pooler objects, a valid Service name
 /// (a DNS label: dots become dashes, and a name too long keeps a prefix and a digest of

@@ -21,10 +21,10 @@ use kube::{Resource, ResourceExt};
 use super::render::{CONFIG_DIR, PORT, SERVER_CA_DIR};
 
 /// The label that selects one server's pooler Pods (and marks its objects).
-pub const POOLER_LABEL: &str = "dbops.dev/pooler";
+pub const POOLER_LABEL: &str = dbops_api::names::label::POOLER;
 pub use dbops_shared::pooler::SERVER_ANNOTATION;
 /// The annotation with the SHA-256 of the object as dbops applied it.
-pub const APPLIED_ANNOTATION: &str = "dbops.dev/applied-sha256";
+pub const APPLIED_ANNOTATION: &str = dbops_api::names::annotation::APPLIED_SHA256;
 
 pub use dbops_shared::pooler::object_name as name;
 

@@ -130,7 +130,9 @@ async fn a_pooled_server_serves_its_databases_through_pgbouncer_pods() {
     let pods: Api<Pod> = bed.api(SYSTEM);
     let object = dbops_shared::pooler::object_name(&name);
     let list = pods
-        .list(&ListParams::default().labels(&format!("dbops.dev/pooler={object}")))
+        .list(
+            &ListParams::default().labels(&format!("{}={object}", dbops_api::names::label::POOLER)),
+        )
         .await
         .unwrap();
     assert_eq!(list.items.len(), 2, "two pooler Pods");

@@ -292,7 +292,7 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
     let lease = "leases/dbops-database-controller";
     // (The test's namespace stands in for dbops-system in the other tests, so it was granted
     // the Secrets Roles: the tenant namespace here is `default`.)
-    let cases: [(&Kubectl, &str, &str, Option<&str>, bool); 35] = [
+    let cases: [(&Kubectl, &str, &str, Option<&str>, bool); 38] = [
         // The backup-controller reads the admin and CA Secrets in its own namespace, no
         // tenant's, and writes none.
         (&as_backup, "get", "secrets", Some(SYSTEM_NAMESPACE), true),
@@ -331,15 +331,37 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
             Some(&ns),
             false,
         ),
-        // The database-controller reads the admin and CA Secrets in its own namespace and
-        // no tenant's Secret: it writes connection Secrets only where a Database needs
-        // them, through a RoleBinding it makes there (none here: no Database is served),
-        // and never deletes one.
+        // The database-controller reads the admin and CA Secrets in its own namespace,
+        // where it also writes the poolers' Secrets, Deployments and Services (and this
+        // test's namespace stands in for it), and no tenant's Secret: it writes connection
+        // Secrets only where a Database needs them, through a RoleBinding it makes there
+        // (none in `default`: no Database is served there), and never deletes one.
         (&as_database, "get", "secrets", Some(SYSTEM_NAMESPACE), true),
+        (
+            &as_database,
+            "create",
+            "secrets",
+            Some(SYSTEM_NAMESPACE),
+            true,
+        ),
+        (
+            &as_database,
+            "create",
+            "deployments.apps",
+            Some(SYSTEM_NAMESPACE),
+            true,
+        ),
         (&as_database, "get", "secrets", Some("default"), false),
         (&as_database, "list", "secrets", None, false),
-        (&as_database, "create", "secrets", Some(&ns), false),
-        (&as_database, "delete", "secrets", Some(&ns), false),
+        (&as_database, "create", "secrets", Some("default"), false),
+        (&as_database, "delete", "secrets", Some("default"), false),
+        (
+            &as_database,
+            "create",
+            "deployments.apps",
+            Some("default"),
+            false,
+        ),
         // Those RoleBindings: it may bind the one ClusterRole holding the Secret verbs,
         // and delete only RoleBindings of that name; no other role, no escalation.
         (

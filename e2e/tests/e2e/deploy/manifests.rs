@@ -21,8 +21,8 @@ use crate::bed;
 /// and CA Secrets), Deployment, PodDisruptionBudget, Service and NetworkPolicy, for the
 /// backup- and database-controller a Role and RoleBinding (the backup store's registration
 /// ConfigMap), and the database-controller's ClusterRole of the Secret verbs it binds in
-/// tenant namespaces.
-const DEPLOY_OBJECTS: usize = 1 + 5 + 1 + 3 * 11 + 2 * 2 + 1;
+/// tenant namespaces and its Role and RoleBinding of the poolers' objects.
+const DEPLOY_OBJECTS: usize = 1 + 5 + 1 + 3 * 11 + 2 * 2 + 1 + 2;
 
 async fn rules_of(
     cluster_roles: &Api<ClusterRole>,
