@@ -260,16 +260,27 @@ async fn workloads(
         .unwrap_or(0)))
 }
 
-/// Applies `object` (server-side apply, dbops's field manager) and returns it as stored.
-async fn apply<K>(client: &Client, namespace: &str, object: &K) -> Result<K, kube::Error>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+/// What the pooler's four objects have in common.
+trait Object:
+    Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + serde::Serialize
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+{
+}
+
+impl<K> Object for K where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
         + serde::Serialize
         + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-    K::DynamicType: Default,
+        + std::fmt::Debug
 {
+}
+
+/// Applies `object` (server-side apply, dbops's field manager) and returns it as stored.
+async fn apply<K: Object>(client: &Client, namespace: &str, object: &K) -> Result<K, kube::Error> {
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     api.patch(
         &object.name_any(),
@@ -281,20 +292,12 @@ where
 
 /// Makes `object` as rendered unless the live one already is: `false` when an object of
 /// its name is not dbops's (nothing is written then).
-async fn converge<K>(
+async fn converge<K: Object>(
     client: &Client,
     namespace: &str,
     object: &K,
     server: &str,
-) -> Result<bool, kube::Error>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::Serialize
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-    K::DynamicType: Default,
-{
+) -> Result<bool, kube::Error> {
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     match api.get_opt(&object.name_any()).await? {
         Some(live) if !objects::is_ours(live.meta(), server) => Ok(false),
@@ -310,39 +313,24 @@ async fn remove(
     name: &str,
     server: &str,
 ) -> Result<(), kube::Error> {
-    async fn delete<K>(api: Api<K>, name: &str, server: &str) -> Result<(), kube::Error>
-    where
-        K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    delete::<Deployment>(client, namespace, name, server).await?;
+    delete::<PodDisruptionBudget>(client, namespace, name, server).await?;
+    delete::<Service>(client, namespace, name, server).await?;
+    delete::<Secret>(client, namespace, name, server).await
+}
+
+/// Deletes the `K` `name` if dbops made it for `server`.
+async fn delete<K: Object>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    server: &str,
+) -> Result<(), kube::Error> {
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    if let Some(live) = api.get_opt(name).await?
+        && objects::is_ours(live.meta(), server)
     {
-        if let Some(live) = api.get_opt(name).await?
-            && objects::is_ours(live.meta(), server)
-        {
-            api.delete(name, &DeleteParams::default()).await?;
-        }
-        Ok(())
+        api.delete(name, &DeleteParams::default()).await?;
     }
-    delete(
-        Api::<Deployment>::namespaced(client.clone(), namespace),
-        name,
-        server,
-    )
-    .await?;
-    delete(
-        Api::<PodDisruptionBudget>::namespaced(client.clone(), namespace),
-        name,
-        server,
-    )
-    .await?;
-    delete(
-        Api::<Service>::namespaced(client.clone(), namespace),
-        name,
-        server,
-    )
-    .await?;
-    delete(
-        Api::<Secret>::namespaced(client.clone(), namespace),
-        name,
-        server,
-    )
-    .await
+    Ok(())
 }

@@ -70,9 +70,15 @@ impl PgBouncer {
         extra: &str,
     ) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let this_far = Self::write(dir, &settings, routes, userlist, extra)?;
-        let spec = Spec::new("pgbouncer", binary()?)
-            .args([this_far.display().to_string()])
+        let ini = Self::write(dir, &settings, routes, userlist, extra)?;
+        let spec = Spec::new("pgbouncer", binary()?).args([ini.display().to_string()]);
+        Self::launch(dir, spec, settings, extra).await
+    }
+
+    /// Runs `spec` (as `postgres` when this is root: PgBouncer refuses to run as root,
+    /// SIGINT its safe shutdown) and waits until it listens.
+    async fn launch(dir: &Path, spec: Spec, settings: Settings, extra: &str) -> Result<Self> {
+        let spec = spec
             .stop_signal("INT")
             .run_as(is_root().then(|| "postgres".to_string()));
         let process = Supervised::start(&spec, dir)?;
@@ -103,17 +109,9 @@ impl PgBouncer {
         let spec = Spec::new("pgbouncer", "/bin/sh")
             .args([entrypoint.display().to_string(), ini.display().to_string()])
             .env("PGBOUNCER", binary()?.display().to_string())
-            .env("DBOPS_RELOAD_INTERVAL", interval_secs.to_string())
-            .run_as(is_root().then(|| "postgres".to_string()));
-        let process = Supervised::start(&spec, dir)?;
-        let mut bouncer = Self {
-            dir: dir.to_path_buf(),
-            settings,
-            extra: String::new(),
-            process,
-        };
-        bouncer.wait_listening().await?;
-        Ok(bouncer)
+            .env("DBOPS_RELOAD_INTERVAL", interval_secs.to_string());
+        // The entrypoint traps SIGINT as it traps a Pod's SIGTERM.
+        Self::launch(dir, spec, settings, "").await
     }
 
     /// Replaces the userlist the way the kubelet updates a Secret volume: a new file
@@ -179,19 +177,8 @@ impl PgBouncer {
         }
         let mut settings = Self::settings_in(dir, admin_user)?;
         settings.listen_port = port;
-        let spec = Spec::new("pgbouncer", binary()?)
-            .args([path.display().to_string()])
-            .stop_signal("INT")
-            .run_as(is_root().then(|| "postgres".to_string()));
-        let process = Supervised::start(&spec, dir)?;
-        let mut bouncer = Self {
-            dir: dir.to_path_buf(),
-            settings,
-            extra: String::new(),
-            process,
-        };
-        bouncer.wait_listening().await?;
-        Ok(bouncer)
+        let spec = Spec::new("pgbouncer", binary()?).args([path.display().to_string()]);
+        Self::launch(dir, spec, settings, "").await
     }
 
     /// A client through the pooler over TLS, the pooler's certificate checked against
@@ -205,14 +192,9 @@ impl PgBouncer {
     ) -> Result<Client> {
         use dbops_shared::postgres::tls::{Verify, connector, roots_from_pem};
         let roots = roots_from_pem(ca_pem).map_err(anyhow::Error::msg)?;
-        let (client, connection) = tokio_postgres::Config::new()
-            .host("127.0.0.1")
-            .port(self.port())
-            .user(user)
-            .password(password)
-            .dbname(dbname)
+        let (client, connection) = self
+            .config(user, password, dbname)
             .ssl_mode(tokio_postgres::config::SslMode::Require)
-            .connect_timeout(Duration::from_secs(10))
             .connect(connector(Verify::Chain, Some(roots))?)
             .await?;
         tokio::spawn(connection);
@@ -274,17 +256,22 @@ impl PgBouncer {
         self.process.log_tail(max_bytes)
     }
 
-    /// A client through the pooler (plain TCP), as an application connects.
-    pub async fn connect(&self, user: &str, password: &str, dbname: &str) -> Result<Client> {
-        let (client, connection) = tokio_postgres::Config::new()
+    /// A session's settings through this pooler.
+    fn config(&self, user: &str, password: &str, dbname: &str) -> tokio_postgres::Config {
+        let mut config = tokio_postgres::Config::new();
+        config
             .host("127.0.0.1")
             .port(self.port())
             .user(user)
             .password(password)
             .dbname(dbname)
-            .connect_timeout(Duration::from_secs(10))
-            .connect(NoTls)
-            .await?;
+            .connect_timeout(Duration::from_secs(10));
+        config
+    }
+
+    /// A client through the pooler (plain TCP), as an application connects.
+    pub async fn connect(&self, user: &str, password: &str, dbname: &str) -> Result<Client> {
+        let (client, connection) = self.config(user, password, dbname).connect(NoTls).await?;
         tokio::spawn(connection);
         Ok(client)
     }

@@ -49,6 +49,26 @@ pub fn object_name(server: &str) -> String {
     format!("{}-{}", plain[..54].trim_end_matches('-'), &digest[..8])
 }
 
+/// Whether `meta` is of a pooler object dbops made for `server`: dbops's label and the
+/// server's name in [`SERVER_ANNOTATION`].
+pub fn is_ours(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    server: &str,
+) -> bool {
+    let (key, value) = dbops_api::names::label::MANAGED_BY;
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .map(String::as_str)
+        == Some(value)
+        && meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SERVER_ANNOTATION))
+            .map(String::as_str)
+            == Some(server)
+}
+
 /// How applications reach a server's pooler: the Service's cluster name, its port and
 /// the certificate to verify it with.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -28,21 +28,7 @@ pub const APPLIED_ANNOTATION: &str = dbops_api::names::annotation::APPLIED_SHA25
 
 pub use dbops_shared::pooler::object_name as name;
 
-/// Whether `meta` is of the pooler dbops made for `server`.
-pub fn is_ours(meta: &ObjectMeta, server: &str) -> bool {
-    let (key, value) = dbops_api::names::label::MANAGED_BY;
-    meta.labels
-        .as_ref()
-        .and_then(|l| l.get(key))
-        .map(String::as_str)
-        == Some(value)
-        && meta
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(SERVER_ANNOTATION))
-            .map(String::as_str)
-            == Some(server)
-}
+pub use dbops_shared::pooler::is_ours;
 
 /// The digest of what dbops applied to `meta`'s object, if it did.
 pub fn applied(meta: &ObjectMeta) -> Option<&str> {
