@@ -105,7 +105,7 @@ pub async fn sync(
         Ok(waiting) => waiting,
         Err(outcome) => return report(&status, outcome),
     };
-    let replicas = server.spec.pooler.as_ref().map_or(2, |p| p.replicas);
+    let replicas = render::replicas(server);
     match workloads(on, poolers, server, replicas).await? {
         Ok(ready) => status.ready_replicas = ready,
         Err(outcome) => return report(&status, outcome),

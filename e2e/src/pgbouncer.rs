@@ -11,6 +11,33 @@ use tokio_postgres::{Client, NoTls};
 
 use crate::process::{Spec, Supervised, free_port, is_root};
 
+/// A login with a new password set by dbops's own statement (`ddl::password_statement`:
+/// the login's salt, whose verifier the pooler can make again) and its database, CONNECT
+/// revoked from PUBLIC, as dbops makes them. Returns the password.
+pub async fn tenant(pg: &crate::PgServer, login: &str, db: &str) -> Result<String> {
+    use crate::postgres::quote_ident;
+    let password = dbops_shared::postgres::generate_password();
+    let su = pg.connect_as_superuser().await?;
+    su.batch_execute(&format!("CREATE ROLE {} LOGIN", quote_ident(login)))
+        .await?;
+    su.batch_execute(&dbops_shared::postgres::ddl::password_statement(
+        login, &password,
+    ))
+    .await?;
+    su.batch_execute(&format!(
+        "CREATE DATABASE {} OWNER {}",
+        quote_ident(db),
+        quote_ident(login)
+    ))
+    .await?;
+    su.batch_execute(&format!(
+        "REVOKE CONNECT ON DATABASE {} FROM PUBLIC",
+        quote_ident(db)
+    ))
+    .await?;
+    Ok(password)
+}
+
 /// The Debian package's binary.
 pub fn binary() -> Result<PathBuf> {
     ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]

@@ -138,7 +138,7 @@ pub fn disruption_budget(server: &DatabaseServer, namespace: &str) -> PodDisrupt
 pub fn deployment(server: &DatabaseServer, namespace: &str, image: &str) -> Deployment {
     let meta = meta(server, namespace);
     let name = meta.name.clone().unwrap_or_default();
-    let replicas = server.spec.pooler.as_ref().map_or(2, |p| p.replicas);
+    let replicas = super::render::replicas(server);
     let mut template_labels = meta.labels.clone().unwrap_or_default();
     template_labels.retain(|k, _| k != dbops_api::names::label::MANAGED_BY.0);
     stamped(Deployment {

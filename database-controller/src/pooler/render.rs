@@ -181,6 +181,11 @@ fn login_of(secret: &Secret, verifiers: &Verifiers) -> Option<(String, String)> 
     Some((login, verifier))
 }
 
+/// The pooler Pods `spec.pooler` asks for (its default when absent).
+pub fn replicas(server: &DatabaseServer) -> i32 {
+    server.spec.pooler.as_ref().map_or(2, |p| p.replicas)
+}
+
 /// The pooler's settings in its Pods, from `spec.pooler` and the server's TLS.
 pub fn settings(server: &DatabaseServer) -> Option<Settings> {
     let p = server.spec.pooler.as_ref()?;

@@ -16,27 +16,9 @@ use crate::test_dir;
 
 const ADMIN: &str = "dbops_pooler_admin";
 
-/// A login with a password whose verifier the pooler can derive, and its database
-/// (CONNECT revoked from PUBLIC, as dbops makes them).
+/// [`dbops_e2e::pgbouncer::tenant`], in a test.
 async fn tenant(pg: &PgServer, login: &str, db: &str) -> String {
-    let password = generate_password();
-    let su = pg.connect_as_superuser().await.unwrap();
-    su.batch_execute(&format!("CREATE ROLE {} LOGIN", quote_ident(login)))
-        .await
-        .unwrap();
-    su.batch_execute(&password_statement(login, &password))
-        .await
-        .unwrap();
-    su.batch_execute(&format!(
-        "CREATE DATABASE {db} OWNER {}",
-        quote_ident(login)
-    ))
-    .await
-    .unwrap();
-    su.batch_execute(&format!("REVOKE CONNECT ON DATABASE {db} FROM PUBLIC"))
-        .await
-        .unwrap();
-    password
+    dbops_e2e::pgbouncer::tenant(pg, login, db).await.unwrap()
 }
 
 /// Another login on `db` (a rotation's second login).

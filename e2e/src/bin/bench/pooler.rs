@@ -18,7 +18,6 @@ use anyhow::{Context, Result, bail};
 use dbops_e2e::PgServer;
 use dbops_e2e::pgbouncer::PgBouncer;
 use dbops_shared::pooler::{Route, Userlist};
-use dbops_shared::postgres::ddl::password_statement;
 use dbops_shared::postgres::{generate_password, password_verifier};
 use futures::{StreamExt, stream};
 
@@ -59,16 +58,8 @@ pub async fn run(args: PoolerAuthArgs) -> Result<()> {
     let mut settings: Vec<(&str, &str)> = dbops_e2e::postgres::PG_STAT_STATEMENTS.to_vec();
     settings.push(("max_connections", "300"));
     let pg = PgServer::start_with_settings("bench-pooler", &settings).await?;
-    let password = generate_password();
+    let password = dbops_e2e::pgbouncer::tenant(&pg, LOGIN, DB).await?;
     let su = pg.connect_as_superuser().await?;
-    su.batch_execute(&format!("CREATE ROLE {LOGIN} LOGIN"))
-        .await?;
-    su.batch_execute(&password_statement(LOGIN, &password))
-        .await?;
-    su.batch_execute(&format!("CREATE DATABASE {DB} OWNER {LOGIN}"))
-        .await?;
-    su.batch_execute(&format!("REVOKE CONNECT ON DATABASE {DB} FROM PUBLIC"))
-        .await?;
     su.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         .await?;
 
