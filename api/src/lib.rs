@@ -34,7 +34,8 @@ pub use database::{
 };
 pub use migration::{
     ChosenMode, Cutover, Migration, MigrationMode, MigrationPhase, MigrationSpec, MigrationStatus,
-    MigrationStep, MigrationTarget, ReplicationStatus, SourceRetention, StepState, StepStatus,
+    MigrationStep, MigrationTarget, PoolerCutover, ReplicationStatus, SourceRetention, StepState,
+    StepStatus,
 };
 pub use reasons::{
     BackupReason, DatabaseReason, DatabaseServerReason, DatabaseUserReason, MigrationReason,

@@ -223,6 +223,40 @@ pub struct MigrationStatus {
     /// switch is complete when the Database is Ready at this generation or a later one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub switched_generation: Option<i64>,
+
+    /// The cutover through the source server's pooler (a DatabaseServer with
+    /// `spec.pooler`), recorded by FreezeSource before it pauses the database there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pooler: Option<PoolerCutover>,
+}
+
+/// A cutover through the source server's pooler: the pooler holds the database's new
+/// transactions from FreezeSource on, routes it to the target once the Database is Ready
+/// there, and lets them go; its clients see a wait, not an error.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolerCutover {
+    /// The DatabaseServer whose pooler it is (the source).
+    pub server: String,
+    /// The database's route in the pooler.
+    pub database: String,
+    /// Whether the pooler holds the database's transactions during the cutover. False
+    /// when it cannot serve the database on the target (`message` says why): its clients
+    /// then see the switch as clients connected directly do.
+    pub held: bool,
+    /// The pooler instances (ready Pods) that paused the database.
+    #[serde(default)]
+    pub instances: i32,
+    /// When the pooler began to hold the database's transactions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_at: Option<Time>,
+    /// When every instance let them go again (routed to the target, or back to the source
+    /// after a rollback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_at: Option<Time>,
+    /// What happened, or why the pooler does not hold the database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// The progress of a Logical-mode Migration's replication.

@@ -99,6 +99,10 @@ pub mod annotation {
     /// On a DatabaseServer's pooler objects: the SHA-256 of the object as dbops applied
     /// it (a converged pooler is read, not written).
     pub const APPLIED_SHA256: &str = "dbops.dev/applied-sha256";
+    /// On a pooler Pod, put by a Migration's cutover: the digest of the pooler's Secret it
+    /// waits for (updating the Pod makes the kubelet bring the Secret into its volume at
+    /// once).
+    pub const POOLER_CONFIG: &str = "dbops.dev/pooler-config";
 }
 
 /// Keys that never reach the API server: the database-controller's cache of connection

@@ -72,6 +72,9 @@ pub struct On<'a> {
     pub namespace: &'a str,
     pub directory: &'a dbops_shared::server::Directory,
     pub tenants: &'a TenantSecrets,
+    /// The Migrations: a Database moved away keeps its route while its cutover's
+    /// Migration is kept (`render::forwards`).
+    pub migrations: &'a [Arc<dbops_api::Migration>],
 }
 
 /// Keeps `server`'s pooler as its spec asks: `None` when it asks for none (and what dbops
@@ -178,10 +181,15 @@ async fn configure(
         .as_ref()
         .map(|s| s.state())
         .unwrap_or_default();
+    let forwards = render::forwards(server, on.migrations, databases, |n| on.directory.get(n));
+    let tenants = render::Tenants {
+        databases,
+        users: &users,
+        forwards: &forwards,
+    };
     let served = render::served(
         server,
-        databases,
-        &users,
+        tenants,
         |ns, secret| on.tenants.cached(ns, secret),
         &previous,
         &poolers.verifiers,

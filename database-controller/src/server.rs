@@ -249,7 +249,7 @@ pub async fn reconcile(
     dbops_shared::finalizer::set(server.as_ref(), &api, IN_USE_FINALIZER, true).await?;
 
     let probe = probe(&server, &ctx).await;
-    let pooler = keep_pooler(&server, &ctx, &databases).await?;
+    let pooler = keep_pooler(&server, &ctx, &databases, &migrations).await?;
     publish(
         &server,
         &ctx,
@@ -286,6 +286,7 @@ async fn keep_pooler(
     server: &DatabaseServer,
     ctx: &Context<State>,
     databases: &[Arc<Database>],
+    migrations: &[Arc<Migration>],
 ) -> Result<Option<crate::pooler::Report>, Error> {
     let Some((poolers, tenants)) = &ctx.state.poolers else {
         return Ok(None);
@@ -295,6 +296,7 @@ async fn keep_pooler(
         namespace: ctx.state.directory.controller_namespace(),
         directory: &ctx.state.directory,
         tenants,
+        migrations,
     };
     Ok(crate::pooler::sync(&on, poolers, server, databases).await?)
 }
@@ -650,7 +652,18 @@ pub fn watches(
             dbops_shared::controller::scoped_api::<Database>(client.clone(), namespace),
             watcher::Config::default(),
         ),
-        |db: Database| servers_of(&db),
+        {
+            let migrations = ctx.state.migrations.clone();
+            move |db: Database| {
+                let mut servers = servers_of(&db);
+                // A Database moved away by a Migration: its route in the source's pooler
+                // follows it there.
+                if let Some(store) = migrations.get() {
+                    servers.extend(moved_from(&db, &store.state()));
+                }
+                servers
+            }
+        },
     )
     .watches_stream(
         // A DatabaseUser's login is in its server's pooler.
@@ -680,6 +693,17 @@ pub fn watches(
             std::iter::once(ObjectRef::new(&m.spec.target.server_ref.name)).chain(source)
         },
     )
+}
+
+/// The servers the Migrations of `db` moved it from, when their source's pooler held it.
+fn moved_from(db: &Database, migrations: &[Arc<Migration>]) -> Vec<ObjectRef<DatabaseServer>> {
+    let namespace = db.namespace();
+    migrations
+        .iter()
+        .filter(|m| m.namespace() == namespace && m.spec.database_ref.name == db.name_any())
+        .filter_map(|m| m.status.as_ref()?.pooler.as_ref().filter(|p| p.held))
+        .map(|p| ObjectRef::new(&p.server))
+        .collect()
 }
 
 /// The servers a Database event concerns: the one it names and the one it is on.

@@ -18,7 +18,7 @@ use crate::paths;
 /// The Roles `dbops-<controller>-<role>` of `deploy/<controller>/rbac.yaml` in the
 /// controllers' own namespace, granted in each test namespace: (controller, role, whether
 /// the Role must be there).
-const CONTROLLER_NAMESPACE_ROLES: [(&str, &str, bool); 6] = [
+const CONTROLLER_NAMESPACE_ROLES: [(&str, &str, bool); 7] = [
     // The backup store's registration ConfigMap.
     ("backup-controller", "backup-store", true),
     ("database-controller", "backup-store", true),
@@ -28,6 +28,8 @@ const CONTROLLER_NAMESPACE_ROLES: [(&str, &str, bool); 6] = [
     ("migration-controller", "secrets", false),
     // The poolers' Secrets, Deployments, Services and PodDisruptionBudgets.
     ("database-controller", "poolers", true),
+    // The poolers' EndpointSlices and Pods (a Migration's cutover through a pooler).
+    ("migration-controller", "poolers", true),
 ];
 
 /// The namespaced dbops kinds (`kubectl get dbops -n` would list every test's

@@ -168,44 +168,73 @@ impl PgBouncer {
         files: &std::collections::BTreeMap<String, String>,
         admin_user: &str,
     ) -> Result<Self> {
-        std::fs::create_dir_all(dir)?;
         let port = free_port()?;
-        let ini = files
-            .get("pgbouncer.ini")
-            .context("the pooler's Secret has no pgbouncer.ini")?;
-        let mut replaced = 0;
-        let ini: String = ini
-            .lines()
-            .map(|line| {
-                let key = line.split('=').next().unwrap_or_default().trim();
-                let new = match key {
-                    "listen_addr" => Some("listen_addr = 127.0.0.1".to_string()),
-                    "listen_port" => Some(format!("listen_port = {port}")),
-                    _ => None,
-                };
-                replaced += usize::from(new.is_some());
-                new.unwrap_or_else(|| {
-                    line.replace("/etc/pgbouncer/", &format!("{}/", dir.display()))
-                }) + "\n"
-            })
-            .collect();
-        if replaced != 2 {
-            bail!("the rendered pgbouncer.ini lacks listen_addr or listen_port:\n{ini}");
-        }
-        for (name, content) in files {
-            if name != "pgbouncer.ini" && !name.contains('/') {
-                std::fs::write(dir.join(name), content)?;
-            }
-        }
-        let path = dir.join("pgbouncer.ini");
-        std::fs::write(&path, ini)?;
-        if is_root() {
-            crate::postgres::chown_to_postgres(dir)?;
-        }
+        let path = write_rendered(dir, files, port)?;
         let mut settings = Self::settings_in(dir, admin_user)?;
         settings.listen_port = port;
         let spec = Spec::new("pgbouncer", binary()?).args([path.display().to_string()]);
         Self::launch(dir, spec, settings, "").await
+    }
+
+    /// What a pooler Pod's kubelet does with its Secret volume, for this PgBouncer started
+    /// by [`PgBouncer::start_from_rendered`]: the files of the Secret `name` written again
+    /// whenever its data changes (looked at every 100 ms), until the task is aborted.
+    /// PgBouncer reads them on `RELOAD`, as a Pod's entrypoint makes it on a change.
+    pub fn follow_secret(
+        &self,
+        secrets: kube::Api<k8s_openapi::api::core::v1::Secret>,
+        name: &str,
+    ) -> tokio::task::JoinHandle<()> {
+        let (dir, port, name) = (self.dir.clone(), self.port(), name.to_string());
+        tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                if let Ok(Some(secret)) = secrets.get_opt(&name).await
+                    && secret.data != last
+                {
+                    let files = secret
+                        .data
+                        .iter()
+                        .flatten()
+                        .filter_map(|(k, v)| {
+                            Some((k.clone(), String::from_utf8(v.0.clone()).ok()?))
+                        })
+                        .collect();
+                    if let Err(e) = write_rendered(&dir, &files, port) {
+                        tracing::warn!("the pooler's files were not written again: {e:#}");
+                    }
+                    last = secret.data;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    }
+
+    /// The ready endpoint a pooler's Service would have with this PgBouncer as its one
+    /// Pod: an EndpointSlice of the Service `service` in `namespace` (managed by the test,
+    /// so the endpointslice controller leaves it alone), its address loopback and its port
+    /// this PgBouncer's.
+    pub async fn publish_endpoint(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        service: &str,
+    ) -> Result<()> {
+        use k8s_openapi::api::discovery::v1::EndpointSlice;
+        let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{service}-harness"), "namespace": namespace,
+                         "labels": {"kubernetes.io/service-name": service,
+                                    "endpointslice.kubernetes.io/managed-by": "dbops-e2e"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}],
+            "ports": [{"name": "pgbouncer", "port": self.port(), "protocol": "TCP"}],
+        }))?;
+        kube::Api::<EndpointSlice>::namespaced(client.clone(), namespace)
+            .create(&kube::api::PostParams::default(), &slice)
+            .await
+            .context("the pooler's EndpointSlice")?;
+        Ok(())
     }
 
     /// A client through the pooler over TLS, the pooler's certificate checked against
@@ -314,4 +343,48 @@ impl PgBouncer {
         let user = self.settings.admin_user.clone();
         self.connect(&user, password, "pgbouncer").await
     }
+}
+
+/// Writes the files of a pooler's Secret (`files`, `pgbouncer.ini` among them) into `dir`
+/// as a Pod would mount them, but for what only a Pod has, here replaced: the address and
+/// port PgBouncer listens on (loopback, `port`) and the directory the files are in (`dir`
+/// for the Pod's `/etc/pgbouncer`). Returns the path of `pgbouncer.ini`.
+fn write_rendered(
+    dir: &Path,
+    files: &std::collections::BTreeMap<String, String>,
+    port: u16,
+) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let ini = files
+        .get("pgbouncer.ini")
+        .context("the pooler's Secret has no pgbouncer.ini")?;
+    let mut replaced = 0;
+    let ini: String = ini
+        .lines()
+        .map(|line| {
+            let key = line.split('=').next().unwrap_or_default().trim();
+            let new = match key {
+                "listen_addr" => Some("listen_addr = 127.0.0.1".to_string()),
+                "listen_port" => Some(format!("listen_port = {port}")),
+                _ => None,
+            };
+            replaced += usize::from(new.is_some());
+            new.unwrap_or_else(|| line.replace("/etc/pgbouncer/", &format!("{}/", dir.display())))
+                + "\n"
+        })
+        .collect();
+    if replaced != 2 {
+        bail!("the rendered pgbouncer.ini lacks listen_addr or listen_port:\n{ini}");
+    }
+    for (name, content) in files {
+        if name != "pgbouncer.ini" && !name.contains('/') {
+            std::fs::write(dir.join(name), content)?;
+        }
+    }
+    let path = dir.join("pgbouncer.ini");
+    std::fs::write(&path, ini)?;
+    if is_root() {
+        crate::postgres::chown_to_postgres(dir)?;
+    }
+    Ok(path)
 }

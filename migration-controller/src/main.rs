@@ -16,6 +16,8 @@
 //! - `dump/`: the Dump mode's CopyData, its pg_dump | pg_restore pipe and programs;
 //! - `replication/`: the Logical mode's Replicate and CatchUp, the replication's checks,
 //!   teardown and SQL; `logical`: whether a source can replicate (the Logical Preflight);
+//! - `pooled`: the cutover through the source server's pooler (its Pods' consoles:
+//!   `PAUSE` in FreezeSource, the route to the target and `RESUME` in SwitchTraffic);
 //! - `servers`, `sql`: the two servers as a step reaches them, and the SQL it runs;
 //! - `context`: the controller's `State`, the `Saga` a step is handed (the Migration,
 //!   its guarded status write, Events) and its `StepOutcome`; `debug`: the testing flags;
@@ -43,6 +45,7 @@ mod debug;
 mod dump;
 mod error;
 mod logical;
+mod pooled;
 mod replication;
 mod saga;
 mod servers;

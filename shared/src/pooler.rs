@@ -23,7 +23,11 @@
 //! |---|---|
 //! | `userlist` | [`Userlist`]: the `auth_file` |
 //! | `ini` | [`Settings`], [`Route`], [`render`]: `pgbouncer.ini` |
+//! | `console` | [`Console`]: the admin console of one instance (PAUSE, RELOAD, RESUME) |
+//! | `forward` | [`can_forward`]: whether a server's pooler can serve a database moved away |
 
+mod console;
+mod forward;
 mod ini;
 mod userlist;
 
@@ -32,6 +36,9 @@ pub const PORT: u16 = 6432;
 /// The pooler Secret's key with its serving certificate (self-signed: also the CA the
 /// connection Secrets carry as `pooler-ca.crt`).
 pub const TLS_CERT_KEY: &str = "tls.crt";
+/// The pooler Secret's key with the admin console's password (the login is
+/// [`ADMIN_USER`]).
+pub const ADMIN_PASSWORD_KEY: &str = "admin-password";
 /// The pooler Secret's key with the certificate's private key.
 pub const TLS_KEY_KEY: &str = "tls.key";
 /// The annotation naming the DatabaseServer a pooler object serves.
@@ -112,5 +119,7 @@ pub fn access(
     })
 }
 
+pub use console::{ADMIN_USER, Console, ConsoleError, Instance, RouteState};
+pub use forward::can_forward;
 pub use ini::{ClientTls, IniError, PoolMode, Route, ServerTls, Settings, render};
 pub use userlist::{Userlist, UserlistError};

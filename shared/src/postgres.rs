@@ -64,6 +64,7 @@ pub use connect::ADMIN_SEARCH_PATH;
 pub use credentials::{Credentials, CredentialsError, generate_password, password_verifier};
 pub use endpoint::{CaBundle, Endpoint, ServerKey, TlsSettings};
 pub use error::PgError;
+pub(crate) use error::error_chain;
 pub use pool::Servers;
 pub use quote::{quote_ident, quote_literal};
 pub use redact::{redact_statement, statement_kind};

@@ -80,6 +80,8 @@ reasons! {
         SessionsRemain => Retried,
         /// A server cannot be reached.
         ServerUnreachable => Retried,
+        /// A pooler instance's admin console cannot be reached or refused a command.
+        PoolerUnreachable => Retried,
         /// A statement waited too long for a lock.
         LockTimeout => Retried,
         /// A statement ran too long.

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use dbops_api::{Database, DatabaseServer, DatabaseUser, PoolMode};
+use dbops_api::{Database, DatabaseServer, DatabaseUser, Migration, MigrationPhase, PoolMode};
 use dbops_shared::pooler::{self, Route, Settings, Userlist};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -17,11 +17,8 @@ pub const CONFIG_DIR: &str = "/etc/pgbouncer";
 pub const INI_KEY: &str = "pgbouncer.ini";
 /// The userlist's key.
 pub const USERLIST_KEY: &str = "userlist.txt";
-/// The admin console's password (the login is [`ADMIN_USER`]).
-pub const ADMIN_PASSWORD_KEY: &str = "admin-password";
-/// The pooler's admin console login (PAUSE, RESUME, RELOAD).
-pub const ADMIN_USER: &str = "dbops_pooler_admin";
 pub use dbops_shared::pooler::PORT;
+pub use dbops_shared::pooler::{ADMIN_PASSWORD_KEY, ADMIN_USER};
 /// Where a server CA Secret's `ca.crt` is mounted.
 pub const SERVER_CA_DIR: &str = "/etc/pgbouncer-server-ca";
 /// The system's roots in the pooler's image (Debian's ca-certificates).
@@ -62,14 +59,90 @@ pub struct Served {
     pub waiting: Vec<String>,
 }
 
+/// What a pooler may serve: the Databases and DatabaseUsers (of every server: those of
+/// `server` are picked) and the Databases moved away whose clients it still serves.
+#[derive(Clone, Copy)]
+pub struct Tenants<'a> {
+    pub databases: &'a [Arc<Database>],
+    pub users: &'a [Arc<DatabaseUser>],
+    pub forwards: &'a Forwards,
+}
+
+/// Where a Database moved away from a pooled server is now: its route in that server's
+/// pooler points there while the Migration that moved it is kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Forward {
+    pub host: String,
+    pub port: u16,
+}
+
+/// Forwards by the Database's namespace and name.
+pub type Forwards = HashMap<(String, String), Forward>;
+
+/// The Databases moved away from `server` by a Migration whose cutover its pooler held
+/// (`status.pooler.held`), once the switch is made and the Database is on the target:
+/// the pooler's clients stay connected to it, so it routes them to the target for as
+/// long as the Migration is kept (and the target can be reached with the pooler's server
+/// TLS settings: `dbops_shared::pooler::can_forward`).
+pub fn forwards(
+    server: &DatabaseServer,
+    migrations: &[Arc<Migration>],
+    databases: &[Arc<Database>],
+    server_of: impl Fn(&str) -> Option<Arc<DatabaseServer>>,
+) -> Forwards {
+    let name = server.name_any();
+    let mut out = Forwards::new();
+    for m in migrations {
+        let Some(status) = m.status.as_ref() else {
+            continue;
+        };
+        let held = status
+            .pooler
+            .as_ref()
+            .is_some_and(|p| p.held && p.server == name);
+        if !held
+            || status.switched_generation.is_none()
+            || status.phase == Some(MigrationPhase::RolledBack)
+            || status.source_server.as_ref().map(|s| s.name.as_str()) != Some(name.as_str())
+        {
+            continue;
+        }
+        let namespace = m.namespace().unwrap_or_default();
+        let target = &m.spec.target.server_ref.name;
+        let moved = databases.iter().find(|db| {
+            db.namespace().as_deref() == Some(namespace.as_str())
+                && db.name_any() == m.spec.database_ref.name
+                && db.uid() == status.database_uid
+                && db.status.as_ref().and_then(|s| s.server.as_ref()) == Some(target)
+        });
+        let Some(db) = moved else {
+            continue;
+        };
+        let Some(t) = server_of(target) else {
+            continue;
+        };
+        if pooler::can_forward(server, &t).is_err() {
+            continue;
+        }
+        out.insert(
+            (namespace, db.name_any()),
+            Forward {
+                host: t.spec.host.clone(),
+                port: u16::try_from(t.spec.port).unwrap_or(5432),
+            },
+        );
+    }
+    out
+}
+
 /// The routes and logins of the Databases provisioned on `server`: each database's own
 /// route to the server, its connection Secret's login with the verifier of its password,
 /// and the login before the last rotation while the previous userlist still has it; and
-/// the same for each DatabaseUser on the server (its route is its Database's).
+/// the same for each DatabaseUser on the server (its route is its Database's). A
+/// Database in `forwards` is served the same way, its route to where it is now.
 pub fn served(
     server: &DatabaseServer,
-    databases: &[Arc<Database>],
-    users: &[Arc<DatabaseUser>],
+    tenants: Tenants<'_>,
     secret_of: impl Fn(&str, &str) -> Option<Arc<Secret>>,
     previous: &Userlist,
     verifiers: &Verifiers,
@@ -77,24 +150,21 @@ pub fn served(
 ) -> Served {
     let name = server.name_any();
     let mut out = Served::default();
+    let Tenants {
+        databases,
+        users,
+        forwards,
+    } = tenants;
+    let forward_of = |namespace: Option<String>, database: &str| {
+        forwards.get(&(namespace.unwrap_or_default(), database.to_string()))
+    };
     for db in databases {
-        let Some(status) = db.status.as_ref() else {
+        let forward = forward_of(db.namespace(), &db.name_any());
+        let (Some(route), Some(status)) = (route_of(server, db, forward), db.status.as_ref())
+        else {
             continue;
         };
-        let (Some(dbname), Some(_)) = (&status.database_name, &status.provider_id) else {
-            continue;
-        };
-        if status.server.as_deref() != Some(name.as_str())
-            || db.metadata.deletion_timestamp.is_some()
-        {
-            continue;
-        }
-        out.routes.push(Route {
-            name: dbname.clone(),
-            host: server.spec.host.clone(),
-            port: u16::try_from(server.spec.port).unwrap_or(5432),
-            dbname: dbname.clone(),
-        });
+        out.routes.push(route);
         let login = Login {
             namespace: db.namespace().unwrap_or_default(),
             owner: format!("Database {}", db.name_any()),
@@ -107,7 +177,8 @@ pub fn served(
         let Some(status) = user.status.as_ref() else {
             continue;
         };
-        if status.server.as_deref() != Some(name.as_str())
+        let forwarded = forward_of(user.namespace(), &user.spec.database_ref.name).is_some();
+        if (!forwarded && status.server.as_deref() != Some(name.as_str()))
             || user.metadata.deletion_timestamp.is_some()
         {
             continue;
@@ -130,6 +201,32 @@ pub fn served(
     out.routes.dedup_by(|a, b| a.name == b.name);
     verifiers.retain(&out.userlist);
     out
+}
+
+/// The route of `db` in `server`'s pooler: to `server`, or where `forward` says; `None`
+/// when it is not provisioned there (nor forwarded) or is being deleted.
+fn route_of(server: &DatabaseServer, db: &Database, forward: Option<&Forward>) -> Option<Route> {
+    let status = db.status.as_ref()?;
+    let (Some(dbname), Some(_)) = (&status.database_name, &status.provider_id) else {
+        return None;
+    };
+    let on_server = status.server.as_deref() == server.metadata.name.as_deref();
+    if (forward.is_none() && !on_server) || db.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let (host, port) = match forward {
+        Some(f) => (f.host.clone(), f.port),
+        None => (
+            server.spec.host.clone(),
+            u16::try_from(server.spec.port).unwrap_or(5432),
+        ),
+    };
+    Some(Route {
+        name: dbname.clone(),
+        host,
+        port,
+        dbname: dbname.clone(),
+    })
 }
 
 /// The login of a Database's owner or of a DatabaseUser: where its connection Secret is,
@@ -296,7 +393,12 @@ mod tests {
             ("shop", "billing-connection") => Some(secret("billing_owner-2", "pw-2")),
             _ => None,
         };
-        let served = served(&server(), &dbs, &[], secret_of, &previous, &verifiers, &[]);
+        let tenants = Tenants {
+            databases: &dbs,
+            users: &[],
+            forwards: &Forwards::new(),
+        };
+        let served = served(&server(), tenants, secret_of, &previous, &verifiers, &[]);
         let routes: Vec<_> = served
             .routes
             .iter()
@@ -322,6 +424,89 @@ mod tests {
         assert_eq!(served.waiting, ["Database drafts in blog"]);
         // Made once: the memo holds exactly the logins served.
         assert_eq!(verifiers.made.lock().unwrap().len(), 2);
+    }
+
+    fn migration(phase: &str, held: bool) -> Arc<Migration> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "dbops.dev/v1alpha1", "kind": "Migration",
+                "metadata": {"name": "move", "namespace": "shop"},
+                "spec": {"databaseRef": {"name": "orders"},
+                         "target": {"serverRef": {"name": "pg-new"}}},
+                "status": {"phase": phase, "sourceServer": {"name": "pg-main"},
+                           "databaseUid": "u-orders", "switchedGeneration": 2,
+                           "pooler": {"server": "pg-main", "database": "shop_orders",
+                                      "held": held}}
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_database_moved_away_keeps_its_route_to_the_target_while_its_migration_is_kept() {
+        let moved = db("shop", "orders", "pg-new", None);
+        let dbs = [moved, db("shop", "billing", "pg-main", None)];
+        let mut target = server();
+        target.metadata.name = Some("pg-new".into());
+        target.spec.host = "pg-new.example".into();
+        target.spec.port = 5432;
+        target.spec.pooler = None;
+        let target = Arc::new(target);
+        let server_of = |n: &str| (n == "pg-new").then(|| target.clone());
+        let found = forwards(&server(), &[migration("Succeeded", true)], &dbs, server_of);
+        assert_eq!(
+            found.get(&("shop".to_string(), "orders".to_string())),
+            Some(&Forward {
+                host: "pg-new.example".into(),
+                port: 5432
+            })
+        );
+        let secret_of = |_: &str, name: &str| match name {
+            "orders-connection" => Some(secret("orders_owner", "pw-1")),
+            _ => Some(secret("billing_owner", "pw-2")),
+        };
+        let tenants = Tenants {
+            databases: &dbs,
+            users: &[],
+            forwards: &found,
+        };
+        let verifiers = Verifiers::default();
+        let served = served(
+            &server(),
+            tenants,
+            secret_of,
+            &Userlist::default(),
+            &verifiers,
+            &[],
+        );
+        let routes: Vec<_> = served
+            .routes
+            .iter()
+            .map(|r| (r.name.as_str(), r.host.as_str(), r.port))
+            .collect();
+        assert_eq!(
+            routes,
+            [
+                ("shop_billing", "pg.example", 5433),
+                ("shop_orders", "pg-new.example", 5432)
+            ]
+        );
+        assert!(
+            served.userlist.verifier("orders_owner").is_some(),
+            "its login stays"
+        );
+
+        // Not held, rolled back, or a target the pooler cannot reach: no forward.
+        for m in [migration("Succeeded", false), migration("RolledBack", true)] {
+            assert!(forwards(&server(), &[m], &dbs, server_of).is_empty());
+        }
+        let mut other_tls = (*target).clone();
+        other_tls.spec.tls.mode = dbops_api::TlsMode::Require;
+        let other_tls = Arc::new(other_tls);
+        let found = forwards(&server(), &[migration("Succeeded", true)], &dbs, |_| {
+            Some(other_tls.clone())
+        });
+        assert!(found.is_empty());
     }
 
     #[test]

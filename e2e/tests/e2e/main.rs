@@ -21,6 +21,7 @@ mod migration;
 mod migration_logical;
 mod names;
 mod pooler;
+mod pooler_migration;
 mod postgres;
 mod schedule;
 mod tenancy;

@@ -13,11 +13,11 @@
 //! |---|---|---|
 //! | Preflight | records the source (the Database's `spec.serverRef`); refuses a target DatabaseServer that does not exist, is being deleted, does not allow the namespace, is the source (by name or `host:port`) or would exceed its `databasesPerNamespace`; reads both servers: reachable, target major ≥ source, extensions available, no foreign role/database of those names on the target; chooses the mode once (`Auto`: Logical when the Logical Preflight of `logical` passes, else Dump with the reason in the ModeChosen condition and an Event; `Logical`: refused with that reason) | none (read only) |
 //! | Snapshot | Backup `<migration>-snapshot`, owned by the Migration; waits for it | none: the Backup stays as the rollback point |
-//! | FreezeSource | records the connection limit and `default_transaction_read_only`, then sets them to 0 and on and ends every session | restores the recorded values |
+//! | FreezeSource | on a pooled source, has its pooler hold the database's new transactions (`crate::pooled`); records the connection limit and `default_transaction_read_only`, then sets them to 0 and on and ends every session | restores the recorded values; the pooler lets its clients go on |
 //! | ProvisionTarget | role (a password nobody knows: the database-controller sets the connection Secret's when the Database arrives) and database on the target, marked with this Migration, and the source's extensions | drops the role and database if they carry this Migration's mark |
 //! | CopyData | `pg_dump` of the frozen source piped into `pg_restore` on the target, in one transaction | none of its own: the data is in the target database |
 //! | Verify | the same tables, with the same row counts, on both | none (read only) |
-//! | SwitchTraffic | patches the Database's `spec.serverRef` to the target (field manager `dbops-migration-controller`), waits until it is Ready at the new generation | none: the point of no return |
+//! | SwitchTraffic | patches the Database's `spec.serverRef` to the target (field manager `dbops-migration-controller`), waits until it is Ready at the new generation; then, if the source's pooler held the database, until every pooler Pod routes it to the target, and resumes it | none: the point of no return |
 //! | Cleanup | `sourceRetention: Drop` drops the source database and role (if marked by the Database) | none |
 //!
 //! Servers are DatabaseServers, resolved from the caches of `dbops_shared::server` at

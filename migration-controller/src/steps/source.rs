@@ -13,7 +13,7 @@ use crate::sql;
 pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
     let source = source_server(saga).await?;
     let database = db.database_name();
-    let mut status = saga.status();
+    let status = saga.status();
     let logical = status.mode == Some(ChosenMode::Logical);
     // Logical mode, nothing frozen yet: Verify's counts now, while the source is writable
     // (before this step takes a session of its own).
@@ -33,6 +33,10 @@ pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOut
     } else {
         Vec::new()
     };
+    // The source's pooler holds the database's new transactions first: the freeze then
+    // ends no pooled transaction, and the pooler's clients wait instead of failing.
+    let held = crate::pooled::hold(saga, &source, &database).await?;
+    let mut status = saga.status();
     let s = session(saga, &source, "postgres").await?;
     let record = match status.freeze.clone() {
         Some(r) => r,
@@ -72,14 +76,32 @@ pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOut
         ),
         Some(roles) => format!("CONNECT revoked from {roles:?}"),
     };
+    let held = held.map(|m| format!("; {m}")).unwrap_or_default();
     Ok(StepOutcome::Done(format!(
-        "database {database} on {}: {closed}, default_transaction_read_only on (was {}); {ended} sessions ended{counted}",
+        "database {database} on {}: {closed}, default_transaction_read_only on (was {}); {ended} sessions ended{counted}{held}",
         at(&source),
         record.previous_read_only.as_deref().unwrap_or("unset"),
     )))
 }
 
+/// FreezeSource's compensation: the source as it was, then the pooler's clients let go.
 pub async fn unfreeze_source(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<String> {
+    let unfrozen = unfreeze(saga, db).await?;
+    let held = saga
+        .status()
+        .pooler
+        .is_some_and(|p| p.held && p.resumed_at.is_none());
+    if !held {
+        return Ok(unfrozen);
+    }
+    let source = source_server(saga).await?;
+    Ok(match crate::pooled::let_go(saga, &source).await? {
+        Some(done) => format!("{unfrozen}; {done}"),
+        None => unfrozen,
+    })
+}
+
+async fn unfreeze(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<String> {
     let Some(record) = saga.status().freeze else {
         return Ok("nothing was frozen".into());
     };

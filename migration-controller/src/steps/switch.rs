@@ -1,5 +1,7 @@
 //! SwitchTraffic: the point of no return. Patches the Database's `spec.serverRef` to the
-//! target and waits until it is Ready there at the new generation.
+//! target and waits until it is Ready there at the new generation; then, when the source's
+//! pooler held the database (`crate::pooled`), until every pooler instance routes it to
+//! the target and has let its clients go on.
 
 use dbops_api::{Database, condition};
 use dbops_shared::status::Desired;
@@ -11,7 +13,7 @@ use crate::context::{FIELD_MANAGER, Saga, StepOutcome, note, trace_annotations};
 use crate::error::Result;
 
 /// Needs no session: the target is named, not resolved, so the switch and its wait do not
-/// depend on the server caches.
+/// depend on the server caches (but for a pooler's cutover, which resolves both servers).
 pub async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
     let target = saga.m.spec.target.server_ref.clone();
     let mut status = saga.status();
@@ -71,11 +73,18 @@ pub async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<StepOu
             })
     });
     if ready {
+        let pooled = match release(saga).await? {
+            crate::pooled::Release::Waiting(message) => {
+                return Ok(StepOutcome::Poll(message, crate::pooled::ROUTE_POLL));
+            }
+            crate::pooled::Release::Done(said) => said.map(|m| format!("; {m}")),
+        };
         Ok(StepOutcome::Done(format!(
-            "Database {} is Ready on DatabaseServer {} (generation {generation}); Secret {} points there",
+            "Database {} is Ready on DatabaseServer {} (generation {generation}); Secret {} points there{}",
             db.name_any(),
             target.name,
-            db.connection_secret_name()
+            db.connection_secret_name(),
+            pooled.unwrap_or_default()
         )))
     } else {
         Ok(StepOutcome::Wait(format!(
@@ -84,4 +93,21 @@ pub async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<StepOu
             target.name
         )))
     }
+}
+
+/// The source's pooler, if it held the database, routes it to the target and lets its
+/// clients go on (`crate::pooled::release`).
+async fn release(saga: &mut Saga<'_>) -> Result<crate::pooled::Release> {
+    let held = saga
+        .status()
+        .pooler
+        .is_some_and(|p| p.held && p.resumed_at.is_none());
+    if !held {
+        return Ok(crate::pooled::Release::Done(
+            saga.status().pooler.and_then(|p| p.message),
+        ));
+    }
+    let source = crate::servers::source_server(saga).await?;
+    let target = crate::servers::target_server(saga).await?;
+    crate::pooled::release(saga, &source, &target).await
 }

@@ -91,7 +91,7 @@ const SSLMODES_SERVER: [&str; 6] = [
 ];
 const SSLMODES_CLIENT: [&str; 2] = ["allow", "require"];
 
-fn database_name(name: &str) -> bool {
+pub(crate) fn database_name(name: &str) -> bool {
     let mut chars = name.chars();
     name.len() <= 63
         && name != "pgbouncer"

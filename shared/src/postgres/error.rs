@@ -115,7 +115,7 @@ fn sql_message(e: &tokio_postgres::Error) -> String {
     }
 }
 
-pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(s) = cur {
