@@ -168,7 +168,16 @@ impl PgBouncer {
         files: &std::collections::BTreeMap<String, String>,
         admin_user: &str,
     ) -> Result<Self> {
-        let port = free_port()?;
+        Self::start_from_rendered_on(dir, files, admin_user, free_port()?).await
+    }
+
+    /// [`PgBouncer::start_from_rendered`] on loopback port `port`.
+    pub async fn start_from_rendered_on(
+        dir: &Path,
+        files: &std::collections::BTreeMap<String, String>,
+        admin_user: &str,
+        port: u16,
+    ) -> Result<Self> {
         let path = write_rendered(dir, files, port)?;
         let mut settings = Self::settings_in(dir, admin_user)?;
         settings.listen_port = port;
@@ -176,16 +185,17 @@ impl PgBouncer {
         Self::launch(dir, spec, settings, "").await
     }
 
-    /// What a pooler Pod's kubelet does with its Secret volume, for this PgBouncer started
-    /// by [`PgBouncer::start_from_rendered`]: the files of the Secret `name` written again
-    /// whenever its data changes (looked at every 100 ms), until the task is aborted.
-    /// PgBouncer reads them on `RELOAD`, as a Pod's entrypoint makes it on a change.
+    /// What a pooler Pod's kubelet and entrypoint do with its Secret volume, for this
+    /// PgBouncer started by [`PgBouncer::start_from_rendered`]: the files of the Secret
+    /// `name` written again whenever its data changes (looked at every 100 ms), then
+    /// SIGHUP (PgBouncer reads them again), until the task is aborted.
     pub fn follow_secret(
         &self,
         secrets: kube::Api<k8s_openapi::api::core::v1::Secret>,
         name: &str,
     ) -> tokio::task::JoinHandle<()> {
         let (dir, port, name) = (self.dir.clone(), self.port(), name.to_string());
+        let pid = self.process.pid().to_string();
         tokio::spawn(async move {
             let mut last = None;
             loop {
@@ -202,6 +212,10 @@ impl PgBouncer {
                         .collect();
                     if let Err(e) = write_rendered(&dir, &files, port) {
                         tracing::warn!("the pooler's files were not written again: {e:#}");
+                    } else if last.is_some() {
+                        let _ = std::process::Command::new("kill")
+                            .args(["-HUP", &pid])
+                            .status();
                     }
                     last = secret.data;
                 }
@@ -210,30 +224,45 @@ impl PgBouncer {
         })
     }
 
-    /// The ready endpoint a pooler's Service would have with this PgBouncer as its one
-    /// Pod: an EndpointSlice of the Service `service` in `namespace` (managed by the test,
-    /// so the endpointslice controller leaves it alone), its address loopback and its port
-    /// this PgBouncer's.
-    pub async fn publish_endpoint(
+    /// This PgBouncer as the one ready Pod of the pooler `name` in `namespace`: a Pod
+    /// labelled `dbops.dev/pooler=<name>` whose status (no kubelet runs here) says Ready at
+    /// 127.0.0.1, its container port `pgbouncer` this PgBouncer's. Controlled by the
+    /// pooler's Secret (`owner`), so the pooler Deployment's ReplicaSet never adopts it.
+    pub async fn publish_pod(
         &self,
         client: &kube::Client,
         namespace: &str,
-        service: &str,
+        name: &str,
+        owner: &k8s_openapi::api::core::v1::Secret,
     ) -> Result<()> {
-        use k8s_openapi::api::discovery::v1::EndpointSlice;
-        let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": format!("{service}-harness"), "namespace": namespace,
-                         "labels": {"kubernetes.io/service-name": service,
-                                    "endpointslice.kubernetes.io/managed-by": "dbops-e2e"}},
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}],
-            "ports": [{"name": "pgbouncer", "port": self.port(), "protocol": "TCP"}],
+        use k8s_openapi::api::core::v1::Pod;
+        let pods = kube::Api::<Pod>::namespaced(client.clone(), namespace);
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": format!("{name}-harness"), "namespace": namespace,
+                "labels": {dbops_api::names::label::POOLER: name},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Secret",
+                    "name": owner.metadata.name, "uid": owner.metadata.uid,
+                    "controller": true}],
+            },
+            "spec": {"containers": [{"name": "pgbouncer", "image": "dbops-e2e/harness-pgbouncer",
+                "ports": [{"name": "pgbouncer", "containerPort": self.port()}]}]},
         }))?;
-        kube::Api::<EndpointSlice>::namespaced(client.clone(), namespace)
-            .create(&kube::api::PostParams::default(), &slice)
+        pods.create(&kube::api::PostParams::default(), &pod)
             .await
-            .context("the pooler's EndpointSlice")?;
+            .context("the pooler's Pod")?;
+        let status = serde_json::json!({"status": {
+            "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }});
+        pods.patch_status(
+            &format!("{name}-harness"),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&status),
+        )
+        .await
+        .context("the pooler Pod's status")?;
         Ok(())
     }
 
@@ -345,10 +374,15 @@ impl PgBouncer {
     }
 }
 
+/// Where a pooler Pod mounts its server's CA Secret (`render::SERVER_CA_DIR` of the
+/// database-controller).
+const SERVER_CA_DIR: &str = "/etc/pgbouncer-server-ca/";
+
 /// Writes the files of a pooler's Secret (`files`, `pgbouncer.ini` among them) into `dir`
 /// as a Pod would mount them, but for what only a Pod has, here replaced: the address and
-/// port PgBouncer listens on (loopback, `port`) and the directory the files are in (`dir`
-/// for the Pod's `/etc/pgbouncer`). Returns the path of `pgbouncer.ini`.
+/// port PgBouncer listens on (loopback, `port`) and the directories the files are in
+/// (`dir` for the Pod's `/etc/pgbouncer`, `dir/server-ca` for its server CA, given as
+/// the file `server-ca/ca.crt`). Returns the path of `pgbouncer.ini`.
 fn write_rendered(
     dir: &Path,
     files: &std::collections::BTreeMap<String, String>,
@@ -369,15 +403,20 @@ fn write_rendered(
                 _ => None,
             };
             replaced += usize::from(new.is_some());
-            new.unwrap_or_else(|| line.replace("/etc/pgbouncer/", &format!("{}/", dir.display())))
-                + "\n"
+            new.unwrap_or_else(|| {
+                line.replace(SERVER_CA_DIR, &format!("{}/server-ca/", dir.display()))
+                    .replace("/etc/pgbouncer/", &format!("{}/", dir.display()))
+            }) + "\n"
         })
         .collect();
     if replaced != 2 {
         bail!("the rendered pgbouncer.ini lacks listen_addr or listen_port:\n{ini}");
     }
     for (name, content) in files {
-        if name != "pgbouncer.ini" && !name.contains('/') {
+        if let Some(ca) = name.strip_prefix("server-ca/") {
+            std::fs::create_dir_all(dir.join("server-ca"))?;
+            std::fs::write(dir.join("server-ca").join(ca), content)?;
+        } else if name != "pgbouncer.ini" && !name.contains('/') {
             std::fs::write(dir.join(name), content)?;
         }
     }

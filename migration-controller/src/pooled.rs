@@ -17,19 +17,18 @@
 //! 3. [`let_go`], in FreezeSource's compensation: `RESUME` on every instance (the route
 //!    never left the source).
 //!
-//! Instances are the ready endpoints of the pooler's Service (EndpointSlices in the
-//! controllers' namespace), reached on the console over TLS with the pooler's own
-//! certificate and admin login (`dbops_shared::pooler::Console`).
+//! Instances are the pooler's ready Pods in the controllers' namespace, reached at their
+//! Pod IP on the console over TLS with the pooler's own certificate and admin login
+//! (`dbops_shared::pooler::Console`).
 
 use std::time::Duration;
 
-use dbops_api::names::annotation;
+use dbops_api::names::{annotation, label};
 use dbops_api::{MigrationReason, PoolerCutover};
 use dbops_shared::conditions::now;
 use dbops_shared::pooler::{self, ADMIN_PASSWORD_KEY, Console, Instance};
 use dbops_shared::server::Resolved;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
@@ -65,8 +64,8 @@ fn unreachable(e: pooler::ConsoleError) -> Error {
     Error::transient(MigrationReason::PoolerUnreachable, e.to_string())
 }
 
-/// `server`'s pooler as dbops made it (its Secret), with its ready instances; `None`
-/// when it has none.
+/// `server`'s pooler as dbops made it (its Secret), with its ready Pods; `None` when it
+/// has none.
 async fn pooler_of(saga: &Saga<'_>, server: &Resolved) -> Result<Option<Pooler>> {
     let Some(access) = &server.pooler else {
         return Ok(None);
@@ -105,38 +104,49 @@ async fn pooler_of(saga: &Saga<'_>, server: &Resolved) -> Result<Option<Pooler>>
     }))
 }
 
-/// The ready endpoints of the Service `service` (the pooler's Pods).
-async fn instances(saga: &Saga<'_>, namespace: &str, service: &str) -> Result<Vec<Instance>> {
-    let slices: Api<EndpointSlice> = Api::namespaced(saga.ctx.client.clone(), namespace);
-    let listed = slices
-        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
+/// The ready Pods of the pooler `name` (label `dbops.dev/pooler=<name>`), each at its
+/// Pod IP and its container port `pgbouncer`. (Not the Service's EndpointSlices: they
+/// hold the same Pods, but refuse loopback addresses, which the test bed's PgBouncer
+/// standing in for a Pod listens on.)
+async fn instances(saga: &Saga<'_>, namespace: &str, name: &str) -> Result<Vec<Instance>> {
+    let pods: Api<Pod> = Api::namespaced(saga.ctx.client.clone(), namespace);
+    let listed = pods
+        .list(&ListParams::default().labels(&format!("{}={name}", label::POOLER)))
         .await?;
-    let mut out = Vec::new();
-    for slice in listed {
-        let port = slice
-            .ports
-            .iter()
-            .flatten()
-            .find_map(|p| p.port.and_then(|p| u16::try_from(p).ok()))
-            .unwrap_or(pooler::PORT);
-        for endpoint in slice.endpoints {
-            let conditions = endpoint.conditions.unwrap_or_default();
-            if conditions.ready == Some(false) || conditions.terminating == Some(true) {
-                continue;
-            }
-            let Some(address) = endpoint.addresses.into_iter().next() else {
-                continue;
-            };
-            let pod = endpoint
-                .target_ref
-                .filter(|r| r.kind.as_deref() == Some("Pod"))
-                .and_then(|r| r.name);
-            out.push(Instance { address, port, pod });
-        }
-    }
+    let mut out: Vec<Instance> = listed.into_iter().filter_map(instance).collect();
     out.sort_by(|a, b| (&a.address, a.port).cmp(&(&b.address, b.port)));
     out.dedup();
     Ok(out)
+}
+
+/// A pooler Pod as an instance, if it is ready and not going away.
+fn instance(pod: Pod) -> Option<Instance> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let status = pod.status.as_ref()?;
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let address = status.pod_ip.clone().filter(|ip| !ip.is_empty())?;
+    if !ready {
+        return None;
+    }
+    let port = pod
+        .spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some("pgbouncer"))
+        .and_then(|p| u16::try_from(p.container_port).ok())
+        .unwrap_or(pooler::PORT);
+    Some(Instance {
+        address,
+        port,
+        pod: pod.metadata.name,
+    })
 }
 
 /// FreezeSource, before the freeze: the source's pooler holds `database`'s new
@@ -357,6 +367,37 @@ async fn wake(saga: &Saga<'_>, behind: &[Instance], applied: &str) -> Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pod(ready: &str, ip: Option<&str>, port: Option<i32>) -> Pod {
+        let mut container = serde_json::json!({"name": "pgbouncer", "image": "x"});
+        if let Some(port) = port {
+            container["ports"] = serde_json::json!([{"name": "pgbouncer", "containerPort": port}]);
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p-1"},
+            "spec": {"containers": [container]},
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": ready}]},
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_ready_pod_with_an_address_is_an_instance() {
+        assert_eq!(
+            instance(pod("True", Some("10.0.0.7"), Some(7000))),
+            Some(Instance {
+                address: "10.0.0.7".into(),
+                port: 7000,
+                pod: Some("p-1".into())
+            })
+        );
+        assert_eq!(
+            instance(pod("True", Some("10.0.0.7"), None)).map(|i| i.port),
+            Some(6432)
+        );
+        assert_eq!(instance(pod("False", Some("10.0.0.7"), None)), None);
+        assert_eq!(instance(pod("True", None, None)), None);
+    }
 
     #[test]
     fn a_route_to_the_target_is_by_host_and_port() {

@@ -17,6 +17,8 @@ use std::time::Instant;
 
 #[path = "dev/audit.rs"]
 mod audit;
+#[path = "dev/pooler.rs"]
+mod pooler;
 #[path = "dev/supervise.rs"]
 mod supervise;
 
@@ -113,6 +115,10 @@ struct UpArgs {
     /// Jaeger's OTLP/gRPC receiver on 127.0.0.1 (the controllers' --otlp-endpoint).
     #[arg(long, default_value_t = 4317)]
     jaeger_otlp_port: u16,
+    /// Port on 127.0.0.1 of pg-main's pooler (PgBouncer on the pooler's Secret, standing
+    /// in for its Pod).
+    #[arg(long, default_value_t = 16432)]
+    pooler_port: u16,
 }
 
 #[tokio::main]
@@ -239,12 +245,28 @@ async fn up(args: UpArgs) -> Result<()> {
         &jaeger.otlp_endpoint(),
     )?;
 
+    let pooler_dir = state.join("pooler");
+    let pooler = pooler::start(
+        &client,
+        CONTROLLER_NAMESPACE,
+        SERVERS[0].0,
+        ca.pem(),
+        &pooler_dir,
+        args.pooler_port,
+        std::time::Duration::from_secs(90),
+    )
+    .await?;
+    let pooler_addr = format!("&hostaddr=127.0.0.1&port={}", pooler.bouncer.port());
+    std::fs::write(state.join("pooler-addr"), &pooler_addr)?;
+
     let mut summary = format!(
         "dbops dev environment is up ({:.0}s)\n\
          \n  export KUBECONFIG={kubeconfig}\n  kubectl apply -f deploy/examples/\n\n\
          kube-apiserver  {server}\n\
          PostgreSQL      DatabaseServer pg-main {host}:{main_port} ({main_version}), pg-target {host}:{target_port} ({target_version}) \
          (TLS verify-full, wal_level=logical, every statement logged; Secrets {ns}/pg-main-admin, {ns}/pg-target-admin, {ns}/{ca_secret}; CA also in {ca_file})\n\
+         pooler          PgBouncer of pg-main on 127.0.0.1:{pooler_port}, standing in for the Pod of Service {ns}/{pooler_service} \
+         (the Secrets' pooler-uri names the Service: append $DBOPS_POOLER_ADDR, {pooler_addr})\n\
          controllers     {controllers}\n\
          Jaeger          {jaeger} (API: {jaeger}/api/services, {jaeger}/api/traces?service=dbops-database-controller)\n\
          logs            {logs}\n",
@@ -259,6 +281,8 @@ async fn up(args: UpArgs) -> Result<()> {
         ns = CONTROLLER_NAMESPACE,
         ca_secret = CA_SECRET,
         ca_file = state.join("ca.crt").display(),
+        pooler_port = pooler.bouncer.port(),
+        pooler_service = dbops_shared::pooler::object_name(SERVERS[0].0),
         controllers = controllers
             .iter()
             .map(|c| format!("{} http://127.0.0.1:{}/metrics", c.name, c.port))
@@ -284,6 +308,7 @@ async fn up(args: UpArgs) -> Result<()> {
     println!("stopping the dev environment");
     std::fs::remove_file(state.join("ready")).ok();
     drop(controllers);
+    drop(pooler);
     drop(jaeger);
     drop((main, target));
     drop(cp);

@@ -1,7 +1,7 @@
 //! A Migration of a Database on a pooled server (issue 36, ★): a real PgBouncer (Debian's
 //! package) runs the configuration dbops keeps in the pooler's Secret, as the pooler's one
-//! Pod (its files written again when the Secret changes, as the kubelet does, and its
-//! address published as the Service's ready endpoint); a writer connected through it and
+//! Pod (its files written again and reloaded when the Secret changes, as the kubelet and
+//! the image's entrypoint do, and a Pod object whose status says Ready at its address); a writer connected through it and
 //! a writer connected directly insert while the Database moves in Logical and in Dump
 //! mode. The pooled writer fails no insert and loses no committed row; its longest wait
 //! is printed beside the direct writer's failures and gap.
@@ -77,7 +77,7 @@ async fn pooled_migration(s: &mut Setup, prefix: &str, mode: &str) {
     );
     let kubelet = bouncer.follow_secret(secrets.clone(), &name);
     bouncer
-        .publish_endpoint(&s.b.client, s.ns(), &name)
+        .publish_pod(&s.b.client, s.ns(), &name, &pooler)
         .await
         .unwrap();
     let ca = value(&pooler, "tls.crt").into_bytes();
@@ -135,6 +135,18 @@ async fn pooled_migration(s: &mut Setup, prefix: &str, mode: &str) {
     let direct = direct.finish().await;
     kubelet.abort();
 
+    let (pooled_gap, _) = pooled.longest_gap();
+    let (direct_gap, _) = direct.longest_gap();
+    println!(
+        "{mode} migration through the pooler in {:.1}s: pooled writer {} commits, {} failed, longest wait {:.3}s; direct writer {} commits, {} failed, longest gap {:.3}s",
+        took.as_secs_f64(),
+        pooled.numbers().len(),
+        pooled.failures(),
+        pooled_gap.as_secs_f64(),
+        direct.numbers().len(),
+        direct.failures(),
+        direct_gap.as_secs_f64(),
+    );
     let status = done.status.clone().unwrap();
     let record = status.pooler.clone().expect("status.pooler");
     assert!(record.held, "{record:?}");
@@ -148,18 +160,6 @@ async fn pooled_migration(s: &mut Setup, prefix: &str, mode: &str) {
         .unwrap_or_default();
     assert!(switch.contains("routes app to DatabaseServer"), "{switch}");
 
-    let (pooled_gap, _) = pooled.longest_gap();
-    let (direct_gap, _) = direct.longest_gap();
-    println!(
-        "{mode} migration through the pooler in {:.1}s: pooled writer {} commits, {} failed, longest wait {:.3}s; direct writer {} commits, {} failed, longest gap {:.3}s",
-        took.as_secs_f64(),
-        pooled.numbers().len(),
-        pooled.failures(),
-        pooled_gap.as_secs_f64(),
-        direct.numbers().len(),
-        direct.failures(),
-        direct_gap.as_secs_f64(),
-    );
     assert_eq!(
         pooled.failures(),
         0,

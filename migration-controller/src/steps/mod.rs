@@ -41,18 +41,24 @@ use crate::servers::names;
 pub use source::cleanup;
 
 /// Runs `step` (the saga records it Running before and its outcome after).
+///
+/// Each step's future is boxed: the reconcile's future then holds one pointer instead of
+/// the largest step's state, and a debug build's poll frames stay within a Tokio worker's
+/// 2 MiB stack even under a TLS handshake at the bottom of a step.
 pub async fn run(saga: &mut Saga<'_>, step: MigrationStep, db: &Database) -> Result<StepOutcome> {
     match step {
-        MigrationStep::Preflight => preflight::preflight(saga, db).await,
-        MigrationStep::Snapshot => snapshot::snapshot(saga, db).await,
-        MigrationStep::FreezeSource => source::freeze_source(saga, db).await,
-        MigrationStep::ProvisionTarget => target::provision_target(saga, db).await,
-        MigrationStep::CopyData => crate::dump::copy_data(saga, db).await,
-        MigrationStep::Replicate => replication::replicate(saga, db).await,
-        MigrationStep::CatchUp => replication::catch_up(saga, db).await,
-        MigrationStep::Verify => verify::verify(saga, db).await,
-        MigrationStep::SwitchTraffic => switch::switch_traffic(saga, db).await,
-        MigrationStep::Cleanup => source::cleanup(saga, Some(db)).await.map(StepOutcome::Done),
+        MigrationStep::Preflight => Box::pin(preflight::preflight(saga, db)).await,
+        MigrationStep::Snapshot => Box::pin(snapshot::snapshot(saga, db)).await,
+        MigrationStep::FreezeSource => Box::pin(source::freeze_source(saga, db)).await,
+        MigrationStep::ProvisionTarget => Box::pin(target::provision_target(saga, db)).await,
+        MigrationStep::CopyData => Box::pin(crate::dump::copy_data(saga, db)).await,
+        MigrationStep::Replicate => Box::pin(replication::replicate(saga, db)).await,
+        MigrationStep::CatchUp => Box::pin(replication::catch_up(saga, db)).await,
+        MigrationStep::Verify => Box::pin(verify::verify(saga, db)).await,
+        MigrationStep::SwitchTraffic => Box::pin(switch::switch_traffic(saga, db)).await,
+        MigrationStep::Cleanup => Box::pin(source::cleanup(saga, Some(db)))
+            .await
+            .map(StepOutcome::Done),
     }
 }
 
@@ -68,7 +74,7 @@ pub async fn compensate(
             Some(r) => format!("snapshot Backup {} kept as the rollback point", r.name),
             None => "no snapshot was taken".into(),
         }),
-        MigrationStep::FreezeSource => source::unfreeze_source(saga, db).await,
+        MigrationStep::FreezeSource => Box::pin(source::unfreeze_source(saga, db)).await,
         MigrationStep::ProvisionTarget => target::clean_target(saga, db).await,
         MigrationStep::CopyData => Ok(
             "nothing of its own to undo: the copy is in the target database, which the compensation of ProvisionTarget drops"

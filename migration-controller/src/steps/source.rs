@@ -35,7 +35,7 @@ pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOut
     };
     // The source's pooler holds the database's new transactions first: the freeze then
     // ends no pooled transaction, and the pooler's clients wait instead of failing.
-    let held = crate::pooled::hold(saga, &source, &database).await?;
+    let held = Box::pin(crate::pooled::hold(saga, &source, &database)).await?;
     let mut status = saga.status();
     let s = session(saga, &source, "postgres").await?;
     let record = match status.freeze.clone() {
@@ -95,10 +95,12 @@ pub async fn unfreeze_source(saga: &mut Saga<'_>, db: Option<&Database>) -> Resu
         return Ok(unfrozen);
     }
     let source = source_server(saga).await?;
-    Ok(match crate::pooled::let_go(saga, &source).await? {
-        Some(done) => format!("{unfrozen}; {done}"),
-        None => unfrozen,
-    })
+    Ok(
+        match Box::pin(crate::pooled::let_go(saga, &source)).await? {
+            Some(done) => format!("{unfrozen}; {done}"),
+            None => unfrozen,
+        },
+    )
 }
 
 async fn unfreeze(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<String> {

@@ -109,5 +109,5 @@ async fn release(saga: &mut Saga<'_>) -> Result<crate::pooled::Release> {
     }
     let source = crate::servers::source_server(saga).await?;
     let target = crate::servers::target_server(saga).await?;
-    crate::pooled::release(saga, &source, &target).await
+    Box::pin(crate::pooled::release(saga, &source, &target)).await
 }
