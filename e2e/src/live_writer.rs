@@ -44,6 +44,11 @@ pub struct Options {
     pub after_failed_connect: Duration,
     /// The bound of one insert (none: as long as the server takes).
     pub insert_timeout: Option<Duration>,
+    /// Each insert in the simple query protocol, its number written into the statement
+    /// (no prepared statement): what works through PgBouncer 1.20 and older in
+    /// transaction mode, which may run a statement's Bind on another server connection
+    /// than its Parse.
+    pub simple_protocol: bool,
 }
 
 impl Options {
@@ -58,6 +63,7 @@ impl Options {
             after_failed_insert: Duration::ZERO,
             after_failed_connect: Duration::from_millis(20),
             insert_timeout: None,
+            simple_protocol: false,
         }
     }
 
@@ -96,6 +102,12 @@ impl Options {
     /// Each insert bounded by `limit` (a timed-out insert is a failed one).
     pub fn insert_timeout(mut self, limit: Duration) -> Self {
         self.insert_timeout = Some(limit);
+        self
+    }
+
+    /// Inserts in the simple query protocol (see [`Options::simple_protocol`]).
+    pub fn simple_protocol(mut self) -> Self {
+        self.simple_protocol = true;
         self
     }
 }
@@ -307,13 +319,20 @@ async fn write<F, Fut>(
         };
         n += 1;
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&n];
-        let done = client.execute(&insert, &params);
+        let simple = format!("INSERT INTO {} (n) VALUES ({n})", o.table);
+        let done = async {
+            if o.simple_protocol {
+                client.batch_execute(&simple).await.map(|()| 1)
+            } else {
+                client.execute(&insert, &params).await
+            }
+        };
         let done = match o.insert_timeout {
             Some(limit) => match tokio::time::timeout(limit, done).await {
-                Ok(done) => done.map_err(|e| e.to_string()),
+                Ok(done) => done.map_err(|e| described(&e)),
                 Err(_) => Err("INSERT timed out".to_string()),
             },
-            None => done.await.map_err(|e| e.to_string()),
+            None => done.await.map_err(|e| described(&e)),
         };
         match done {
             Ok(_) => {
@@ -337,6 +356,15 @@ async fn write<F, Fut>(
     }
 }
 
+/// A failure as text: the server's message and SQLSTATE when it sent one (the error's own
+/// text is only "db error").
+fn described(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({}: {})", e, db.code().code(), db.message()),
+        None => format!("{e:#}"),
+    }
+}
+
 /// A new session, with the table when asked for; the error as text.
 async fn open<F, Fut>(connect: &F, o: &Options) -> Result<tokio_postgres::Client, String>
 where
@@ -351,7 +379,7 @@ where
         );
         match tokio::time::timeout(Duration::from_secs(10), client.batch_execute(&create)).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e.to_string()),
+            Ok(Err(e)) => return Err(described(&e)),
             Err(_) => return Err("CREATE TABLE timed out".into()),
         }
     }

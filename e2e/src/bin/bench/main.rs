@@ -1,7 +1,7 @@
 //! dbops-bench: benchmarks of the controllers on a real test bed (reports, not tests).
 //! This file parses the command line and dispatches; each subcommand is a module:
 //! `databases` (see `databases.rs`), `backup`, `secrets`, `outage`, `chaos`, `migration`,
-//! `users`, `pooler-auth`. What they share: the bed (`bed.rs`: control plane, namespaces,
+//! `users`, `pooler-auth`, `pooler-load`. What they share: the bed (`bed.rs`: control plane, namespaces,
 //! DatabaseServers, Databases and waits) and the measurements (`measure.rs`: API writes,
 //! /proc usage, audited writes by kind).
 
@@ -16,6 +16,7 @@ mod measure;
 mod migration;
 mod outage;
 mod pooler;
+mod pooler_load;
 mod scale;
 mod secrets;
 mod users;
@@ -49,6 +50,9 @@ enum Command {
     /// Client authentication through PgBouncer: dbops's userlist of SCRAM verifiers
     /// against auth_query, side by side (connections per second, queries on the server).
     PoolerAuth(pooler::PoolerAuthArgs),
+    /// A shared server with max_connections=100: many clients over many databases
+    /// through the pooler, and pgbench through the pooler against direct.
+    PoolerLoad(pooler_load::PoolerLoadArgs),
 }
 
 fn main() -> Result<()> {
@@ -90,5 +94,6 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Migration(args) => migration::run(args).await,
         Command::Users(args) => users::run(args).await,
         Command::PoolerAuth(args) => pooler::run(args).await,
+        Command::PoolerLoad(args) => pooler_load::run(args).await,
     }
 }

@@ -161,7 +161,7 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn pgbouncer_version() -> String {
+pub(crate) fn pgbouncer_version() -> String {
     dbops_e2e::pgbouncer::binary()
         .ok()
         .and_then(|b| std::process::Command::new(b).arg("--version").output().ok())
