@@ -47,7 +47,7 @@ pub struct PoolerLoadArgs {
     /// of one database's pool is closed, so that another database may have it.
     #[arg(long, default_value_t = 600)]
     server_idle_timeout: u32,
-    /// pgbench: seconds per round.
+    /// pgbench: seconds per round (0: no pgbench).
     #[arg(long, default_value_t = 10)]
     pgbench_seconds: u64,
     /// pgbench: clients.
@@ -96,6 +96,9 @@ pub async fn run(args: PoolerLoadArgs) -> Result<()> {
     load.report(&args);
 
     drop(bouncer);
+    if args.pgbench_seconds == 0 {
+        return Ok(());
+    }
     println!("\n## pgbench: through the pooler against direct\n");
     let dir = tmp.path().join("pgbench");
     let one = &tenants[0];
@@ -306,7 +309,10 @@ async fn pooled_load(
                         }
                         Err(e) => {
                             failed.fetch_add(1, Ordering::Relaxed);
-                            first_error.lock().await.get_or_insert(e.to_string());
+                            let text = e
+                                .as_db_error()
+                                .map_or_else(|| e.to_string(), |d| d.message().to_string());
+                            first_error.lock().await.get_or_insert(text);
                             break;
                         }
                     }
