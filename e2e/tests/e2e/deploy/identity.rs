@@ -292,7 +292,7 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
     let lease = "leases/dbops-database-controller";
     // (The test's namespace stands in for dbops-system in the other tests, so it was granted
     // the Secrets Roles: the tenant namespace here is `default`.)
-    let cases: [(&Kubectl, &str, &str, Option<&str>, bool); 38] = [
+    let cases: [(&Kubectl, &str, &str, Option<&str>, bool); 42] = [
         // The backup-controller reads the admin and CA Secrets in its own namespace, no
         // tenant's, and writes none.
         (&as_backup, "get", "secrets", Some(SYSTEM_NAMESPACE), true),
@@ -444,6 +444,18 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
         ),
         (&as_migration, "get", "secrets", Some("default"), false),
         (&as_migration, "list", "secrets", None, false),
+        // A cutover through a pooler: its Pods in the controllers' namespace, listed and
+        // annotated; no Pod elsewhere, and none deleted.
+        (&as_migration, "list", "pods", Some(SYSTEM_NAMESPACE), true),
+        (&as_migration, "patch", "pods", Some(SYSTEM_NAMESPACE), true),
+        (&as_migration, "list", "pods", Some("default"), false),
+        (
+            &as_migration,
+            "delete",
+            "pods",
+            Some(SYSTEM_NAMESPACE),
+            false,
+        ),
     ];
     for (kubectl, verb, resource, namespace, allowed) in cases {
         let answer = kubectl.can_i(verb, resource, namespace).unwrap();

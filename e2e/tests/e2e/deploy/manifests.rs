@@ -21,8 +21,9 @@ use crate::bed;
 /// and CA Secrets), Deployment, PodDisruptionBudget, Service and NetworkPolicy, for the
 /// backup- and database-controller a Role and RoleBinding (the backup store's registration
 /// ConfigMap), and the database-controller's ClusterRole of the Secret verbs it binds in
-/// tenant namespaces and its Role and RoleBinding of the poolers' objects.
-const DEPLOY_OBJECTS: usize = 1 + 5 + 1 + 3 * 11 + 2 * 2 + 1 + 2;
+/// tenant namespaces and its Role and RoleBinding of the poolers' objects, and the
+/// migration-controller's Role and RoleBinding of the poolers' Pods.
+const DEPLOY_OBJECTS: usize = 1 + 5 + 1 + 3 * 11 + 2 * 2 + 1 + 2 + 2;
 
 async fn rules_of(
     cluster_roles: &Api<ClusterRole>,
@@ -288,6 +289,11 @@ async fn each_controller_has_a_network_policy_for_what_it_talks_to() {
             && pods.get("app.kubernetes.io/name").map(String::as_str) == Some("jaeger")
         {
             "jaeger".into()
+        } else if p.namespace_selector.is_none()
+            && p.ip_block.is_none()
+            && pods.get("app.kubernetes.io/component").map(String::as_str) == Some("pooler")
+        {
+            "pooler".into()
         } else {
             format!("{p:?}")
         }
@@ -382,6 +388,9 @@ async fn each_controller_has_a_network_policy_for_what_it_talks_to() {
         if controller != "migration-controller" {
             // The S3 endpoint of the s3:// backup store (443 is there already).
             wanted.insert("any 9000/TCP".into());
+        } else {
+            // The poolers' admin consoles (a cutover through the source's pooler).
+            wanted.insert("pooler 6432/TCP".into());
         }
         assert_eq!(egress, wanted, "{name}: egress");
     }
