@@ -179,7 +179,8 @@ pub struct RotationStatus {
 }
 
 /// Extra keys of a connection Secret, each rendered from a template over `host`, `port`,
-/// `database`, `user`, `password`, `sslmode` and `ca`, e.g.
+/// `database`, `user`, `password`, `sslmode` and `ca`, and the server's pooler's
+/// `pooler_host`, `pooler_port` and `pooler_ca` (empty, 0 and empty without a pooler), e.g.
 /// `DATABASE_URL: "postgresql://{{ user }}:{{ password }}@{{ host }}:{{ port }}/{{ database }}?sslmode={{ sslmode }}"`.
 /// In a template that is a URL (it begins with `scheme://`) every value is percent-encoded.
 /// A template that does not render is refused (`InvalidSecretTemplate`) before anything

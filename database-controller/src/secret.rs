@@ -166,6 +166,11 @@ pub fn desired_for(
             password,
             sslmode: tls.mode.as_str(),
             ca: &ca_pem,
+            pooler: server.pooler.as_ref().map(|p| template::PoolerValues {
+                host: &p.host,
+                port: p.port,
+                ca: std::str::from_utf8(&p.ca_pem).unwrap_or_default(),
+            }),
         },
     )?;
     let data: BTreeMap<String, ByteString> = own_keys(server, dbname, user, password)

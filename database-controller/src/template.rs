@@ -1,7 +1,8 @@
 //! `spec.secretTemplate` of a Database or a DatabaseUser: extra keys of its connection
 //! Secret, each rendered from a template over the connection's `host`, `port`,
 //! `database`, `user`, `password`, `sslmode` and `ca` (the server's CA in PEM, empty
-//! when it has none).
+//! when it has none), and the server's pooler: `pooler_host`, `pooler_port` and
+//! `pooler_ca` (empty, 0 and empty when the server has no pooler: `{% if pooler_host %}`).
 //!
 //! The language is MiniJinja's Jinja syntax without its builtins, macros or includes:
 //! `{{ variable }}`, `{% if %}`, `{% for %}`, and two filters, `urlencode` (RFC 3986
@@ -69,7 +70,8 @@ pub const MAX_RENDERED_BYTES: usize = 512 * 1024;
 const FUEL: u64 = 50_000;
 
 /// The variables a template may use, for error messages.
-const VARIABLES: &str = "host, port, database, user, password, sslmode, ca";
+const VARIABLES: &str =
+    "host, port, database, user, password, sslmode, ca, pooler_host, pooler_port, pooler_ca";
 
 /// Everything but RFC 3986's unreserved characters (`A-Za-z0-9-._~`) is percent-encoded.
 const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
@@ -99,6 +101,16 @@ pub struct Values<'a> {
     pub sslmode: &'a str,
     /// The server's CA in PEM, "" when it has none.
     pub ca: &'a str,
+    /// The server's pooler (its Service's name, port and certificate), when it has one.
+    pub pooler: Option<PoolerValues<'a>>,
+}
+
+/// The pooler's values of a template.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolerValues<'a> {
+    pub host: &'a str,
+    pub port: u16,
+    pub ca: &'a str,
 }
 
 impl fmt::Debug for Values<'_> {
@@ -111,6 +123,7 @@ impl fmt::Debug for Values<'_> {
             .field("password", &"<redacted>")
             .field("sslmode", &self.sslmode)
             .field("ca", &self.ca)
+            .field("pooler", &self.pooler)
             .finish()
     }
 }
@@ -125,6 +138,15 @@ impl Values<'_> {
             ("password", Value::from(self.password)),
             ("sslmode", Value::from(self.sslmode)),
             ("ca", Value::from(self.ca)),
+            (
+                "pooler_host",
+                Value::from(self.pooler.map_or("", |p| p.host)),
+            ),
+            (
+                "pooler_port",
+                Value::from(self.pooler.map_or(0, |p| p.port)),
+            ),
+            ("pooler_ca", Value::from(self.pooler.map_or("", |p| p.ca))),
         ])
     }
 }
@@ -327,8 +349,8 @@ fn redact(mut text: String, password: &str) -> String {
     text
 }
 
-/// Dummy credentials `check` renders with: with and without a CA, so that both sides of
-/// an `{% if ca %}` are tried.
+/// Dummy credentials `check` renders with: with and without a CA and a pooler, so that
+/// both sides of an `{% if ca %}` or `{% if pooler_host %}` are tried.
 const DUMMY_CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
 
 fn dummies() -> [Values<'static>; 2] {
@@ -340,11 +362,17 @@ fn dummies() -> [Values<'static>; 2] {
         password: "p@ss:w/rd?#%",
         sslmode: "verify-full",
         ca: "",
+        pooler: None,
     };
     [
         values,
         Values {
             ca: DUMMY_CA,
+            pooler: Some(PoolerValues {
+                host: "dbops-pooler-pg.dbops-system.svc",
+                port: 6432,
+                ca: DUMMY_CA,
+            }),
             ..values
         },
     ]
@@ -412,7 +440,39 @@ mod tests {
             password,
             sslmode: "verify-full",
             ca: "",
+            pooler: None,
         }
+    }
+
+    #[test]
+    fn the_pooler_values_are_there_when_the_server_has_a_pooler() {
+        let templates = map(&[
+            (
+                "POOLED_URL",
+                "postgresql://{{ user }}:{{ password }}@{{ pooler_host }}:{{ pooler_port }}/{{ database }}",
+            ),
+            (
+                "pooled",
+                "{% if pooler_host %}{{ pooler_host }}{% else %}direct{% endif %}",
+            ),
+        ]);
+        check(&templates).unwrap();
+        let pooled = Values {
+            pooler: Some(PoolerValues {
+                host: "dbops-pooler-pg-main.dbops-system.svc",
+                port: 6432,
+                ca: "PEM",
+            }),
+            ..values(PASSWORD)
+        };
+        let out = render(&templates, &pooled).unwrap();
+        assert_eq!(
+            out["POOLED_URL"],
+            "postgresql://orders_dashboard:p%40ss%3Aw%2Frd%3F%23%25@dbops-pooler-pg-main.dbops-system.svc:6432/orders"
+        );
+        assert_eq!(out["pooled"], "dbops-pooler-pg-main.dbops-system.svc");
+        let direct = render(&templates, &values(PASSWORD)).unwrap();
+        assert_eq!(direct["pooled"], "direct");
     }
 
     fn refused(templates: &BTreeMap<String, String>) -> TemplateError {

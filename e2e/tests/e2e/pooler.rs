@@ -326,7 +326,11 @@ async fn a_pooled_servers_databases_are_served_by_the_configuration_dbops_keeps(
         )
         .await
         .unwrap();
-    s.create_ready("orders", serde_json::json!({})).await;
+    // orders' template takes the pooler's values (empty without a pooler).
+    let template = serde_json::json!({"secretTemplate": {
+        "POOLED_HOST": "{% if pooler_host %}{{ pooler_host }}:{{ pooler_port }}{% else %}none{% endif %}",
+    }});
+    s.create_ready("orders", template).await;
     s.create_ready("billing", serde_json::json!({})).await;
     // A DatabaseUser of orders: its login is served too.
     dbops_e2e::harness::users::create_user(
@@ -460,6 +464,13 @@ async fn a_pooled_servers_databases_are_served_by_the_configuration_dbops_keeps(
         );
         let ca = value(&secret, "pooler-ca.crt");
         assert_eq!(ca, value(&pooler, "tls.crt"));
+        if db == "orders" {
+            assert_eq!(
+                value(&secret, "POOLED_HOST"),
+                format!("{name}.{ns}.svc:6432"),
+                "the template's pooler values"
+            );
+        }
         bouncer
             .connect(&login, &password, &dbname)
             .await
