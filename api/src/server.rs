@@ -162,6 +162,16 @@ pub struct PoolerSpec {
     #[serde(default = "default_pool_size")]
     #[schemars(range(min = 1, max = 1000))]
     pub default_pool_size: i32,
+
+    /// The pooler's serving certificate: a Secret in the controllers' namespace with
+    /// `tls.crt` and `tls.key` (a `kubernetes.io/tls` Secret, for example one cert-manager
+    /// keeps) and `ca.crt`, what clients verify it against (`tls.crt` itself when absent).
+    /// Its certificate must name the pooler's Service
+    /// (`dbops-pooler-<server>.<namespace>.svc`). A change of the Secret (a renewal)
+    /// reaches the Pods without a restart and the connection Secrets' `pooler-ca.crt`.
+    /// Absent: dbops makes a self-signed certificate for the Service's names once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_secret_ref: Option<SecretReference>,
 }
 
 fn default_pooler_replicas() -> i32 {

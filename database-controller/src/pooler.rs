@@ -24,7 +24,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use dbops_api::{Database, DatabaseServer, DatabaseUser, PoolerStatus};
-use dbops_shared::pooler::{TLS_CERT_KEY, TLS_KEY_KEY, Userlist, render as render_ini};
+use dbops_shared::pooler::{
+    CLIENT_CA_KEY, TLS_CERT_KEY, TLS_KEY_KEY, Userlist, render as render_ini,
+};
 use dbops_shared::postgres::generate_password;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
@@ -169,11 +171,26 @@ async fn configure(
         .and_then(|t| Userlist::parse(&t).ok())
         .unwrap_or_default();
     let admin_password = value(render::ADMIN_PASSWORD_KEY).unwrap_or_else(generate_password);
-    let (cert, key) = match (value(TLS_CERT_KEY), value(TLS_KEY_KEY)) {
-        (Some(cert), Some(key)) => (cert, key),
-        _ => match tls::serving_certificate(&name, on.namespace) {
-            Ok(pair) => pair,
+    let named = server
+        .spec
+        .pooler
+        .as_ref()
+        .and_then(|p| p.certificate_secret_ref.as_ref());
+    let (cert, key, client_ca) = match named {
+        Some(r) => match tls::named_certificate(on.directory.secret(&r.name).as_deref(), &r.name) {
+            Ok(found) => found,
             Err(e) => return Ok(Err(Outcome::ConfigInvalid(e))),
+        },
+        None => match (value(TLS_CERT_KEY), value(TLS_KEY_KEY)) {
+            // Made by dbops before (kept; a pooler Secret made before client-ca.crt was
+            // has none), unless the last one was named with a CA of its own.
+            (Some(cert), Some(key)) if value(CLIENT_CA_KEY).is_none_or(|ca| ca == cert) => {
+                (cert.clone(), key, cert)
+            }
+            _ => match tls::serving_certificate(&name, on.namespace) {
+                Ok((cert, key)) => (cert.clone(), key, cert),
+                Err(e) => return Ok(Err(Outcome::ConfigInvalid(e))),
+            },
         },
     };
     let users = poolers
@@ -207,6 +224,7 @@ async fn configure(
         (render::ADMIN_PASSWORD_KEY.to_string(), admin_password),
         (TLS_CERT_KEY.to_string(), cert),
         (TLS_KEY_KEY.to_string(), key),
+        (CLIENT_CA_KEY.to_string(), client_ca),
     ]
     .into();
     let desired = objects::secret(server, on.namespace, data);

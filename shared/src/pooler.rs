@@ -36,6 +36,10 @@ pub const PORT: u16 = 6432;
 /// The pooler Secret's key with its serving certificate (self-signed: also the CA the
 /// connection Secrets carry as `pooler-ca.crt`).
 pub const TLS_CERT_KEY: &str = "tls.crt";
+/// The pooler Secret's key with what clients verify the pooler's certificate against
+/// (the connection Secrets' `pooler-ca.crt`): the named certificate Secret's `ca.crt`, or
+/// the certificate itself. A pooler Secret without it (made before) gives `tls.crt`.
+pub const CLIENT_CA_KEY: &str = "client-ca.crt";
 /// The pooler Secret's key with the admin console's password (the login is
 /// [`ADMIN_USER`]).
 pub const ADMIN_PASSWORD_KEY: &str = "admin-password";
@@ -111,7 +115,12 @@ pub fn access(
             .get(SERVER_ANNOTATION)
             .map(String::as_str)
             == Some(server_name);
-    let ca_pem = secret.data.as_ref()?.get(TLS_CERT_KEY)?.0.clone();
+    let data = secret.data.as_ref()?;
+    let ca_pem = data
+        .get(CLIENT_CA_KEY)
+        .or_else(|| data.get(TLS_CERT_KEY))?
+        .0
+        .clone();
     (ours && !ca_pem.is_empty()).then(|| Access {
         host: format!("{name}.{namespace}.svc"),
         port: PORT,

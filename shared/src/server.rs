@@ -196,15 +196,21 @@ impl Directory {
         self.servers.state()
     }
 
-    /// The servers whose admin or CA Secret is `secret` (a Secret of the controllers'
-    /// namespace).
+    /// The servers whose admin, CA or pooler certificate Secret is `secret` (a Secret of
+    /// the controllers' namespace).
     pub fn using_secret(&self, secret: &str) -> Vec<String> {
         self.servers
             .state()
             .iter()
             .filter(|s| {
+                let pooler_certificate = s
+                    .spec
+                    .pooler
+                    .as_ref()
+                    .and_then(|p| p.certificate_secret_ref.as_ref());
                 s.spec.admin_secret_ref.name == secret
                     || s.spec.tls.ca_secret_ref.as_ref().map(|r| r.name.as_str()) == Some(secret)
+                    || pooler_certificate.map(|r| r.name.as_str()) == Some(secret)
             })
             .filter_map(|s| s.metadata.name.clone())
             .collect()

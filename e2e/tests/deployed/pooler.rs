@@ -75,6 +75,7 @@ async fn pooled_server(bed: &Bed, tenant: &Tenant, replicas: i32) -> String {
         pool_mode: PoolMode::Transaction,
         max_client_connections: 100,
         default_pool_size: 5,
+        certificate_secret_ref: None,
     });
     servers
         .create(&PostParams::default(), &DatabaseServer::new(&name, spec))

@@ -22,6 +22,7 @@ mod migration_logical;
 mod names;
 mod pooler;
 mod pooler_migration;
+mod pooler_tls;
 mod postgres;
 mod schedule;
 mod tenancy;
