@@ -171,27 +171,9 @@ async fn configure(
         .and_then(|t| Userlist::parse(&t).ok())
         .unwrap_or_default();
     let admin_password = value(render::ADMIN_PASSWORD_KEY).unwrap_or_else(generate_password);
-    let named = server
-        .spec
-        .pooler
-        .as_ref()
-        .and_then(|p| p.certificate_secret_ref.as_ref());
-    let (cert, key, client_ca) = match named {
-        Some(r) => match tls::named_certificate(on.directory.secret(&r.name).as_deref(), &r.name) {
-            Ok(found) => found,
-            Err(e) => return Ok(Err(Outcome::ConfigInvalid(e))),
-        },
-        None => match (value(TLS_CERT_KEY), value(TLS_KEY_KEY)) {
-            // Made by dbops before (kept; a pooler Secret made before client-ca.crt was
-            // has none), unless the last one was named with a CA of its own.
-            (Some(cert), Some(key)) if value(CLIENT_CA_KEY).is_none_or(|ca| ca == cert) => {
-                (cert.clone(), key, cert)
-            }
-            _ => match tls::serving_certificate(&name, on.namespace) {
-                Ok((cert, key)) => (cert.clone(), key, cert),
-                Err(e) => return Ok(Err(Outcome::ConfigInvalid(e))),
-            },
-        },
+    let (cert, key, client_ca) = match certificate(on, server, &name, &value) {
+        Ok(found) => found,
+        Err(outcome) => return Ok(Err(outcome)),
     };
     let users = poolers
         .users
@@ -236,6 +218,36 @@ async fn configure(
         apply(on.client, on.namespace, &desired).await?;
     }
     Ok(Ok(served.waiting))
+}
+
+/// The pooler's certificate, key and the CA clients verify it against: the Secret
+/// `spec.pooler.certificateSecretRef` names, or the one dbops made before (`value` reads
+/// the pooler's Secret as it is), or a new self-signed one.
+fn certificate(
+    on: &On<'_>,
+    server: &DatabaseServer,
+    name: &str,
+    value: &impl Fn(&str) -> Option<String>,
+) -> Result<(String, String, String), Outcome> {
+    let named = server
+        .spec
+        .pooler
+        .as_ref()
+        .and_then(|p| p.certificate_secret_ref.as_ref());
+    if let Some(r) = named {
+        return tls::named_certificate(on.directory.secret(&r.name).as_deref(), &r.name)
+            .map_err(Outcome::ConfigInvalid);
+    }
+    match (value(TLS_CERT_KEY), value(TLS_KEY_KEY)) {
+        // Made by dbops before (kept; a pooler Secret made before client-ca.crt was has
+        // none), unless the last one was named with a CA of its own.
+        (Some(cert), Some(key)) if value(CLIENT_CA_KEY).is_none_or(|ca| ca == cert) => {
+            Ok((cert.clone(), key, cert))
+        }
+        _ => tls::serving_certificate(name, on.namespace)
+            .map(|(cert, key)| (cert.clone(), key, cert))
+            .map_err(Outcome::ConfigInvalid),
+    }
 }
 
 /// The Service, the budget (with 2 or more replicas) and the Deployment as rendered: the

@@ -101,6 +101,8 @@ pub struct AuditWrite {
     pub code: i32,
     /// When the response was complete (stage ResponseComplete).
     pub timestamp: Timestamp,
+    /// When the apiserver received the request.
+    pub received: Timestamp,
 }
 
 impl std::fmt::Display for AuditWrite {
@@ -125,6 +127,7 @@ struct AuditEvent {
     #[serde(default)]
     response_status: Option<AuditResponseStatus>,
     stage_timestamp: MicroTime,
+    request_received_timestamp: MicroTime,
 }
 
 #[derive(Deserialize)]
@@ -428,6 +431,7 @@ impl ControlPlane {
                 namespace: object.namespace,
                 code: event.response_status.map_or(0, |s| s.code),
                 timestamp: event.stage_timestamp.0,
+                received: event.request_received_timestamp.0,
             });
         }
         Ok(writes)

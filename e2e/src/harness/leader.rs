@@ -239,6 +239,30 @@ impl Scenario {
         process.process.signal(signal).unwrap();
     }
 
+    /// SIGSTOPs replica `i` and returns once the kernel shows it stopped (state `T`).
+    pub fn freeze(&self, i: usize) {
+        self.signal(i, "STOP");
+        let pid = self.replicas[i]
+            .process
+            .as_ref()
+            .expect("the replica runs")
+            .process
+            .pid();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The state follows the command's closing parenthesis.
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            if state == Some("T") || std::time::Instant::now() > deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Signals replica `i` (KILL or TERM) and waits until it exited; returns its status.
     pub fn stop(&mut self, i: usize, signal: &str) -> std::process::ExitStatus {
         let mut process = self.replicas[i].process.take().expect("the replica runs");
@@ -545,7 +569,7 @@ impl Scenario {
             let ended = r.ended.expect("every replica was stopped");
             let outside: Vec<_> = writes
                 .iter()
-                .filter(|w| w.timestamp < acquired || w.timestamp > ended)
+                .filter(|w| w.received < acquired || w.received > ended)
                 .collect();
             assert!(
                 outside.is_empty(),
