@@ -14,8 +14,8 @@
 //!    routing to the source that is not paused (a Pod started since) is paused. Once
 //!    every instance routes to the target, each gets `RESUME <db>` and the record its
 //!    `resumedAt`.
-//! 3. [`let_go`], in FreezeSource's compensation: `RESUME` on every instance (the route
-//!    never left the source).
+//! 3. [`let_go`], in FreezeSource's compensation (the route never left the source) and in
+//!    SwitchTraffic for a Database deleted since the switch: `RESUME` on every instance.
 //!
 //! Instances are the pooler's ready Pods in the controllers' namespace, reached at their
 //! Pod IP on the console over TLS with the pooler's own certificate and admin login
@@ -306,8 +306,9 @@ pub async fn release(saga: &mut Saga<'_>, source: &Resolved, target: &Resolved) 
     Ok(Release::Done(Some(message)))
 }
 
-/// FreezeSource's compensation: every instance of the source's pooler resumes the
-/// database (its route never left the source). What was done, if anything.
+/// FreezeSource's compensation (its route never left the source), and SwitchTraffic for a
+/// Database deleted since the switch (no route will follow it): every instance of the
+/// source's pooler resumes the database. What was done, if anything.
 pub async fn let_go(saga: &mut Saga<'_>, source: &Resolved) -> Result<Option<String>> {
     let mut status = saga.status();
     let Some(mut record) = status.pooler.clone() else {
@@ -329,7 +330,7 @@ pub async fn let_go(saga: &mut Saga<'_>, source: &Resolved) -> Result<Option<Str
         }
     }
     let message = format!(
-        "the pooler of DatabaseServer {} resumed {database} on the source ({resumed} instances)",
+        "the pooler of DatabaseServer {} resumed {database} where it routes it ({resumed} instances)",
         source.name
     );
     record.resumed_at = Some(now());

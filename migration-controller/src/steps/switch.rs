@@ -59,20 +59,17 @@ pub async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<StepOu
     let generation = status.switched_generation.unwrap_or_default();
     if db.metadata.deletion_timestamp.is_some() {
         // Deleted after the switch: it will never be Ready there, and need not be; its
-        // deletion policy applies on the target once this Migration ends.
+        // deletion policy applies on the target once this Migration ends. Whatever the
+        // source's pooler held is let go (no route will follow a Database being deleted).
+        let pooled = let_go(saga).await?.map(|m| format!("; {m}"));
         return Ok(StepOutcome::Done(format!(
-            "Database {} now refers to DatabaseServer {} (generation {generation}) and is being deleted; its deletionPolicy applies there once this Migration ends",
+            "Database {} now refers to DatabaseServer {} (generation {generation}) and is being deleted; its deletionPolicy applies there once this Migration ends{}",
             db.name_any(),
-            target.name
+            target.name,
+            pooled.unwrap_or_default()
         )));
     }
-    let ready = db.status.as_ref().is_some_and(|s| {
-        s.observed_generation.unwrap_or_default() >= generation
-            && dbops_shared::conditions::get(&s.conditions, condition::READY).is_some_and(|c| {
-                c.status == "True" && c.observed_generation.unwrap_or_default() >= generation
-            })
-    });
-    if ready {
+    if ready_at(&db, generation) {
         let pooled = match release(saga).await? {
             crate::pooled::Release::Waiting(message) => {
                 return Ok(StepOutcome::Poll(message, crate::pooled::ROUTE_POLL));
@@ -110,4 +107,27 @@ async fn release(saga: &mut Saga<'_>) -> Result<crate::pooled::Release> {
     let source = crate::servers::source_server(saga).await?;
     let target = crate::servers::target_server(saga).await?;
     Box::pin(crate::pooled::release(saga, &source, &target)).await
+}
+
+/// The source's pooler, if it holds the database still, resumes it where it routes it.
+async fn let_go(saga: &mut Saga<'_>) -> Result<Option<String>> {
+    let held = saga
+        .status()
+        .pooler
+        .is_some_and(|p| p.held && p.resumed_at.is_none());
+    if !held {
+        return Ok(None);
+    }
+    let source = crate::servers::source_server(saga).await?;
+    Box::pin(crate::pooled::let_go(saga, &source)).await
+}
+
+/// Whether `db` is Ready at `generation` or a later one.
+fn ready_at(db: &Database, generation: i64) -> bool {
+    db.status.as_ref().is_some_and(|s| {
+        s.observed_generation.unwrap_or_default() >= generation
+            && dbops_shared::conditions::get(&s.conditions, condition::READY).is_some_and(|c| {
+                c.status == "True" && c.observed_generation.unwrap_or_default() >= generation
+            })
+    })
 }
