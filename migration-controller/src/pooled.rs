@@ -58,6 +58,18 @@ impl Pooler {
             .await
             .map_err(unreachable)
     }
+
+    /// `RESUME database` on every instance; how many.
+    async fn resume(&self, database: &str) -> Result<usize> {
+        for instance in &self.instances {
+            self.console(instance)
+                .await?
+                .resume(database)
+                .await
+                .map_err(unreachable)?;
+        }
+        Ok(self.instances.len())
+    }
 }
 
 fn unreachable(e: pooler::ConsoleError) -> Error {
@@ -286,13 +298,7 @@ pub async fn release(saga: &mut Saga<'_>, source: &Resolved, target: &Resolved) 
             names.join(", ")
         )));
     }
-    for instance in &p.instances {
-        p.console(instance)
-            .await?
-            .resume(&database)
-            .await
-            .map_err(unreachable)?;
-    }
+    p.resume(&database).await?;
     let message = format!(
         "the pooler of DatabaseServer {} routes {database} to DatabaseServer {} ({host}:{port}) on {} instances and let its clients go on",
         source.name,
@@ -318,17 +324,10 @@ pub async fn let_go(saga: &mut Saga<'_>, source: &Resolved) -> Result<Option<Str
         return Ok(None);
     }
     let database = record.database.clone();
-    let mut resumed = 0;
-    if let Some(p) = pooler_of(saga, source).await? {
-        for instance in &p.instances {
-            p.console(instance)
-                .await?
-                .resume(&database)
-                .await
-                .map_err(unreachable)?;
-            resumed += 1;
-        }
-    }
+    let resumed = match pooler_of(saga, source).await? {
+        Some(p) => p.resume(&database).await?,
+        None => 0,
+    };
     let message = format!(
         "the pooler of DatabaseServer {} resumed {database} where it routes it ({resumed} instances)",
         source.name
