@@ -259,6 +259,13 @@ pub struct PoolerCutover {
     pub message: Option<String>,
 }
 
+impl PoolerCutover {
+    /// Whether the pooler holds the database's transactions now: held, and not let go yet.
+    pub fn holds(&self) -> bool {
+        self.held && self.resumed_at.is_none()
+    }
+}
+
 /// The progress of a Logical-mode Migration's replication.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]

@@ -202,15 +202,7 @@ impl PgBouncer {
                 if let Ok(Some(secret)) = secrets.get_opt(&name).await
                     && secret.data != last
                 {
-                    let files = secret
-                        .data
-                        .iter()
-                        .flatten()
-                        .filter_map(|(k, v)| {
-                            Some((k.clone(), String::from_utf8(v.0.clone()).ok()?))
-                        })
-                        .collect();
-                    if let Err(e) = write_rendered(&dir, &files, port) {
+                    if let Err(e) = write_rendered(&dir, &files_of(&secret), port) {
                         tracing::warn!("the pooler's files were not written again: {e:#}");
                     } else if last.is_some() {
                         let _ = std::process::Command::new("kill")
@@ -372,6 +364,18 @@ impl PgBouncer {
         let user = self.settings.admin_user.clone();
         self.connect(&user, password, "pgbouncer").await
     }
+}
+
+/// The files a pooler Pod mounts from its Secret: each key with its (UTF-8) value.
+pub fn files_of(
+    secret: &k8s_openapi::api::core::v1::Secret,
+) -> std::collections::BTreeMap<String, String> {
+    secret
+        .data
+        .iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.clone(), String::from_utf8(v.0.clone()).ok()?)))
+        .collect()
 }
 
 /// Where a pooler Pod mounts its server's CA Secret (`render::SERVER_CA_DIR` of the

@@ -171,7 +171,7 @@ pub async fn hold(
 ) -> Result<Option<String>> {
     let mut status = saga.status();
     if let Some(record) = &status.pooler
-        && (!record.held || record.resumed_at.is_some())
+        && !record.holds()
     {
         return Ok(record.message.clone());
     }
@@ -251,7 +251,7 @@ pub async fn release(saga: &mut Saga<'_>, source: &Resolved, target: &Resolved) 
     let Some(mut record) = status.pooler.clone() else {
         return Ok(Release::Done(None));
     };
-    if !record.held || record.resumed_at.is_some() {
+    if !record.holds() {
         return Ok(Release::Done(record.message.clone()));
     }
     let database = record.database.clone();
@@ -320,7 +320,7 @@ pub async fn let_go(saga: &mut Saga<'_>, source: &Resolved) -> Result<Option<Str
     let Some(mut record) = status.pooler.clone() else {
         return Ok(None);
     };
-    if !record.held || record.resumed_at.is_some() {
+    if !record.holds() {
         return Ok(None);
     }
     let database = record.database.clone();

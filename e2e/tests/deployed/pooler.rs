@@ -64,6 +64,44 @@ async fn through_pooler(secret: &Secret) -> Result<(String, String), tokio_postg
     Ok((row.get(0), row.get(1)))
 }
 
+/// The connection Secret of Database `db_name` once it has the pooler keys.
+async fn pooled_secret(secrets: &Api<Secret>, db_name: &str) -> Secret {
+    wait_for(
+        "the connection Secret's pooler keys",
+        SETTLE,
+        || async { Ok(secrets.get_opt(&format!("{db_name}-connection")).await?) },
+        |s: &Option<Secret>| {
+            s.as_ref()
+                .and_then(|s| s.data.as_ref())
+                .is_some_and(|d| d.contains_key("pooler-uri"))
+        },
+    )
+    .await
+    .unwrap()
+    .unwrap()
+}
+
+/// Deletes Database `db_name`, waits until it is gone, then deletes DatabaseServer
+/// `server`.
+async fn remove(bed: &Bed, databases: &Api<Database>, db_name: &str, server: &str) {
+    databases
+        .delete(db_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        &format!("Database {db_name} gone"),
+        SETTLE,
+        || async { Ok(databases.get_opt(db_name).await?.is_none()) },
+        |gone: &bool| *gone,
+    )
+    .await
+    .unwrap();
+    Api::<DatabaseServer>::all(bed.client.clone())
+        .delete(server, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
 /// pg-main once more under another name, with a pooler of `replicas` Pods.
 async fn pooled_server(bed: &Bed, tenant: &Tenant, replicas: i32) -> String {
     let servers: Api<DatabaseServer> = Api::all(bed.client.clone());
@@ -115,19 +153,7 @@ async fn a_pooled_server_serves_its_databases_through_pgbouncer_pods() {
     .await
     .unwrap();
     let secrets: Api<Secret> = bed.api(&tenant.name);
-    let secret = wait_for(
-        "the connection Secret's pooler keys",
-        SETTLE,
-        || async { Ok(secrets.get_opt(&format!("{db_name}-connection")).await?) },
-        |s: &Option<Secret>| {
-            s.as_ref()
-                .and_then(|s| s.data.as_ref())
-                .is_some_and(|d| d.contains_key("pooler-uri"))
-        },
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let secret = pooled_secret(&secrets, &db_name).await;
     // The userlist reaches the Pods through the Secret volume and a reload: retried until
     // the login is in.
     let login = value(&secret, "username");
@@ -174,22 +200,7 @@ async fn a_pooled_server_serves_its_databases_through_pgbouncer_pods() {
         );
     }
 
-    databases
-        .delete(&db_name, &DeleteParams::default())
-        .await
-        .unwrap();
-    wait_for(
-        &format!("Database {db_name} gone"),
-        SETTLE,
-        || async { Ok(databases.get_opt(&db_name).await?.is_none()) },
-        |gone: &bool| *gone,
-    )
-    .await
-    .unwrap();
-    servers
-        .delete(&name, &DeleteParams::default())
-        .await
-        .unwrap();
+    remove(bed, &databases, &db_name, &name).await;
 }
 
 #[tokio::test]
@@ -207,19 +218,7 @@ async fn a_logical_migration_through_the_pooler_pods_fails_no_pooled_query() {
     let databases: Api<Database> = bed.api(&tenant.name);
     databases.create(&PostParams::default(), &db).await.unwrap();
     let secrets: Api<Secret> = bed.api(&tenant.name);
-    let secret = wait_for(
-        "the connection Secret's pooler keys",
-        SETTLE,
-        || async { Ok(secrets.get_opt(&format!("{db_name}-connection")).await?) },
-        |s: &Option<Secret>| {
-            s.as_ref()
-                .and_then(|s| s.data.as_ref())
-                .is_some_and(|d| d.contains_key("pooler-uri"))
-        },
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let secret = pooled_secret(&secrets, &db_name).await;
     // Both Pods have the route once the kubelet synced their volume: wait for a session.
     let session = wait_for(
         "a session through the pooler's Service",
@@ -335,20 +334,5 @@ async fn a_logical_migration_through_the_pooler_pods_fails_no_pooled_query() {
         .delete("move", &DeleteParams::default())
         .await
         .unwrap();
-    databases
-        .delete(&db_name, &DeleteParams::default())
-        .await
-        .unwrap();
-    wait_for(
-        &format!("Database {db_name} gone"),
-        SETTLE,
-        || async { Ok(databases.get_opt(&db_name).await?.is_none()) },
-        |gone: &bool| *gone,
-    )
-    .await
-    .unwrap();
-    Api::<DatabaseServer>::all(bed.client.clone())
-        .delete(&name, &DeleteParams::default())
-        .await
-        .unwrap();
+    remove(bed, &databases, &db_name, &name).await;
 }

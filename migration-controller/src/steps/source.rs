@@ -87,10 +87,7 @@ pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOut
 /// FreezeSource's compensation: the source as it was, then the pooler's clients let go.
 pub async fn unfreeze_source(saga: &mut Saga<'_>, db: Option<&Database>) -> Result<String> {
     let unfrozen = unfreeze(saga, db).await?;
-    let held = saga
-        .status()
-        .pooler
-        .is_some_and(|p| p.held && p.resumed_at.is_none());
+    let held = saga.status().pooler.is_some_and(|p| p.holds());
     if !held {
         return Ok(unfrozen);
     }

@@ -95,10 +95,7 @@ pub async fn switch_traffic(saga: &mut Saga<'_>, db: &Database) -> Result<StepOu
 /// The source's pooler, if it held the database, routes it to the target and lets its
 /// clients go on (`crate::pooled::release`).
 async fn release(saga: &mut Saga<'_>) -> Result<crate::pooled::Release> {
-    let held = saga
-        .status()
-        .pooler
-        .is_some_and(|p| p.held && p.resumed_at.is_none());
+    let held = saga.status().pooler.is_some_and(|p| p.holds());
     if !held {
         return Ok(crate::pooled::Release::Done(
             saga.status().pooler.and_then(|p| p.message),
@@ -111,10 +108,7 @@ async fn release(saga: &mut Saga<'_>) -> Result<crate::pooled::Release> {
 
 /// The source's pooler, if it holds the database still, resumes it where it routes it.
 async fn let_go(saga: &mut Saga<'_>) -> Result<Option<String>> {
-    let held = saga
-        .status()
-        .pooler
-        .is_some_and(|p| p.held && p.resumed_at.is_none());
+    let held = saga.status().pooler.is_some_and(|p| p.holds());
     if !held {
         return Ok(None);
     }

@@ -10,7 +10,6 @@
 //! which a client appends to `pooler-uri` to reach this PgBouncer, the certificate still
 //! verified for the Service's name.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -60,12 +59,7 @@ pub async fn start(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let mut files: BTreeMap<String, String> = secret
-        .data
-        .iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.clone(), String::from_utf8(v.0.clone()).ok()?)))
-        .collect();
+    let mut files = dbops_e2e::pgbouncer::files_of(&secret);
     files.insert("server-ca/ca.crt".into(), ca_pem.to_string());
     let bouncer =
         PgBouncer::start_from_rendered_on(dir, &files, dbops_shared::pooler::ADMIN_USER, port)
