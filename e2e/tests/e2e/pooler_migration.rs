@@ -13,6 +13,7 @@ use dbops_e2e::harness::database::value;
 use dbops_e2e::harness::migration::{
     READY, SOURCE_ADMIN, Setup, assert_every_commit_in, writes_on,
 };
+use dbops_e2e::harness::object::InBed;
 use dbops_e2e::live_writer::{LiveWriter, Options};
 use dbops_e2e::pgbouncer::PgBouncer;
 use dbops_e2e::wait::eventually;
@@ -23,11 +24,41 @@ use serde_json::json;
 /// The pooler's admin login.
 const ADMIN: &str = dbops_shared::pooler::ADMIN_USER;
 
-/// The pooled Database `app` of `s` (its tables made), the source's pooler run by the
-/// harness from its Secret, and the writer through it; then the Migration in `mode`,
-/// with a direct writer beside.
-async fn pooled_migration(s: &mut Setup, prefix: &str, mode: &str) {
-    s.start_migration_controller(&[]);
+/// The pooled Database `app` of a [`Setup`], with the source's pooler run by the harness
+/// from its Secret as its one Pod.
+struct Pooled {
+    app: dbops_e2e::harness::migration::Conn,
+    bouncer: std::sync::Arc<PgBouncer>,
+    /// Rewrites the pooler's files and reloads it when its Secret changes.
+    kubelet: tokio::task::JoinHandle<()>,
+    /// The pooler's Secret (and Pod) name.
+    name: String,
+    secrets: Api<Secret>,
+    /// The pooler's certificate, which clients and the console verify.
+    ca: Vec<u8>,
+}
+
+impl Pooled {
+    /// Whether the pooler routes app to `port`, and whether it holds it paused.
+    async fn route_of_app(&self) -> Option<(String, bool)> {
+        let pw = value(
+            &self.secrets.get(&self.name).await.unwrap(),
+            "admin-password",
+        );
+        let console = self.bouncer.admin_tls(&pw, &self.ca).await.unwrap();
+        let rows = console.simple_query("SHOW DATABASES").await.unwrap();
+        rows.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) if r.get("name") == Some("app") => Some((
+                r.get("port").unwrap_or_default().to_string(),
+                r.get("paused") == Some("1"),
+            )),
+            _ => None,
+        })
+    }
+}
+
+/// `s`'s source pooled (one replica), `app` on it with its tables, and the pooler run.
+async fn pooled_app(s: &mut Setup, prefix: &str) -> Pooled {
     let source = s.server(SOURCE_ADMIN);
     let servers: Api<dbops_api::DatabaseServer> = Api::all(s.b.client.clone());
     servers
@@ -81,6 +112,24 @@ async fn pooled_migration(s: &mut Setup, prefix: &str, mode: &str) {
         .await
         .unwrap();
     let ca = value(&pooler, "tls.crt").into_bytes();
+    Pooled {
+        app,
+        bouncer,
+        kubelet,
+        name,
+        secrets,
+        ca,
+    }
+}
+
+/// The pooled Database `app` of `s` (its tables made), the source's pooler run by the
+/// harness from its Secret, and the writer through it; then the Migration in `mode`,
+/// with a direct writer beside.
+async fn pooled_migration(s: &mut Setup, prefix: &str, mode: &str) {
+    s.start_migration_controller(&[]);
+    let p = pooled_app(s, prefix).await;
+    let (app, bouncer, secrets) = (&p.app, p.bouncer.clone(), p.secrets.clone());
+    let ca = p.ca.clone();
 
     // The pooled writer: one session through the pooler, never reconnecting on its own
     // account (a failed insert is counted, then it connects again).
@@ -140,7 +189,7 @@ async fn pooled_migration(s: &mut Setup, prefix: &str, mode: &str) {
         .unwrap_or_else(|e| panic!("{e:#}\n{}", bouncer.log_tail(4000)));
     let pooled = pooled.finish().await;
     let direct = direct.finish().await;
-    kubelet.abort();
+    p.kubelet.abort();
 
     let (pooled_gap, _) = pooled.longest_gap();
     let (direct_gap, _) = direct.longest_gap();
@@ -178,19 +227,11 @@ async fn pooled_migration(s: &mut Setup, prefix: &str, mode: &str) {
     assert_every_commit_in(&pooled.numbers(), &writes_on(&s.target).await);
 
     // The pooler routes app to the target, not paused.
-    let pw = value(&secrets.get(&name).await.unwrap(), "admin-password");
-    let console = bouncer.admin_tls(&pw, &ca).await.unwrap();
-    let rows = console.simple_query("SHOW DATABASES").await.unwrap();
-    let target_port = s.target.port().to_string();
-    let routed = rows.iter().any(|m| match m {
-        tokio_postgres::SimpleQueryMessage::Row(r) => {
-            r.get("name") == Some("app")
-                && r.get("port") == Some(target_port.as_str())
-                && r.get("paused") == Some("0")
-        }
-        _ => false,
-    });
-    assert!(routed, "the pooler routes app to the target");
+    assert_eq!(
+        p.route_of_app().await,
+        Some((s.target.port().to_string(), false)),
+        "the pooler routes app to the target, not paused"
+    );
 }
 
 #[tokio::test]
@@ -205,4 +246,73 @@ async fn a_dump_migration_through_the_pooler_fails_no_pooled_query() {
     dbops_e2e::init_test_logging();
     let mut s = Setup::new("pooled-dump").await;
     pooled_migration(&mut s, "pooled-dump", "Dump").await;
+}
+
+/// A Database deleted after SwitchTraffic patched it, before it is Ready on the target
+/// (the database-controller is stopped meanwhile): the source's pooler held it since the
+/// freeze, and no route will ever follow it to the target, so SwitchTraffic lets it go
+/// (`RESUME` where the pooler routes it) rather than leave its clients to wait out
+/// `query_wait_timeout`. Fails without 3ec5518: the pooler keeps app paused.
+#[tokio::test]
+async fn a_database_deleted_after_the_switch_is_let_go_by_the_pooler() {
+    dbops_e2e::init_test_logging();
+    let mut s = Setup::new("pooled-deleted").await;
+    let p = pooled_app(&mut s, "pooled-deleted").await;
+    assert_eq!(
+        p.route_of_app().await,
+        Some((s.source.port().to_string(), false)),
+        "before the Migration the pooler routes app to the source, not paused"
+    );
+
+    // Up to the point of no return: the freeze held app in the pooler.
+    s.create_migration("app-move", "app", json!({"mode": "Dump"}))
+        .await;
+    s.run_until_exit_at("SwitchTraffic:started");
+    assert_eq!(
+        p.route_of_app().await,
+        Some((s.source.port().to_string(), true)),
+        "the freeze paused app in the pooler"
+    );
+
+    // No database-controller: the switched Database will not become Ready on the target.
+    dbops_e2e::controllers::end(
+        s.database_controller.take(),
+        "TERM",
+        Duration::from_secs(20),
+    );
+    s.start_migration_controller(&[]);
+    let target = s.server(dbops_e2e::harness::migration::TARGET_ADMIN);
+    let databases = s.databases();
+    eventually(
+        "app switched to the target",
+        READY,
+        || async { Ok(databases.get("app").await?) },
+        |db| db.spec.server_ref.name == target,
+    )
+    .await;
+    databases.delete("app", &Default::default()).await.unwrap();
+
+    let m = s
+        .wait_migration("app-move", "the pooler to let app go", READY, |m| {
+            m.status
+                .as_ref()
+                .and_then(|st| st.pooler.as_ref())
+                .is_some_and(|r| r.resumed_at.is_some())
+        })
+        .await;
+    let record = m.status.and_then(|st| st.pooler).unwrap();
+    assert!(record.held, "{record:?}");
+    assert!(
+        record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("resumed app")),
+        "{record:?}"
+    );
+    assert_eq!(
+        p.route_of_app().await.map(|(_, paused)| paused),
+        Some(false),
+        "the pooler holds app no more"
+    );
+    p.kubelet.abort();
 }
