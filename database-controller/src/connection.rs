@@ -71,6 +71,85 @@ pub(crate) async fn existing_secret(
     Ok(existing)
 }
 
+/// [`existing_secret`] for a full check, except that a Secret the namespace's cache does
+/// not hold is not looked for: `(None, true)`, and the check claims the name with
+/// [`claim_secret`] right before anything changes on the server. A new Database thus
+/// costs one API request for its Secret instead of three (a GET that answers 404, a
+/// second [`confirm_live`] and the create), and what is written on the server is kept in
+/// its Secret first. A Database restored from a Backup looks for its Secret as before
+/// (its Secret appears once the restore is done).
+pub(crate) async fn existing_or_unseen(
+    ctx: &Context<State>,
+    db: &Database,
+) -> Result<(Option<Arc<Secret>>, bool)> {
+    let name = db.connection_secret_name();
+    let store = ctx.state.tenants.secrets_for(db).await?;
+    let cached = store
+        .get(&ObjectRef::new(&name).within(&db.namespace().unwrap_or_default()))
+        .is_some();
+    if cached || db.spec.restore_from.is_some() {
+        return Ok((existing_secret(ctx, db).await?, false));
+    }
+    Ok((None, true))
+}
+
+/// Creates the connection Secret that [`existing_or_unseen`] did not see, holding the
+/// password the owner role is about to be created with, for the Database just confirmed
+/// live, before the plan's changes on the server (a `CREATE ROLE` that fails leaves the
+/// Secret's password to the next check's). A Secret of that name already there is
+/// [`unseen_found`].
+pub(crate) async fn claim_secret(
+    ctx: &Context<State>,
+    db: &Database,
+    target: &dbops_shared::server::Resolved,
+    password: &str,
+) -> Result<Arc<Secret>> {
+    let claim = secret::desired_for(
+        &secret::Owner::database(db),
+        &db.database_name(),
+        &db.owner_role(),
+        target,
+        password,
+    )
+    .map_err(crate::error::template_error)?;
+    let name = db.connection_secret_name();
+    let secrets: Api<Secret> =
+        Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    match secrets.create(&PostParams::default(), &claim).await {
+        Ok(created) => Ok(Arc::new(created)),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            Err(unseen_found(&secrets.get(&name).await?, db))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// For a check that will not [`claim_secret`] (the owner role exists: a Secret claimed
+/// with a new password before `ALTER ROLE` could outlive a failed one and be taken for
+/// the password in force), that no Secret of the name is there, read before anything
+/// changes on the server.
+pub(crate) async fn confirm_unseen(ctx: &Context<State>, db: &Database) -> Result<()> {
+    let secrets: Api<Secret> =
+        Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    match secrets.get_opt(&db.connection_secret_name()).await? {
+        None => Ok(()),
+        Some(found) => Err(unseen_found(&found, db)),
+    }
+}
+
+/// A Secret of the Database's connection Secret name that the cache did not hold: someone
+/// else's is a `SecretConflict`; this Database's own (newer than the cache) abandons the
+/// check (`Superseded`, nothing written), and the cache then decides on it.
+fn unseen_found(found: &Secret, db: &Database) -> Error {
+    match secret::check_ours(found, db) {
+        Err(conflict) => secret_conflict(conflict),
+        Ok(()) => Error::Superseded(format!(
+            "connection Secret {} is newer than its namespace's cache; the Database is checked again on it",
+            db.connection_secret_name()
+        )),
+    }
+}
+
 /// Whether the connection Secret holds the password written and everything else current.
 pub(crate) async fn secret_is_current(db: &Database, ctx: &Context<State>) -> Result<bool> {
     // Not reachable (yet): the full check says why.

@@ -14,7 +14,9 @@ use kube::ResourceExt;
 use kube::api::Api;
 
 use crate::admit::{admit, already_on};
-use crate::connection::{existing_secret, secret_is_current, write_secret};
+use crate::connection::{
+    claim_secret, confirm_unseen, existing_or_unseen, secret_is_current, write_secret,
+};
 use crate::error::{Error, Result, template_error};
 use crate::live::confirm_live;
 use crate::plan::{self, Change};
@@ -115,7 +117,7 @@ async fn provision_in_postgres(
     // the server's ceilings.
     let (connection_limit, settings) =
         limits::login_requests(&db.spec.login, db.spec.connection_limit, &target.server)?;
-    let existing = existing_secret(ctx, db).await?;
+    let (existing, unseen) = existing_or_unseen(ctx, db).await?;
     let found = FromSecret::read(existing.as_deref(), &db.owner_role());
 
     let mut session = check_session(db, ctx, &target, routine).await?;
@@ -127,8 +129,10 @@ async fn provision_in_postgres(
         &found,
         connection_limit,
         migration_active,
+        unseen,
     )
     .await?;
+    let existing = existing.or(database.claimed.clone());
     converge_settings(db, ctx, &mut session, &settings, &database.role_settings).await?;
     let logins =
         converge_logins(db, ctx, &mut session, &found, &database.password, &settings).await?;
@@ -184,6 +188,8 @@ struct Converged {
     size_bytes: i64,
     /// The size, if this check read it.
     size_read: Option<i64>,
+    /// The connection Secret this check created (there was none).
+    claimed: Option<std::sync::Arc<Secret>>,
 }
 
 /// Observe, plan (pure, see `plan`) and apply: the owner role and the database, with the
@@ -196,6 +202,7 @@ async fn converge_database(
     found: &FromSecret,
     connection_limit: i32,
     migration_active: bool,
+    unseen: bool,
 ) -> Result<Converged> {
     let (database, role) = (db.database_name(), db.owner_role());
     let known_size = ctx.state.routine.recent_size(&db.uid().unwrap_or_default());
@@ -224,8 +231,18 @@ async fn converge_database(
         _ => dbops_shared::postgres::generate_password(),
     };
     // Apply, in order, for the Database that is still the live one.
+    // A connection Secret the cache did not hold: for a new owner role, created now with
+    // its password (`claim_secret`); otherwise looked for (`confirm_unseen`).
+    let mut claimed = None;
     if !plan.changes.is_empty() {
+        let creates_role = plan.changes.contains(&Change::CreateRole);
+        if unseen && !creates_role {
+            confirm_unseen(ctx, db).await?;
+        }
         confirm_live(&ctx.client, db).await?;
+        if unseen && creates_role {
+            claimed = Some(claim_secret(ctx, db, target, &password).await?);
+        }
     }
     let applied = apply(
         db,
@@ -262,6 +279,7 @@ async fn converge_database(
         role_settings: in_use.role_settings,
         size_bytes,
         size_read,
+        claimed,
     })
 }
 

@@ -37,7 +37,7 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Ac
         Err(Error::Superseded(why)) => {
             tracing::info!(
                 why,
-                "reconcile abandoned: the Database it read is no longer the live one; nothing was changed for it"
+                "reconcile abandoned: what it read is no longer current (the Database, or its connection Secret newer than the cache); nothing was changed for it"
             );
             ctx.state.verified.forget(&db.uid().unwrap_or_default());
             Ok(Action::requeue(SUPERSEDED_REQUEUE))
