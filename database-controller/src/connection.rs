@@ -24,11 +24,10 @@ pub const FIELD_MANAGER: &str = "dbops-database-controller";
 /// The Database's connection Secret from its namespace's watch cache (set up at once when
 /// the namespace is not yet, see `tenant_secrets`) or, when the cache does not hold it
 /// (newer than the cache), from the API. A cached copy may be a little old; every change
-/// to it is a watch event that reconciles the Database again. The GET of a Secret the
-/// cache does not hold stays, though it answers 404 for every new Database: the cache
-/// holds dbops' Secrets only (its label), and a Secret of that name someone else made
-/// must be found before anything happens on the server (issue 35 tried without it:
-/// `an_existing_secret_is_never_taken_over` then saw the role created).
+/// to it is a watch event that reconciles the Database again. The cache holds dbops'
+/// Secrets only (its label), so a Secret of that name someone else made is found by the
+/// GET, before anything happens on the server (`an_existing_secret_is_never_taken_over`);
+/// the full check of a new Database claims the name instead ([`existing_or_unseen`]).
 pub(crate) async fn cached_secret(
     ctx: &Context<State>,
     db: &Database,
