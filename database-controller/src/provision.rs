@@ -86,10 +86,13 @@ struct FromSecret {
     login: Option<owner_logins::Kept>,
     /// Whether the login in use is the owner role itself (no Secret yet counts).
     owner_in_use: bool,
+    /// Whether no Secret was found because the cache holds none and none was looked for
+    /// (`existing_or_unseen`).
+    unseen: bool,
 }
 
 impl FromSecret {
-    fn read(existing: Option<&Secret>, role: &str) -> Self {
+    fn read(existing: Option<&Secret>, role: &str, unseen: bool) -> Self {
         let login = existing.and_then(|s| {
             Some(owner_logins::Kept {
                 login: secret::username(s)?,
@@ -100,6 +103,7 @@ impl FromSecret {
             password: existing.and_then(secret::kept_password),
             owner_in_use: login.as_ref().is_none_or(|k| k.login == role),
             login,
+            unseen,
         }
     }
 }
@@ -118,7 +122,7 @@ async fn provision_in_postgres(
     let (connection_limit, settings) =
         limits::login_requests(&db.spec.login, db.spec.connection_limit, &target.server)?;
     let (existing, unseen) = existing_or_unseen(ctx, db).await?;
-    let found = FromSecret::read(existing.as_deref(), &db.owner_role());
+    let found = FromSecret::read(existing.as_deref(), &db.owner_role(), unseen);
 
     let mut session = check_session(db, ctx, &target, routine).await?;
     let database = converge_database(
@@ -129,7 +133,6 @@ async fn provision_in_postgres(
         &found,
         connection_limit,
         migration_active,
-        unseen,
     )
     .await?;
     let existing = existing.or(database.claimed.clone());
@@ -202,7 +205,6 @@ async fn converge_database(
     found: &FromSecret,
     connection_limit: i32,
     migration_active: bool,
-    unseen: bool,
 ) -> Result<Converged> {
     let (database, role) = (db.database_name(), db.owner_role());
     let known_size = ctx.state.routine.recent_size(&db.uid().unwrap_or_default());
@@ -231,19 +233,7 @@ async fn converge_database(
         _ => dbops_shared::postgres::generate_password(),
     };
     // Apply, in order, for the Database that is still the live one.
-    // A connection Secret the cache did not hold: for a new owner role, created now with
-    // its password (`claim_secret`); otherwise looked for (`confirm_unseen`).
-    let mut claimed = None;
-    if !plan.changes.is_empty() {
-        let creates_role = plan.changes.contains(&Change::CreateRole);
-        if unseen && !creates_role {
-            confirm_unseen(ctx, db).await?;
-        }
-        confirm_live(&ctx.client, db).await?;
-        if unseen && creates_role {
-            claimed = Some(claim_secret(ctx, db, target, &password).await?);
-        }
-    }
+    let claimed = before_changes(db, ctx, target, &plan.changes, found.unseen, &password).await?;
     let applied = apply(
         db,
         ctx,
@@ -281,6 +271,31 @@ async fn converge_database(
         size_read,
         claimed,
     })
+}
+
+/// Before the plan's `changes` on the server (if any): the Database confirmed live, and a
+/// connection Secret the cache did not hold (`unseen`) created for a new owner role with
+/// its `password` (`claim_secret`, returned) or else looked for (`confirm_unseen`).
+async fn before_changes(
+    db: &Database,
+    ctx: &Context<State>,
+    target: &Resolved,
+    changes: &[Change],
+    unseen: bool,
+    password: &str,
+) -> Result<Option<std::sync::Arc<Secret>>> {
+    if changes.is_empty() {
+        return Ok(None);
+    }
+    let creates_role = changes.contains(&Change::CreateRole);
+    if unseen && !creates_role {
+        confirm_unseen(ctx, db).await?;
+    }
+    confirm_live(&ctx.client, db).await?;
+    if unseen && creates_role {
+        return Ok(Some(claim_secret(ctx, db, target, password).await?));
+    }
+    Ok(None)
 }
 
 /// The owner's session settings (the server's sessionLimits, the spec's settings), against
