@@ -127,11 +127,26 @@ pub struct BackupStatus {
     )]
     pub database_uid: Option<String>,
 
+    /// How the artifact is encrypted, when it is (the store holds no plaintext of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<BackupEncryption>,
+
     /// The backup-controller replica running the current attempt, and when it last said
     /// it still is: another replica starts the attempt over only once this holder has
     /// stopped renewing (or is itself, restarted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runner: Option<BackupRunner>,
+}
+
+/// Client-side encryption of a Backup's artifact.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupEncryption {
+    /// The format: `age` (age-encryption.org/v1, X25519 recipients).
+    pub format: String,
+    /// The public keys (`age1…`) it was encrypted to: each one's identity opens it alone.
+    #[serde(default)]
+    pub recipients: Vec<String>,
 }
 
 /// Who runs a Backup's attempt: a lease on the attempt, kept in the status.

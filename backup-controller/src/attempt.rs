@@ -11,6 +11,7 @@ use dbops_shared::backup_store::{ObjectKey, traced};
 use dbops_shared::controller::Context;
 use dbops_shared::pg_tools;
 use dbops_shared::postgres::{Credentials, Endpoint, ddl};
+use dbops_shared::sealing::{self, Recipients};
 use dbops_shared::server::Resolved;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -61,7 +62,18 @@ pub async fn run(
         database: &dbname,
         lock_wait: state.servers.lock_timeout(),
     };
-    let dumped = dump_into_store(state, api, backup, &key, &pg_dump, &source).await?;
+    // Encrypted to these recipients, or refused: never written in the clear when asked.
+    let recipients = recipients(state)?;
+    let dumped = dump_into_store(
+        state,
+        api,
+        backup,
+        &key,
+        &pg_dump,
+        &source,
+        recipients.as_ref(),
+    )
+    .await?;
 
     let location = state.store.location(&key);
     let done = Completed {
@@ -71,6 +83,7 @@ pub async fn run(
         server_version,
         completed_at: dbops_shared::conditions::now(),
         database_uid: db.uid().unwrap_or_default(),
+        encrypted_to: recipients.as_ref().map(Recipients::public_keys),
     };
     let manifest = manifest(
         backup,
@@ -81,6 +94,7 @@ pub async fn run(
         &done,
         started_at,
     );
+    let manifest = seal_manifest(manifest, recipients.as_ref())?;
     let body = serde_json::to_vec_pretty(&manifest).map_err(|e| {
         Failure::transient(
             BackupReason::ManifestFailed,
@@ -131,8 +145,58 @@ async fn pick_pg_dump(
     Ok((server_version, pg_dump))
 }
 
+/// The recipients of `--backup-recipients-secret`, if given: read from the controllers'
+/// namespace's Secrets at each attempt (a changed Secret counts from the next one on).
+/// Unreadable keys fail the attempt (retried): an artifact asked to be encrypted is never
+/// written in the clear.
+fn recipients(state: &State) -> Result<Option<Recipients>, Failure> {
+    let Some(name) = &state.recipients_secret else {
+        return Ok(None);
+    };
+    let secret = state.directory.secret(name);
+    sealing::keys_from(
+        secret.as_deref(),
+        name,
+        sealing::RECIPIENTS_KEY,
+        Recipients::parse,
+    )
+    .map(Some)
+    .map_err(|message| Failure::transient(BackupReason::EncryptionKeysInvalid, message))
+}
+
+/// The manifest with its `database` (names, server address) sealed to `recipients`, if
+/// any: `encryption` says how, `sealed` holds it armored; what a restore needs before it
+/// decrypts (the checksum, the pg_dump version, the format) stays readable.
+fn seal_manifest(
+    mut manifest: serde_json::Value,
+    recipients: Option<&Recipients>,
+) -> Result<serde_json::Value, Failure> {
+    let Some(recipients) = recipients else {
+        return Ok(manifest);
+    };
+    let Some(object) = manifest.as_object_mut() else {
+        return Ok(manifest);
+    };
+    let database = object.remove("database").unwrap_or_default();
+    let sealed = serde_json::to_vec(&json!({ "database": database }))
+        .map_err(std::io::Error::other)
+        .and_then(|plain| recipients.seal_armored(&plain))
+        .map_err(|e| {
+            Failure::transient(
+                BackupReason::ManifestFailed,
+                format!("encrypting the manifest: {e}"),
+            )
+        })?;
+    object.insert(
+        "encryption".into(),
+        json!({"format": sealing::FORMAT, "recipients": recipients.public_keys()}),
+    );
+    object.insert("sealed".into(), json!(sealed));
+    Ok(manifest)
+}
+
 /// pg_dump of `source` into the artifact of `key` (a temporary name, then committed),
-/// with its progress in the status.
+/// sealed to `recipients` if any, with its progress in the status.
 async fn dump_into_store(
     state: &State,
     api: &Api<Backup>,
@@ -140,13 +204,28 @@ async fn dump_into_store(
     key: &ObjectKey,
     pg_dump: &std::path::Path,
     source: &Source<'_>,
+    recipients: Option<&Recipients>,
 ) -> Result<Dumped, Failure> {
+    let sealer = recipients
+        .map(Recipients::sealer)
+        .transpose()
+        .map_err(|e| {
+            Failure::transient(
+                BackupReason::EncryptionKeysInvalid,
+                format!("encrypting the dump: {e}"),
+            )
+        })?;
     let location = state.store.location(key);
     let create = state.store.create_artifact(key);
     let mut artifact = traced("create_artifact", location.clone(), create).await?;
-    let dumped = dump::run(pg_dump, source, &mut artifact, PROGRESS_EVERY, |bytes| {
-        write::progress(state, api, backup, bytes)
-    })
+    let dumped = dump::run(
+        pg_dump,
+        source,
+        &mut artifact,
+        sealer,
+        PROGRESS_EVERY,
+        |bytes| write::progress(state, api, backup, bytes),
+    )
     .await?;
     traced("commit", location, artifact.commit()).await?;
     Ok(dumped)

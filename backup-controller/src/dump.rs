@@ -17,7 +17,8 @@ use dbops_shared::postgres::{Credentials, Endpoint};
 use tokio::process::Command;
 
 use dbops_shared::backup_store::{ArtifactWriter, StoreError};
-use dbops_shared::checksum::HashingReader;
+use dbops_shared::checksum::{ChunkReader, Tally};
+use dbops_shared::sealing::Sealer;
 
 /// Why a dump failed.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +41,8 @@ pub enum DumpError {
     LockTimeout { relation: String, waited: Duration },
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("encrypting the dump: {0}")]
+    Seal(#[source] std::io::Error),
 }
 
 impl DumpError {
@@ -124,14 +127,16 @@ pub async fn pg_dump_version(pg_dump: &Path) -> Result<String, DumpError> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Runs pg_dump against `source`, writing its output to `artifact` (not committed), and
-/// calls `progress` with the bytes written so far at most once per `progress_every`.
+/// Runs pg_dump against `source`, writing its output to `artifact` (not committed),
+/// sealed by `sealer` on the way when there is one, and calls `progress` with the bytes
+/// written so far at most once per `progress_every`.
 pub async fn run<F, Fut>(
     pg_dump: &Path,
     source: &Source<'_>,
     artifact: &mut ArtifactWriter,
+    sealer: Option<Sealer>,
     progress_every: Duration,
-    mut progress: F,
+    progress: F,
 ) -> Result<Dumped, DumpError>
 where
     F: FnMut(u64) -> Fut,
@@ -167,15 +172,7 @@ where
         )));
     };
 
-    let mut dump = HashingReader::new(stdout);
-    let mut reported = Instant::now();
-    while let Some(chunk) = dump.next_chunk().await.map_err(DumpError::Read)? {
-        artifact.write(chunk).await?;
-        if reported.elapsed() >= progress_every {
-            progress(dump.size()).await;
-            reported = Instant::now();
-        }
-    }
+    let stored = stream_into(stdout, artifact, sealer, progress_every, progress).await?;
     let status = child.wait().await.map_err(DumpError::Read)?;
     let stderr = errors.await.unwrap_or_default();
     if !status.success() {
@@ -188,9 +185,50 @@ where
         return Err(DumpError::Failed { status, stderr });
     }
     Ok(Dumped {
-        size_bytes: dump.size(),
-        sha256: dump.sha256_hex(),
+        size_bytes: stored.size(),
+        sha256: stored.sha256_hex(),
     })
+}
+
+/// pg_dump's output into `artifact`, sealed on the way when there is a `sealer`; what
+/// goes to the store is counted and hashed (the ciphertext when sealed).
+async fn stream_into<F, Fut>(
+    stdout: tokio::process::ChildStdout,
+    artifact: &mut ArtifactWriter,
+    mut sealer: Option<Sealer>,
+    progress_every: Duration,
+    mut progress: F,
+) -> Result<Tally, DumpError>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut dump = ChunkReader::new(stdout);
+    let mut stored = Tally::default();
+    let mut reported = Instant::now();
+    while let Some(chunk) = dump.next_chunk().await.map_err(DumpError::Read)? {
+        match sealer.as_mut() {
+            Some(sealer) => {
+                let sealed = sealer.seal(chunk).map_err(DumpError::Seal)?;
+                stored.update(&sealed);
+                artifact.write(&sealed).await?;
+            }
+            None => {
+                stored.update(chunk);
+                artifact.write(chunk).await?;
+            }
+        }
+        if reported.elapsed() >= progress_every {
+            progress(stored.size()).await;
+            reported = Instant::now();
+        }
+    }
+    if let Some(sealer) = sealer {
+        let last = sealer.finish().map_err(DumpError::Seal)?;
+        stored.update(&last);
+        artifact.write(&last).await?;
+    }
+    Ok(stored)
 }
 
 #[cfg(test)]

@@ -116,6 +116,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
             let state = State {
                 cache: backups.store(),
                 store: args.base.store.backup_store,
+                recipients_secret: args.base.store.backup_recipients_secret,
                 clients: dbops_shared::pg_tools::Clients::new(
                     Some(args.pg_dump),
                     None,

@@ -22,6 +22,9 @@ pub struct State {
     /// memo is pruned against.
     pub cache: Store<Backup>,
     pub store: BackupStore,
+    /// `--backup-recipients-secret`: the Secret whose recipients every artifact is
+    /// encrypted to (read at each attempt), if artifacts are encrypted.
+    pub recipients_secret: Option<String>,
     /// The pg_dump programs (`--pg-dump`, `--pg-bin-dir`): each dump takes the oldest
     /// major that dumps its server.
     pub clients: pg_tools::Clients,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use dbops_api::reasons::BackupReason;
-use dbops_api::{Backup, BackupPhase, BackupRunner, BackupStatus, condition};
+use dbops_api::{Backup, BackupEncryption, BackupPhase, BackupRunner, BackupStatus, condition};
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, set_condition};
 use dbops_shared::status::{Desired, Note};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -22,6 +22,9 @@ pub struct Completed {
     pub completed_at: Time,
     /// The UID of the Database dumped.
     pub database_uid: String,
+    /// The recipients the artifact is encrypted to (`--backup-recipients-secret`), if
+    /// it is.
+    pub encrypted_to: Option<Vec<String>>,
 }
 
 /// Where a Backup stands: what one status write reports.
@@ -149,14 +152,7 @@ fn conditions(standing: &Standing<'_>) -> Conditions {
         },
         Standing::Completed(done) => Conditions {
             phase: BackupPhase::Completed,
-            ready: (
-                True,
-                BackupReason::Completed,
-                format!(
-                    "{} bytes, sha256 {}, at {}",
-                    done.size_bytes, done.checksum, done.location
-                ),
-            ),
+            ready: (True, BackupReason::Completed, completed_message(done)),
             progressing: (
                 False,
                 BackupReason::Completed,
@@ -175,6 +171,18 @@ fn conditions(standing: &Standing<'_>) -> Conditions {
             failed: (True, failure.reason, failure.message.clone()),
         },
     }
+}
+
+/// What Ready says of a completed Backup.
+fn completed_message(done: &Completed) -> String {
+    let encrypted = match done.encrypted_to {
+        Some(_) => " encrypted (age)",
+        None => "",
+    };
+    format!(
+        "{} bytes{encrypted}, sha256 {}, at {}",
+        done.size_bytes, done.checksum, done.location
+    )
 }
 
 /// The fields besides the conditions: the attempt and its runner when one starts, the
@@ -203,6 +211,10 @@ fn record(new: &mut BackupStatus, standing: &Standing<'_>, t: Time) {
             new.location = Some(done.location.clone());
             new.server_version = Some(done.server_version.clone());
             new.database_uid = Some(done.database_uid.clone());
+            new.encryption = done.encrypted_to.as_ref().map(|to| BackupEncryption {
+                format: dbops_shared::sealing::FORMAT.to_string(),
+                recipients: to.clone(),
+            });
         }
         _ => {}
     }
@@ -275,6 +287,7 @@ mod tests {
             server_version: "15.14".into(),
             completed_at: at(10),
             database_uid: "db-uid".into(),
+            encrypted_to: None,
         };
         let completed = desired(
             &b,

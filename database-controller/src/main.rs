@@ -164,6 +164,7 @@ impl Shared {
                     Some(args.pg_restore.clone()),
                     &args.pg_bin_dirs,
                 ),
+                identities_secret: args.store.backup_identities_secret.clone(),
             },
         }
     }

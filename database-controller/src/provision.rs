@@ -232,18 +232,15 @@ async fn converge_database(
         Some(kept) if !plan.new_password && found.owner_in_use => kept.clone(),
         _ => dbops_shared::postgres::generate_password(),
     };
+    let artifact = verified_artifact(db, ctx, &plan.changes).await?;
     // Apply, in order, for the Database that is still the live one.
     let claimed = before_changes(db, ctx, target, &plan.changes, found.unseen, &password).await?;
-    let applied = apply(
-        db,
-        ctx,
-        target,
-        session,
-        &plan.changes,
-        &password,
-        &observed,
-    )
-    .await?;
+    let applying = Applying {
+        changes: &plan.changes,
+        password: &password,
+        artifact: artifact.as_ref(),
+    };
+    let applied = apply(db, ctx, target, session, &applying, &observed).await?;
     let in_use = match applied.in_use {
         // The database made (or restored) just now, read again.
         Some(again) => again,
@@ -271,6 +268,22 @@ async fn converge_database(
         size_read,
         claimed,
     })
+}
+
+/// The Backup to restore, if `changes` restore one, verified (its checksum, a key that
+/// opens it) before anything changes on the server: a refusal leaves the server as it
+/// was.
+async fn verified_artifact(
+    db: &Database,
+    ctx: &Context<State>,
+    changes: &[Change],
+) -> Result<Option<restore::Artifact>> {
+    if !changes.iter().any(|c| matches!(c, Change::Restore { .. })) {
+        return Ok(None);
+    }
+    let state = &ctx.state;
+    let artifact = restore::verify(db, &ctx.client, &state.restorer, &state.directory).await?;
+    Ok(Some(artifact))
 }
 
 /// Before the plan's `changes` on the server (if any): the Database confirmed live, and a
@@ -438,10 +451,10 @@ async fn restore(
     session: &Session,
     fresh: bool,
     password: &str,
+    artifact: Option<&restore::Artifact>,
 ) -> Result<Applied> {
-    let artifact = restore::verify(db, &ctx.client, &ctx.state.restorer).await?;
-    // The checksum read the whole artifact from the store, which may take long.
-    confirm_live(&ctx.client, db).await?;
+    let artifact = artifact
+        .ok_or_else(|| Error::Internal("a restore without its verified artifact".into()))?;
     // Visible while pg_restore runs, which may take long.
     let api: Api<Database> =
         Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
@@ -455,7 +468,7 @@ async fn restore(
         &server.endpoint,
         session,
         &ctx.state.restorer,
-        &artifact,
+        artifact,
         fresh,
         &db.owner_role(),
         password,
@@ -483,16 +496,28 @@ struct Applied {
     in_use: Option<InUse>,
 }
 
+/// What [`apply`] takes on the server: the plan's changes, the owner's password, and the
+/// verified artifact of a restore.
+struct Applying<'a> {
+    changes: &'a [Change],
+    password: &'a str,
+    artifact: Option<&'a restore::Artifact>,
+}
+
 /// Takes the plan's changes in order on the admin's session.
 async fn apply(
     db: &Database,
     ctx: &Context<State>,
     target: &Resolved,
     session: &mut Session,
-    changes: &[Change],
-    password: &str,
+    applying: &Applying<'_>,
     observed: &Observed,
 ) -> Result<Applied> {
+    let Applying {
+        changes,
+        password,
+        artifact,
+    } = *applying;
     let uid = db.uid().unwrap_or_default();
     let (database, role) = (db.database_name(), db.owner_role());
     let server = &target.endpoint.key;
@@ -531,7 +556,8 @@ async fn apply(
                 sql::set_connection_limit(session, &database, *limit).await?
             }
             Change::Restore { fresh } => {
-                let restored = restore(db, ctx, target, session, *fresh, password).await?;
+                let restored =
+                    restore(db, ctx, target, session, *fresh, password, artifact).await?;
                 oid = Some(restored.oid);
                 read_again = restored.in_use;
             }

@@ -25,9 +25,11 @@ use std::process::Stdio;
 
 use dbops_api::{Backup, BackupPhase, Database};
 use dbops_shared::backup_store::{BackupStore, ObjectKey, StoreError, traced};
-use dbops_shared::checksum::HashingReader;
+use dbops_shared::checksum::{ChunkReader, HashingReader, TallyingReader};
 use dbops_shared::pg_tools::{self, Connection};
 use dbops_shared::postgres::{Endpoint, Session, ddl};
+use dbops_shared::sealing::{self, Identities, OpenError};
+use dbops_shared::server::Directory;
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 use tokio::io::AsyncWriteExt;
@@ -39,6 +41,9 @@ use crate::sql;
 pub struct Restorer {
     pub store: BackupStore,
     pub clients: pg_tools::Clients,
+    /// `--backup-identities-secret`: the Secret (controllers' namespace) whose secret keys
+    /// open encrypted artifacts.
+    pub identities_secret: Option<String>,
 }
 
 /// A completed Backup's artifact, checked: its key and checksum.
@@ -48,6 +53,8 @@ pub struct Artifact {
     pub checksum: String,
     /// The major of the pg_dump that wrote it (`pgDumpVersion` in its manifest).
     pub pg_dump_major: Option<u32>,
+    /// For an encrypted artifact, the identities of which one opens it.
+    pub identities: Option<Identities>,
 }
 
 fn blocked(reason: &'static str, message: String) -> Error {
@@ -72,7 +79,12 @@ fn store_error(e: StoreError) -> Error {
 
 /// Step 1 and 2: the Backup named in `spec.restoreFrom`, completed, with an artifact whose
 /// SHA-256 matches both its manifest and the Backup's status.
-pub async fn verify(db: &Database, client: &kube::Client, restorer: &Restorer) -> Result<Artifact> {
+pub async fn verify(
+    db: &Database,
+    client: &kube::Client,
+    restorer: &Restorer,
+    directory: &Directory,
+) -> Result<Artifact> {
     let Some(source) = &db.spec.restore_from else {
         return Err(Error::Internal("no restoreFrom".into()));
     };
@@ -86,21 +98,7 @@ pub async fn verify(db: &Database, client: &kube::Client, restorer: &Restorer) -
         ));
     };
     let status = backup.status.clone().unwrap_or_default();
-    match status.phase {
-        Some(BackupPhase::Completed) => {}
-        Some(BackupPhase::Failed) => {
-            return Err(blocked(
-                DatabaseReason::BackupFailed.as_str(),
-                format!("Backup {namespace}/{name} failed; there is nothing to restore"),
-            ));
-        }
-        _ => {
-            return Err(blocked(
-                DatabaseReason::WaitingForBackup.as_str(),
-                format!("waiting for Backup {namespace}/{name} to complete before restoring"),
-            ));
-        }
-    }
+    completed(&status, &namespace, name)?;
     let expected = status.checksum.clone().unwrap_or_default();
     let key = ObjectKey::new(&namespace, name, &backup.uid().unwrap_or_default());
 
@@ -135,12 +133,122 @@ pub async fn verify(db: &Database, client: &kube::Client, restorer: &Restorer) -
     if expected != actual {
         return Err(mismatch("the Backup's status", &expected));
     }
+    let backup = format!("{namespace}/{name}");
+    let encryption = encryption_of(&status, manifest.as_ref());
+    let identities = match &encryption {
+        Some(encryption) => {
+            Some(opening_keys(restorer, directory, &key, &backup, encryption).await?)
+        }
+        None => None,
+    };
     Ok(Artifact {
         key,
-        backup: format!("{namespace}/{name}"),
+        backup,
         checksum: actual,
         pg_dump_major,
+        identities,
     })
+}
+
+/// Whether the Backup `namespace/name` with `status` completed; otherwise why not.
+fn completed(status: &dbops_api::BackupStatus, namespace: &str, name: &str) -> Result<()> {
+    match status.phase {
+        Some(BackupPhase::Completed) => Ok(()),
+        Some(BackupPhase::Failed) => Err(blocked(
+            DatabaseReason::BackupFailed.as_str(),
+            format!("Backup {namespace}/{name} failed; there is nothing to restore"),
+        )),
+        _ => Err(blocked(
+            DatabaseReason::WaitingForBackup.as_str(),
+            format!("waiting for Backup {namespace}/{name} to complete before restoring"),
+        )),
+    }
+}
+
+/// How the artifact is encrypted, if it is: as the Backup's status says (the API's
+/// word), else as its manifest does.
+fn encryption_of(
+    status: &dbops_api::BackupStatus,
+    manifest: Option<&serde_json::Value>,
+) -> Option<serde_json::Value> {
+    status
+        .encryption
+        .as_ref()
+        .and_then(|e| serde_json::to_value(e).ok())
+        .or_else(|| manifest.and_then(|m| m.get("encryption")).cloned())
+}
+
+/// The identities that open the encrypted artifact of `key` (its manifest's `encryption`
+/// names the format and recipients): `--backup-identities-secret`'s, tried on the
+/// artifact's header. Otherwise `DecryptionKeyMissing`, naming the recipients, and
+/// nothing is restored.
+async fn opening_keys(
+    restorer: &Restorer,
+    directory: &Directory,
+    key: &ObjectKey,
+    backup: &str,
+    encryption: &serde_json::Value,
+) -> Result<Identities> {
+    let format = encryption
+        .get("format")
+        .and_then(|f| f.as_str())
+        .unwrap_or_default();
+    let recipients: Vec<&str> = encryption
+        .get("recipients")
+        .and_then(|r| r.as_array())
+        .map(|r| r.iter().filter_map(|k| k.as_str()).collect())
+        .unwrap_or_default();
+    let refused = |why: String| {
+        blocked(
+            DatabaseReason::DecryptionKeyMissing.as_str(),
+            format!(
+                "the artifact of Backup {backup} is encrypted ({format}) to {}; {why}; nothing was restored",
+                recipients.join(", ")
+            ),
+        )
+    };
+    if format != sealing::FORMAT {
+        return Err(refused(format!(
+            "this controller reads {} only",
+            sealing::FORMAT
+        )));
+    }
+    let Some(name) = &restorer.identities_secret else {
+        return Err(refused(
+            "the database-controller has no identities to open it (--backup-identities-secret)"
+                .into(),
+        ));
+    };
+    directory.synced().await.map_err(|e| Error::Retry {
+        reason: DatabaseReason::CacheNotSynced.as_str(),
+        message: e.to_string(),
+    })?;
+    let secret = directory.secret(name);
+    let identities = sealing::keys_from(
+        secret.as_deref(),
+        name,
+        sealing::IDENTITIES_KEY,
+        Identities::parse,
+    )
+    .map_err(refused)?;
+    let reader = traced(
+        "open_artifact",
+        restorer.store.location(key),
+        restorer.store.open_artifact(key),
+    )
+    .await
+    .map_err(store_error)?;
+    match sealing::open(reader, &identities).await {
+        Ok(_) => Ok(identities),
+        Err(OpenError::Io(e)) => Err(Error::Retry {
+            reason: DatabaseReason::StoreUnavailable.as_str(),
+            message: format!("reading {}: {e}", restorer.store.location(key)),
+        }),
+        Err(e) => Err(refused(format!(
+            "Secret {name} holds identities for {}: {e}",
+            identities.public_keys().join(", ")
+        ))),
+    }
 }
 
 async fn sha256_of(restorer: &Restorer, key: &ObjectKey) -> Result<String> {
@@ -308,7 +416,16 @@ async fn feed(
     )
     .await
     .map_err(store_error)?;
-    let mut restored = HashingReader::new(reader);
+    // The checksum is of the bytes as stored: the ciphertext of an encrypted artifact.
+    let (stored, tally) = TallyingReader::new(reader);
+    let plaintext: Box<dyn tokio::io::AsyncRead + Send + Unpin> = match &artifact.identities {
+        None => Box::new(stored),
+        Some(identities) => match sealing::open(stored, identities).await {
+            Ok(plaintext) => plaintext,
+            Err(e) => return Ok((Some(format!("decrypting the artifact: {e}")), String::new())),
+        },
+    };
+    let mut restored = ChunkReader::new(plaintext);
     let copy_error = loop {
         let chunk = match restored.next_chunk().await {
             Ok(Some(chunk)) => chunk,
@@ -321,7 +438,13 @@ async fn feed(
         }
     };
     drop(stdin);
-    Ok((copy_error, restored.sha256_hex()))
+    drop(restored);
+    let tally = std::mem::take(
+        &mut *tally
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    Ok((copy_error, tally.sha256_hex()))
 }
 
 /// A restore that failed, retried with backoff.

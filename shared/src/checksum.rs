@@ -71,6 +71,90 @@ impl<R: AsyncRead + Unpin> HashingReader<R> {
     }
 }
 
+/// A stream read in chunks (of [`HashingReader`]'s size) without hashing them: what is
+/// hashed is what a caller makes of them (a [`Tally`] of the sealed bytes).
+pub struct ChunkReader<R> {
+    inner: R,
+    buf: Vec<u8>,
+}
+
+impl<R: AsyncRead + Unpin> ChunkReader<R> {
+    pub fn new(inner: R) -> Self {
+        Self {
+            inner,
+            buf: vec![0; CHUNK],
+        }
+    }
+
+    /// The next chunk; `None` at the end of the stream.
+    pub async fn next_chunk(&mut self) -> std::io::Result<Option<&[u8]>> {
+        let n = self.inner.read(&mut self.buf).await?;
+        Ok((n > 0).then(|| &self.buf[..n]))
+    }
+}
+
+/// The size and SHA-256 of bytes given to it piece by piece.
+#[derive(Default)]
+pub struct Tally {
+    hasher: Sha256,
+    size: u64,
+}
+
+impl Tally {
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.hasher.update(bytes);
+        self.size += bytes.len() as u64;
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The SHA-256 of the bytes so far, hex.
+    pub fn sha256_hex(self) -> String {
+        hex(&self.hasher.finalize())
+    }
+}
+
+/// A reader that hashes what is read through it, for a reader that consumes the stream
+/// itself (a decryptor): the [`Tally`] is shared, read once the stream is done.
+pub struct TallyingReader<R> {
+    inner: R,
+    tally: std::sync::Arc<std::sync::Mutex<Tally>>,
+}
+
+impl<R> TallyingReader<R> {
+    pub fn new(inner: R) -> (Self, std::sync::Arc<std::sync::Mutex<Tally>>) {
+        let tally = std::sync::Arc::default();
+        (
+            Self {
+                inner,
+                tally: std::sync::Arc::clone(&tally),
+            },
+            tally,
+        )
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for TallyingReader<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = &polled {
+            let read = &buf.filled()[before..];
+            self.tally
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .update(read);
+        }
+        polled
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -164,6 +164,19 @@ pub struct BackupStoreArgs {
         default_value = "file:///var/lib/dbops/backups"
     )]
     pub backup_store: BackupStore,
+    /// A Secret in the controllers' namespace whose key `recipients` holds age public
+    /// keys (`age1…`, one per line): the backup-controller encrypts every artifact to all
+    /// of them while it streams, so the store never holds plaintext; a Backup whose keys
+    /// cannot be read fails rather than being written in the clear. Unset: artifacts are
+    /// not encrypted. The database-controller does not use it.
+    #[arg(long, env = "DBOPS_BACKUP_RECIPIENTS_SECRET")]
+    pub backup_recipients_secret: Option<String>,
+    /// A Secret in the controllers' namespace whose key `identities` holds age secret
+    /// keys (`AGE-SECRET-KEY-1…`, one per line): the database-controller opens an
+    /// encrypted artifact with whichever it was encrypted to (keep a retired key here
+    /// while its artifacts may still be restored). The backup-controller does not use it.
+    #[arg(long, env = "DBOPS_BACKUP_IDENTITIES_SECRET")]
+    pub backup_identities_secret: Option<String>,
 }
 
 /// How log lines are written to stderr.

@@ -20,6 +20,7 @@ pub mod pooler;
 pub mod postgres;
 pub mod rate_limit;
 pub mod ref_index;
+pub mod sealing;
 pub mod server;
 pub mod shutdown;
 pub mod startup;

@@ -53,6 +53,8 @@ reasons! {
         DumpFailed => Retried,
         /// The manifest could not be written.
         ManifestFailed => Retried,
+        /// The recipients the artifacts are to be encrypted to cannot be read.
+        EncryptionKeysInvalid => Retried,
         /// The store is unreachable.
         StoreUnavailable => Retried,
         /// The Database's server is not one this installation serves.

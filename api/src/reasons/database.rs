@@ -95,6 +95,8 @@ database_reasons! {
         ArtifactNotFound => Waits,
         /// The artifact's SHA-256 differs from its manifest or the Backup's status.
         ChecksumMismatch => Waits,
+        /// The artifact is encrypted and none of the controller's identities opens it.
+        DecryptionKeyMissing => Waits,
         /// The store could not be read.
         StoreUnavailable => Retried,
         /// pg_restore is running.

@@ -31,15 +31,15 @@ pub struct BackupArgs {
 }
 
 /// How long one dump or restore may take on a busy 2-core machine.
-const LONG: Duration = Duration::from_secs(1800);
+pub(crate) const LONG: Duration = Duration::from_secs(1800);
 
-struct World {
-    client: kube::Client,
-    ns: String,
-    server: String,
-    pg: PgServer,
-    bin: std::path::PathBuf,
-    dir: std::path::PathBuf,
+pub(crate) struct World {
+    pub(crate) client: kube::Client,
+    pub(crate) ns: String,
+    pub(crate) server: String,
+    pub(crate) pg: PgServer,
+    pub(crate) bin: std::path::PathBuf,
+    pub(crate) dir: std::path::PathBuf,
 }
 
 pub async fn run(args: BackupArgs) -> Result<()> {
@@ -200,7 +200,7 @@ pub async fn run(args: BackupArgs) -> Result<()> {
     Ok(())
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     match v.len() {
@@ -210,11 +210,15 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
-fn mb(bytes: u64) -> f64 {
+pub(crate) fn mb(bytes: u64) -> f64 {
     bytes as f64 / 1e6
 }
 
-async fn create_database(w: &World, name: &str, restore_from: Option<&str>) -> Result<()> {
+pub(crate) async fn create_database(
+    w: &World,
+    name: &str,
+    restore_from: Option<&str>,
+) -> Result<()> {
     let mut spec = serde_json::json!({
         "serverRef": {"name": w.server},
         "deletionPolicy": "Delete",
@@ -238,7 +242,7 @@ async fn pgbench(w: &World, db: &str, scale: u32) -> Result<()> {
     c.pgbench_init(&w.bin, scale, Some(&sslmode))
 }
 
-async fn database_size(w: &World, db: &str) -> Result<u64> {
+pub(crate) async fn database_size(w: &World, db: &str) -> Result<u64> {
     let c = w.pg.connect_as_superuser().await?;
     let n: i64 = c
         .query_one("SELECT pg_database_size($1)", &[&db])
@@ -302,7 +306,7 @@ async fn manual_restore(w: &World, file: &Path, round: u32) -> Result<f64> {
 }
 
 /// A Backup created and waited for until Completed; returns seconds.
-async fn controller_dump(w: &World, db: &str, name: &str) -> Result<f64> {
+pub(crate) async fn controller_dump(w: &World, db: &str, name: &str) -> Result<f64> {
     let api: Api<Backup> = Api::namespaced(w.client.clone(), &w.ns);
     let backup: Backup = serde_json::from_value(serde_json::json!({
         "apiVersion": "dbops.dev/v1alpha1", "kind": "Backup",
@@ -331,7 +335,7 @@ async fn controller_dump(w: &World, db: &str, name: &str) -> Result<f64> {
 }
 
 /// A Database restored from `backup`, created and waited for until Ready; returns seconds.
-async fn controller_restore(w: &World, name: &str, backup: &str) -> Result<f64> {
+pub(crate) async fn controller_restore(w: &World, name: &str, backup: &str) -> Result<f64> {
     let t = Instant::now();
     create_database(w, name, Some(backup)).await?;
     let secs = t.elapsed().as_secs_f64();

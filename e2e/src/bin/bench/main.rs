@@ -9,6 +9,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 mod backup;
+mod backup_encryption;
 mod bed;
 mod chaos;
 mod databases;
@@ -34,6 +35,9 @@ enum Command {
     Databases(databases::DatabasesArgs),
     /// Dump and restore a pgbench database through the controllers and by hand.
     Backup(backup::BackupArgs),
+    /// A dump and a restore of random bytes through the controllers, plain against
+    /// encrypted (age), side by side.
+    BackupEncryption(backup_encryption::EncryptionArgs),
     /// The database-controller's RSS with and without many unrelated Secrets.
     Secrets(secrets::SecretsArgs),
     /// What a PostgreSQL outage costs: connection attempts, status writes, recovery.
@@ -88,6 +92,7 @@ async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Databases(args) => databases::run(args).await,
         Command::Backup(args) => backup::run(args).await,
+        Command::BackupEncryption(args) => backup_encryption::run(args).await,
         Command::Secrets(args) => secrets::run(args).await,
         Command::Outage(args) => outage::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,

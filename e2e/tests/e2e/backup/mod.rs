@@ -10,6 +10,7 @@
 
 mod deletion;
 mod dump;
+mod encrypted;
 mod restore;
 mod s3;
 mod waits;

@@ -98,7 +98,11 @@ async fn a_corrupted_artifact_is_refused_and_nothing_is_restored() {
         db.status.as_ref().unwrap().provider_id.is_none(),
         "a database that failed its restore is not reported as provisioned"
     );
-    assert!(s.tables("copy").await.is_empty(), "something was restored");
+    // Verified before anything changes on the server: no database, no role.
+    assert!(
+        !s.pg.database_exists("copy").await.unwrap() && !s.pg.role_exists("copy").await.unwrap(),
+        "the refused restore touched the server"
+    );
 
     let events = dbops_e2e::wait::eventually(
         "a ChecksumMismatch Warning Event",
