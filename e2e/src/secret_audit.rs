@@ -72,6 +72,12 @@ impl Known {
             if let Some(password) = uri_password(&value) {
                 self.add(format!("{name} key {key} (its password)"), &password);
             }
+            // The backups' age secret keys (`--backup-identities-secret`).
+            for line in value.lines().map(str::trim) {
+                if line.starts_with("AGE-SECRET-KEY-") {
+                    self.add(format!("{name} key {key} (an age secret key)"), line);
+                }
+            }
         }
     }
 

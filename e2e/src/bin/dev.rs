@@ -39,6 +39,11 @@ const CONTROLLER_NAMESPACE: &str = "dbops-system";
 /// The host name the servers' certificates are for, and the DatabaseServers' `spec.host`.
 const PG_HOST: &str = "localhost";
 
+/// The Secrets of the backups' encryption keys (`--backup-recipients-secret`,
+/// `--backup-identities-secret`).
+const BACKUP_RECIPIENTS: &str = "dbops-backup-recipients";
+const BACKUP_IDENTITIES: &str = "dbops-backup-identities";
+
 /// The CA Secret (key `ca.crt`) both DatabaseServers name in `spec.tls.caSecretRef`.
 const CA_SECRET: &str = "pg-ca";
 
@@ -235,6 +240,7 @@ async fn up(args: UpArgs) -> Result<()> {
         },
     )?;
 
+    let backup_key = apply_backup_keys(&client, &state).await?;
     let backups = state.join("backups");
     std::fs::create_dir_all(&backups)?;
     let mut controllers = start_controllers(
@@ -267,6 +273,7 @@ async fn up(args: UpArgs) -> Result<()> {
          (TLS verify-full, wal_level=logical, every statement logged; Secrets {ns}/pg-main-admin, {ns}/pg-target-admin, {ns}/{ca_secret}; CA also in {ca_file})\n\
          pooler          PgBouncer of pg-main on 127.0.0.1:{pooler_port}, standing in for the Pod of Service {ns}/{pooler_service} \
          (the Secrets' pooler-uri names the Service: append $DBOPS_POOLER_ADDR, {pooler_addr})\n\
+         backups         {backups}, encrypted to {backup_key} (age; the identity in {ns}/{identities} and {identity_file})\n\
          controllers     {controllers}\n\
          Jaeger          {jaeger} (API: {jaeger}/api/services, {jaeger}/api/traces?service=dbops-database-controller)\n\
          logs            {logs}\n",
@@ -290,6 +297,9 @@ async fn up(args: UpArgs) -> Result<()> {
             .join(", "),
         jaeger = jaeger.query_url(),
         logs = logs.display(),
+        backups = backups.display(),
+        identities = BACKUP_IDENTITIES,
+        identity_file = state.join("backup-identity.txt").display(),
     );
     for warning in port_warnings {
         summary.push_str(&format!("note            {warning}\n"));
@@ -344,6 +354,8 @@ fn start_controllers(
     otlp_endpoint: &str,
 ) -> Result<Vec<supervise::Supervisee>> {
     let store = format!("--backup-store=file://{}", backups.display());
+    let recipients = format!("--backup-recipients-secret={BACKUP_RECIPIENTS}");
+    let identities = format!("--backup-identities-secret={BACKUP_IDENTITIES}");
     let otlp = format!("--otlp-endpoint={otlp_endpoint}");
     let bin = dbops_e2e::paths::postgres_bin_dir()?;
     let pg_dump = format!("--pg-dump={}", bin.join("pg_dump").display());
@@ -352,9 +364,12 @@ fn start_controllers(
         // The database-controller restores `spec.restoreFrom` from the same store.
         (
             "database-controller",
-            vec![store.clone(), pg_restore.clone()],
+            vec![store.clone(), pg_restore.clone(), identities],
         ),
-        ("backup-controller", vec![store, pg_dump.clone()]),
+        (
+            "backup-controller",
+            vec![store, pg_dump.clone(), recipients],
+        ),
         ("migration-controller", vec![pg_dump, pg_restore]),
     ]
     .into_iter()
@@ -368,6 +383,32 @@ fn start_controllers(
         Ok(supervise::Supervisee::new(name, port, args, process))
     })
     .collect()
+}
+
+/// The Secrets of the backups' encryption (a new age key pair each `up`, as the store is
+/// new too): the public key for the backup-controller, the secret key for the
+/// database-controller, and the secret key in the state directory for `age -d` by hand.
+/// Returns the public key.
+async fn apply_backup_keys(client: &kube::Client, state: &Path) -> Result<String> {
+    let (identity, public) = dbops_shared::sealing::Identities::generate();
+    apply_secret(
+        client,
+        CONTROLLER_NAMESPACE,
+        BACKUP_RECIPIENTS,
+        serde_json::json!({ dbops_shared::sealing::RECIPIENTS_KEY: public }),
+    )
+    .await?;
+    apply_secret(
+        client,
+        CONTROLLER_NAMESPACE,
+        BACKUP_IDENTITIES,
+        serde_json::json!({ dbops_shared::sealing::IDENTITIES_KEY: identity }),
+    )
+    .await?;
+    let file = state.join("backup-identity.txt");
+    std::fs::write(&file, format!("# public key: {public}\n{identity}\n"))?;
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    Ok(public)
 }
 
 async fn apply_namespace(client: &kube::Client, name: &str) -> Result<()> {
