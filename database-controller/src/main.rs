@@ -91,6 +91,18 @@ struct Args {
     #[arg(long = "pg-bin-dir", env = "DBOPS_PG_BIN_DIRS", value_delimiter = ',')]
     pg_bin_dirs: Vec<std::path::PathBuf>,
 
+    /// pg_restore's parallel jobs for `spec.restoreFrom` (1 to 16). Above 1 the artifact
+    /// is first copied (decrypted) to `--restore-scratch-dir`, which needs room for it: the
+    /// custom format restores in parallel from a file only, and not in one transaction
+    /// (a failed restore is made anew at the next attempt either way).
+    #[arg(long, env = "DBOPS_RESTORE_JOBS", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    restore_jobs: u16,
+
+    /// Where a parallel restore keeps its copy of the artifact (removed after).
+    #[arg(long, env = "DBOPS_RESTORE_SCRATCH_DIR", default_value_os_t = std::env::temp_dir())]
+    restore_scratch_dir: std::path::PathBuf,
+
     /// How many DatabaseServers are probed at the same time (at least 1): the server
     /// controller's own concurrency (its backoff is its own too).
     #[arg(long, env = "DBOPS_SERVER_CONCURRENCY", default_value_t = 2,
@@ -165,6 +177,8 @@ impl Shared {
                     &args.pg_bin_dirs,
                 ),
                 identities_secret: args.store.backup_identities_secret.clone(),
+                jobs: args.restore_jobs,
+                scratch: args.restore_scratch_dir.clone(),
             },
         }
     }

@@ -44,6 +44,10 @@ pub struct Restorer {
     /// `--backup-identities-secret`: the Secret (controllers' namespace) whose secret keys
     /// open encrypted artifacts.
     pub identities_secret: Option<String>,
+    /// `--restore-jobs`: pg_restore's parallel jobs (from a scratch file when above 1).
+    pub jobs: u16,
+    /// `--restore-scratch-dir`: where a parallel restore's copy of the artifact is kept.
+    pub scratch: std::path::PathBuf,
 }
 
 /// A completed Backup's artifact, checked: its key and checksum.
@@ -334,8 +338,10 @@ async fn pick_pg_restore(
         })
 }
 
-/// Runs `pg_restore` as `owner` into the database, fed the artifact from the store on its
-/// stdin; the bytes restored are hashed again and must match the verified checksum.
+/// Runs `pg_restore` as `owner` into the database: fed the artifact from the store on its
+/// stdin in one transaction, or with `--restore-jobs` above 1 from a scratch file (the
+/// custom format restores in parallel from a file only; the file is removed after), the
+/// bytes checked against the verified checksum before pg_restore reads them.
 async fn run_pg_restore(
     db: &Database,
     server: &Endpoint,
@@ -347,6 +353,10 @@ async fn run_pg_restore(
 ) -> Result<()> {
     let program = pg_restore.display().to_string();
     let could_not_run = |e: std::io::Error| restore_failed(format!("could not run {program}: {e}"));
+    let scratch = match restorer.jobs {
+        0 | 1 => None,
+        _ => Some(to_scratch(db, restorer, artifact).await?),
+    };
     // The password goes through the environment only: never on a command line. The
     // server's CA file (`_root_cert`) lives until pg_restore has ended.
     let (mut command, _root_cert) = pg_tools::command(
@@ -360,24 +370,30 @@ async fn run_pg_restore(
         },
     )
     .map_err(could_not_run)?;
-    let mut child = command
+    command
         .args([
-            "--single-transaction",
             "--exit-on-error",
             "--no-owner",
             "--no-privileges",
             "--no-password",
         ])
         .arg(format!("--dbname={}", db.database_name()))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(could_not_run)?;
-    let errors = pg_tools::keep_stderr(child.stderr.take());
-    let Some(stdin) = child.stdin.take() else {
-        return Err(Error::Internal("pg_restore without pipes".into()));
+        .stdout(Stdio::null());
+    match &scratch {
+        // Not one transaction: a failed parallel restore leaves the database marked
+        // pending, and the next attempt makes it anew.
+        Some(file) => command
+            .arg(format!("--jobs={}", restorer.jobs))
+            .arg(&file.path)
+            .stdin(Stdio::null()),
+        None => command.arg("--single-transaction").stdin(Stdio::piped()),
     };
-    let (copy_error, restored) = feed(stdin, restorer, artifact).await?;
+    let mut child = command.spawn().map_err(could_not_run)?;
+    let errors = pg_tools::keep_stderr(child.stderr.take());
+    let (copy_error, restored) = match child.stdin.take() {
+        Some(stdin) => feed(stdin, restorer, artifact).await?,
+        None => (None, artifact.checksum.clone()),
+    };
     let status = child
         .wait()
         .await
@@ -388,6 +404,47 @@ async fn run_pg_restore(
             "pg_restore failed ({status}): {stderr}"
         )));
     }
+    copied_as_verified(copy_error, &restored, artifact)
+}
+
+/// The artifact copied to a scratch file of `--restore-scratch-dir` (decrypted), its
+/// bytes as stored checked against the verified checksum; removed when dropped.
+async fn to_scratch(db: &Database, restorer: &Restorer, artifact: &Artifact) -> Result<Scratch> {
+    let path = restorer.scratch.join(format!(
+        "dbops-restore-{}.dump",
+        db.uid().unwrap_or_default()
+    ));
+    let scratch = Scratch { path };
+    let file = tokio::fs::File::create(&scratch.path)
+        .await
+        .map_err(|e| restore_failed(format!("creating {}: {e}", scratch.path.display())))?;
+    let (copy_error, restored) = feed(
+        tokio::io::BufWriter::with_capacity(1 << 20, file),
+        restorer,
+        artifact,
+    )
+    .await?;
+    copied_as_verified(copy_error, &restored, artifact)?;
+    Ok(scratch)
+}
+
+/// A scratch copy of an artifact, removed when dropped.
+struct Scratch {
+    path: std::path::PathBuf,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Whether the copy went through and its bytes, as stored, are the verified ones.
+fn copied_as_verified(
+    copy_error: Option<String>,
+    restored: &str,
+    artifact: &Artifact,
+) -> Result<()> {
     if let Some(e) = copy_error {
         return Err(restore_failed(e));
     }
@@ -400,12 +457,13 @@ async fn run_pg_restore(
     Ok(())
 }
 
-/// Copies the artifact from the store to pg_restore's stdin (closed at the end); what
+/// Copies the artifact from the store to `out`, pg_restore's stdin or a scratch file
+/// (closed at the end), decrypted if it is encrypted; what
 /// went wrong on the way, if anything, and the SHA-256 of the bytes copied. If the
 /// artifact changed since `verify`, the attempt fails and the database keeps its pending
 /// mark, so the next attempt starts from an empty database and verifies again.
-async fn feed(
-    mut stdin: tokio::process::ChildStdin,
+async fn feed<W: tokio::io::AsyncWrite + Unpin>(
+    mut out: W,
     restorer: &Restorer,
     artifact: &Artifact,
 ) -> Result<(Option<String>, String)> {
@@ -432,12 +490,16 @@ async fn feed(
             Ok(None) => break None,
             Err(e) => break Some(format!("reading the artifact: {e}")),
         };
-        if let Err(e) = stdin.write_all(chunk).await {
+        if let Err(e) = out.write_all(chunk).await {
             // pg_restore stopped reading: its exit status and stderr say why.
             break Some(format!("writing to pg_restore: {e}"));
         }
     };
-    drop(stdin);
+    // Flushed and closed: pg_restore's stdin sees its end, a scratch file is complete.
+    let copy_error = match (copy_error, out.shutdown().await) {
+        (None, Err(e)) => Some(format!("closing the copy of the artifact: {e}")),
+        (error, _) => error,
+    };
     drop(restored);
     let tally = std::mem::take(
         &mut *tally

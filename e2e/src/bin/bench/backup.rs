@@ -28,6 +28,10 @@ pub struct BackupArgs {
     /// Rounds of B C C B (by hand, controllers, controllers, by hand) per operation.
     #[arg(long, default_value_t = 2)]
     rounds: u32,
+    /// pg_restore's jobs, by hand (`-j`, from the file) and through the
+    /// database-controller (`--restore-jobs`, from a scratch copy); 1: one transaction.
+    #[arg(long, default_value_t = 1)]
+    restore_jobs: u16,
 }
 
 /// How long one dump or restore may take on a busy 2-core machine.
@@ -66,9 +70,17 @@ pub async fn run(args: BackupArgs) -> Result<()> {
     let start = |name: &str, extra: String| {
         ControllerProcess::start(name, &kubeconfig, &logs, &common(&[extra]))
     };
-    let dbc = start(
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir_all(&scratch)?;
+    let dbc = ControllerProcess::start(
         "database-controller",
-        format!("--pg-restore={}", bin.join("pg_restore").display()),
+        &kubeconfig,
+        &logs,
+        &common(&[
+            format!("--pg-restore={}", bin.join("pg_restore").display()),
+            format!("--restore-jobs={}", args.restore_jobs),
+            format!("--restore-scratch-dir={}", scratch.display()),
+        ]),
     )?;
     let bkc = start(
         "backup-controller",
@@ -92,7 +104,10 @@ pub async fn run(args: BackupArgs) -> Result<()> {
     let (_, restore_rss_small) = proc_usage(dbc.process.pid())?;
     let small_size = database_size(&w, "small").await?;
 
-    println!("# backup benchmark: pgbench scale {}\n", args.scale);
+    println!(
+        "# backup benchmark: pgbench scale {}, restore jobs {}\n",
+        args.scale, args.restore_jobs
+    );
     create_database(&w, "big", None).await?;
     let t = Instant::now();
     pgbench(&w, "big", args.scale).await?;
@@ -132,7 +147,7 @@ pub async fn run(args: BackupArgs) -> Result<()> {
         for by_hand in [true, false, false, true] {
             m += 1;
             if by_hand {
-                br.push(manual_restore(&w, &f1, m).await?);
+                br.push(manual_restore(&w, &f1, m, args.restore_jobs).await?);
             } else {
                 cr.push(controller_restore(&w, &format!("big-copy-{m}"), &first_backup).await?);
             }
@@ -277,19 +292,22 @@ async fn manual_dump(w: &World, db: &str, round: u32) -> Result<(f64, std::path:
 }
 
 /// CREATE DATABASE, then `pg_restore` with the controller's flags; returns seconds.
-async fn manual_restore(w: &World, file: &Path, round: u32) -> Result<f64> {
+async fn manual_restore(w: &World, file: &Path, round: u32, jobs: u16) -> Result<f64> {
     let name = format!("by_hand_{round}");
     let c = w.pg.connect_as_superuser().await?;
     let t = Instant::now();
     c.batch_execute(&format!("CREATE DATABASE {name}")).await?;
     let mut cmd = Command::new(w.bin.join("pg_restore"));
     cmd.args([
-        "--single-transaction",
         "--exit-on-error",
         "--no-owner",
         "--no-privileges",
         "--no-password",
     ])
+    .arg(match jobs {
+        0 | 1 => "--single-transaction".to_string(),
+        n => format!("--jobs={n}"),
+    })
     .arg(format!("--dbname={name}"))
     .arg(file);
     superuser_env(w, &mut cmd);

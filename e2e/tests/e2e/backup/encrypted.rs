@@ -269,3 +269,72 @@ async fn keys_rotate_and_a_restore_without_a_key_that_opens_it_touches_nothing()
         assert_eq!(rows_in(&s, db, &marker).await, 1000, "{db}");
     }
 }
+
+/// `--restore-jobs=2`: the encrypted artifact is decrypted into a scratch file, checked,
+/// restored by two pg_restore jobs, and the file removed; every row arrives.
+#[tokio::test]
+async fn an_encrypted_backup_restores_with_two_jobs_from_a_scratch_file_removed_after() {
+    let mut s = Setup::new("bk-enc-jobs").await;
+    s.create_pgbench_database("source", 2).await;
+    let (identity, public) = Identities::generate();
+    put_keys(&s, RECIPIENTS, "recipients", &public).await;
+    put_keys(&s, IDENTITIES, "identities", &identity).await;
+    restart_with_keys(&mut s, true);
+    s.create_backup("sealed", "source", json!({})).await;
+    s.wait_completed("sealed", READY).await;
+
+    let scratch = dbops_e2e::harness::bed::test_dir("bk-enc-jobs", "scratch");
+    s.kill_database_controller();
+    let pg_restore = dbops_e2e::paths::postgres_bin_dir()
+        .unwrap()
+        .join("pg_restore");
+    s.database_controller = Some(s.start_with_env(
+        "database-controller",
+        vec![
+            format!("--backup-store={}", s.store_url),
+            format!("--pg-restore={}", pg_restore.display()),
+            "--restore-jobs=2".into(),
+            format!("--restore-scratch-dir={}", scratch.path().display()),
+        ],
+        &s.s3_env,
+    ));
+    s.create_restored_database("copy", "sealed").await;
+    s.wait_database("copy", Want::provisioned(), READY).await;
+    let counts = |t: std::collections::BTreeMap<String, (i64, String)>| {
+        t.into_iter().map(|(k, (n, _))| (k, n)).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        counts(s.tables("copy").await),
+        counts(s.tables("source").await)
+    );
+    assert_eq!(
+        std::fs::read_dir(scratch.path()).unwrap().count(),
+        0,
+        "the scratch copy was not removed"
+    );
+    let log = s.log("database-controller", 200_000);
+    assert!(!log.contains("AGE-SECRET-KEY"), "a key in the log");
+
+    // The copy goes where the flag says: a directory that is not there fails the restore.
+    s.kill_database_controller();
+    let missing = scratch.path().join("missing");
+    s.database_controller = Some(s.start_with_env(
+        "database-controller",
+        vec![
+            format!("--backup-store={}", s.store_url),
+            format!("--pg-restore={}", pg_restore.display()),
+            "--restore-jobs=2".into(),
+            format!("--restore-scratch-dir={}", missing.display()),
+        ],
+        &s.s3_env,
+    ));
+    s.create_restored_database("copy2", "sealed").await;
+    let failed = s
+        .wait_database("copy2", Want::not_ready("RestoreFailed"), READY)
+        .await;
+    let message = condition(&failed, "Ready").unwrap().message.clone();
+    assert!(
+        message.contains(&missing.display().to_string()),
+        "{message}"
+    );
+}
