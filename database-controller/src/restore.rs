@@ -400,8 +400,11 @@ async fn run_pg_restore(
         .map_err(|e| restore_failed(format!("waiting for pg_restore: {e}")))?;
     let stderr = errors.await.unwrap_or_default();
     if !status.success() {
+        // What the copy met, if anything (an artifact that did not decrypt, a store that
+        // failed), is why pg_restore saw a stream cut short: both are said.
+        let copy = copy_error.map(|e| format!("; {e}")).unwrap_or_default();
         return Err(restore_failed(format!(
-            "pg_restore failed ({status}): {stderr}"
+            "pg_restore failed ({status}): {stderr}{copy}"
         )));
     }
     copied_as_verified(copy_error, &restored, artifact)
