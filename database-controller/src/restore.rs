@@ -235,13 +235,7 @@ async fn opening_keys(
         Identities::parse,
     )
     .map_err(refused)?;
-    let reader = traced(
-        "open_artifact",
-        restorer.store.location(key),
-        restorer.store.open_artifact(key),
-    )
-    .await
-    .map_err(store_error)?;
+    let reader = open_artifact(restorer, key).await?;
     match sealing::open(reader, &identities).await {
         Ok(_) => Ok(identities),
         Err(OpenError::Io(e)) => Err(Error::Retry {
@@ -255,14 +249,22 @@ async fn opening_keys(
     }
 }
 
-async fn sha256_of(restorer: &Restorer, key: &ObjectKey) -> Result<String> {
-    let reader = traced(
+/// The artifact of `key`, opened for reading from the store (traced).
+async fn open_artifact(
+    restorer: &Restorer,
+    key: &ObjectKey,
+) -> Result<dbops_shared::backup_store::ArtifactReader> {
+    traced(
         "open_artifact",
         restorer.store.location(key),
         restorer.store.open_artifact(key),
     )
     .await
-    .map_err(store_error)?;
+    .map_err(store_error)
+}
+
+async fn sha256_of(restorer: &Restorer, key: &ObjectKey) -> Result<String> {
+    let reader = open_artifact(restorer, key).await?;
     HashingReader::new(reader)
         .sha256_hex_to_end()
         .await
@@ -470,13 +472,7 @@ async fn feed<W: tokio::io::AsyncWrite + Unpin>(
     restorer: &Restorer,
     artifact: &Artifact,
 ) -> Result<(Option<String>, String)> {
-    let reader = traced(
-        "open_artifact",
-        restorer.store.location(&artifact.key),
-        restorer.store.open_artifact(&artifact.key),
-    )
-    .await
-    .map_err(store_error)?;
+    let reader = open_artifact(restorer, &artifact.key).await?;
     // The checksum is of the bytes as stored: the ciphertext of an encrypted artifact.
     let (stored, tally) = TallyingReader::new(reader);
     let plaintext: Box<dyn tokio::io::AsyncRead + Send + Unpin> = match &artifact.identities {

@@ -51,6 +51,28 @@ fn key_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
         .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'))
 }
 
+/// The keys of `text`, one per line (blank lines and `#` comments skipped), at least
+/// one; a line that does not parse is named by its number only.
+fn parse_keys<K: std::str::FromStr>(
+    text: &str,
+    what: &'static str,
+    expected: &'static str,
+) -> Result<Vec<K>, KeyError> {
+    let keys = key_lines(text)
+        .map(|(line, l)| {
+            l.parse::<K>().map_err(|_| KeyError::Invalid {
+                line,
+                what,
+                expected,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if keys.is_empty() {
+        return Err(KeyError::Empty(what));
+    }
+    Ok(keys)
+}
+
 /// The public keys artifacts are sealed to.
 #[derive(Clone)]
 pub struct Recipients {
@@ -60,19 +82,7 @@ pub struct Recipients {
 impl Recipients {
     /// One `age1…` key per line; blank lines and `#` comments are skipped.
     pub fn parse(text: &str) -> Result<Self, KeyError> {
-        let keys = key_lines(text)
-            .map(|(line, l)| {
-                l.parse::<age::x25519::Recipient>()
-                    .map_err(|_| KeyError::Invalid {
-                        line,
-                        what: "recipient",
-                        expected: "a public key, age1…",
-                    })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        if keys.is_empty() {
-            return Err(KeyError::Empty("recipient"));
-        }
+        let keys = parse_keys(text, "recipient", "a public key, age1…")?;
         Ok(Self { keys })
     }
 
@@ -107,19 +117,7 @@ impl Identities {
     /// One `AGE-SECRET-KEY-1…` key per line; blank lines and `#` comments (such as the
     /// `# public key: age1…` line `age-keygen` writes) are skipped.
     pub fn parse(text: &str) -> Result<Self, KeyError> {
-        let keys = key_lines(text)
-            .map(|(line, l)| {
-                l.parse::<age::x25519::Identity>()
-                    .map_err(|_| KeyError::Invalid {
-                        line,
-                        what: "identity",
-                        expected: "a secret key, AGE-SECRET-KEY-1…",
-                    })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        if keys.is_empty() {
-            return Err(KeyError::Empty("identity"));
-        }
+        let keys = parse_keys(text, "identity", "a secret key, AGE-SECRET-KEY-1…")?;
         Ok(Self { keys })
     }
 

@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 
 use dbops_api::Backup;
+use dbops_e2e::fixtures::Connection;
 use dbops_e2e::harness::backup::{READY, S3_BUCKET, Setup};
 use dbops_e2e::postgres::scalar;
 use dbops_e2e::wait::{Want, condition};
@@ -73,17 +74,30 @@ fn contains(haystack: &[u8], needle: &str) -> bool {
 
 /// The rows of `marker` in the restored database `db`, read with its own Secret's login.
 async fn rows_in(s: &Setup, db: &str, marker: &str) -> i64 {
-    let secret = Api::<Secret>::namespaced(s.b.client.clone(), s.ns())
-        .get(&format!("{db}-connection"))
+    let c = Connection::of_database(&s.b.client, s.ns(), db)
         .await
         .unwrap();
-    let data = secret.data.unwrap_or_default();
-    let value = |k: &str| String::from_utf8(data.get(k).unwrap().0.clone()).unwrap();
-    let app =
-        s.pg.connect(&value("username"), &value("password"), &value("dbname"))
-            .await
-            .unwrap();
+    let app = s.pg.connect(&c.user, &c.password, &c.dbname).await.unwrap();
     scalar(&app, &format!("SELECT count(*) FROM {marker}")).await
+}
+
+/// The database-controller restarted with the store, Debian's pg_restore, two restore
+/// jobs and `scratch` (after the common flags, the key flags among them).
+fn restart_with_jobs(s: &mut Setup, scratch: &std::path::Path) {
+    s.kill_database_controller();
+    let pg_restore = dbops_e2e::paths::postgres_bin_dir()
+        .unwrap()
+        .join("pg_restore");
+    s.database_controller = Some(s.start_with_env(
+        "database-controller",
+        vec![
+            format!("--backup-store={}", s.store_url),
+            format!("--pg-restore={}", pg_restore.display()),
+            "--restore-jobs=2".into(),
+            format!("--restore-scratch-dir={}", scratch.display()),
+        ],
+        &s.s3_env,
+    ));
 }
 
 /// A Backup before and after the keys are given, the second restored: the plain artifact
@@ -284,20 +298,7 @@ async fn an_encrypted_backup_restores_with_two_jobs_from_a_scratch_file_removed_
     s.wait_completed("sealed", READY).await;
 
     let scratch = dbops_e2e::harness::bed::test_dir("bk-enc-jobs", "scratch");
-    s.kill_database_controller();
-    let pg_restore = dbops_e2e::paths::postgres_bin_dir()
-        .unwrap()
-        .join("pg_restore");
-    s.database_controller = Some(s.start_with_env(
-        "database-controller",
-        vec![
-            format!("--backup-store={}", s.store_url),
-            format!("--pg-restore={}", pg_restore.display()),
-            "--restore-jobs=2".into(),
-            format!("--restore-scratch-dir={}", scratch.path().display()),
-        ],
-        &s.s3_env,
-    ));
+    restart_with_jobs(&mut s, scratch.path());
     s.create_restored_database("copy", "sealed").await;
     s.wait_database("copy", Want::provisioned(), READY).await;
     let counts = |t: std::collections::BTreeMap<String, (i64, String)>| {
@@ -316,18 +317,8 @@ async fn an_encrypted_backup_restores_with_two_jobs_from_a_scratch_file_removed_
     assert!(!log.contains("AGE-SECRET-KEY"), "a key in the log");
 
     // The copy goes where the flag says: a directory that is not there fails the restore.
-    s.kill_database_controller();
     let missing = scratch.path().join("missing");
-    s.database_controller = Some(s.start_with_env(
-        "database-controller",
-        vec![
-            format!("--backup-store={}", s.store_url),
-            format!("--pg-restore={}", pg_restore.display()),
-            "--restore-jobs=2".into(),
-            format!("--restore-scratch-dir={}", missing.display()),
-        ],
-        &s.s3_env,
-    ));
+    restart_with_jobs(&mut s, &missing);
     s.create_restored_database("copy2", "sealed").await;
     let failed = s
         .wait_database("copy2", Want::not_ready("RestoreFailed"), READY)
