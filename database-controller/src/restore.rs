@@ -4,9 +4,11 @@
 //! The steps, each safe to repeat after a crash:
 //! 1. the Backup must exist and be Completed (`WaitingForBackup` until then; the Backup
 //!    watch wakes the Database);
-//! 2. the artifact's SHA-256 is computed from the store and compared with the manifest
-//!    beside it and with the Backup's `status.checksum`; any difference is
-//!    `ChecksumMismatch` and nothing is restored;
+//! 2. an encrypted artifact's header must open with one of `--backup-identities-secret`'s
+//!    identities (`DecryptionKeyMissing` otherwise); the artifact's SHA-256 is computed
+//!    from the store and compared with the manifest beside it and with the Backup's
+//!    `status.checksum`; any difference is `ChecksumMismatch`; either way nothing has
+//!    changed on the server yet (this runs before the plan's changes);
 //! 3. a database that may hold half a restore (found marked `restore=pending` rather than
 //!    created just now) is dropped and created again, empty;
 //! 4. `pg_restore --single-transaction --exit-on-error`, connected as the owner role (so
@@ -120,6 +122,14 @@ pub async fn verify(
         .and_then(|m| m.get("pgDumpVersion")?.as_str())
         .and_then(pg_tools::ClientVersion::parse)
         .map(|v| v.major);
+    // A key that opens it first (its header): the checksum pass reads the whole artifact.
+    let backup_name = format!("{namespace}/{name}");
+    let identities = match encryption_of(&status, manifest.as_ref()) {
+        Some(encryption) => {
+            Some(opening_keys(restorer, directory, &key, &backup_name, &encryption).await?)
+        }
+        None => None,
+    };
     let actual = sha256_of(restorer, &key).await?;
     let mismatch = |what: &str, want: &str| {
         blocked(
@@ -137,17 +147,9 @@ pub async fn verify(
     if expected != actual {
         return Err(mismatch("the Backup's status", &expected));
     }
-    let backup = format!("{namespace}/{name}");
-    let encryption = encryption_of(&status, manifest.as_ref());
-    let identities = match &encryption {
-        Some(encryption) => {
-            Some(opening_keys(restorer, directory, &key, &backup, encryption).await?)
-        }
-        None => None,
-    };
     Ok(Artifact {
         key,
-        backup,
+        backup: backup_name,
         checksum: actual,
         pg_dump_major,
         identities,

@@ -86,12 +86,20 @@ pub fn databases(
     let _ = ctx.state.databases.set(databases.clone());
     keep_migrations(ctx, namespace);
     let seen = Arc::new(ServersSeen::default());
-    let (on, waiting, over_quota, restoring) = (
+    let (on, waiting, over_quota, restoring, keyed) = (
+        databases.clone(),
         databases.clone(),
         databases.clone(),
         databases.clone(),
         databases,
     );
+    let c = match &ctx.state.restorer.identities_secret {
+        Some(name) => c.watches_stream(
+            identities_secret(&client, ctx.state.directory.controller_namespace(), name),
+            move |_: Secret| awaiting_restore(&keyed),
+        ),
+        None => c,
+    };
     c.owns_stream(secrets)
         .watches_stream(
             controller::trigger(
@@ -239,6 +247,33 @@ fn of_backup(b: &Backup, databases: &Store<Database>) -> Vec<ObjectRef<Database>
         .filter(|db| restore::waits_for(db, &namespace, &name))
         .map(|db| ObjectRef::from_obj(db.as_ref()));
     final_of.into_iter().chain(restoring).collect()
+}
+
+/// The Secret of `--backup-identities-secret` (by name, in the controllers' namespace):
+/// the keys that open encrypted artifacts.
+fn identities_secret(
+    client: &kube::Client,
+    controller_namespace: &str,
+    name: &str,
+) -> impl Stream<Item = Result<Secret, watcher::Error>> + Send + 'static {
+    controller::trigger(
+        Api::<Secret>::namespaced(client.clone(), controller_namespace),
+        watcher::Config::default().fields(&format!("metadata.name={name}")),
+    )
+}
+
+/// A change of the identities → the Databases still to be restored (one that waits with
+/// `DecryptionKeyMissing` is tried again at once, not at its resync).
+fn awaiting_restore(databases: &Store<Database>) -> Vec<ObjectRef<Database>> {
+    databases
+        .state()
+        .into_iter()
+        .filter(|db| {
+            db.spec.restore_from.is_some()
+                && db.status.as_ref().is_none_or(|s| s.provider_id.is_none())
+        })
+        .map(|db| ObjectRef::from_obj(db.as_ref()))
+        .collect()
 }
 
 /// The connection Secrets' changes split in two: those owned by a DatabaseUser, and the

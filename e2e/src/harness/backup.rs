@@ -52,6 +52,8 @@ pub struct Setup {
     pub identities: &'static BTreeMap<String, PathBuf>,
     /// Flags both controllers get after the common ones (a test sets them, then restarts).
     pub extra_args: Vec<String>,
+    /// Both controllers' `--resync-interval` (5s unless a test sets it, then restarts).
+    pub resync: &'static str,
     pub logs: tempfile::TempDir,
 }
 
@@ -127,6 +129,7 @@ impl Setup {
             store_url,
             identities,
             extra_args: Vec::new(),
+            resync: "5s",
             logs,
         };
         s.create_admin_secret(ADMIN_SECRET).await;
@@ -148,7 +151,7 @@ impl Setup {
     }
 
     pub fn common_args(&self) -> Vec<String> {
-        let mut args = crate::harness::bed::watch_args(self.ns(), "5s");
+        let mut args = crate::harness::bed::watch_args(self.ns(), self.resync);
         args.extend(self.extra_args.iter().cloned());
         args
     }

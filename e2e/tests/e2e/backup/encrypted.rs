@@ -213,6 +213,8 @@ async fn keys_rotate_and_a_restore_without_a_key_that_opens_it_touches_nothing()
     let (old, old_public) = Identities::generate();
     let (new, new_public) = Identities::generate();
     put_keys(&s, RECIPIENTS, "recipients", &old_public).await;
+    // No resync within the test: what wakes a Database is an event.
+    s.resync = "600s";
     restart_with_keys(&mut s, false);
     for (backup, recipients) in [
         ("to-old", vec![old_public.clone()]),
@@ -269,7 +271,8 @@ async fn keys_rotate_and_a_restore_without_a_key_that_opens_it_touches_nothing()
     );
     assert!(!s.pg.database_exists("from-old").await.unwrap());
 
-    // The old identity kept beside the new one: its artifacts restore.
+    // The old identity kept beside the new one: its artifacts restore, woken by the
+    // Secret's change (no resync comes within the wait).
     put_keys(
         &s,
         IDENTITIES,
