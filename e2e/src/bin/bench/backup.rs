@@ -54,16 +54,7 @@ pub async fn run(args: BackupArgs) -> Result<()> {
     let store = tmp.path().join("store");
     std::fs::create_dir_all(&store)?;
     let bin = dbops_e2e::paths::postgres_bin_dir()?;
-    let common = |extra: &[String]| {
-        let mut v = vec![
-            format!("--watch-namespace={ns}"),
-            format!("--backup-store=file://{}", store.display()),
-            "--log-filter=warn".to_string(),
-        ];
-        v.extend(server.controller_args());
-        v.extend_from_slice(extra);
-        v
-    };
+    let common = |extra: &[String]| controller_args(&ns, &store, &server, extra);
     let logs = tmp.path().join("logs");
     std::fs::create_dir_all(&logs)?;
     let kubeconfig = cp.kubeconfig_for("dbops-bench-controllers", &["system:masters"])?;
@@ -213,6 +204,24 @@ pub async fn run(args: BackupArgs) -> Result<()> {
     );
     drop((dbc, bkc));
     Ok(())
+}
+
+/// The flags of a bench's database- and backup-controller: the tenant namespace, the
+/// `file://` store, warnings only, the run's server, then `extra`.
+pub(crate) fn controller_args(
+    ns: &str,
+    store: &Path,
+    server: &BenchServer,
+    extra: &[String],
+) -> Vec<String> {
+    let mut v = vec![
+        format!("--watch-namespace={ns}"),
+        format!("--backup-store=file://{}", store.display()),
+        "--log-filter=warn".to_string(),
+    ];
+    v.extend(server.controller_args());
+    v.extend_from_slice(extra);
+    v
 }
 
 pub(crate) fn median(v: &[f64]) -> f64 {

@@ -16,7 +16,8 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 
 use crate::backup::{
-    World, controller_dump, controller_restore, create_database, database_size, mb, median,
+    World, controller_args, controller_dump, controller_restore, create_database, database_size,
+    mb, median,
 };
 use crate::bed::{BenchServer, namespace};
 
@@ -56,13 +57,7 @@ pub async fn run(args: EncryptionArgs) -> Result<()> {
     let bin = dbops_e2e::paths::postgres_bin_dir()?;
     let kubeconfig = cp.kubeconfig_for("dbops-bench-controllers", &["system:masters"])?;
     let start = |name: &str, extra: Vec<String>| {
-        let mut args = vec![
-            format!("--watch-namespace={ns}"),
-            format!("--backup-store=file://{}", store.display()),
-            "--log-filter=warn".to_string(),
-        ];
-        args.extend(server.controller_args());
-        args.extend(extra);
+        let args = controller_args(&ns, &store, &server, &extra);
         ControllerProcess::start(name, &kubeconfig, &logs, &args)
     };
     let _dbc = start(
