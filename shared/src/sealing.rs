@@ -91,11 +91,15 @@ impl Recipients {
         self.keys.iter().map(ToString::to_string).collect()
     }
 
+    /// An encryptor with a new file key, wrapped for every recipient.
+    fn encryptor(&self) -> std::io::Result<age::Encryptor> {
+        age::Encryptor::with_recipients(self.keys.iter().map(|k| k as &dyn age::Recipient))
+            .map_err(std::io::Error::other)
+    }
+
     /// A sealer for one artifact: a new file key, wrapped for every recipient.
     pub fn sealer(&self) -> std::io::Result<Sealer> {
-        let encryptor =
-            age::Encryptor::with_recipients(self.keys.iter().map(|k| k as &dyn age::Recipient))
-                .map_err(std::io::Error::other)?;
+        let encryptor = self.encryptor()?;
         let out = Shared::default();
         let writer = encryptor.wrap_output(out.clone())?;
         Ok(Sealer { writer, out })
@@ -200,9 +204,7 @@ impl Recipients {
     /// FILE-----`): the sensitive part of a manifest. `age -d` opens it too.
     pub fn seal_armored(&self, plaintext: &[u8]) -> std::io::Result<String> {
         use age::armor::{ArmoredWriter, Format};
-        let encryptor =
-            age::Encryptor::with_recipients(self.keys.iter().map(|k| k as &dyn age::Recipient))
-                .map_err(std::io::Error::other)?;
+        let encryptor = self.encryptor()?;
         let armored = ArmoredWriter::wrap_output(Vec::new(), Format::AsciiArmor)?;
         let mut writer = encryptor.wrap_output(armored)?;
         writer.write_all(plaintext)?;
