@@ -30,6 +30,27 @@ base_pkgs=ca-certificates,postgresql-client-17
 base_key=minbase-slim-$(printf '%s' "$base_pkgs" | sha256sum | cut -c1-12)
 base_image=localhost/dbops-test-base:$base_suite-$base_key
 
+# `buildah run ARGS...` with its output, again (up to 3 times) when it failed before the
+# container started because buildah's re-exec could not seal the memfd copy of itself
+# (containers/storage's unshare: "sealing memfd copy: Device or resource busy", seen once in
+# a CI run on this kernel, 6.18). Any other failure is returned as it is.
+brun() {
+  local attempt err out rc
+  err=$(mktemp)
+  for attempt in 1 2 3; do
+    rc=0
+    out=$(buildah run "$@" 2>"$err") || rc=$?
+    if [ "$rc" != 0 ] && [ "$attempt" -lt 3 ] && grep -q 'sealing memfd copy' "$err"; then
+      log "buildah run: $(tr '\n' ' ' <"$err")(attempt $attempt; again)"
+      continue
+    fi
+    cat "$err" >&2
+    rm -f "$err"
+    [ -z "$out" ] || printf '%s\n' "$out"
+    return "$rc"
+  done
+}
+
 image_exists() { buildah inspect --type image "$1" >/dev/null 2>&1; }
 
 # The value of label $2 of image $1 (empty when the image or the label is missing).
