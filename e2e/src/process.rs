@@ -264,8 +264,33 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, and never handed out before by
+/// this process. It is taken below the kernel's ephemeral range (`ip_local_port_range`,
+/// 32768-60999 by default), where the kernel's own choice (`bind` to port 0) would put
+/// it: there an outgoing connection of any process may take the port between this check
+/// and the server's bind (it happened: a CI run's kube-apiserver exited with "bind:
+/// address already in use"). Below that range only listeners compete, and ours come from
+/// here, each port once.
 pub fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+    use rand::RngExt;
+    static GIVEN: std::sync::Mutex<Option<std::collections::HashSet<u16>>> =
+        std::sync::Mutex::new(None);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (ephemeral_low.saturating_sub(12768).max(1024), ephemeral_low);
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let given = given.get_or_insert_with(Default::default);
+    let mut rng = rand::rng();
+    for _ in 0..1000 {
+        let port = rng.random_range(low..high);
+        if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no free port in {low}..{high} after 1000 tries")
 }
