@@ -26,15 +26,15 @@ use dbops_api::reasons::DatabaseReason;
 use std::process::Stdio;
 
 use dbops_api::{Backup, BackupPhase, Database};
+use dbops_shared::artifact_copy::{WhenRefused, copy_artifact};
 use dbops_shared::backup_store::{BackupStore, ObjectKey, StoreError, traced};
-use dbops_shared::checksum::{ChunkReader, HashingReader, TallyingReader};
+use dbops_shared::checksum::HashingReader;
 use dbops_shared::pg_tools::{self, Connection};
 use dbops_shared::postgres::{Endpoint, Session, ddl};
 use dbops_shared::sealing::{self, Identities, OpenError};
 use dbops_shared::server::Directory;
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
-use tokio::io::AsyncWriteExt;
 
 use crate::error::{Error, Result};
 use crate::sql;
@@ -465,49 +465,27 @@ fn copied_as_verified(
 }
 
 /// Copies the artifact from the store to `out`, pg_restore's stdin or a scratch file
-/// (closed at the end), decrypted if it is encrypted; what
-/// went wrong on the way, if anything, and the SHA-256 of the bytes copied. If the
-/// artifact changed since `verify`, the attempt fails and the database keeps its pending
-/// mark, so the next attempt starts from an empty database and verifies again.
+/// (closed at the end), decrypted if it is encrypted
+/// ([`dbops_shared::artifact_copy`]); what went wrong on the way, if anything, and the
+/// SHA-256 of the bytes copied. If the artifact changed since `verify`, the attempt fails
+/// and the database keeps its pending mark, so the next attempt starts from an empty
+/// database and verifies again.
 async fn feed<W: tokio::io::AsyncWrite + Unpin>(
-    mut out: W,
+    out: W,
     restorer: &Restorer,
     artifact: &Artifact,
 ) -> Result<(Option<String>, String)> {
-    let reader = open_artifact(restorer, &artifact.key).await?;
-    // The checksum is of the bytes as stored: the ciphertext of an encrypted artifact.
-    let (stored, tally) = TallyingReader::new(reader);
-    let plaintext: Box<dyn tokio::io::AsyncRead + Send + Unpin> = match &artifact.identities {
-        None => Box::new(stored),
-        Some(identities) => match sealing::open(stored, identities).await {
-            Ok(plaintext) => plaintext,
-            Err(e) => return Ok((Some(format!("decrypting the artifact: {e}")), String::new())),
-        },
-    };
-    let mut restored = ChunkReader::new(plaintext);
-    let copy_error = loop {
-        let chunk = match restored.next_chunk().await {
-            Ok(Some(chunk)) => chunk,
-            Ok(None) => break None,
-            Err(e) => break Some(format!("reading the artifact: {e}")),
-        };
-        if let Err(e) = out.write_all(chunk).await {
-            // pg_restore stopped reading: its exit status and stderr say why.
-            break Some(format!("writing to pg_restore: {e}"));
-        }
-    };
-    // Flushed and closed: pg_restore's stdin sees its end, a scratch file is complete.
-    let copy_error = match (copy_error, out.shutdown().await) {
-        (None, Err(e)) => Some(format!("closing the copy of the artifact: {e}")),
-        (error, _) => error,
-    };
-    drop(restored);
-    let tally = std::mem::take(
-        &mut *tally
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
-    Ok((copy_error, tally.sha256_hex()))
+    let identities = artifact.identities.as_ref();
+    let copied = copy_artifact(
+        &restorer.store,
+        &artifact.key,
+        identities,
+        out,
+        WhenRefused::Stop,
+    )
+    .await
+    .map_err(store_error)?;
+    Ok((copied.error, copied.sha256))
 }
 
 /// A restore that failed, retried with backoff.

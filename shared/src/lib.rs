@@ -2,6 +2,7 @@
 //! conditions, the backup store, leader election, the API rate limit and the generic controller runner.
 
 pub mod api_path;
+pub mod artifact_copy;
 pub mod backoff;
 pub mod backup_store;
 pub mod checksum;
