@@ -38,6 +38,12 @@ use crate::common::{BackupDeletionPolicy, DatabaseRef};
         description = "Artifact size in bytes"
     ),
     printcolumn(
+        name = "Verified",
+        type_ = "string",
+        json_path = ".status.verification.result",
+        description = "Running, Passed, Failed or Error: the artifact restored and checked on the verification server"
+    ),
+    printcolumn(
         name = "Completed",
         type_ = "date",
         json_path = ".status.completedAt",
@@ -64,6 +70,14 @@ pub struct BackupSpec {
     #[serde(default = "default_max_retries")]
     #[schemars(range(min = 0, max = 100))]
     pub max_retries: i32,
+
+    /// Verify the artifact once it is complete: restored into a scratch database on the
+    /// backup-controller's `--verify-server` (never visible to the tenant, dropped
+    /// afterwards) and checked against what the dump saw (row counts per table in the
+    /// dump's snapshot, the schema's objects, the extensions). Setting it on a completed
+    /// Backup verifies that Backup (once).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub verify: bool,
 }
 
 fn default_max_retries() -> i32 {
@@ -131,6 +145,11 @@ pub struct BackupStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<BackupEncryption>,
 
+    /// The artifact's verification (`spec.verify`): restored on the verification server
+    /// and checked against what the dump saw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<BackupVerification>,
+
     /// The backup-controller replica running the current attempt, and when it last said
     /// it still is: another replica starts the attempt over only once this holder has
     /// stopped renewing (or is itself, restarted).
@@ -147,6 +166,64 @@ pub struct BackupEncryption {
     /// The public keys (`age1…`) it was encrypted to: each one's identity opens it alone.
     #[serde(default)]
     pub recipients: Vec<String>,
+}
+
+/// A Backup's verification: its artifact restored into a scratch database and compared
+/// with the inventory the dump took in its own snapshot.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupVerification {
+    /// Running, Passed (it restored, with the same tables, rows, objects and extensions),
+    /// Failed (it did not: the `Verified` condition says how) or Error (it could not be
+    /// verified: no verification server, no key, too large, timed out).
+    pub result: VerificationResult,
+    /// When the verification started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// When it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_at: Option<Time>,
+    /// The DatabaseServer it was restored on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+    /// Tables compared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tables: Option<i64>,
+    /// Rows in those tables, as restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<i64>,
+    /// How long it took, for example `12.4s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<String>,
+    /// The replica running it, while it runs (another replica starts it over only once
+    /// `--verify-timeout` has passed since `startedAt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner: Option<String>,
+}
+
+/// The outcome of a verification.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum VerificationResult {
+    /// Restoring and checking.
+    #[default]
+    Running,
+    /// Restored, with the same tables, rows, objects and extensions as the dump saw.
+    Passed,
+    /// The artifact did not restore, or not to what the dump saw.
+    Failed,
+    /// It could not be verified (says why); the artifact is not judged.
+    Error,
+}
+
+impl VerificationResult {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            VerificationResult::Running => "Running",
+            VerificationResult::Passed => "Passed",
+            VerificationResult::Failed => "Failed",
+            VerificationResult::Error => "Error",
+        }
+    }
 }
 
 /// Who runs a Backup's attempt: a lease on the attempt, kept in the status.

@@ -17,6 +17,8 @@ pub mod condition {
     pub const MIGRATION_IN_PROGRESS: &str = "MigrationInProgress";
     /// A DatabaseServer's pooler: its Pods serve (`spec.pooler`).
     pub const POOLER_READY: &str = "PoolerReady";
+    /// A Backup's artifact restored and checked (`spec.verify`).
+    pub const VERIFIED: &str = "Verified";
 }
 
 /// Labels and annotations the controllers put on the objects they create for each other

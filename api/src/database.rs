@@ -112,6 +112,11 @@ pub struct BackupSchedule {
     /// Delete deletes them (and their artifacts) with the Database.
     #[serde(default)]
     pub on_database_deletion: ScheduledBackupsOnDeletion,
+
+    /// Verify each scheduled Backup (its `spec.verify`): restored on the
+    /// backup-controller's verification server and checked against what its dump saw.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub verify: bool,
 }
 
 /// What happens to a Database's scheduled Backups when the Database is deleted.

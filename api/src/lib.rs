@@ -22,7 +22,10 @@ pub use access::{
     DurationLimit, LoginOptions, MemoryLimit, PasswordRotation, ROTATE_ANNOTATION, RotationStatus,
     SecretTemplate, SessionLimits, SessionSettings,
 };
-pub use backup::{Backup, BackupEncryption, BackupPhase, BackupRunner, BackupSpec, BackupStatus};
+pub use backup::{
+    Backup, BackupEncryption, BackupPhase, BackupRunner, BackupSpec, BackupStatus,
+    BackupVerification, VerificationResult,
+};
 pub use common::{
     BackupDeletionPolicy, DatabaseDeletionPolicy, DatabaseRef, LocalObjectReference,
     SecretReference, ServerReference, TlsMode, condition, marks,

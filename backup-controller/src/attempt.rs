@@ -18,8 +18,9 @@ use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::json;
 
-use crate::dump::{self, Dumped, Source};
+use crate::dump::{self, Dumped, Source, object_key};
 use crate::error::{Failure, backup_reason};
+use crate::inventory::{self, Inventory};
 use crate::runner;
 use crate::state::State;
 use crate::status::Completed;
@@ -27,15 +28,6 @@ use crate::write;
 
 /// How often a running dump reports `status.progressBytes`, at most.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(3);
-
-/// The store key of a Backup: from its identity, so retries and restarts overwrite.
-pub fn object_key(backup: &Backup) -> ObjectKey {
-    ObjectKey::new(
-        &backup.namespace().unwrap_or_default(),
-        &backup.name_any(),
-        &backup.uid().unwrap_or_default(),
-    )
-}
 
 /// One attempt: credentials, server version, the dump into the store, the manifest.
 /// `backup` is the Backup as its claim returned it (its progress is written over it).
@@ -56,21 +48,22 @@ pub async fn run(
     let dbname = db.database_name();
     let (server_version, pg_dump) = pick_pg_dump(state, &endpoint, &credentials, &dbname).await?;
     let pg_dump_version = dump::pg_dump_version(&pg_dump).await?;
+    // Encrypted to these recipients, or refused: never written in the clear when asked.
+    let recipients = recipients(state)?;
     let source = Source {
         server: &endpoint,
         credentials: &credentials,
         database: &dbname,
         lock_wait: state.servers.lock_timeout(),
+        snapshot: None,
     };
-    // Encrypted to these recipients, or refused: never written in the clear when asked.
-    let recipients = recipients(state)?;
-    let dumped = dump_into_store(
+    let (dumped, inventory) = dump_counted(
         state,
         api,
         backup,
         &key,
         &pg_dump,
-        &source,
+        source,
         recipients.as_ref(),
     )
     .await?;
@@ -93,6 +86,7 @@ pub async fn run(
         &pg_dump_version,
         &done,
         started_at,
+        &inventory,
     );
     let manifest = seal_manifest(manifest, recipients.as_ref())?;
     let body = serde_json::to_vec_pretty(&manifest).map_err(|e| {
@@ -113,6 +107,90 @@ pub async fn run(
         "backup completed"
     );
     Ok(done)
+}
+
+/// The dump of `source` into the store, reading the snapshot of an admin transaction
+/// that counts what it sees meanwhile (the inventory, or why there is none).
+async fn dump_counted(
+    state: &State,
+    api: &Api<Backup>,
+    backup: &Backup,
+    key: &ObjectKey,
+    pg_dump: &std::path::Path,
+    mut source: Source<'_>,
+    recipients: Option<&Recipients>,
+) -> Result<(Dumped, Result<Inventory, String>), Failure> {
+    let mut session = state
+        .servers
+        .connect(source.server, source.credentials, source.database)
+        .await?;
+    let mut counted = Counted::begin(&mut session, state.verification.timeout).await;
+    source.snapshot = counted.snapshot.clone();
+    let (dumped, inventory) = tokio::join!(
+        dump_into_store(state, api, backup, key, pg_dump, &source, recipients),
+        counted.take(),
+    );
+    counted.end().await;
+    drop(counted);
+    drop(session);
+    Ok((dumped?, inventory))
+}
+
+/// The admin's transaction whose snapshot pg_dump reads and in which the inventory is
+/// taken, while pg_dump runs. A snapshot that cannot be exported leaves the dump as it
+/// was (its own snapshot) and the manifest without an inventory, saying why: a Backup
+/// never fails for want of a count.
+struct Counted<'a> {
+    tx: Option<dbops_shared::postgres::Transaction<'a>>,
+    snapshot: Option<String>,
+    why_not: String,
+}
+
+impl<'a> Counted<'a> {
+    async fn begin(session: &'a mut dbops_shared::postgres::Session, timeout: Duration) -> Self {
+        let tx = match session.transaction().await {
+            Ok(tx) => tx,
+            Err(e) => return Self::without(format!("beginning the snapshot's transaction: {e}")),
+        };
+        let exported = match inventory::prepare(&tx, timeout).await {
+            Ok(()) => inventory::export_snapshot(&tx).await,
+            Err(e) => Err(e),
+        };
+        match exported {
+            Ok(snapshot) => Self {
+                tx: Some(tx),
+                snapshot: Some(snapshot),
+                why_not: String::new(),
+            },
+            Err(why) => Self::without(why),
+        }
+    }
+
+    fn without(why_not: String) -> Self {
+        tracing::warn!(%why_not, "no inventory for this dump: it takes its own snapshot");
+        Self {
+            tx: None,
+            snapshot: None,
+            why_not,
+        }
+    }
+
+    /// The inventory, in the exported snapshot.
+    async fn take(&self) -> Result<Inventory, String> {
+        match &self.tx {
+            Some(tx) => inventory::take(tx).await.inspect_err(|why| {
+                tracing::warn!(%why, "no inventory for this dump");
+            }),
+            None => Err(self.why_not.clone()),
+        }
+    }
+
+    /// Ends the transaction (read only: nothing to keep).
+    async fn end(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.rollback().await;
+        }
+    }
 }
 
 /// The server's version, and the pg_dump to dump it with: the oldest major that dumps it.
@@ -164,7 +242,8 @@ fn recipients(state: &State) -> Result<Option<Recipients>, Failure> {
     .map_err(|message| Failure::transient(BackupReason::EncryptionKeysInvalid, message))
 }
 
-/// The manifest with its `database` (names, server address) sealed to `recipients`, if
+/// The manifest with its `database` (names, server address) and `inventory` (table
+/// names and row counts) sealed to `recipients`, if
 /// any: `encryption` says how, `sealed` holds it armored; what a restore needs before it
 /// decrypts (the checksum, the pg_dump version, the format) stays readable.
 fn seal_manifest(
@@ -178,7 +257,8 @@ fn seal_manifest(
         return Ok(manifest);
     };
     let database = object.remove("database").unwrap_or_default();
-    let sealed = serde_json::to_vec(&json!({ "database": database }))
+    let inventory = object.remove("inventory").unwrap_or_default();
+    let sealed = serde_json::to_vec(&json!({ "database": database, "inventory": inventory }))
         .map_err(std::io::Error::other)
         .and_then(|plain| recipients.seal_armored(&plain))
         .map_err(|e| {
@@ -231,7 +311,9 @@ async fn dump_into_store(
     Ok(dumped)
 }
 
-/// The manifest written beside the artifact.
+/// The manifest written beside the artifact: what a restore needs, and what the dump
+/// saw (`inventory`, or why it could not be taken) for a verification.
+#[allow(clippy::too_many_arguments)]
 fn manifest(
     backup: &Backup,
     db: &Database,
@@ -240,7 +322,12 @@ fn manifest(
     pg_dump_version: &str,
     done: &Completed,
     started_at: &Time,
+    inventory: &Result<Inventory, String>,
 ) -> serde_json::Value {
+    let inventory = match inventory {
+        Ok(inventory) => json!(inventory),
+        Err(why) => json!({ "error": why }),
+    };
     json!({
         "apiVersion": "dbops.dev/v1alpha1",
         "kind": "BackupManifest",
@@ -265,6 +352,7 @@ fn manifest(
         "checksumAlgorithm": "sha256",
         "startedAt": started_at,
         "completedAt": done.completed_at,
+        "inventory": inventory,
     })
 }
 

@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 
-use crate::attempt::object_key;
+use crate::dump::object_key;
 use crate::error::Result;
 use crate::state::State;
 use crate::write;

@@ -16,9 +16,10 @@ use dbops_shared::pg_tools::{self, Connection, is_auth_failure, is_connection_fa
 use dbops_shared::postgres::{Credentials, Endpoint};
 use tokio::process::Command;
 
-use dbops_shared::backup_store::{ArtifactWriter, StoreError};
+use dbops_shared::backup_store::{ArtifactWriter, ObjectKey, StoreError};
 use dbops_shared::checksum::{ChunkReader, Tally};
 use dbops_shared::sealing::Sealer;
+use kube::ResourceExt;
 
 /// Why a dump failed.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +86,9 @@ pub struct Source<'a> {
     pub database: &'a str,
     /// pg_dump's `--lock-wait-timeout`: the longest wait for one table's lock.
     pub lock_wait: Duration,
+    /// A snapshot exported by a transaction that stays open until pg_dump has started
+    /// (`pg_dump --snapshot`): the dump reads exactly what that transaction sees.
+    pub snapshot: Option<String>,
 }
 
 /// The table pg_dump could not lock in time, from its stderr: its `--lock-wait-timeout`
@@ -96,6 +100,15 @@ pub fn lock_timed_out(stderr: &str) -> Option<String> {
     let after = stderr.split("LOCK TABLE ").nth(1)?;
     let relation = after.split(" IN ").next()?.trim();
     (!relation.is_empty()).then(|| relation.to_string())
+}
+
+/// The store key of a Backup: from its identity, so retries and restarts overwrite.
+pub fn object_key(backup: &dbops_api::Backup) -> ObjectKey {
+    ObjectKey::new(
+        &backup.namespace().unwrap_or_default(),
+        &backup.name_any(),
+        &backup.uid().unwrap_or_default(),
+    )
 }
 
 /// What a complete dump produced.
@@ -161,6 +174,7 @@ where
             (!source.lock_wait.is_zero())
                 .then(|| format!("--lock-wait-timeout={}", source.lock_wait.as_millis())),
         )
+        .args(source.snapshot.as_ref().map(|s| format!("--snapshot={s}")))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()

@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 
-use crate::attempt::object_key;
+use crate::dump::object_key;
 use crate::error::{Failure, Result};
 use crate::state::State;
 use crate::status::{Completed, Standing};

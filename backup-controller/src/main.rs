@@ -27,6 +27,7 @@ mod dereference;
 mod dump;
 mod error;
 mod finish;
+mod inventory;
 mod reconcile;
 mod retries;
 mod runner;
@@ -34,9 +35,12 @@ mod schedule;
 mod slots;
 mod state;
 mod status;
+mod verify;
+mod verifying;
 mod write;
 
 use std::path::PathBuf;
+use std::time::Duration;
 use std::{process::ExitCode, sync::Arc};
 
 use clap::Parser;
@@ -54,7 +58,7 @@ use kube::runtime::watcher;
 
 use crate::retries::Retries;
 use crate::slots::Slots;
-use crate::state::{DatabaseIndex, State};
+use crate::state::{DatabaseIndex, State, Verification};
 
 // The program's name is the package's (`dbops-backup-controller`), its `about` the doc
 // comment's one line.
@@ -79,6 +83,33 @@ struct Args {
     /// oldest major that dumps its server, so that the server's own major restores it.
     #[arg(long = "pg-bin-dir", env = "DBOPS_PG_BIN_DIRS", value_delimiter = ',')]
     pg_bin_dirs: Vec<PathBuf>,
+
+    /// The pg_restore program a verification restores with (a path, or a name looked up in
+    /// PATH), beside those of `--pg-bin-dir`.
+    #[arg(long, env = "DBOPS_PG_RESTORE", default_value = "pg_restore")]
+    pg_restore: PathBuf,
+
+    /// The DatabaseServer (one that admits no tenant: `allowedNamespaces` unset) on which
+    /// Backups with `spec.verify` are restored into a scratch database and checked.
+    /// Unset: such Backups report `VerificationUnavailable`.
+    #[arg(long, env = "DBOPS_VERIFY_SERVER")]
+    verify_server: Option<String>,
+
+    /// The longest a verification may take (restore and checks), and a dump's count of
+    /// its rows; the scratch database is dropped when it runs out.
+    #[arg(long, env = "DBOPS_VERIFY_TIMEOUT", default_value = "30m", value_parser = dbops_shared::cli::parse_duration)]
+    verify_timeout: Duration,
+
+    /// Artifacts larger than this are not verified (`VerificationTooLarge`): the scratch
+    /// database would need about as much space, and more.
+    #[arg(long, env = "DBOPS_VERIFY_MAX_BYTES", default_value_t = 10 * 1024 * 1024 * 1024)]
+    verify_max_bytes: u64,
+
+    /// How long a Database whose schedule verifies (`spec.backup.verify`) may go without
+    /// a passed verification: the value of `dbops_backup_verification_max_age_seconds`,
+    /// which the alert `DbopsBackupNotVerified` compares with the last one.
+    #[arg(long, env = "DBOPS_VERIFICATION_MAX_AGE", default_value = "192h", value_parser = dbops_shared::cli::parse_duration)]
+    verification_max_age: Duration,
 }
 
 /// The controller name: metrics label, Lease `dbops-backup-controller`, Event reporter.
@@ -119,7 +150,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                 recipients_secret: args.base.store.backup_recipients_secret,
                 clients: dbops_shared::pg_tools::Clients::new(
                     Some(args.pg_dump),
-                    None,
+                    Some(args.pg_restore),
                     &args.pg_bin_dirs,
                 ),
                 servers: args.base.postgres.servers(),
@@ -134,16 +165,22 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                 statuses: Default::default(),
                 retries: Retries::default(),
                 identity: dbops_shared::leader::identity(),
+                verification: Verification {
+                    server: args.verify_server,
+                    timeout: args.verify_timeout,
+                    max_bytes: args.verify_max_bytes,
+                    identities_secret: args.base.store.backup_identities_secret,
+                    running: Arc::new(tokio::sync::Semaphore::new(1)),
+                },
             };
             let ctx = run.context(CONTROLLER, state);
             let backups = watches(backups, &ctx, run.namespace());
 
             let (scheduled, writer) = reflector::store::<Backup>();
             let recorder = Recorder::new(client, controller::reporter(schedule::CONTROLLER));
-            let schedule_ctx = run.context(
-                schedule::CONTROLLER,
-                schedule::State::new(scheduled, recorder),
-            );
+            let mut schedule_state = schedule::State::new(scheduled, recorder);
+            schedule_state.verification_max_age = args.verification_max_age;
+            let schedule_ctx = run.context(schedule::CONTROLLER, schedule_state);
             let databases = run.controller(watcher::Config::default(), Trigger::GenerationChange);
             let databases = schedule::watches(databases, &schedule_ctx, run.namespace(), writer);
 
@@ -232,7 +269,15 @@ mod tests {
         );
         assert_eq!(args.max_concurrent_backups, 2);
         assert_eq!(args.pg_dump, PathBuf::from("pg_dump"));
+        assert_eq!(args.pg_restore, PathBuf::from("pg_restore"));
         assert!(args.pg_bin_dirs.is_empty());
+        assert_eq!(args.verify_server, None);
+        assert_eq!(args.verify_timeout, Duration::from_secs(1800));
+        assert_eq!(args.verify_max_bytes, 10 << 30);
+        assert_eq!(
+            args.verification_max_age,
+            Duration::from_secs(8 * 24 * 3600)
+        );
         let args = Args::try_parse_from([
             "dbops-backup-controller",
             "--pg-bin-dir=/usr/lib/postgresql/13/bin,/usr/lib/postgresql/18/bin",

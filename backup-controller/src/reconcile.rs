@@ -6,7 +6,8 @@
 //! 3. every decision is made on the Backup's latest status: the one this process wrote
 //!    last while the watch cache does not show it yet, else the cached one
 //!    ([`dbops_shared::status::StatusWriter::latest`]); nothing more for a Completed or
-//!    Failed Backup (`ended`); nothing yet while a retry is not due (`not_yet`,
+//!    Failed Backup (`ended`) but a Completed one's verification when it is due
+//!    ([`crate::verifying`]); nothing yet while a retry is not due (`not_yet`,
 //!    [`crate::retries`]);
 //! 4. a Backup found Running is left to the live replica that holds it, or started over
 //!    (`running`, [`crate::runner`]);
@@ -46,6 +47,7 @@ use crate::runner::{self, Running};
 use crate::slots::Slot;
 use crate::state::State;
 use crate::status::Standing;
+use crate::verifying::{self, Due};
 use crate::write::{self, CHANGED_UNDER_US, Over, Published};
 
 /// How soon a Backup waiting for a dump slot looks again.
@@ -83,7 +85,8 @@ pub async fn reconcile(backup: Arc<Backup>, ctx: Arc<Context<State>>) -> Result<
 }
 
 /// A Completed or Failed Backup: forgotten, and a spec change (deletionPolicy,
-/// maxRetries) after the end is observed, no more.
+/// maxRetries) after the end is observed, no more; but a Completed one whose
+/// verification is due is verified ([`crate::verifying`]).
 async fn ended(
     backup: &Backup,
     ctx: &Context<State>,
@@ -99,6 +102,16 @@ async fn ended(
     let namespace = backup.namespace().unwrap_or_default();
     ctx.state.databases.forget(&namespace, &backup.name_any());
     ctx.state.retries.forget(&backup.uid().unwrap_or_default());
+    if current.phase == Some(BackupPhase::Completed) {
+        verifying::remember(backup, current, ctx);
+        let timeout = ctx.state.verification.timeout;
+        let now = jiff::Timestamp::now();
+        match verifying::due(backup, current, &ctx.state.identity, timeout, now) {
+            Due::Now => return Ok(Some(verifying::run(backup, ctx, api).await?)),
+            Due::HeldBy(left) => return Ok(Some(Action::requeue(left + Duration::from_secs(1)))),
+            Due::No => {}
+        }
+    }
     write::observe_generation(backup, &ctx.state, api).await?;
     Ok(Some(Action::await_change()))
 }

@@ -26,7 +26,8 @@ pub struct State {
     /// encrypted to (read at each attempt), if artifacts are encrypted.
     pub recipients_secret: Option<String>,
     /// The pg_dump programs (`--pg-dump`, `--pg-bin-dir`): each dump takes the oldest
-    /// major that dumps its server.
+    /// major that dumps its server; and the pg_restore programs (`--pg-restore`,
+    /// `--pg-bin-dir`) a verification picks from.
     pub clients: pg_tools::Clients,
     pub servers: Servers,
     /// DatabaseServers and their admin and CA Secrets (the controllers' namespace only).
@@ -43,6 +44,23 @@ pub struct State {
     pub retries: Retries,
     /// This replica, as `status.runner` names it: `$POD_NAME`.
     pub identity: String,
+    /// Where and how artifacts are verified (`spec.verify`).
+    pub verification: Verification,
+}
+
+/// The verification settings (`--verify-*`) and the one verification this replica runs
+/// at a time.
+pub struct Verification {
+    /// `--verify-server`: the DatabaseServer artifacts are restored on, if any.
+    pub server: Option<String>,
+    /// `--verify-timeout`: the longest a verification (and a dump's inventory) may take.
+    pub timeout: std::time::Duration,
+    /// `--verify-max-bytes`: larger artifacts are not verified.
+    pub max_bytes: u64,
+    /// `--backup-identities-secret`: the Secret whose identities open encrypted artifacts.
+    pub identities_secret: Option<String>,
+    /// One verification at a time: the others wait for it.
+    pub running: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 /// Which Backups refer to which Database: Backup → `spec.databaseRef`, kept for Backups

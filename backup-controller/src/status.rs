@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use dbops_api::reasons::BackupReason;
-use dbops_api::{Backup, BackupEncryption, BackupPhase, BackupRunner, BackupStatus, condition};
+use dbops_api::{
+    Backup, BackupEncryption, BackupPhase, BackupRunner, BackupStatus, BackupVerification,
+    VerificationResult, condition,
+};
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, set_condition};
 use dbops_shared::status::{Desired, Note};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -25,6 +28,19 @@ pub struct Completed {
     /// The recipients the artifact is encrypted to (`--backup-recipients-secret`), if
     /// it is.
     pub encrypted_to: Option<Vec<String>>,
+}
+
+/// What a verification found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub result: VerificationResult,
+    pub reason: BackupReason,
+    pub message: String,
+    /// The server it ran on, when one was chosen.
+    pub server: Option<String>,
+    pub tables: Option<i64>,
+    pub rows: Option<i64>,
+    pub took: Duration,
 }
 
 /// Where a Backup stands: what one status write reports.
@@ -218,6 +234,98 @@ fn record(new: &mut BackupStatus, standing: &Standing<'_>, t: Time) {
         }
         _ => {}
     }
+}
+
+/// What the Events about a verification say they were doing.
+pub const VERIFY_ACTION: &str = "Verify";
+
+/// The status of a verification that starts now, run by replica `runner`: `Verified`
+/// Unknown (`Verifying`), and `verification` Running.
+pub fn verifying(
+    backup: &Backup,
+    current: &BackupStatus,
+    runner: &str,
+    server: Option<&str>,
+    t: Time,
+) -> Desired<BackupStatus> {
+    let mut new = current.clone();
+    let message = match server {
+        Some(server) => {
+            format!("restoring the artifact on DatabaseServer {server} and checking it")
+        }
+        None => "checking the artifact".to_string(),
+    };
+    set_condition(
+        &mut new.conditions,
+        ConditionSpec {
+            type_: condition::VERIFIED,
+            status: ConditionStatus::Unknown,
+            reason: BackupReason::Verifying.as_str(),
+            message,
+            observed_generation: backup.metadata.generation,
+        },
+        t.clone(),
+    );
+    new.verification = Some(BackupVerification {
+        result: VerificationResult::Running,
+        started_at: Some(t),
+        server: server.map(str::to_owned),
+        runner: Some(runner.to_string()),
+        ..BackupVerification::default()
+    });
+    Desired::new(new)
+}
+
+/// The status of a verification that ended with `outcome`, and its Event (a Warning
+/// unless it passed).
+pub fn verified(
+    backup: &Backup,
+    current: &BackupStatus,
+    outcome: &Outcome,
+    t: Time,
+) -> Desired<BackupStatus> {
+    let mut new = current.clone();
+    let status = match outcome.result {
+        VerificationResult::Passed => ConditionStatus::True,
+        VerificationResult::Failed => ConditionStatus::False,
+        _ => ConditionStatus::Unknown,
+    };
+    set_condition(
+        &mut new.conditions,
+        ConditionSpec {
+            type_: condition::VERIFIED,
+            status,
+            reason: outcome.reason.as_str(),
+            message: outcome.message.clone(),
+            observed_generation: backup.metadata.generation,
+        },
+        t.clone(),
+    );
+    let started_at = current
+        .verification
+        .as_ref()
+        .and_then(|v| v.started_at.clone());
+    new.verification = Some(BackupVerification {
+        result: outcome.result,
+        started_at,
+        verified_at: Some(t),
+        server: outcome.server.clone(),
+        tables: outcome.tables,
+        rows: outcome.rows,
+        duration: Some(format!("{:.1}s", outcome.took.as_secs_f64())),
+        runner: None,
+    });
+    let note = match outcome.result {
+        VerificationResult::Passed => {
+            Note::normal(VERIFY_ACTION, "Verified", outcome.message.clone())
+        }
+        _ => Note::warning(
+            VERIFY_ACTION,
+            outcome.reason.as_str(),
+            outcome.message.clone(),
+        ),
+    };
+    Desired::new(new).with(note)
 }
 
 /// What the Events about a Backup say they were doing.

@@ -150,6 +150,54 @@ async fn as_runner(
     Ok(Published::Refused)
 }
 
+/// Claims the verification of `backup` for this replica: `status.verification` Running,
+/// written over the version read (of two replicas, one claims it).
+pub async fn claim_verification(
+    backup: &Backup,
+    state: &State,
+    api: &Api<Backup>,
+) -> Result<Published> {
+    let current = state.statuses.latest(backup);
+    let server = state.verification.server.as_deref();
+    let desired = status::verifying(backup, &current, &state.identity, server, now());
+    Ok(write(state, api, backup, desired).await?.into())
+}
+
+/// Records the outcome of the verification this replica claimed at `started_at`: read
+/// afresh, and written only while the status still names this replica its runner (a
+/// replica that took it over after `--verify-timeout` writes its own).
+pub async fn record_verification(
+    state: &State,
+    api: &Api<Backup>,
+    name: &str,
+    started_at: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    outcome: &status::Outcome,
+) -> Result<Published> {
+    const TRIES: usize = 5;
+    for _ in 0..TRIES {
+        let fresh = api.get_status(name).await?;
+        let current = state.statuses.latest(&fresh);
+        // The same claim: this replica's, started at the same second (the API server
+        // keeps Times to the second; the memo of our own write has them finer).
+        let second = |t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| {
+            t.map(|t| t.0.as_second())
+        };
+        let ours = current.verification.as_ref().is_some_and(|v| {
+            v.runner.as_deref() == Some(state.identity.as_str())
+                && second(v.started_at.as_ref()) == second(started_at)
+        });
+        if !ours {
+            return Ok(Published::Refused);
+        }
+        let desired = status::verified(&fresh, &current, outcome, now());
+        match write(state, api, &fresh, desired).await? {
+            Write::Conflict => {}
+            written => return Ok(written.into()),
+        }
+    }
+    Ok(Published::Refused)
+}
+
 /// Records that the current generation was seen, without changing anything else (for a
 /// Backup that has ended); a Backup that changed meanwhile is left to the next reconcile.
 pub async fn observe_generation(backup: &Backup, state: &State, api: &Api<Backup>) -> Result<()> {

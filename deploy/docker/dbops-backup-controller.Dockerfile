@@ -68,6 +68,7 @@ RUN if [ "${PG_CLIENTS_FROM}" = pgdg ]; then \
        --shell /usr/sbin/nologin dbops
 COPY --from=builder /out/dbops-backup-controller /usr/local/bin/dbops-backup-controller
 ENV DBOPS_PG_DUMP=/usr/lib/postgresql/${PG_NEWEST}/bin/pg_dump \
+    DBOPS_PG_RESTORE=/usr/lib/postgresql/${PG_NEWEST}/bin/pg_restore \
     DBOPS_PG_BIN_DIRS=${PG_BIN_DIRS}
 USER 65532:65532
 EXPOSE 8080

@@ -69,5 +69,25 @@ reasons! {
         CASecretInvalid => Retried,
         /// A cache has not listed its objects yet.
         CacheNotSynced => Retried,
+        /// `Verified=True`: the artifact restored with the tables, rows, objects and
+        /// extensions the dump saw.
+        VerificationPassed => Ready,
+        /// `Verified=Unknown`: the artifact is being restored and checked.
+        Verifying => Progressing,
+        /// The artifact read back from the store does not have its recorded SHA-256.
+        VerificationChecksumMismatch => Degraded,
+        /// pg_restore failed on the artifact (or it did not decrypt).
+        VerificationRestoreFailed => Degraded,
+        /// A table holds a different number of rows than the dump's snapshot did.
+        RowCountMismatch => Degraded,
+        /// The restored schema has other objects or extensions than the dump saw.
+        ObjectsMismatch => Degraded,
+        /// The artifact could not be verified: no `--verify-server`, no key to open it,
+        /// no inventory in its manifest, or the verification server refused.
+        VerificationUnavailable => Waits,
+        /// The artifact is larger than `--verify-max-bytes`.
+        VerificationTooLarge => Waits,
+        /// The verification took longer than `--verify-timeout`.
+        VerificationTimedOut => Waits,
     }
 }

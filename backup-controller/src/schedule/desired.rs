@@ -1,4 +1,4 @@
-//! The scheduled Backup to create for a slot.
+//! The scheduled Backup to create for a slot (verified when the schedule says so).
 
 use dbops_api::names::annotation::{DATABASE_UID, SCHEDULED_AT};
 use dbops_api::names::label::{MANAGED_BY, SCHEDULE_OF};
@@ -26,6 +26,7 @@ pub fn desired_backup(db: &Database, take: &Take) -> Backup {
             database_ref: DatabaseRef::to(database.clone()),
             deletion_policy: BackupDeletionPolicy::Delete,
             max_retries: 3,
+            verify: db.spec.backup.as_ref().is_some_and(|b| b.verify),
         },
     );
     backup.metadata = ObjectMeta {
@@ -106,6 +107,7 @@ mod tests {
         assert_eq!(b.metadata.namespace.as_deref(), Some("ns"));
         assert_eq!(b.spec.database_ref.name, "orders");
         assert_eq!(b.spec.deletion_policy, BackupDeletionPolicy::Delete);
+        assert!(!b.spec.verify, "not verified unless the schedule says so");
         assert_eq!(
             b.labels().get(SCHEDULE_OF).map(String::as_str),
             Some("orders")
@@ -155,5 +157,14 @@ mod tests {
         stored.metadata.uid = Some("b-uid".into());
         assert!(Scheduled::of(&stored, Some("db-uid")).owned_by_database);
         assert!(!Scheduled::of(&stored, Some("other-uid")).owned_by_database);
+    }
+
+    #[test]
+    fn a_schedule_that_verifies_makes_backups_that_verify() {
+        let mut db = scheduled_database(None);
+        if let Some(backup) = db.spec.backup.as_mut() {
+            backup.verify = true;
+        }
+        assert!(desired_backup(&db, &take()).spec.verify);
     }
 }

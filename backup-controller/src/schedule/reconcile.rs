@@ -55,6 +55,13 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Ac
     let plan = plan(&schedule, &name, created, now, &existing, keep_last);
     if let (Some(metrics), Some(interval)) = (ctx.metrics.backup(), schedule.interval_after(now)) {
         metrics.set_schedule_interval(&namespace, &name, interval);
+        if spec.verify {
+            let max_age =
+                i64::try_from(ctx.state.verification_max_age.as_secs()).unwrap_or(i64::MAX);
+            metrics.expect_verification(&namespace, &name, max_age, created.as_second());
+        } else {
+            metrics.forget_verification(&namespace, &name);
+        }
     }
 
     let api: Api<Backup> = Api::namespaced(ctx.client.clone(), &namespace);

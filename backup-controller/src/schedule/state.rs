@@ -13,6 +13,8 @@ pub struct State {
     /// The Backups that carry the label [`SCHEDULE_OF`](dbops_api::names::label::SCHEDULE_OF), from a reflector.
     pub backups: Store<Backup>,
     pub recorder: Recorder,
+    /// `--verification-max-age`: for the metric of Databases whose schedule verifies.
+    pub verification_max_age: std::time::Duration,
     /// The generation of each Database (by UID) whose invalid spec was already reported.
     warned: Mutex<HashMap<String, Option<i64>>>,
 }
@@ -22,6 +24,7 @@ impl State {
         Self {
             backups,
             recorder,
+            verification_max_age: std::time::Duration::from_secs(8 * 24 * 3600),
             warned: Mutex::new(HashMap::new()),
         }
     }

@@ -57,6 +57,9 @@ const TARGET_MAJOR: u32 = 17;
 /// Each DatabaseServer and its PostgreSQL server's name (`<state-dir>/<DatabaseServer>/`
 /// holds its data and its log `postgres-<name>.log`).
 const SERVERS: [(&str, &str); 2] = [("pg-main", "main"), ("pg-target", "target")];
+/// The DatabaseServer Backups with `verify: true` are restored on (`--verify-server`):
+/// pg-target's PostgreSQL again, admitting no namespace.
+const VERIFY_SERVER: &str = "pg-verify";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -225,7 +228,11 @@ async fn up(args: UpArgs) -> Result<()> {
     .await?;
     let port_warnings = apply_servers(
         &Kubectl::new(&kubeconfig),
-        &[("pg-main", main.port()), ("pg-target", target.port())],
+        &[
+            ("pg-main", main.port()),
+            ("pg-target", target.port()),
+            (VERIFY_SERVER, target.port()),
+        ],
     )?;
 
     let jaeger_dir = state.join("jaeger");
@@ -364,11 +371,19 @@ fn start_controllers(
         // The database-controller restores `spec.restoreFrom` from the same store.
         (
             "database-controller",
-            vec![store.clone(), pg_restore.clone(), identities],
+            vec![store.clone(), pg_restore.clone(), identities.clone()],
         ),
+        // It verifies Backups on pg-verify, opening encrypted ones with the identities.
         (
             "backup-controller",
-            vec![store, pg_dump.clone(), recipients],
+            vec![
+                store,
+                pg_dump.clone(),
+                pg_restore.clone(),
+                recipients,
+                identities.clone(),
+                format!("--verify-server={VERIFY_SERVER}"),
+            ],
         ),
         ("migration-controller", vec![pg_dump, pg_restore]),
     ]

@@ -52,6 +52,8 @@ pub struct Setup {
     pub identities: &'static BTreeMap<String, PathBuf>,
     /// Flags both controllers get after the common ones (a test sets them, then restarts).
     pub extra_args: Vec<String>,
+    /// Flags the backup-controller alone gets after the others (`--verify-server`, ...).
+    pub backup_args: Vec<String>,
     /// Both controllers' `--resync-interval` (5s unless a test sets it, then restarts).
     pub resync: &'static str,
     pub logs: tempfile::TempDir,
@@ -129,6 +131,7 @@ impl Setup {
             store_url,
             identities,
             extra_args: Vec::new(),
+            backup_args: Vec::new(),
             resync: "5s",
             logs,
         };
@@ -191,9 +194,32 @@ impl Setup {
         kill(&mut self.database_controller);
     }
 
+    /// The backup-controller with the store, Debian's pg_dump and pg_restore (a
+    /// verification restores with it), and [`Setup::backup_args`].
     pub fn start_backup_controller(&mut self) {
-        let c = self.start_with_store("backup-controller", "--pg-dump", "pg_dump");
+        let bin = crate::paths::postgres_bin_dir().unwrap();
+        let mut extra = vec![
+            format!("--backup-store={}", self.store_url),
+            format!("--pg-dump={}", bin.join("pg_dump").display()),
+            format!("--pg-restore={}", bin.join("pg_restore").display()),
+        ];
+        extra.extend(self.backup_args.iter().cloned());
+        let c = self.start_with_env("backup-controller", extra, &self.s3_env);
         self.backup_controller = Some(c);
+    }
+
+    /// A DatabaseServer on this test's PostgreSQL that admits no namespace (what a
+    /// verification server must be), with the admin Secret; its name.
+    pub async fn create_verify_server(&self) -> String {
+        let name = format!("{}-verify", self.ns());
+        let mut spec = crate::fixtures::server_spec(&self.pg, ADMIN_SECRET);
+        if let Some(spec) = spec.as_object_mut() {
+            spec.remove("allowedNamespaces");
+        }
+        crate::fixtures::create_server(&self.b.client, self.ns(), &name, spec)
+            .await
+            .unwrap();
+        name
     }
 
     /// SIGKILL: no chance to finish anything.
@@ -353,6 +379,62 @@ impl Setup {
                 && has(b, Want::new("Ready", "True", Some("Completed")))
         })
         .await
+    }
+
+    /// Writes Secret `name` in the controllers' namespace (the test's) with `key: text`.
+    pub async fn put_secret(&self, name: &str, key: &str, text: &str) {
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+            Api::namespaced(self.b.client.clone(), self.ns());
+        let secret = serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name},
+            "stringData": {key: text},
+        });
+        let apply = kube::api::PatchParams::apply("e2e").force();
+        secrets
+            .patch(name, &apply, &kube::api::Patch::Apply(&secret))
+            .await
+            .unwrap();
+    }
+
+    /// Waits until Backup `name`'s verification ended with `result` (`Passed`, `Failed`,
+    /// `Error`).
+    pub async fn wait_verification(&self, name: &str, result: &str, timeout: Duration) -> Backup {
+        let what = format!("verification {result}");
+        self.wait_backup(name, &what, timeout, |b| {
+            b.status
+                .as_ref()
+                .and_then(|s| s.verification.as_ref())
+                .is_some_and(|v| v.result.as_str() == result)
+        })
+        .await
+    }
+
+    /// The sum of the backup-controller's series of `metric` whose labels contain every
+    /// one of `labels` (e.g. `result="Passed"`), from its /metrics.
+    pub fn backup_metric(&self, metric: &str, labels: &[&str]) -> f64 {
+        let controller = self
+            .backup_controller
+            .as_ref()
+            .expect("a backup-controller");
+        let (code, text) = controller.get("/metrics").unwrap();
+        assert_eq!(code, 200, "{text}");
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{metric}{{")))
+            .filter(|l| labels.iter().all(|want| l.contains(want)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// The reasons of the Events about Backup `name` of `type_` (Normal, Warning).
+    pub async fn backup_event_reasons(&self, name: &str, type_: &str) -> Vec<String> {
+        crate::fixtures::events_about(&self.b.client, self.ns(), "Backup", name)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.type_.as_deref() == Some(type_))
+            .filter_map(|e| e.reason)
+            .collect()
     }
 
     /// Waits until Backup `name` is Failed.

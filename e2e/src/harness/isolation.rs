@@ -65,8 +65,8 @@ impl Logged for World {
 impl World {
     /// Servers `(name, major)`, each able to be a Logical source
     /// ([`crate::postgres::LOGICAL_REPLICATION`]), their admin Secrets and
-    /// DatabaseServers, a file backup store and the three controllers (this namespace
-    /// only, resync 5 s).
+    /// DatabaseServers, the first one's verification DatabaseServer (`<ns>-verify`), a
+    /// file backup store and the three controllers (this namespace only, resync 5 s).
     pub async fn start(prefix: &str, servers: &[(&'static str, u32)]) -> Self {
         Self::start_as(prefix, servers, AdminKind::for_tests()).await
     }
@@ -82,6 +82,18 @@ impl World {
                 .unwrap();
             started.push((name, pg));
         }
+        // The verification server: the first server again, as a DatabaseServer that admits
+        // no namespace (`spec.verify` restores there).
+        let verify_server = format!("{}-verify", b.ns.name());
+        if let Some((first, pg)) = started.first() {
+            let mut spec = crate::fixtures::server_spec(pg, &admin(first));
+            if let Some(spec) = spec.as_object_mut() {
+                spec.remove("allowedNamespaces");
+            }
+            crate::fixtures::create_server(&b.client, b.ns.name(), &verify_server, spec)
+                .await
+                .unwrap();
+        }
         let store = crate::harness::bed::test_dir(prefix, "store");
         let logs = crate::harness::bed::test_dir(prefix, "logs");
         let identities = crate::harness::bed::controller_identities(b.cp).await;
@@ -95,7 +107,15 @@ impl World {
                 "database-controller",
                 vec![store_arg.clone(), pg_restore.clone()],
             ),
-            ("backup-controller", vec![store_arg, pg_dump.clone()]),
+            (
+                "backup-controller",
+                vec![
+                    store_arg,
+                    pg_dump.clone(),
+                    pg_restore.clone(),
+                    format!("--verify-server={verify_server}"),
+                ],
+            ),
             ("migration-controller", vec![pg_dump, pg_restore]),
         ];
         let controllers = flags

@@ -27,20 +27,39 @@ use dbops_e2e::traps::pinned_superuser;
 use dbops_e2e::wait::{Want, wait_for};
 use serde_json::json;
 
-/// (a) A Backup of the trapped Database (pg_dump as the admin) and a new Database restored
-/// from it (pg_restore as the new owner, which rebuilds the index and checks every row):
-/// the tenant's code runs only as its owners.
+/// (a) A verified Backup of the trapped Database (pg_dump and the row counts of its
+/// snapshot as the admin; the verification's pg_restore and counts as a throwaway role)
+/// and a new Database restored from it (pg_restore as the new owner, which rebuilds the
+/// index and checks every row): the tenant's code runs only as its owners and as the
+/// verification's throwaway role.
 #[tokio::test]
-async fn a_backup_and_a_restore_run_no_tenant_code_as_the_admin() {
+async fn a_backup_its_verification_and_a_restore_run_no_tenant_code_as_the_admin() {
     let w = World::start("iso-restore", &[("pg", 15)]).await;
     w.trapped_database("app", "pg", json!({})).await;
-    create_backup(&w.b.client, w.ns(), "app-1", "app", json!({}))
+    let backup = create_backup(&w.b.client, w.ns(), "app-1", "app", json!({"verify": true}))
         .await
         .unwrap();
-    w.wait(w.api::<Backup>(), "app-1", "Completed", READY, |b| {
-        b.status.as_ref().and_then(|s| s.phase) == Some(BackupPhase::Completed)
-    })
-    .await;
+    let passed = w
+        .wait(
+            w.api::<Backup>(),
+            "app-1",
+            "Completed and verified",
+            READY,
+            |b| {
+                b.status.as_ref().and_then(|s| s.phase) == Some(BackupPhase::Completed)
+                    && b.status
+                        .as_ref()
+                        .and_then(|s| s.verification.as_ref())
+                        .is_some_and(|v| v.result.as_str() != "Running")
+            },
+        )
+        .await;
+    let v = passed.status.unwrap().verification.unwrap();
+    assert_eq!(v.result.as_str(), "Passed", "{v:?}");
+    assert_eq!(v.rows, Some(3), "{v:?}");
+    let scratch = format!("dbops-verify-{}", backup.metadata.uid.unwrap());
+    assert_reached_as(w.pg("pg"), "check", &scratch);
+    w.assert_no_escalation("a verified backup").await;
     let restore = json!({"restoreFrom": {"backupRef": {"name": "app-1"}}});
     w.create_database("copy", "pg", restore).await;
 

@@ -32,6 +32,10 @@ pub struct BackupArgs {
     /// database-controller (`--restore-jobs`, from a scratch copy); 1: one transaction.
     #[arg(long, default_value_t = 1)]
     restore_jobs: u16,
+    /// Also verify the controllers' Backups (`spec.verify`, on a second DatabaseServer of
+    /// the same PostgreSQL), one per round after the restores, against the by-hand restore.
+    #[arg(long)]
+    verify: bool,
 }
 
 /// How long one dump or restore may take on a busy 2-core machine.
@@ -58,9 +62,6 @@ pub async fn run(args: BackupArgs) -> Result<()> {
     let logs = tmp.path().join("logs");
     std::fs::create_dir_all(&logs)?;
     let kubeconfig = cp.kubeconfig_for("dbops-bench-controllers", &["system:masters"])?;
-    let start = |name: &str, extra: String| {
-        ControllerProcess::start(name, &kubeconfig, &logs, &common(&[extra]))
-    };
     let scratch = tmp.path().join("scratch");
     std::fs::create_dir_all(&scratch)?;
     let dbc = ControllerProcess::start(
@@ -73,9 +74,16 @@ pub async fn run(args: BackupArgs) -> Result<()> {
             format!("--restore-scratch-dir={}", scratch.display()),
         ]),
     )?;
-    let bkc = start(
+    let verify_server = server.create_verify_server(&client, &pg).await?;
+    let bkc = ControllerProcess::start(
         "backup-controller",
-        format!("--pg-dump={}", bin.join("pg_dump").display()),
+        &kubeconfig,
+        &logs,
+        &common(&[
+            format!("--pg-dump={}", bin.join("pg_dump").display()),
+            format!("--pg-restore={}", bin.join("pg_restore").display()),
+            format!("--verify-server={verify_server}"),
+        ]),
     )?;
     let w = World {
         client,
@@ -144,6 +152,15 @@ pub async fn run(args: BackupArgs) -> Result<()> {
             }
         }
     }
+    // Verifications: one controller Backup per round (restore on the verify server and
+    // the inventory compared), against the by-hand restores measured above.
+    let mut cv = vec![];
+    if args.verify {
+        for round in 0..args.rounds {
+            let name = format!("big-{}", 2 + 4 * round);
+            cv.push(controller_verify(&w, &name).await?);
+        }
+    }
     let (_, dump_rss) = proc_usage(bkc.process.pid())?;
     let (_, restore_rss) = proc_usage(dbc.process.pid())?;
 
@@ -181,6 +198,17 @@ pub async fn run(args: BackupArgs) -> Result<()> {
         tp(crm),
         brm / crm
     );
+    if !cv.is_empty() {
+        let cvm = median(&cv);
+        println!(
+            "| verify (restore on the verification server, counts compared) | {} s ({:.0} MB/s) | {} s ({:.0} MB/s) | {:.2} |",
+            list(&br),
+            tp(brm),
+            list(&cv),
+            tp(cvm),
+            brm / cvm
+        );
+    }
     println!(
         "| backup-controller peak RSS: after a {:.0} MB dump, after the {:.0} MB dumps | | {:.1} MiB, {:.1} MiB | |",
         mb(small_size),
@@ -358,6 +386,39 @@ pub(crate) async fn controller_dump(w: &World, db: &str, name: &str) -> Result<f
         bail!("Backup {name} failed");
     }
     eprintln!("controller dump {name}: {secs:.1} s");
+    Ok(secs)
+}
+
+/// Backup `name` (Completed) given `verify: true` and waited for until its verification
+/// ended, Passed; returns seconds.
+async fn controller_verify(w: &World, name: &str) -> Result<f64> {
+    let api: Api<Backup> = Api::namespaced(w.client.clone(), &w.ns);
+    let t = Instant::now();
+    let verify = serde_json::json!({"spec": {"verify": true}});
+    api.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&verify),
+    )
+    .await?;
+    let done = dbops_e2e::wait::wait_for(
+        &format!("Backup {name} verified"),
+        LONG,
+        || async { Ok(api.get_opt(name).await?) },
+        |b| {
+            b.as_ref()
+                .and_then(|b| b.status.as_ref())
+                .and_then(|s| s.verification.as_ref())
+                .is_some_and(|v| v.result.as_str() != "Running")
+        },
+    )
+    .await?;
+    let secs = t.elapsed().as_secs_f64();
+    let v = done.and_then(|b| b.status).and_then(|s| s.verification);
+    if v.as_ref().map(|v| v.result.as_str()) != Some("Passed") {
+        bail!("Backup {name}: verification {v:?}");
+    }
+    eprintln!("controller verify {name}: {secs:.1} s");
     Ok(secs)
 }
 

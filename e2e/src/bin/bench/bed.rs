@@ -147,6 +147,30 @@ impl BenchServer {
         })
     }
 
+    /// A second DatabaseServer on `pg`, admitting no namespace (what `--verify-server`
+    /// must name), with the same admin Secret; its name.
+    pub async fn create_verify_server(
+        &self,
+        client: &kube::Client,
+        pg: &PgServer,
+    ) -> Result<String> {
+        let name = format!("{}-verify", self.name);
+        let server: DatabaseServer = serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbops.dev/v1alpha1", "kind": "DatabaseServer",
+            "metadata": {"name": name, "labels": {BENCH_LABEL: self.name}},
+            "spec": {
+                "host": pg.host(), "port": pg.port(),
+                "adminSecretRef": {"name": "pg-admin"},
+                "tls": {"mode": "disable"},
+            }
+        }))?;
+        Api::<DatabaseServer>::all(client.clone())
+            .create(&PostParams::default(), &server)
+            .await
+            .with_context(|| format!("creating DatabaseServer {name}"))?;
+        Ok(name)
+    }
+
     /// `--controller-namespace` and `--server-selector` for the controllers of this run.
     pub fn controller_args(&self) -> [String; 2] {
         [

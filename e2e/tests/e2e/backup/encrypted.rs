@@ -13,8 +13,6 @@ use dbops_e2e::harness::backup::{READY, S3_BUCKET, Setup};
 use dbops_e2e::postgres::scalar;
 use dbops_e2e::wait::{Want, condition};
 use dbops_shared::sealing::Identities;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 const RECIPIENTS: &str = "backup-recipients";
@@ -22,20 +20,7 @@ const IDENTITIES: &str = "backup-identities";
 
 /// Writes Secret `name` (the controllers' namespace is the test's) with `key: text`.
 async fn put_keys(s: &Setup, name: &str, key: &str, text: &str) {
-    let secrets: Api<Secret> = Api::namespaced(s.b.client.clone(), s.ns());
-    let secret = json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": name},
-        "stringData": {key: text},
-    });
-    secrets
-        .patch(
-            name,
-            &PatchParams::apply("e2e").force(),
-            &Patch::Apply(&secret),
-        )
-        .await
-        .unwrap();
+    s.put_secret(name, key, text).await;
 }
 
 /// Both controllers restarted with the key flags (each reads the one it uses).

@@ -13,4 +13,5 @@ mod dump;
 mod encrypted;
 mod restore;
 mod s3;
+mod verified;
 mod waits;
