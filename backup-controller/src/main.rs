@@ -105,6 +105,13 @@ struct Args {
     #[arg(long, env = "DBOPS_VERIFY_MAX_BYTES", default_value_t = 10 * 1024 * 1024 * 1024)]
     verify_max_bytes: u64,
 
+    /// Whether every dump counts what it saw (rows per table, objects, extensions, in the
+    /// dump's own snapshot, while it runs), so that any Backup can be verified later, not
+    /// only those created with `spec.verify` (which always count). It reads each table
+    /// once more: 0.85 of a plain dump's throughput at 1 GB on 2 cores, against 0.94.
+    #[arg(long, env = "DBOPS_DUMP_INVENTORY", default_value_t = false, action = clap::ArgAction::Set)]
+    dump_inventory: bool,
+
     /// How long a Database whose schedule verifies (`spec.backup.verify`) may go without
     /// a passed verification: the value of `dbops_backup_verification_max_age_seconds`,
     /// which the alert `DbopsBackupNotVerified` compares with the last one.
@@ -170,6 +177,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                     timeout: args.verify_timeout,
                     max_bytes: args.verify_max_bytes,
                     identities_secret: args.base.store.backup_identities_secret,
+                    inventory: args.dump_inventory,
                     running: Arc::new(tokio::sync::Semaphore::new(1)),
                 },
             };
@@ -272,6 +280,7 @@ mod tests {
         assert_eq!(args.pg_restore, PathBuf::from("pg_restore"));
         assert!(args.pg_bin_dirs.is_empty());
         assert_eq!(args.verify_server, None);
+        assert!(!args.dump_inventory);
         assert_eq!(args.verify_timeout, Duration::from_secs(1800));
         assert_eq!(args.verify_max_bytes, 10 << 30);
         assert_eq!(

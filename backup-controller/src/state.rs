@@ -59,6 +59,9 @@ pub struct Verification {
     pub max_bytes: u64,
     /// `--backup-identities-secret`: the Secret whose identities open encrypted artifacts.
     pub identities_secret: Option<String>,
+    /// `--dump-inventory`: every dump counts what it saw (else only those of Backups
+    /// created with `spec.verify`).
+    pub inventory: bool,
     /// One verification at a time: the others wait for it.
     pub running: std::sync::Arc<tokio::sync::Semaphore>,
 }

@@ -36,6 +36,10 @@ pub struct BackupArgs {
     /// the same PostgreSQL), one per round after the restores, against the by-hand restore.
     #[arg(long)]
     verify: bool,
+    /// The backup-controller's `--dump-inventory`: every dump counts its rows, objects and
+    /// extensions (implied by `--verify`, which verifies Backups made without `verify`).
+    #[arg(long)]
+    inventory: bool,
 }
 
 /// How long one dump or restore may take on a busy 2-core machine.
@@ -83,6 +87,7 @@ pub async fn run(args: BackupArgs) -> Result<()> {
             format!("--pg-dump={}", bin.join("pg_dump").display()),
             format!("--pg-restore={}", bin.join("pg_restore").display()),
             format!("--verify-server={verify_server}"),
+            format!("--dump-inventory={}", args.inventory || args.verify),
         ]),
     )?;
     let w = World {
@@ -104,8 +109,10 @@ pub async fn run(args: BackupArgs) -> Result<()> {
     let small_size = database_size(&w, "small").await?;
 
     println!(
-        "# backup benchmark: pgbench scale {}, restore jobs {}\n",
-        args.scale, args.restore_jobs
+        "# backup benchmark: pgbench scale {}, restore jobs {}, dump inventory {}\n",
+        args.scale,
+        args.restore_jobs,
+        args.inventory || args.verify
     );
     create_database(&w, "big", None).await?;
     let t = Instant::now();

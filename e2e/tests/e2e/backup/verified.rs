@@ -52,14 +52,19 @@ async fn set_verify(s: &Setup, name: &str) {
         .unwrap();
 }
 
-/// Restarts the backup-controller with `--verify-server=<server>`.
+/// Restarts the backup-controller with `--verify-server=<server>`, every dump taking
+/// its inventory (so that a Backup made without `verify` can be verified later).
 fn restart_with_verify_server(s: &mut Setup, server: &str) {
     s.kill_backup_controller();
-    s.backup_args = vec![format!("--verify-server={server}")];
+    s.backup_args = vec![
+        format!("--verify-server={server}"),
+        "--dump-inventory=true".into(),
+    ];
     s.start_backup_controller();
 }
 
-/// Without a verification server, and with one that admits tenants: Error, saying why.
+/// Without a verification server, with one that admits tenants, and for a Backup whose
+/// dump counted nothing (made without `verify`, `--dump-inventory=false`): Error, saying why.
 /// With one: Passed with every table and row, nothing left; a changed byte in the store
 /// Failed (VerificationChecksumMismatch); a row count changed in the manifest Failed
 /// (RowCountMismatch, naming the table); each a condition, an Event and a metric.
@@ -74,6 +79,11 @@ async fn a_verified_backup_passes_and_a_changed_artifact_or_inventory_fails() {
          ALTER VIEW big_accounts OWNER TO source; ALTER FUNCTION add(int, int) OWNER TO source;",
     )
     .await;
+
+    // A Backup made without verify by a controller with the default --dump-inventory=false:
+    // its dump counted nothing, so it cannot be verified later.
+    s.create_backup("uncounted", "source", json!({})).await;
+    s.wait_completed("uncounted", READY).await;
 
     // No --verify-server: Error, and nothing judged.
     s.create_backup("unverifiable", "source", json!({"verify": true}))
