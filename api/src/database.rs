@@ -24,6 +24,7 @@ use crate::common::{DatabaseDeletionPolicy, LocalObjectReference, ServerReferenc
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "Ready condition"),
     printcolumn(name = "Server", type_ = "string", json_path = ".spec.serverRef.name", description = "DatabaseServer"),
     printcolumn(name = "Database", type_ = "string", json_path = ".status.databaseName", description = "Database name in PostgreSQL"),
+    printcolumn(name = "Expires", type_ = "date", json_path = ".status.expiresAt", description = "When the Database is deleted (spec.expireAfter or spec.expiresAt)"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("has(self.spec.databaseName) || self.metadata.name.matches('^[a-z_][a-z0-9_-]{0,62}$')").message("spec.databaseName is required when metadata.name (with '-' read as '_') is not a PostgreSQL identifier of at most 63 characters").field_path(".spec.databaseName"),
 )]
@@ -33,6 +34,7 @@ use crate::common::{DatabaseDeletionPolicy, LocalObjectReference, ServerReferenc
     validation = Rule::new("has(self.owner) == has(oldSelf.owner) && (!has(self.owner) || self.owner == oldSelf.owner)").message("owner is immutable").field_path(".owner"),
     validation = Rule::new("!has(self.restoreFrom) || (has(oldSelf.restoreFrom) && self.restoreFrom == oldSelf.restoreFrom)").message("restoreFrom can only be set when the Database is created").field_path(".restoreFrom"),
 )]
+#[x_kube(validation = Rule::new("!(has(self.expireAfter) && has(self.expiresAt))").message("set expireAfter or expiresAt, not both").field_path(".expiresAt"))]
 pub struct DatabaseSpec {
     /// The DatabaseServer that holds the database. It must allow this namespace. A
     /// Migration changes it at cutover.
@@ -84,6 +86,19 @@ pub struct DatabaseSpec {
     /// created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_from: Option<RestoreSource>,
+
+    /// Delete the Database (with its own `deletionPolicy`) this long after it was created,
+    /// for example `72h` or `90m` (units `s`, `m`, `h`); a Warning Event says so a tenth
+    /// of its life before, at most an hour. Changing it extends or shortens the life.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]{1,9}(s|m|h))+$')").message("expireAfter must be a duration such as 72h, 90m or 1h30m (units s, m, h)"))]
+    pub expire_after: Option<String>,
+
+    /// Delete the Database (with its own `deletionPolicy`) at this time (RFC 3339); the
+    /// same as `expireAfter`, as an instant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 fn default_connection_limit() -> i32 {
@@ -209,6 +224,59 @@ pub struct DatabaseStatus {
     /// acted on.
     #[serde(flatten)]
     pub rotation: RotationStatus,
+
+    /// When the Database is deleted (`spec.expireAfter` from its creation, or
+    /// `spec.expiresAt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+}
+
+impl Database {
+    /// When the Database expires (`spec.expiresAt`, or `spec.expireAfter` after its
+    /// creation), if it does; `Err` names a duration the CRD's pattern let through but
+    /// that does not fit.
+    pub fn expires_at(&self) -> Result<Option<k8s_openapi::jiff::Timestamp>, String> {
+        if let Some(at) = &self.spec.expires_at {
+            return Ok(Some(at.0));
+        }
+        let Some(after) = &self.spec.expire_after else {
+            return Ok(None);
+        };
+        let Some(created) = &self.metadata.creation_timestamp else {
+            return Ok(None);
+        };
+        let seconds = duration_seconds(after).ok_or_else(|| {
+            format!("spec.expireAfter {after:?} is not a duration such as 72h, 90m or 1h30m")
+        })?;
+        let after = k8s_openapi::jiff::SignedDuration::from_secs(seconds);
+        created
+            .0
+            .checked_add(after)
+            .map(Some)
+            .map_err(|_| "spec.expireAfter is too long".to_string())
+    }
+}
+
+/// Seconds of a duration written as `<integer><unit>` parts, units `s`, `m`, `h`.
+fn duration_seconds(text: &str) -> Option<i64> {
+    let mut total: i64 = 0;
+    let mut number = String::new();
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            number.push(c);
+            continue;
+        }
+        let unit = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            _ => return None,
+        };
+        let n: i64 = number.parse().ok()?;
+        total = total.checked_add(n.checked_mul(unit)?)?;
+        number.clear();
+    }
+    (number.is_empty() && total > 0).then_some(total)
 }
 
 /// Lifecycle phase of a Database.
@@ -259,5 +327,24 @@ impl Database {
             "{}-connection",
             self.metadata.name.as_deref().unwrap_or_default()
         )
+    }
+}
+
+#[cfg(test)]
+mod expiry_tests {
+    use super::duration_seconds;
+
+    #[test]
+    fn expiry_durations_read_as_the_pattern_allows() {
+        assert_eq!(duration_seconds("72h"), Some(72 * 3600));
+        assert_eq!(duration_seconds("1h30m"), Some(5400));
+        assert_eq!(duration_seconds("45s"), Some(45));
+        assert_eq!(duration_seconds("0s"), None);
+        assert_eq!(duration_seconds("3d"), None);
+        assert_eq!(duration_seconds("12"), None);
+        assert_eq!(
+            duration_seconds("999999999h999999999h"),
+            Some(2 * 999_999_999 * 3600)
+        );
     }
 }

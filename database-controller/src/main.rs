@@ -22,6 +22,7 @@ mod admit;
 mod connection;
 mod delete;
 mod error;
+mod expiry;
 mod finalizer;
 mod limits;
 mod live;
@@ -163,6 +164,7 @@ impl Shared {
             recorder: Recorder::new(self.client.clone(), controller::reporter(CONTROLLER)),
             migrations: self.migrations.clone(),
             verified: Verified::default(),
+            expiry_warned: Default::default(),
             statuses: dbops_shared::status::StatusWriter::default(),
             databases: self.databases.clone(),
             tenants: self.tenants.clone(),

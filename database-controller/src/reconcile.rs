@@ -22,6 +22,7 @@ use kube::runtime::controller::Action;
 
 use crate::delete::cleanup;
 use crate::error::{Error, Result};
+use crate::expiry;
 use crate::finalizer::sync_finalizer;
 use crate::provision::provision;
 use crate::state::State;
@@ -58,26 +59,33 @@ async fn reconcile_held(db: &Database, ctx: &Context<State>) -> Result<Action> {
     let migration = active_migration(ctx, db).await?;
 
     if db.metadata.deletion_timestamp.is_some() {
+        ctx.state
+            .expiry_warned
+            .forget(&db.uid().unwrap_or_default());
         return cleanup(db, ctx, &api, migration.as_deref()).await;
     }
     sync_finalizer(db, &api, migration.is_some()).await?;
+    let (expired, expiry_next) = expiry::act(db, ctx, &api, migration.as_deref()).await?;
+    if expired {
+        // The deletion's event brings it back, to the finalizer's work.
+        return Ok(Action::await_change());
+    }
+    let resync = expiry_next.map_or(ctx.resync_interval, |n| n.min(ctx.resync_interval));
 
     let outcome = provision(db, ctx, migration.is_some()).await;
     match outcome {
         Err(Error::Superseded(why)) => return Err(Error::Superseded(why)),
         // Nothing was read, the status stands: looked at again at the next resync.
-        Err(Error::Deferred) => return Ok(Action::requeue(ctx.resync_interval)),
+        Err(Error::Deferred) => return Ok(Action::requeue(resync)),
         _ => {}
     }
     status::publish(db, ctx, &api, &outcome, migration.as_deref()).await?;
     match outcome {
         Ok(p) => Ok(Action::requeue(
-            p.logins
-                .next
-                .map_or(ctx.resync_interval, |n| n.min(ctx.resync_interval)),
+            p.logins.next.map_or(resync, |n| n.min(resync)),
         )),
         // Nothing to retry until something changes; the watches and the resync notice.
-        Err(Error::Blocked { .. }) => Ok(Action::requeue(ctx.resync_interval)),
+        Err(Error::Blocked { .. }) => Ok(Action::requeue(resync)),
         // Transient, a breaker refusal included: the error policy's per-object backoff
         // grows (an Ok here would reset it). The server's return wakes it sooner: the
         // DatabaseServer turning Ready maps to its Databases.

@@ -34,6 +34,8 @@ pub struct State {
     pub migrations: Arc<std::sync::OnceLock<Store<Migration>>>,
     /// When each Database's PostgreSQL state was last verified, and at which generation.
     pub verified: Verified,
+    /// The expiry instants already warned about (`spec.expireAfter`), by UID.
+    pub expiry_warned: ExpiryWarnings,
     /// The Database status writes (the shared path), and the status to decide on when
     /// the cache has not shown the last one yet ([`StatusWriter::latest`]).
     pub statuses: StatusWriter<Database>,
@@ -143,6 +145,27 @@ pub struct Provisioned {
     pub size_limit: Option<i64>,
     /// The login in the connection Secret, and the rotation's state.
     pub logins: Logins,
+}
+
+/// The expiry instants this process warned about (`spec.expireAfter`: one Warning Event
+/// per instant), by Database UID.
+#[derive(Default)]
+pub struct ExpiryWarnings(
+    std::sync::Mutex<std::collections::HashMap<String, k8s_openapi::jiff::Timestamp>>,
+);
+
+impl ExpiryWarnings {
+    /// Whether the warning of `uid` expiring at `at` is new (and records it).
+    pub fn first(&self, uid: &str, at: k8s_openapi::jiff::Timestamp) -> bool {
+        let mut warned = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        warned.insert(uid.to_string(), at) != Some(at)
+    }
+
+    /// A Database gone: its entry goes.
+    pub fn forget(&self, uid: &str) {
+        let mut warned = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        warned.remove(uid);
+    }
 }
 
 #[cfg(test)]

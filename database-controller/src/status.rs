@@ -106,6 +106,7 @@ pub fn desired(
     let mut new = old.clone();
     new.observed_generation = db.metadata.generation;
     new.database_name = Some(db.database_name());
+    new.expires_at = db.expires_at().ok().flatten().map(Time);
     match outcome {
         Ok(p) => provisioned(db, old, &mut new, p, t.clone()),
         Err(e) => failed(old, &mut new, e, db.metadata.generation, t.clone()),

@@ -11,6 +11,7 @@
 mod conflicts;
 mod deletion;
 mod drift;
+mod expiry;
 mod faults;
 mod provisioning;
 mod servers;

@@ -416,12 +416,13 @@ async fn the_apiserver_refuses_a_controller_what_it_does_not_need() {
             None,
             false,
         ),
+        // It deletes a Database that expired (spec.expireAfter), and no other kind.
         (
             &as_database,
             "delete",
             "databases.dbops.dev",
             Some(&ns),
-            false,
+            true,
         ),
         (
             &as_database,
