@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dbops_api::BackupPhase;
+use dbops_api::{Backup, BackupPhase};
 use dbops_e2e::harness::backup::{
     FINALIZER, READY, Setup, database_uid, phase, sha256_of, verify_artifact,
 };
@@ -203,4 +203,41 @@ async fn a_final_snapshot_is_of_the_database_being_deleted_never_an_earlier_one(
     assert_eq!(database_uid(&own), Some(uid.as_str()));
     s.wait_gone(s.databases(), "orders", &uid, READY).await;
     assert!(!s.pg.database_exists("orders").await.unwrap());
+}
+
+/// `expireAfter` with `deletionPolicy: Snapshot` (issue 38): the expired Database gets
+/// its final Backup, Completed, before its database is dropped and it is gone.
+#[tokio::test]
+async fn an_expired_snapshot_policy_database_is_backed_up_before_it_is_dropped() {
+    let s = Setup::new("bk-expire-snap").await;
+    s.create_database_spec(
+        "brief",
+        dbops_e2e::harness::backup::ADMIN_SECRET,
+        json!({"deletionPolicy": "Snapshot", "expireAfter": "30s"}),
+    )
+    .await;
+    let db = s.wait_database_ready("brief").await;
+    s.pgbench("brief", 1).await;
+    s.wait_object_gone(s.databases(), &db, Duration::from_secs(180))
+        .await;
+    s.pg.assert_dropped("brief").await;
+    let finals: Vec<Backup> = s
+        .backups()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|b| {
+            b.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("brief-final-"))
+        })
+        .collect();
+    assert_eq!(finals.len(), 1, "one final Backup");
+    assert_eq!(phase(&finals[0]), Some(BackupPhase::Completed));
+    assert_eq!(database_uid(&finals[0]), db.metadata.uid.as_deref());
+    let toc = verify_artifact(&s, &finals[0]);
+    assert!(toc.contains("TABLE DATA public pgbench_accounts"), "{toc}");
 }
