@@ -344,22 +344,15 @@ async fn pick_pg_restore(
     let (num, version) = ddl::server_version(admin)
         .await
         .map_err(|e| error(BackupReason::VerificationUnavailable, e.to_string()))?;
-    let target_major = u32::try_from(num / 10000).unwrap_or(0);
-    let pg_restores = state.clients.pg_restores().await;
-    let archive_major = prepared
-        .pg_dump_major
-        .or_else(|| pg_restores.iter().map(|p| p.version.major).max())
-        .unwrap_or(0);
-    pg_tools::pick_restore(&pg_restores, archive_major, target_major, &version)
-        .map(|p| p.path.clone())
-        .map_err(|refusal| {
-            error(
-                BackupReason::VerificationUnavailable,
-                format!(
-                    "{refusal}: run the backup-controller with one (--pg-restore, --pg-bin-dir)"
-                ),
-            )
-        })
+    let restore = state
+        .clients
+        .pg_restore_for(prepared.pg_dump_major, num, &version);
+    restore.await.map_err(|refusal| {
+        error(
+            BackupReason::VerificationUnavailable,
+            format!("{refusal}: run the backup-controller with one (--pg-restore, --pg-bin-dir)"),
+        )
+    })
 }
 
 /// Step 3: pg_restore as the scratch role, fed the artifact from the store.

@@ -323,15 +323,10 @@ async fn pick_pg_restore(
     artifact: &Artifact,
 ) -> Result<std::path::PathBuf> {
     let (num, version) = ddl::server_version(session).await?;
-    let target_major = u32::try_from(num / 10000).unwrap_or(0);
-    let pg_restores = restorer.clients.pg_restores().await;
-    let archive_major = artifact
-        .pg_dump_major
-        .or_else(|| pg_restores.iter().map(|p| p.version.major).max())
-        .unwrap_or(0);
-    pg_tools::pick_restore(&pg_restores, archive_major, target_major, &version)
-        .map(|p| p.path.clone())
-        .map_err(|refusal| {
+    let restore = restorer
+        .clients
+        .pg_restore_for(artifact.pg_dump_major, num, &version);
+    restore.await.map_err(|refusal| {
             blocked(
                 refusal.reason,
                 format!(

@@ -140,6 +140,22 @@ impl ControllerProcess {
     pub fn get(&self, path: &str) -> Result<(u16, String)> {
         http_get(self.metrics_port, path)
     }
+
+    /// The sum of the series of `metric` (e.g. `dbops_reconciles_total`) whose labels
+    /// contain every one of `labels` (e.g. `result="Passed"`), from its /metrics; panics
+    /// when /metrics does not answer 200 (a test harness's check).
+    pub fn metric_sum(&self, metric: &str, labels: &[&str]) -> f64 {
+        let (code, text) = match self.get("/metrics") {
+            Ok(answer) => answer,
+            Err(e) => panic!("GET /metrics: {e:#}"),
+        };
+        assert_eq!(code, 200, "{text}");
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{metric}{{")))
+            .filter(|l| labels.iter().all(|want| l.contains(want)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
 }
 
 /// Ends `controller`, if one runs: `signal` (`TERM`, `KILL`), then waits up to `timeout`

@@ -61,6 +61,16 @@ pub fn server_spec(pg: &PgServer, admin: &str) -> serde_json::Value {
     })
 }
 
+/// [`server_spec`] admitting no namespace: what a verification server (`--verify-server`)
+/// must be.
+pub fn verify_server_spec(pg: &PgServer, admin: &str) -> serde_json::Value {
+    let mut spec = server_spec(pg, admin);
+    if let Some(spec) = spec.as_object_mut() {
+        spec.remove("allowedNamespaces");
+    }
+    spec
+}
+
 /// Creates the DatabaseServer `name` with `spec`, labelled as test namespace `ns`'s.
 pub async fn create_server(
     client: &kube::Client,

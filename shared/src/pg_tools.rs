@@ -311,6 +311,24 @@ impl Clients {
     pub async fn pg_restores(&self) -> Vec<Program> {
         probe(&self.pg_restore).await
     }
+
+    /// The pg_restore for an archive of pg_dump `archive_major` (unknown: taken as the
+    /// newest pg_restore's) into a server of `server_version_num` (`server_version`
+    /// in words): [`pick_restore`] among [`Clients::pg_restores`].
+    pub async fn pg_restore_for(
+        &self,
+        archive_major: Option<u32>,
+        server_version_num: i32,
+        server_version: &str,
+    ) -> Result<PathBuf, Refusal> {
+        let target_major = u32::try_from(server_version_num / 10000).unwrap_or(0);
+        let pg_restores = self.pg_restores().await;
+        let archive_major = archive_major
+            .or_else(|| pg_restores.iter().map(|p| p.version.major).max())
+            .unwrap_or(0);
+        pick_restore(&pg_restores, archive_major, target_major, server_version)
+            .map(|p| p.path.clone())
+    }
 }
 
 async fn probe(paths: &[PathBuf]) -> Vec<Program> {

@@ -212,10 +212,7 @@ impl Setup {
     /// verification server must be), with the admin Secret; its name.
     pub async fn create_verify_server(&self) -> String {
         let name = format!("{}-verify", self.ns());
-        let mut spec = crate::fixtures::server_spec(&self.pg, ADMIN_SECRET);
-        if let Some(spec) = spec.as_object_mut() {
-            spec.remove("allowedNamespaces");
-        }
+        let spec = crate::fixtures::verify_server_spec(&self.pg, ADMIN_SECRET);
         crate::fixtures::create_server(&self.b.client, self.ns(), &name, spec)
             .await
             .unwrap();

@@ -86,10 +86,7 @@ impl World {
         // no namespace (`spec.verify` restores there).
         let verify_server = format!("{}-verify", b.ns.name());
         if let Some((first, pg)) = started.first() {
-            let mut spec = crate::fixtures::server_spec(pg, &admin(first));
-            if let Some(spec) = spec.as_object_mut() {
-                spec.remove("allowedNamespaces");
-            }
+            let spec = crate::fixtures::verify_server_spec(pg, &admin(first));
             crate::fixtures::create_server(&b.client, b.ns.name(), &verify_server, spec)
                 .await
                 .unwrap();

@@ -356,11 +356,5 @@ pub async fn wait_for_clock(t: Timestamp) {
 /// The sum of the backup-scheduler's series of `metric` (e.g. `dbops_reconciles_total`)
 /// whose labels contain `label` (e.g. `outcome="success"`), from a replica's /metrics.
 pub fn scheduler_metric(replica: &ControllerProcess, metric: &str, label: &str) -> f64 {
-    let (code, text) = replica.get("/metrics").unwrap();
-    assert_eq!(code, 200, "{text}");
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{metric}{{")))
-        .filter(|l| l.contains(r#"controller="backup-scheduler""#) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .fold(0.0, |sum, v| sum + v)
+    replica.metric_sum(metric, &[r#"controller="backup-scheduler""#, label])
 }
