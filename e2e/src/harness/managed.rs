@@ -174,6 +174,10 @@ impl Majors {
         let group = group.unwrap();
         assert!(!pg.role_exists(&group).await.unwrap(), "{group} dropped");
         drop((su, owner, rotated, ro));
+        // The superuser session above ends a moment after its client is dropped; until
+        // then a managed admin cannot end it (DROP DATABASE ... WITH (FORCE): "must be a
+        // superuser to terminate superuser process"), and the deletion would wait on it.
+        pg.wait_no_superuser_session(&db).await.unwrap();
         for name in [&db, &keep, &copy] {
             let d = self.databases().get(name).await.unwrap();
             self.databases()

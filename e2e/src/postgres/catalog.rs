@@ -16,6 +16,32 @@ impl PgServer {
         .await
     }
 
+    /// Waits (up to 30 s) until no superuser session is connected to `database`: a test's
+    /// superuser client, once dropped, closes its connection a moment later, and a
+    /// managed admin's `DROP DATABASE ... WITH (FORCE)` may not end a superuser's session.
+    pub async fn wait_no_superuser_session(&self, database: &str) -> Result<()> {
+        let admin = self.connect_as_superuser().await?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let n: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity a JOIN pg_roles r ON r.oid = a.usesysid \
+                      WHERE a.datname = $1 AND r.rolsuper AND a.pid <> pg_backend_pid()",
+                    &[&database],
+                )
+                .await?
+                .get(0);
+            if n == 0 {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "{n} superuser session(s) still on {database} after 30 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     /// Whether `database` is frozen for new sessions of `role` (its owner): a connection
     /// limit of 0 (a superuser admin's freeze) or `role` without CONNECT on it (another
     /// admin's).
