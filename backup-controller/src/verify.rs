@@ -376,13 +376,8 @@ async fn run_pg_restore(
     )
     .map_err(|e| unavailable(format!("could not run {program}: {e}")))?;
     command
-        .args([
-            "--exit-on-error",
-            "--no-owner",
-            "--no-privileges",
-            "--no-password",
-            "--single-transaction",
-        ])
+        .args(pg_tools::RESTORE_AS_OWNER)
+        .arg("--single-transaction")
         .arg(format!("--dbname={}", prepared.scratch))
         .stdin(Stdio::piped())
         .stdout(Stdio::null());

@@ -370,12 +370,7 @@ async fn run_pg_restore(
     )
     .map_err(could_not_run)?;
     command
-        .args([
-            "--exit-on-error",
-            "--no-owner",
-            "--no-privileges",
-            "--no-password",
-        ])
+        .args(pg_tools::RESTORE_AS_OWNER)
         .arg(format!("--dbname={}", db.database_name()))
         .stdout(Stdio::null());
     match &scratch {

@@ -16,6 +16,16 @@ use tokio::io::AsyncReadExt;
 use tokio::process::{ChildStderr, Command};
 use tokio::task::JoinHandle;
 
+/// pg_restore's flags for a restore as the database's owner (the controllers restore as
+/// the role that is to own everything, never as the admin): stop at the first error, no
+/// ownership or privileges from the archive, never a password prompt.
+pub const RESTORE_AS_OWNER: [&str; 4] = [
+    "--exit-on-error",
+    "--no-owner",
+    "--no-privileges",
+    "--no-password",
+];
+
 /// How much of a program's stderr is kept for an error message: its last 4 KiB.
 pub const STDERR_KEPT: usize = 4096;
 

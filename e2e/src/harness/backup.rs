@@ -414,13 +414,7 @@ impl Setup {
             .backup_controller
             .as_ref()
             .expect("a backup-controller");
-        let (code, text) = controller.get("/metrics").unwrap();
-        assert_eq!(code, 200, "{text}");
-        text.lines()
-            .filter(|l| l.starts_with(&format!("{metric}{{")))
-            .filter(|l| labels.iter().all(|want| l.contains(want)))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        controller.metric_sum(metric, labels)
     }
 
     /// The reasons of the Events about Backup `name` of `type_` (Normal, Warning).
