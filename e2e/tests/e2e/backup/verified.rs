@@ -41,6 +41,15 @@ async fn assert_nothing_left(s: &Setup, b: &Backup) {
     );
 }
 
+/// Backup `b`'s verification was told by an Event of `type_` and `reason`, and left
+/// nothing on the server.
+async fn assert_told_and_cleaned(s: &Setup, b: &Backup, type_: &str, reason: &str) {
+    let name = b.metadata.name.as_deref().unwrap();
+    let reasons = s.backup_event_reasons(name, type_).await;
+    assert!(reasons.iter().any(|r| r == reason), "{name}: {reasons:?}");
+    assert_nothing_left(s, b).await;
+}
+
 async fn set_verify(s: &Setup, name: &str) {
     s.backups()
         .patch(
@@ -133,12 +142,7 @@ async fn a_verified_backup_passes_and_a_changed_artifact_or_inventory_fails() {
         ("True", "VerificationPassed")
     );
     assert!(message.contains(&format!("{rows} rows")), "{message}");
-    assert!(
-        s.backup_event_reasons("good", "Normal")
-            .await
-            .contains(&"Verified".to_string())
-    );
-    assert_nothing_left(&s, &good).await;
+    assert_told_and_cleaned(&s, &good, "Normal", "Verified").await;
     assert_eq!(
         s.backup_metric("dbops_backup_verifications_total", &[r#"result="Passed""#]),
         1.0
@@ -164,12 +168,7 @@ async fn a_verified_backup_passes_and_a_changed_artifact_or_inventory_fails() {
         message.contains("not the artifact that was written"),
         "{message}"
     );
-    assert!(
-        s.backup_event_reasons("changed", "Warning")
-            .await
-            .contains(&"VerificationChecksumMismatch".to_string())
-    );
-    assert_nothing_left(&s, &changed).await;
+    assert_told_and_cleaned(&s, &changed, "Warning", "VerificationChecksumMismatch").await;
     drop((artifact, manifest));
 
     // The inventory says one more row than the dump holds: RowCountMismatch, naming it.
@@ -197,12 +196,7 @@ async fn a_verified_backup_passes_and_a_changed_artifact_or_inventory_fails() {
         )),
         "{message}"
     );
-    assert!(
-        s.backup_event_reasons("miscounted", "Warning")
-            .await
-            .contains(&"RowCountMismatch".to_string())
-    );
-    assert_nothing_left(&s, &miscounted).await;
+    assert_told_and_cleaned(&s, &miscounted, "Warning", "RowCountMismatch").await;
     assert_eq!(
         s.backup_metric("dbops_backup_verifications_total", &[r#"result="Failed""#]),
         2.0
