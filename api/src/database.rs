@@ -27,6 +27,7 @@ use crate::common::{DatabaseDeletionPolicy, LocalObjectReference, ServerReferenc
     printcolumn(name = "Expires", type_ = "date", json_path = ".status.expiresAt", description = "When the Database is deleted (spec.expireAfter or spec.expiresAt)"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("has(self.spec.databaseName) || self.metadata.name.matches('^[a-z_][a-z0-9_-]{0,62}$')").message("spec.databaseName is required when metadata.name (with '-' read as '_') is not a PostgreSQL identifier of at most 63 characters").field_path(".spec.databaseName"),
+    validation = Rule::new("!has(self.spec.cloneFrom) || !has(self.spec.cloneFrom.databaseRef) || self.spec.cloneFrom.databaseRef.name != self.metadata.name").message("cloneFrom.databaseRef names this Database itself").field_path(".spec.cloneFrom.databaseRef.name"),
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
@@ -35,6 +36,10 @@ use crate::common::{DatabaseDeletionPolicy, LocalObjectReference, ServerReferenc
     validation = Rule::new("!has(self.restoreFrom) || (has(oldSelf.restoreFrom) && self.restoreFrom == oldSelf.restoreFrom)").message("restoreFrom can only be set when the Database is created").field_path(".restoreFrom"),
 )]
 #[x_kube(validation = Rule::new("!(has(self.expireAfter) && has(self.expiresAt))").message("set expireAfter or expiresAt, not both").field_path(".expiresAt"))]
+#[x_kube(
+    validation = Rule::new("!has(self.cloneFrom) || (has(oldSelf.cloneFrom) && self.cloneFrom == oldSelf.cloneFrom)").message("cloneFrom can only be set when the Database is created").field_path(".cloneFrom"),
+    validation = Rule::new("!(has(self.cloneFrom) && has(self.restoreFrom))").message("set cloneFrom or restoreFrom, not both").field_path(".cloneFrom"),
+)]
 pub struct DatabaseSpec {
     /// The DatabaseServer that holds the database. It must allow this namespace. A
     /// Migration changes it at cutover.
@@ -86,6 +91,13 @@ pub struct DatabaseSpec {
     /// created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_from: Option<RestoreSource>,
+
+    /// Create the database as a copy of a live Database of this namespace (`databaseRef`:
+    /// consistent at one instant, the source staying writable) or of a completed Backup
+    /// (`backupRef`, as `restoreFrom`), with the columns of `mask` replaced in the copy.
+    /// Only allowed when the Database is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_from: Option<CloneSource>,
 
     /// Delete the Database (with its own `deletionPolicy`) this long after it was created,
     /// for example `72h` or `90m` (units `s`, `m`, `h`); a Warning Event says so a tenth
@@ -161,6 +173,108 @@ pub struct RestoreSource {
     pub backup_ref: LocalObjectReference,
 }
 
+/// Where a cloned Database takes its data from, and what it masks.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.databaseRef) != has(self.backupRef)").message("cloneFrom names exactly one of databaseRef and backupRef"),
+    validation = Rule::new("!has(self.backupRef) || !has(self.mask) || size(self.mask) == 0").message("mask applies to a clone of a live Database (databaseRef): a Backup's artifact is restored as it was written").field_path(".mask"),
+)]
+pub struct CloneSource {
+    /// A Ready Database in the same namespace, on any server (the copy's server must be of
+    /// its major version or newer). It stays writable while it is copied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database_ref: Option<LocalObjectReference>,
+
+    /// A completed Backup in the same namespace (what `restoreFrom` does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_ref: Option<LocalObjectReference>,
+
+    /// Columns whose values are replaced on the way into the copy: the original values
+    /// never reach the copy's server. With `databaseRef` only. A table or column that does not exist in the source,
+    /// or a value the column cannot hold, stops the clone before anything is copied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["table", "column"]))]
+    pub mask: Vec<MaskRule>,
+}
+
+/// One masked column.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(self.with == 'fixed') == has(self.value)").message("value is given with `with: fixed`, and only then").field_path(".value"))]
+pub struct MaskRule {
+    /// `schema.table` as PostgreSQL names it (case matters, no quotes), for example
+    /// `public.customers`. A partitioned table's partitions are masked with it.
+    #[schemars(length(min = 3, max = 127))]
+    #[x_kube(validation = Rule::new("self.matches('^[^.]{1,63}[.][^.]{1,63}$')").message("table must be schema.table, for example public.customers"))]
+    pub table: String,
+
+    /// The column's name as PostgreSQL names it (case matters, no quotes).
+    #[schemars(length(min = 1, max = 63))]
+    pub column: String,
+
+    /// `hash`: a keyed hash (HMAC-SHA-256, a key of this clone's own that is never
+    /// stored), so equal values stay equal and joins on the column still match (text
+    /// columns get hex, cut to a `varchar(n)`'s length; integer columns a number of their
+    /// range; uuid columns a uuid); `nullify`: NULL (the column must allow it); `fixed`:
+    /// `value` in every row.
+    pub with: MaskWith,
+
+    /// The value of every row, with `with: fixed`, as PostgreSQL reads it for the
+    /// column's type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub value: Option<String>,
+}
+
+/// How a masked column's values are replaced.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MaskWith {
+    /// A keyed hash that keeps equal values equal.
+    Hash,
+    /// NULL.
+    Nullify,
+    /// A fixed value (`value`).
+    Fixed,
+}
+
+/// What a clone copied, from where and as of when; progress while it runs.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CloneStatus {
+    /// The source: `Database <name>` (with its server) or `Backup <name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+
+    /// The instant the copy is consistent at: the source's snapshot (a Database), or the
+    /// Backup's completion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copied_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+
+    /// When the copy began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// When the copy ended (committed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+
+    /// Tables whose rows were copied so far, of `tablesTotal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tables: Option<i32>,
+    /// The tables of the source whose rows are copied (the tenant's, not an extension's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tables_total: Option<i32>,
+
+    /// Bytes of the dump copied so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<i64>,
+
+    /// Values replaced by `mask`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub masked_values: Option<i64>,
+}
+
 /// Observed state of a Database.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -229,9 +343,45 @@ pub struct DatabaseStatus {
     /// `spec.expiresAt`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+
+    /// A clone's source, instant and progress (`spec.cloneFrom`).
+    #[serde(default, rename = "clone", skip_serializing_if = "Option::is_none")]
+    pub clone_status: Option<CloneStatus>,
 }
 
 impl Database {
+    /// The Backup whose artifact fills the new database: `restoreFrom`, or
+    /// `cloneFrom.backupRef`.
+    pub fn backup_to_restore(&self) -> Option<&str> {
+        let clone = self.spec.clone_from.as_ref();
+        self.spec
+            .restore_from
+            .as_ref()
+            .map(|r| r.backup_ref.name.as_str())
+            .or_else(|| clone?.backup_ref.as_ref().map(|r| r.name.as_str()))
+    }
+
+    /// The live Database of the same namespace the new database is copied from
+    /// (`cloneFrom.databaseRef`).
+    pub fn database_to_clone(&self) -> Option<&str> {
+        let clone = self.spec.clone_from.as_ref()?;
+        clone.database_ref.as_ref().map(|r| r.name.as_str())
+    }
+
+    /// Whether the new database is filled at creation (`restoreFrom` or `cloneFrom`).
+    pub fn filled_at_creation(&self) -> bool {
+        self.spec.restore_from.is_some() || self.spec.clone_from.is_some()
+    }
+
+    /// The columns a clone masks.
+    pub fn mask(&self) -> &[MaskRule] {
+        self.spec
+            .clone_from
+            .as_ref()
+            .map(|c| c.mask.as_slice())
+            .unwrap_or_default()
+    }
+
     /// When the Database expires (`spec.expiresAt`, or `spec.expireAfter` after its
     /// creation), if it does; `Err` names a duration the CRD's pattern let through but
     /// that does not fit.

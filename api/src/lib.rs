@@ -32,8 +32,8 @@ pub use common::{
 };
 pub use conditions::HasConditions;
 pub use database::{
-    BackupSchedule, Database, DatabasePhase, DatabaseSpec, DatabaseStatus, RestoreSource,
-    Retention, ScheduledBackupsOnDeletion,
+    BackupSchedule, CloneSource, CloneStatus, Database, DatabasePhase, DatabaseSpec,
+    DatabaseStatus, MaskRule, MaskWith, RestoreSource, Retention, ScheduledBackupsOnDeletion,
 };
 pub use migration::{
     ChosenMode, Cutover, Migration, MigrationMode, MigrationPhase, MigrationSpec, MigrationStatus,

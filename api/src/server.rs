@@ -239,6 +239,20 @@ pub struct ServerLimits {
     #[schemars(length(min = 1, max = 32))]
     #[x_kube(validation = Rule::new("self.matches('^[0-9]{1,15}(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$')").message("databaseSize must be a size such as 500Mi, 20Gi or 1Ti"))]
     pub database_size: Option<String>,
+
+    /// At most this many clones (`cloneFrom`) copy into this server at once; the others
+    /// queue (`CloneQueued`) in the order they were created. Absent: 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub concurrent_clones: Option<i32>,
+
+    /// The space all clones on this server may take together (their sizes as last read,
+    /// and the source's size for one about to start), e.g. `50Gi`; a clone that would go
+    /// over queues until clones are deleted or expire. Absent: no bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]{1,15}(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$')").message("cloneSpace must be a size such as 500Mi, 20Gi or 1Ti"))]
+    pub clone_space: Option<String>,
 }
 
 /// Observed state of a DatabaseServer.

@@ -86,7 +86,7 @@ pub(crate) async fn existing_or_unseen(
     let cached = store
         .get(&ObjectRef::new(&name).within(&db.namespace().unwrap_or_default()))
         .is_some();
-    if cached || db.spec.restore_from.is_some() {
+    if cached || db.filled_at_creation() {
         return Ok((existing_secret(ctx, db).await?, false));
     }
     Ok((None, true))

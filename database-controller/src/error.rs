@@ -18,6 +18,14 @@ pub enum Error {
         reason: &'static str,
         message: String,
     },
+    /// Reported in status; looked at again after `again`, not with backoff: a step that
+    /// waits its turn (a clone's queue, its source becoming Ready).
+    #[error("{message}")]
+    Waiting {
+        reason: &'static str,
+        message: String,
+        again: std::time::Duration,
+    },
     /// Reported in status; retried with backoff.
     #[error("{message}")]
     Retry {
@@ -52,7 +60,7 @@ impl ReconcileError for Error {
             }
             // TLS failures too: a server's certificate can be fixed without a spec change.
             Error::Postgres(_) => ErrorKind::Transient,
-            Error::Blocked { .. } => ErrorKind::Permanent,
+            Error::Blocked { .. } | Error::Waiting { .. } => ErrorKind::Permanent,
         }
     }
 
@@ -60,7 +68,9 @@ impl ReconcileError for Error {
         match self {
             Error::Kube(_) => DatabaseReason::KubernetesApiError.as_str(),
             Error::Postgres(e) => e.reason(),
-            Error::Blocked { reason, .. } | Error::Retry { reason, .. } => reason,
+            Error::Blocked { reason, .. }
+            | Error::Retry { reason, .. }
+            | Error::Waiting { reason, .. } => reason,
             Error::Internal(_) => DatabaseReason::InternalError.as_str(),
             Error::Superseded(_) => "Superseded",
             Error::Deferred => "Deferred",

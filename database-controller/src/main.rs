@@ -19,6 +19,7 @@
 //! controllers' own namespace (`--controller-namespace`) only.
 
 mod admit;
+mod clone;
 mod connection;
 mod delete;
 mod error;
@@ -85,6 +86,12 @@ struct Args {
     /// must be at least the one of the pg_dump that made the artifact.
     #[arg(long, env = "DBOPS_PG_RESTORE", default_value = "pg_restore")]
     pg_restore: std::path::PathBuf,
+
+    /// The pg_dump program for `spec.cloneFrom.databaseRef` (a path, or a name looked up in
+    /// PATH), with psql beside it: a clone takes one that dumps the source's major (see
+    /// `--pg-bin-dir`).
+    #[arg(long, env = "DBOPS_PG_DUMP", default_value = "pg_dump")]
+    pg_dump: std::path::PathBuf,
 
     /// Directories of more pg_restore programs, one major each (for example
     /// `/usr/lib/postgresql/13/bin,...,/usr/lib/postgresql/18/bin`): each restore takes
@@ -171,10 +178,11 @@ impl Shared {
             last_prune: std::sync::Mutex::new(None),
             routine: Default::default(),
             sizes: std::sync::Mutex::default(),
+            clones: Default::default(),
             restorer: restore::Restorer {
                 store: args.store.backup_store.clone(),
                 clients: dbops_shared::pg_tools::Clients::new(
-                    None,
+                    Some(args.pg_dump.clone()),
                     Some(args.pg_restore.clone()),
                     &args.pg_bin_dirs,
                 ),

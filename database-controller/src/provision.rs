@@ -22,7 +22,7 @@ use crate::live::confirm_live;
 use crate::plan::{self, Change};
 use crate::server_access::{admin_session, server_of};
 use crate::state::{Provisioned, State};
-use crate::{limits, owner_logins, restore, routine, secret, sql, status};
+use crate::{clone, limits, owner_logins, restore, routine, secret, sql, status};
 
 /// Brings the role, database, settings, extensions and connection Secret to the spec.
 pub(crate) async fn provision(
@@ -217,7 +217,7 @@ async fn converge_database(
             database: &database,
             server: &target.endpoint.key.to_string(),
             connection_limit,
-            restore_from: db.spec.restore_from.is_some(),
+            restore_from: db.filled_at_creation(),
             provisioned_before: status::provider_id(db).is_some(),
             // The owner's password matters only while the Secret names the owner.
             arriving: !already_on(db, &target.name) && found.owner_in_use,
@@ -232,13 +232,13 @@ async fn converge_database(
         Some(kept) if !plan.new_password && found.owner_in_use => kept.clone(),
         _ => dbops_shared::postgres::generate_password(),
     };
-    let artifact = verified_artifact(db, ctx, &plan.changes).await?;
+    let fill = fill_source(db, ctx, target, &plan.changes).await?;
     // Apply, in order, for the Database that is still the live one.
     let claimed = before_changes(db, ctx, target, &plan.changes, found.unseen, &password).await?;
     let applying = Applying {
         changes: &plan.changes,
         password: &password,
-        artifact: artifact.as_ref(),
+        fill: fill.as_ref(),
     };
     let applied = apply(db, ctx, target, session, &applying, &observed).await?;
     let in_use = match applied.in_use {
@@ -270,20 +270,35 @@ async fn converge_database(
     })
 }
 
-/// The Backup to restore, if `changes` restore one, verified (its checksum, a key that
-/// opens it) before anything changes on the server: a refusal leaves the server as it
-/// was.
-async fn verified_artifact(
+/// What fills a new database.
+enum Fill {
+    /// A Backup's artifact (`restoreFrom`, `cloneFrom.backupRef`).
+    Artifact(restore::Artifact),
+    /// A live Database (`cloneFrom.databaseRef`), with the clone's place in the queue.
+    Clone(clone::Source, #[allow(dead_code)] clone::slots::Slot),
+}
+
+/// What fills the new database, if `changes` fill one, checked before anything changes
+/// on the server (a refusal or a wait leaves the server as it was): the Backup's
+/// artifact verified (its checksum, a key that opens it), or the source Database Ready
+/// and the clone's turn come.
+async fn fill_source(
     db: &Database,
     ctx: &Context<State>,
+    target: &Resolved,
     changes: &[Change],
-) -> Result<Option<restore::Artifact>> {
+) -> Result<Option<Fill>> {
     if !changes.iter().any(|c| matches!(c, Change::Restore { .. })) {
         return Ok(None);
     }
     let state = &ctx.state;
+    if db.database_to_clone().is_some() {
+        let source = clone::prepare(db, ctx, target).await?;
+        let slot = clone::slot(db, ctx, target, &source)?;
+        return Ok(Some(Fill::Clone(source, slot)));
+    }
     let artifact = restore::verify(db, &ctx.client, &state.restorer, &state.directory).await?;
-    Ok(Some(artifact))
+    Ok(Some(Fill::Artifact(artifact)))
 }
 
 /// Before the plan's `changes` on the server (if any): the Database confirmed live, and a
@@ -442,8 +457,9 @@ async fn admin_is_superuser(target: &Resolved, session: &Session) -> Result<bool
     })
 }
 
-/// Fills a database made for `spec.restoreFrom` (see `restore`); returns its oid, which
-/// changes when a half-restored database had to be made anew.
+/// Fills a database made for `spec.restoreFrom` or `spec.cloneFrom` (see `restore`,
+/// `clone`); returns its oid, which changes when a half-filled database had to be made
+/// anew.
 async fn restore(
     db: &Database,
     ctx: &Context<State>,
@@ -451,29 +467,39 @@ async fn restore(
     session: &Session,
     fresh: bool,
     password: &str,
-    artifact: Option<&restore::Artifact>,
+    fill: Option<&Fill>,
 ) -> Result<Applied> {
-    let artifact = artifact
-        .ok_or_else(|| Error::Internal("a restore without its verified artifact".into()))?;
-    // Visible while pg_restore runs, which may take long.
-    let api: Api<Database> =
-        Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
-    let restoring = Err(Error::Blocked {
-        reason: DatabaseReason::Restoring.as_str(),
-        message: format!("restoring Backup {} (SHA-256 verified)", artifact.backup),
-    });
-    status::publish(db, ctx, &api, &restoring, None).await?;
-    restore::restore(
-        db,
-        &server.endpoint,
-        session,
-        &ctx.state.restorer,
-        artifact,
-        fresh,
-        &db.owner_role(),
-        password,
-    )
-    .await?;
+    match fill {
+        None => {
+            return Err(Error::Internal(
+                "a restore without its verified source".into(),
+            ));
+        }
+        Some(Fill::Clone(source, _)) => {
+            clone::fill(db, ctx, server, session, fresh, password, source).await?
+        }
+        Some(Fill::Artifact(artifact)) => {
+            // Visible while pg_restore runs, which may take long.
+            let api: Api<Database> =
+                Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+            let restoring = Err(Error::Blocked {
+                reason: DatabaseReason::Restoring.as_str(),
+                message: format!("restoring Backup {} (SHA-256 verified)", artifact.backup),
+            });
+            status::publish(db, ctx, &api, &restoring, None).await?;
+            restore::restore(
+                db,
+                &server.endpoint,
+                session,
+                &ctx.state.restorer,
+                artifact,
+                fresh,
+                &db.owner_role(),
+                password,
+            )
+            .await?
+        }
+    }
     let database = db.database_name();
     let (again, in_use) = sql::observe_in_use(session, &db.owner_role(), &database, true).await?;
     let oid = again
@@ -496,12 +522,12 @@ struct Applied {
     in_use: Option<InUse>,
 }
 
-/// What [`apply`] takes on the server: the plan's changes, the owner's password, and the
-/// verified artifact of a restore.
+/// What [`apply`] takes on the server: the plan's changes, the owner's password, and
+/// what fills a new database.
 struct Applying<'a> {
     changes: &'a [Change],
     password: &'a str,
-    artifact: Option<&'a restore::Artifact>,
+    fill: Option<&'a Fill>,
 }
 
 /// Takes the plan's changes in order on the admin's session.
@@ -516,7 +542,7 @@ async fn apply(
     let Applying {
         changes,
         password,
-        artifact,
+        fill,
     } = *applying;
     let uid = db.uid().unwrap_or_default();
     let (database, role) = (db.database_name(), db.owner_role());
@@ -556,8 +582,7 @@ async fn apply(
                 sql::set_connection_limit(session, &database, *limit).await?
             }
             Change::Restore { fresh } => {
-                let restored =
-                    restore(db, ctx, target, session, *fresh, password, artifact).await?;
+                let restored = restore(db, ctx, target, session, *fresh, password, fill).await?;
                 oid = Some(restored.oid);
                 read_again = restored.in_use;
             }

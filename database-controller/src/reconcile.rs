@@ -86,6 +86,7 @@ async fn reconcile_held(db: &Database, ctx: &Context<State>) -> Result<Action> {
         )),
         // Nothing to retry until something changes; the watches and the resync notice.
         Err(Error::Blocked { .. }) => Ok(Action::requeue(resync)),
+        Err(Error::Waiting { again, .. }) => Ok(Action::requeue(again.min(resync))),
         // Transient, a breaker refusal included: the error policy's per-object backoff
         // grows (an Ok here would reset it). The server's return wakes it sooner: the
         // DatabaseServer turning Ready maps to its Databases.

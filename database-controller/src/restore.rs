@@ -91,16 +91,22 @@ pub async fn verify(
     restorer: &Restorer,
     directory: &Directory,
 ) -> Result<Artifact> {
-    let Some(source) = &db.spec.restore_from else {
+    let Some(name) = db.backup_to_restore() else {
         return Err(Error::Internal("no restoreFrom".into()));
     };
     let namespace = db.namespace().unwrap_or_default();
-    let name = &source.backup_ref.name;
     let backups: Api<Backup> = Api::namespaced(client.clone(), &namespace);
     let Some(backup) = backups.get_opt(name).await? else {
         return Err(blocked(
             DatabaseReason::BackupNotFound.as_str(),
-            format!("Backup {namespace}/{name} named in spec.restoreFrom does not exist"),
+            format!(
+                "Backup {namespace}/{name} named in {} does not exist",
+                if db.spec.restore_from.is_some() {
+                    "spec.restoreFrom"
+                } else {
+                    "spec.cloneFrom.backupRef"
+                }
+            ),
         ));
     };
     let status = backup.status.clone().unwrap_or_default();
@@ -292,16 +298,7 @@ pub async fn restore(
     let uid = db.uid().unwrap_or_default();
     let database = db.database_name();
     if !fresh {
-        // Maybe half a restore from an attempt that crashed or failed: start over.
-        sql::drop_database(session, &database).await?;
-        sql::create_database(
-            session,
-            &database,
-            owner,
-            db.spec.connection_limit,
-            &sql::restore_pending_mark(&uid),
-        )
-        .await?;
+        start_over(session, db, owner).await?;
     }
     let pg_restore = pick_pg_restore(session, restorer, artifact).await?;
     run_pg_restore(db, server, &pg_restore, restorer, artifact, owner, password).await?;
@@ -312,6 +309,22 @@ pub async fn restore(
         checksum = artifact.checksum,
         "restored"
     );
+    Ok(())
+}
+
+/// Maybe half a restore (or clone) from an attempt that crashed or failed: the database
+/// dropped and made again, empty, still marked pending.
+pub async fn start_over(session: &Session, db: &Database, owner: &str) -> Result<()> {
+    let database = db.database_name();
+    sql::drop_database(session, &database).await?;
+    sql::create_database(
+        session,
+        &database,
+        owner,
+        db.spec.connection_limit,
+        &sql::restore_pending_mark(&db.uid().unwrap_or_default()),
+    )
+    .await?;
     Ok(())
 }
 
@@ -489,10 +502,6 @@ fn restore_failed(message: String) -> Error {
 /// Whether a Backup event concerns a Database still waiting to be restored from it.
 pub fn waits_for(db: &Database, backup_namespace: &str, backup: &str) -> bool {
     db.meta().namespace.as_deref() == Some(backup_namespace)
-        && db
-            .spec
-            .restore_from
-            .as_ref()
-            .is_some_and(|r| r.backup_ref.name == backup)
+        && db.backup_to_restore() == Some(backup)
         && db.status.as_ref().is_none_or(|s| s.provider_id.is_none())
 }

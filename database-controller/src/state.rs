@@ -55,6 +55,8 @@ pub struct State {
     /// The Databases (namespace, name) with a `dbops_database_size_bytes` series, so
     /// [`State::prune`] drops those of Databases that are gone.
     pub sizes: Mutex<HashSet<(String, String)>>,
+    /// The clones copying into each server (`spec.cloneFrom`, `limits.concurrentClones`).
+    pub clones: Arc<crate::clone::slots::Slots>,
 }
 
 impl State {

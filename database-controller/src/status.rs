@@ -375,6 +375,22 @@ pub async fn publish(
     write(db, ctx, api, desired(db, &old, outcome, migration, now())).await
 }
 
+/// Writes the status of a clone under way (`outcome`, its `Cloning` step) with its
+/// `status.clone`.
+pub async fn publish_clone(
+    db: &Database,
+    ctx: &Context<State>,
+    outcome: &Result<Provisioned>,
+    clone: dbops_api::CloneStatus,
+) -> Result<()> {
+    let api: Api<Database> =
+        Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    let old = ctx.state.statuses.latest(db);
+    let mut desired = desired(db, &old, outcome, None, now());
+    desired.status.clone_status = Some(clone);
+    write(db, ctx, &api, desired).await
+}
+
 /// Writes the status of a deletion that cannot finish yet (`e` says why).
 pub async fn publish_deleting(
     db: &Database,

@@ -269,7 +269,7 @@ fn awaiting_restore(databases: &Store<Database>) -> Vec<ObjectRef<Database>> {
         .state()
         .into_iter()
         .filter(|db| {
-            db.spec.restore_from.is_some()
+            db.backup_to_restore().is_some()
                 && db.status.as_ref().is_none_or(|s| s.provider_id.is_none())
         })
         .map(|db| ObjectRef::from_obj(db.as_ref()))

@@ -5,7 +5,8 @@
 # Builder: the workspace's pinned toolchain floor (rust-version 1.89), a --locked release
 # build of this one binary. Runtime: Debian slim with PostgreSQL's client programs of
 # every supported server major (13 to 18, PGDG's postgresql-client-<major>)
-# for pg_restore, which fills a Database created with spec.restoreFrom;
+# for pg_restore, which fills a Database created with spec.restoreFrom, and pg_dump and
+# psql, which copy one created with spec.cloneFrom;
 # run as the unprivileged uid 65532 that the Deployment names too.
 ARG RUST_VERSION=1.89
 ARG DEBIAN_BUILD=bookworm
@@ -68,6 +69,7 @@ RUN if [ "${PG_CLIENTS_FROM}" = pgdg ]; then \
        --shell /usr/sbin/nologin dbops
 COPY --from=builder /out/dbops-database-controller /usr/local/bin/dbops-database-controller
 ENV DBOPS_PG_RESTORE=/usr/lib/postgresql/${PG_NEWEST}/bin/pg_restore \
+    DBOPS_PG_DUMP=/usr/lib/postgresql/${PG_NEWEST}/bin/pg_dump \
     DBOPS_PG_BIN_DIRS=${PG_BIN_DIRS}
 USER 65532:65532
 EXPOSE 8080

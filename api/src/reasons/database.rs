@@ -103,6 +103,24 @@ database_reasons! {
         Restoring => Progressing,
         /// pg_restore failed or could not run.
         RestoreFailed => Retried,
+        /// `cloneFrom.databaseRef` names no Database in the namespace.
+        CloneSourceNotFound => Waits,
+        /// The Database `cloneFrom.databaseRef` names is not Ready (or is being deleted).
+        CloneSourceNotReady => Progressing,
+        /// The copy's server is of an older major version than the source's.
+        CloneToOlderMajor => Waits,
+        /// A `cloneFrom.mask` rule names a table or column the source does not have, or a
+        /// value the column cannot hold.
+        MaskInvalid => Waits,
+        /// The clone is copying (progress in the message and `status.clone`).
+        Cloning => Progressing,
+        /// The clone waits for the server's `limits.concurrentClones` or
+        /// `limits.cloneSpace`.
+        CloneQueued => Progressing,
+        /// The copy failed (pg_dump, the mask or psql); retried from an empty database.
+        CloneFailed => Retried,
+        /// No pg_dump and psql given to the controller copy the source into the server.
+        ClientProgramMissing => Waits,
         /// No pg_restore given to the controller reads the artifact.
         PgRestoreTooOld => Waits,
         /// The pg_restores that read the artifact are too new for the server.

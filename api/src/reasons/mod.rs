@@ -237,6 +237,7 @@ mod tests {
                 "SqlError",
                 "StoreUnavailable",
                 "RestoreFailed",
+                "CloneFailed",
             ])
         );
         let degrades: BTreeSet<&str> = DatabaseReason::ALL
@@ -261,5 +262,16 @@ mod tests {
             ReasonClass::Progressing
         );
         assert_eq!(DatabaseReason::Restoring.class(), ReasonClass::Progressing);
+        for on_the_way in [
+            DatabaseReason::Cloning,
+            DatabaseReason::CloneQueued,
+            DatabaseReason::CloneSourceNotReady,
+        ] {
+            assert_eq!(
+                on_the_way.class(),
+                ReasonClass::Progressing,
+                "{on_the_way:?}"
+            );
+        }
     }
 }

@@ -368,10 +368,16 @@ fn start_controllers(
     let pg_dump = format!("--pg-dump={}", bin.join("pg_dump").display());
     let pg_restore = format!("--pg-restore={}", bin.join("pg_restore").display());
     [
-        // The database-controller restores `spec.restoreFrom` from the same store.
+        // The database-controller restores `spec.restoreFrom` from the same store, and
+        // copies `spec.cloneFrom` with pg_dump and the psql beside it.
         (
             "database-controller",
-            vec![store.clone(), pg_restore.clone(), identities.clone()],
+            vec![
+                store.clone(),
+                pg_restore.clone(),
+                pg_dump.clone(),
+                identities.clone(),
+            ],
         ),
         // It verifies Backups on pg-verify, opening encrypted ones with the identities.
         (

@@ -102,7 +102,7 @@ impl World {
         let flags = [
             (
                 "database-controller",
-                vec![store_arg.clone(), pg_restore.clone()],
+                vec![store_arg.clone(), pg_restore.clone(), pg_dump.clone()],
             ),
             (
                 "backup-controller",

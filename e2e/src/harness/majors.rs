@@ -123,6 +123,7 @@ impl Majors {
             vec![
                 store.clone(),
                 format!("--pg-restore={pg_restore}"),
+                format!("--pg-dump={pg_dump}"),
                 bin_dirs.clone(),
             ],
         ));
@@ -351,6 +352,44 @@ impl Majors {
             name,
         );
         self.assert_filled(major, name, 0, like).await;
+    }
+
+    /// A Database on the server of `major` filled from `spec` (a `cloneFrom`), Ready,
+    /// holding row for row what `like` (the source as read by [`Majors::contents`]) holds.
+    pub async fn clone_as(
+        &self,
+        name: &str,
+        spec: serde_json::Value,
+        major: u32,
+        like: &(i64, i64, String),
+    ) {
+        let db = self
+            .create_database(name, major, json!({"cloneFrom": spec}))
+            .await;
+        assert_major(
+            db.status.as_ref().and_then(|s| s.server_version.as_deref()),
+            major,
+            name,
+        );
+        assert_eq!(&self.contents(major, name).await, like, "{name}");
+    }
+
+    /// A clone of Database `source` onto the server of `major`, older than the source's:
+    /// refused (`CloneToOlderMajor`) with nothing made there.
+    pub async fn clone_refused(&self, name: &str, source: &str, major: u32) {
+        let spec = json!({"cloneFrom": {"databaseRef": {"name": source}}});
+        crate::fixtures::create_database(&self.b.client, self.ns(), name, &admin(major), spec)
+            .await
+            .unwrap();
+        let want = Want::not_ready("CloneToOlderMajor");
+        self.wait(self.databases(), name, "CloneToOlderMajor", READY, |db| {
+            crate::wait::database_has(db, want)
+        })
+        .await;
+        assert!(
+            !self.pg(major).database_exists(name).await.unwrap(),
+            "{name}"
+        );
     }
 
     /// What `items` in `database` on the server of `major` holds: rows, the sum of the

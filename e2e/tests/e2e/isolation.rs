@@ -70,6 +70,24 @@ async fn a_backup_its_verification_and_a_restore_run_no_tenant_code_as_the_admin
     assert_reached_as(w.pg("pg"), "check", &copy_owner);
 }
 
+/// A clone of the trapped Database (`cloneFrom.databaseRef`, with a masked column): the
+/// snapshot and the catalog reads on the source as the admin, pg_dump as the admin, and
+/// psql as the clone's owner, which rebuilds the index and checks every row: the tenant's
+/// code runs only as the clone's owner.
+#[tokio::test]
+async fn a_clone_runs_no_tenant_code_as_the_admin() {
+    let w = World::start("iso-clone", &[("pg", 15)]).await;
+    w.trapped_database("app", "pg", json!({})).await;
+    let clone = json!({"cloneFrom": {"databaseRef": {"name": "app"}}});
+    w.create_database("copy", "pg", clone).await;
+
+    w.assert_no_escalation("a clone").await;
+    assert_eq!(trapped_rows(&w, "copy").await, 3);
+    let (copy_owner, _) = w.owner("copy").await;
+    assert_reached_as(w.pg("pg"), "index", &copy_owner);
+    assert_reached_as(w.pg("pg"), "check", &copy_owner);
+}
+
 /// (b) A Dump Migration of the trapped Database to another server: the snapshot Backup,
 /// the copy (pg_restore as the owner), Verify (reading both databases' tables as the
 /// admin) and the switch run no tenant code as the admin.

@@ -29,6 +29,7 @@ use dbops_api::{BackupPhase, ChosenMode};
 use dbops_e2e::harness::majors::Majors;
 use dbops_e2e::postgres::client_bin_dir;
 use dbops_e2e::wait::condition;
+use serde_json::json;
 
 /// 13 → 18, the oldest supported major to the newest, in Dump and in Logical mode, side by
 /// side with a Database, a Backup and a restore on each of the two (and the 13 Backup
@@ -48,14 +49,30 @@ async fn the_oldest_major_moves_to_the_newest_and_both_back_up_and_restore() {
             m.backup("old-1", "old", 13, 15).await;
             tokio::join!(
                 m.restore("oldcopy", "old-1", 13, &original),
-                m.restore("oldon18", "old-1", 18, &original)
+                m.restore("oldon18", "old-1", 18, &original),
+                // A live clone across servers and majors, and one of the Backup.
+                m.clone_as(
+                    "oldclone",
+                    json!({"databaseRef": {"name": "old"}}),
+                    18,
+                    &original
+                ),
+                m.clone_as(
+                    "oldbackup",
+                    json!({"backupRef": {"name": "old-1"}}),
+                    13,
+                    &original
+                ),
             );
         },
         async {
             m.create_filled_database("new", 18).await;
             let original = m.contents(18, "new").await;
             m.backup("new-1", "new", 18, 18).await;
-            m.restore("newcopy", "new-1", 18, &original).await;
+            tokio::join!(
+                m.restore("newcopy", "new-1", 18, &original),
+                m.clone_refused("newon13", "new", 13),
+            );
         },
         m.features(13),
         m.features(18),

@@ -8,6 +8,7 @@
 //! names it in the apiserver's audit log. No test prints a password:
 //! Secrets are compared, never shown, and printed logs are redacted.
 
+mod clone;
 mod conflicts;
 mod deletion;
 mod drift;
