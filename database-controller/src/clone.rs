@@ -168,6 +168,7 @@ pub fn slot(
     let ask = slots::Ask {
         server: &target.name,
         uid: &uid,
+        who: (db.namespace().unwrap_or_default(), db.name_any()),
         size: source
             .db
             .status

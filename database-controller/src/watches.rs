@@ -100,6 +100,13 @@ pub fn databases(
         ),
         None => c,
     };
+    // A clone that waited for a place on its server, when one comes back.
+    let c = match ctx.state.clones.wakes() {
+        Some(wakes) => {
+            c.reconcile_on(wakes.map(|(namespace, name)| ObjectRef::new(&name).within(&namespace)))
+        }
+        None => c,
+    };
     c.owns_stream(secrets)
         .watches_stream(
             controller::trigger(

@@ -1,15 +1,37 @@
 //! The clones copying into each server now, bounded by the server's
 //! `limits.concurrentClones` and `limits.cloneSpace` (pure bookkeeping: the caller says
 //! what the limits are and what the clones already on the server take). Only the leader
-//! reconciles, so the process's count is the installation's.
+//! reconciles, so the process's count is the installation's. A clone refused a place is
+//! remembered, and woken (its namespace and name sent on [`Slots::wakes`]) as soon as a
+//! place on its server comes back.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-/// Each server's running clones: their Database's uid and the size they will take.
-#[derive(Default)]
+use futures::channel::mpsc;
+
+/// A waiting clone's Database: namespace and name.
+pub type Waiting = (String, String);
+
+/// Each server's running clones (their Database's uid and the size they will take) and
+/// waiting ones.
 pub struct Slots {
     running: Mutex<HashMap<String, HashMap<String, i64>>>,
+    waiting: Mutex<HashMap<String, BTreeSet<Waiting>>>,
+    wake: mpsc::UnboundedSender<Waiting>,
+    wakes: Mutex<Option<mpsc::UnboundedReceiver<Waiting>>>,
+}
+
+impl Default for Slots {
+    fn default() -> Self {
+        let (wake, wakes) = mpsc::unbounded();
+        Self {
+            running: Mutex::default(),
+            waiting: Mutex::default(),
+            wake,
+            wakes: Mutex::new(Some(wakes)),
+        }
+    }
 }
 
 /// A clone's place among the running ones; given back when dropped.
@@ -25,6 +47,12 @@ impl Drop for Slot {
         if let Some(on) = running.get_mut(&self.server) {
             on.remove(&self.uid);
         }
+        drop(running);
+        let mut waiting = self.slots.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        for who in waiting.remove(&self.server).unwrap_or_default() {
+            // Nobody listens once the controller has stopped: nothing to wake.
+            let _ = self.slots.wake.unbounded_send(who);
+        }
     }
 }
 
@@ -32,6 +60,8 @@ impl Drop for Slot {
 pub struct Ask<'a> {
     pub server: &'a str,
     pub uid: &'a str,
+    /// Its Database, woken when a place comes back.
+    pub who: Waiting,
     /// The source's size, what the copy will take.
     pub size: i64,
     /// `limits.concurrentClones` (or its default).
@@ -43,8 +73,26 @@ pub struct Ask<'a> {
 }
 
 impl Slots {
-    /// A place for the clone, or why it waits.
+    /// The Databases to look at again because a place came back: once (the controller's
+    /// `reconcile_on`).
+    pub fn wakes(&self) -> Option<mpsc::UnboundedReceiver<Waiting>> {
+        self.wakes.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// A place for the clone, or why it waits (and it is woken when a place comes back).
     pub fn take(self: &Arc<Self>, ask: &Ask<'_>) -> Result<Slot, String> {
+        let taken = self.try_take(ask);
+        if taken.is_err() {
+            let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            waiting
+                .entry(ask.server.to_string())
+                .or_default()
+                .insert(ask.who.clone());
+        }
+        taken
+    }
+
+    fn try_take(self: &Arc<Self>, ask: &Ask<'_>) -> Result<Slot, String> {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let on = running.entry(ask.server.to_string()).or_default();
         let in_flight: i64 = on
@@ -87,6 +135,7 @@ mod tests {
         Ask {
             server: "pg",
             uid,
+            who: ("ns".into(), uid.into()),
             size,
             most: 2,
             space,
@@ -106,6 +155,13 @@ mod tests {
         assert!(again.is_ok());
         drop(again);
         drop(a);
+        let mut wakes = slots.wakes().expect("the receiver, once");
+        assert!(slots.wakes().is_none());
+        assert_eq!(
+            wakes.try_recv().ok(),
+            Some(("ns".to_string(), "c".to_string())),
+            "the waiting clone is woken"
+        );
         let _c = slots.take(&ask("c", 10, None)).expect("a place came back");
         let slots = Arc::new(Slots::default());
         let _d = slots.take(&ask("d", 50, Some(200))).expect("room");

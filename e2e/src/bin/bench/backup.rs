@@ -295,7 +295,7 @@ pub(crate) async fn create_database(
 }
 
 /// `pgbench -i -s scale` as the Database's own role.
-async fn pgbench(w: &World, db: &str, scale: u32) -> Result<()> {
+pub(crate) async fn pgbench(w: &World, db: &str, scale: u32) -> Result<()> {
     let c = Connection::of_database(&w.client, &w.ns, db).await?;
     let sslmode = c.sslmode.clone().context("connection Secret key")?;
     c.pgbench_init(&w.bin, scale, Some(&sslmode))

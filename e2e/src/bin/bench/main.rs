@@ -12,6 +12,7 @@ mod backup;
 mod backup_encryption;
 mod bed;
 mod chaos;
+mod clone;
 mod databases;
 mod measure;
 mod migration;
@@ -38,6 +39,9 @@ enum Command {
     /// A dump and a restore of random bytes through the controllers, plain against
     /// encrypted (age), side by side.
     BackupEncryption(backup_encryption::EncryptionArgs),
+    /// Preview branches: a clone (`cloneFrom.databaseRef`) against `pg_dump | pg_restore`
+    /// by hand, and many previews cloned at once.
+    Clone(clone::CloneArgs),
     /// The database-controller's RSS with and without many unrelated Secrets.
     Secrets(secrets::SecretsArgs),
     /// What a PostgreSQL outage costs: connection attempts, status writes, recovery.
@@ -92,6 +96,7 @@ async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Databases(args) => databases::run(args).await,
         Command::Backup(args) => backup::run(args).await,
+        Command::Clone(args) => clone::run(args).await,
         Command::BackupEncryption(args) => backup_encryption::run(args).await,
         Command::Secrets(args) => secrets::run(args).await,
         Command::Outage(args) => outage::run(args).await,
