@@ -18,6 +18,7 @@ async fn examples_apply_and_print_their_columns() {
     assert!(out.success, "{}", out.text());
     for created in [
         "database.dbops.dev/orders",
+        "database.dbops.dev/orders-pr-42",
         "databaseuser.dbops.dev/orders-dashboard",
         "backup.dbops.dev/orders-manual-1",
         "migration.dbops.dev/orders-to-target",
