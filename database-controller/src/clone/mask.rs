@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 
 use hmac::{Hmac, KeyInit, Mac};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 
 /// How a masked column's values are replaced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,7 +99,7 @@ enum State {
 /// The filter over one dump.
 pub struct Filter {
     rules: Rules,
-    key: Vec<u8>,
+    key: Key,
     state: State,
     /// The masked tables whose COPY has been seen.
     seen: std::collections::HashSet<(String, String)>,
@@ -110,7 +110,7 @@ impl Filter {
     pub fn new(rules: Rules, key: Vec<u8>) -> Self {
         Self {
             rules,
-            key,
+            key: Key::new(&key),
             state: State::Sql,
             seen: Default::default(),
             tally: Tally::default(),
@@ -189,7 +189,7 @@ impl Filter {
 }
 
 /// Writes the row `line` with the block's fields replaced; how many were.
-fn mask_row(block: &Block, key: &[u8], line: &[u8], out: &mut Vec<u8>) -> Result<u64, MaskError> {
+fn mask_row(block: &Block, key: &Key, line: &[u8], out: &mut Vec<u8>) -> Result<u64, MaskError> {
     let body = line.strip_suffix(b"\n").unwrap_or(line);
     let mut fields: Vec<std::borrow::Cow<'_, [u8]>> = body
         .split(|b| *b == b'\t')
@@ -233,7 +233,7 @@ fn mask_row(block: &Block, key: &[u8], line: &[u8], out: &mut Vec<u8>) -> Result
 
 /// The keyed hash of one field (as COPY wrote it), as COPY is to read it for `shape`;
 /// `Err(bits)` for an integer column whose field is not an integer.
-fn hash(key: &[u8], shape: Shape, field: &[u8]) -> Result<Vec<u8>, u32> {
+fn hash(key: &Key, shape: Shape, field: &[u8]) -> Result<Vec<u8>, u32> {
     match shape {
         Shape::Integer { bits } => {
             let value: i64 = std::str::from_utf8(field)
@@ -266,10 +266,40 @@ fn hash(key: &[u8], shape: Shape, field: &[u8]) -> Result<Vec<u8>, u32> {
     }
 }
 
-fn hmac(key: &[u8], domain: &[u8], data: &[u8]) -> [u8; 32] {
-    // HMAC takes a key of any length.
-    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key)
-        .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
+/// The clone's key: its HMAC state with the pads computed once (each hash clones it),
+/// and for the integer permutation's rounds SHA-256 keyed by a prefix (a 64-byte block
+/// derived from the key, absorbed once): a round's input is 10 bytes, so each round costs
+/// one compression where HMAC costs two.
+#[derive(Clone)]
+pub struct Key {
+    mac: Hmac<Sha256>,
+    rounds: Sha256,
+}
+
+impl Key {
+    pub fn new(key: &[u8]) -> Self {
+        // HMAC takes a key of any length.
+        let mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key)
+            .unwrap_or_else(|_| unreachable!("HMAC accepts every key length"));
+        let mut derived = mac.clone();
+        derived.update(b"feistel rounds");
+        let mut block = [0u8; 64];
+        block[..32].copy_from_slice(&derived.finalize().into_bytes());
+        let mut rounds = Sha256::new();
+        rounds.update(block);
+        Self { mac, rounds }
+    }
+
+    /// SHA-256 of the round key's block and `input` (fixed-length inputs: a PRF).
+    fn round(&self, input: &[u8]) -> [u8; 32] {
+        let mut h = self.rounds.clone();
+        h.update(input);
+        h.finalize().into()
+    }
+}
+
+fn hmac(key: &Key, domain: &[u8], data: &[u8]) -> [u8; 32] {
+    let mut mac = key.mac.clone();
     mac.update(domain);
     mac.update(data);
     mac.finalize().into_bytes().into()
@@ -287,7 +317,7 @@ fn hex(bytes: &[u8]) -> String {
 /// `integer`'s onto itself, the rest of `bigint`'s onto itself (cycle-walking: a
 /// permutation of a range, applied again until its result is back in the part of the
 /// range the value came from, is a permutation of that part).
-pub fn permute(key: &[u8], value: i64) -> i64 {
+pub fn permute(key: &Key, value: i64) -> i64 {
     let in16 = |v: i64| i16::try_from(v).is_ok();
     let in32 = |v: i64| i32::try_from(v).is_ok();
     if in16(value) {
@@ -308,7 +338,7 @@ pub fn permute(key: &[u8], value: i64) -> i64 {
 }
 
 /// A 4-round Feistel network over the `bits`-bit two's complement integers.
-fn feistel(key: &[u8], bits: u32, value: i64) -> i64 {
+fn feistel(key: &Key, bits: u32, value: i64) -> i64 {
     let half = bits / 2;
     let mask = if half == 32 {
         u64::from(u32::MAX)
@@ -327,7 +357,7 @@ fn feistel(key: &[u8], bits: u32, value: i64) -> i64 {
         input[0] = round;
         input[1] = bits as u8;
         input[2..].copy_from_slice(&right.to_be_bytes());
-        let h = hmac(key, b"i", &input);
+        let h = key.round(&input);
         let mut f = [0u8; 8];
         f.copy_from_slice(&h[..8]);
         let next = (left ^ u64::from_be_bytes(f)) & mask;
@@ -531,7 +561,7 @@ mod tests {
 
     #[test]
     fn the_integer_permutation_keeps_keys_distinct_and_in_range() {
-        let key = b"k";
+        let key = &Key::new(b"k");
         let mut seen = std::collections::HashSet::new();
         for v in -40_000i64..40_000 {
             let p = permute(key, v);
@@ -547,7 +577,7 @@ mod tests {
             let p = permute(key, v);
             assert!(i32::try_from(p).is_err(), "{v} -> {p}");
         }
-        assert_ne!(permute(b"k", 5), permute(b"other", 5));
+        assert_ne!(permute(key, 5), permute(&Key::new(b"other"), 5));
     }
 
     #[test]
@@ -577,11 +607,16 @@ mod tests {
 
     #[test]
     fn uuid_and_bytea_hashes_are_what_copy_reads() {
-        let u = hash(b"k", Shape::Uuid, b"4f1c0000-0000-0000-0000-000000000000").expect("uuid");
+        let u = hash(
+            &Key::new(b"k"),
+            Shape::Uuid,
+            b"4f1c0000-0000-0000-0000-000000000000",
+        )
+        .expect("uuid");
         let u = String::from_utf8(u).unwrap_or_default();
         assert_eq!(u.len(), 36);
         assert_eq!(u.matches('-').count(), 4);
-        let b = hash(b"k", Shape::Bytea, b"\\\\x00ff").expect("bytea");
+        let b = hash(&Key::new(b"k"), Shape::Bytea, b"\\\\x00ff").expect("bytea");
         assert!(b.starts_with(b"\\\\x"));
     }
 }

@@ -44,6 +44,23 @@ pub struct CloneArgs {
     /// The server's `limits.concurrentClones` (absent: the default, 2).
     #[arg(long)]
     concurrent_clones: Option<u32>,
+    /// Mask pgbench_accounts in the big database's clones: `aid` hashed (the keyed
+    /// permutation of integers), `filler` hashed (hex, cut to char(84)), `abalance`
+    /// fixed.
+    #[arg(long)]
+    mask: bool,
+}
+
+/// The big clones' `cloneFrom.mask` with `--mask`.
+fn mask(on: bool) -> serde_json::Value {
+    if !on {
+        return serde_json::json!([]);
+    }
+    serde_json::json!([
+        {"table": "public.pgbench_accounts", "column": "aid", "with": "hash"},
+        {"table": "public.pgbench_accounts", "column": "filler", "with": "hash"},
+        {"table": "public.pgbench_accounts", "column": "abalance", "with": "fixed", "value": "0"},
+    ])
 }
 
 pub async fn run(args: CloneArgs) -> Result<()> {
@@ -94,15 +111,16 @@ pub async fn run(args: CloneArgs) -> Result<()> {
     create_database(&w, "small", None).await?;
     crate::backup::pgbench(&w, "small", 1).await?;
     by_hand(&w, "small", "warm_hand").await?;
-    through_controller(&w, "small", "warm-clone").await?;
+    through_controller(&w, "small", "warm-clone", &mask(false)).await?;
 
     create_database(&w, "big", None).await?;
     crate::backup::pgbench(&w, "big", args.scale).await?;
     let size = database_size(&w, "big").await?;
     println!(
-        "# clone benchmark: pgbench scale {} ({:.0} MB)\n",
+        "# clone benchmark: pgbench scale {} ({:.0} MB), mask {}\n",
         args.scale,
-        mb(size)
+        mb(size),
+        mask(args.mask)
     );
     let (mut hand, mut ctl) = (vec![], vec![]);
     let mut n = 0;
@@ -112,7 +130,8 @@ pub async fn run(args: CloneArgs) -> Result<()> {
             if manual {
                 hand.push(by_hand(&w, "big", &format!("hand_{n}")).await?);
             } else {
-                ctl.push(through_controller(&w, "big", &format!("copy-{n}")).await?);
+                let copy = format!("copy-{n}");
+                ctl.push(through_controller(&w, "big", &copy, &mask(args.mask)).await?);
             }
         }
     }
@@ -157,7 +176,7 @@ async fn previews(w: &World, args: &CloneArgs) -> Result<()> {
     let (most, sampler) = sample_loading(w).await?;
     let t = Instant::now();
     for name in &names {
-        create(w, name, "mid").await?;
+        create(w, name, "mid", &mask(false)).await?;
     }
     let api: Api<Database> = Api::namespaced(w.client.clone(), &w.ns);
     for name in &names {
@@ -217,12 +236,12 @@ async fn sample_loading(w: &World) -> Result<(tokio::task::JoinHandle<i64>, Arc<
     Ok((task, done))
 }
 
-async fn create(w: &World, name: &str, source: &str) -> Result<()> {
+async fn create(w: &World, name: &str, source: &str, mask: &serde_json::Value) -> Result<()> {
     let db: Database = serde_json::from_value(serde_json::json!({
         "apiVersion": "dbops.dev/v1alpha1", "kind": "Database",
         "metadata": {"name": name},
         "spec": {"serverRef": {"name": w.server}, "deletionPolicy": "Delete",
-                 "cloneFrom": {"databaseRef": {"name": source}}},
+                 "cloneFrom": {"databaseRef": {"name": source}, "mask": mask}},
     }))?;
     Api::<Database>::namespaced(w.client.clone(), &w.ns)
         .create(&PostParams::default(), &db)
@@ -231,10 +250,15 @@ async fn create(w: &World, name: &str, source: &str) -> Result<()> {
 }
 
 /// A clone of `source` created → Ready, then deleted; seconds.
-async fn through_controller(w: &World, source: &str, name: &str) -> Result<f64> {
+async fn through_controller(
+    w: &World,
+    source: &str,
+    name: &str,
+    mask: &serde_json::Value,
+) -> Result<f64> {
     let api: Api<Database> = Api::namespaced(w.client.clone(), &w.ns);
     let t = Instant::now();
-    create(w, name, source).await?;
+    create(w, name, source, mask).await?;
     crate::bed::wait_provisioned(&api, name, LONG).await?;
     let secs = t.elapsed().as_secs_f64();
     eprintln!("clone {name}: {secs:.1} s");
