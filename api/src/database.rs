@@ -24,7 +24,7 @@ use crate::common::{DatabaseDeletionPolicy, LocalObjectReference, ServerReferenc
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "Ready condition"),
     printcolumn(name = "Server", type_ = "string", json_path = ".spec.serverRef.name", description = "DatabaseServer"),
     printcolumn(name = "Database", type_ = "string", json_path = ".status.databaseName", description = "Database name in PostgreSQL"),
-    printcolumn(name = "Expires", type_ = "date", json_path = ".status.expiresAt", description = "When the Database is deleted (spec.expireAfter or spec.expiresAt)"),
+    printcolumn(name = "Expires", type_ = "string", json_path = ".status.expiresAt", description = "When the Database is deleted (spec.expireAfter or spec.expiresAt), RFC 3339 in UTC"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("has(self.spec.databaseName) || self.metadata.name.matches('^[a-z_][a-z0-9_-]{0,62}$')").message("spec.databaseName is required when metadata.name (with '-' read as '_') is not a PostgreSQL identifier of at most 63 characters").field_path(".spec.databaseName"),
     validation = Rule::new("!has(self.spec.cloneFrom) || !has(self.spec.cloneFrom.databaseRef) || self.spec.cloneFrom.databaseRef.name != self.metadata.name").message("cloneFrom.databaseRef names this Database itself").field_path(".spec.cloneFrom.databaseRef.name"),

@@ -91,6 +91,17 @@ async fn an_expired_database_is_deleted_with_its_own_policy_and_an_extended_one_
     let until = still.status.and_then(|st| st.expires_at).unwrap().0;
     let created = extended.metadata.creation_timestamp.unwrap().0;
     assert_eq!(until.duration_since(created).as_secs(), 7200);
+    // kubectl prints the instant (a column of type date in the future read `<invalid>`).
+    let shown =
+        s.b.kubectl
+            .run(&["get", "pgdb", "extended", "-n", s.ns()], None)
+            .unwrap();
+    assert!(shown.success, "{}", shown.text());
+    assert!(
+        shown.stdout.contains(&until.to_string()[..16]) && !shown.stdout.contains("<invalid>"),
+        "{}",
+        shown.stdout
+    );
     assert!(
         !reasons(&s, "extended")
             .await
