@@ -41,3 +41,6 @@ dbops_go_tool helm helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm
 # kubeconform: a few seconds (~20 s cold with the downloads).
 dbops_go_tool kubeconform kubeconform github.com/yannh/kubeconform \
   github.com/yannh/kubeconform/cmd/kubeconform
+# glua: gopher-lua's interpreter, the Lua Argo CD embeds, for deploy/argocd's health
+# checks (e2e/tests/e2e/argocd_health.rs); a few seconds.
+dbops_go_tool glua glua github.com/yuin/gopher-lua github.com/yuin/gopher-lua/cmd/glua

@@ -3,6 +3,7 @@
 //! servers, the real `kubectl`, and the three controller binaries, all started on
 //! loopback by this crate and stopped when the test or dev session ends.
 
+pub mod argocd;
 pub mod chart;
 pub mod controllers;
 pub mod controlplane;

@@ -138,3 +138,8 @@ pub fn workspace_bin(name: &str) -> Result<PathBuf> {
     }
     Ok(path)
 }
+
+/// glua, gopher-lua's interpreter (the Lua Argo CD embeds), pinned in `e2e/glua/go.mod`.
+pub fn glua() -> Result<PathBuf> {
+    go_tool("glua", "glua", "github.com/yuin/gopher-lua")
+}

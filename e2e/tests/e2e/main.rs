@@ -5,6 +5,7 @@
 //! the whole binary; every test works in a namespace of its own.
 
 mod api_validation;
+mod argocd_health;
 mod backup;
 mod backup_store;
 mod chart;
