@@ -326,3 +326,24 @@ pub async fn rotate(k: &Kube, a: RotateArgs) -> Result<Outcome> {
     eprintln!("no Database or DatabaseUser {}/{}", k.ns, a.name);
     Ok(Outcome::NotFound)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secrets_uri_becomes_libpqs_environment() {
+        let env = libpq_env(
+            "postgresql://orders_owner:p%40ss%2Fw%3Ard@pg-main.databases.svc:5433/orders?sslmode=verify-full",
+        )
+        .expect("parses");
+        let get = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("PGHOST"), Some("pg-main.databases.svc"));
+        assert_eq!(get("PGPORT"), Some("5433"));
+        assert_eq!(get("PGUSER"), Some("orders_owner"));
+        assert_eq!(get("PGPASSWORD"), Some("p@ss/w:rd"));
+        assert_eq!(get("PGDATABASE"), Some("orders"));
+        assert_eq!(get("PGSSLMODE"), Some("verify-full"));
+        assert_eq!(percent_decode("a%2"), "a%2");
+    }
+}
