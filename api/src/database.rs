@@ -178,7 +178,6 @@ pub struct RestoreSource {
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("has(self.databaseRef) != has(self.backupRef)").message("cloneFrom names exactly one of databaseRef and backupRef"),
-    validation = Rule::new("!has(self.backupRef) || !has(self.mask) || size(self.mask) == 0").message("mask applies to a clone of a live Database (databaseRef): a Backup's artifact is restored as it was written").field_path(".mask"),
 )]
 pub struct CloneSource {
     /// A Ready Database in the same namespace, on any server (the copy's server must be of
@@ -191,7 +190,7 @@ pub struct CloneSource {
     pub backup_ref: Option<LocalObjectReference>,
 
     /// Columns whose values are replaced on the way into the copy: the original values
-    /// never reach the copy's server. With `databaseRef` only. A table or column that does not exist in the source,
+    /// never reach the copy's server. A table or column that does not exist in the source,
     /// or a value the column cannot hold, stops the clone before anything is copied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["table", "column"]))]

@@ -267,7 +267,10 @@ pub async fn fill(
         },
         snapshot: &snapshot.id,
     };
-    let tally = copied(db, ctx, &programs, filter, &mut clone).await;
+    let copy = |tally: watch::Sender<mask::Tally>| async move {
+        copy::run(&programs, filter, &tally).await
+    };
+    let tally = copied(db, ctx, copy, &mut clone).await;
     let _ = tx.rollback().await;
     let tally = tally?;
     sql::comment_database(session, &database, &sql::mark(&uid)).await?;
@@ -287,16 +290,19 @@ fn major(version_num: i32) -> u32 {
 }
 
 /// The copy, with its progress written to status every few seconds and once at the end.
-async fn copied(
+async fn copied<F, Fut>(
     db: &Database,
     ctx: &Context<State>,
-    programs: &copy::Programs<'_>,
-    filter: mask::Filter,
+    copy: F,
     clone: &mut CloneStatus,
-) -> Result<mask::Tally> {
+) -> Result<mask::Tally>
+where
+    F: FnOnce(watch::Sender<mask::Tally>) -> Fut,
+    Fut: std::future::Future<Output = Result<mask::Tally>>,
+{
     let (tx, mut rx) = watch::channel(mask::Tally::default());
     report(db, ctx, clone, &mask::Tally::default()).await?;
-    let copying = copy::run(programs, filter, &tx);
+    let copying = copy(tx);
     tokio::pin!(copying);
     let tally = loop {
         tokio::select! {
@@ -322,16 +328,19 @@ async fn report(
     clone.tables = Some(i32::try_from(tally.tables).unwrap_or(i32::MAX));
     clone.bytes = Some(i64::try_from(tally.bytes).unwrap_or(i64::MAX));
     clone.masked_values = Some(i64::try_from(tally.masked).unwrap_or(i64::MAX));
-    let total = clone.tables_total.unwrap_or_default();
+    let of_total = clone
+        .tables_total
+        .map(|t| format!(" of {t}"))
+        .unwrap_or_default();
     let message = match clone.completed_at {
         Some(_) => format!(
-            "copied {} ({} of {total} tables, {} bytes); finishing",
+            "copied {} ({}{of_total} tables, {} bytes); finishing",
             clone.source.as_deref().unwrap_or_default(),
             tally.tables,
             tally.bytes
         ),
         None => format!(
-            "copying {}: {} of {total} tables, {} bytes so far",
+            "copying {}: {}{of_total} tables, {} bytes so far",
             clone.source.as_deref().unwrap_or_default(),
             tally.tables,
             tally.bytes
@@ -376,4 +385,136 @@ async fn programs(ctx: &Context<State>, from: u32, into: u32) -> Result<(Program
         });
     };
     Ok((pg_dump.clone(), pg_dump.path.with_file_name("psql")))
+}
+
+/// `cloneFrom.backupRef` with a `mask`: the Backup's verified artifact restored as the
+/// owner in three parts, so that no original value of a masked column reaches the
+/// server: its schema (`pg_restore --section=pre-data`, committed: it holds no row), the
+/// mask checked against that schema (catalog reads, as the admin), its rows
+/// (`--section=data` as plain SQL through the mask filter into psql, one transaction),
+/// then its indexes, constraints and triggers (`--section=post-data`; one that the masked
+/// values break is `MaskInvalid`). A failure leaves the database marked pending: the next
+/// attempt starts again from an empty one.
+pub async fn fill_from_backup(
+    db: &Database,
+    ctx: &Context<State>,
+    target: &Resolved,
+    session: &Session,
+    fresh: bool,
+    password: &str,
+    artifact: &restore::Artifact,
+) -> Result<()> {
+    let (owner, database) = (db.owner_role(), db.database_name());
+    if !fresh {
+        restore::start_over(session, db, &owner).await?;
+    }
+    let restorer = &ctx.state.restorer;
+    let pg_restore = restore::pick_pg_restore(session, restorer, artifact).await?;
+    let into = restore::Target {
+        db,
+        server: &target.endpoint,
+        owner: &owner,
+        password,
+    };
+    let schema = restore::restore_section(&into, &pg_restore, restorer, artifact, Some("pre-data"));
+    schema.await?;
+    let described = format!("Backup {}", artifact.backup);
+    let rules = schema_rules(db, ctx, target, &described).await?;
+    let mut clone = CloneStatus {
+        source: Some(described),
+        copied_at: artifact.taken_at.clone(),
+        started_at: Some(dbops_shared::conditions::now()),
+        ..CloneStatus::default()
+    };
+    let key = dbops_shared::postgres::generate_password().into_bytes();
+    let filter = mask::Filter::new(rules, key);
+    let (to, program) = (&into, pg_restore.as_path());
+    let copy = |tally: watch::Sender<mask::Tally>| async move {
+        masked_rows(to, program, restorer, artifact, filter, &tally).await
+    };
+    copied(db, ctx, copy, &mut clone).await?;
+    let constraints =
+        restore::restore_section(&into, &pg_restore, restorer, artifact, Some("post-data"));
+    constraints.await.map_err(|e| Error::Blocked {
+        reason: DatabaseReason::MaskInvalid.as_str(),
+        message: format!(
+            "spec.cloneFrom.mask: the Backup's indexes and constraints do not hold on the masked values ({e}); hash both ends of a foreign key, and keep unique columns unique"
+        ),
+    })?;
+    sql::comment_database(
+        session,
+        &database,
+        &sql::mark(&db.uid().unwrap_or_default()),
+    )
+    .await?;
+    tracing::info!(
+        database,
+        source = clone.source,
+        masked = clone.masked_values,
+        "cloned"
+    );
+    Ok(())
+}
+
+/// The mask checked against the schema just restored into the new database.
+async fn schema_rules(
+    db: &Database,
+    ctx: &Context<State>,
+    target: &Resolved,
+    described: &str,
+) -> Result<mask::Rules> {
+    let mut session = admin_session(&ctx.state.servers, target, &db.database_name()).await?;
+    let tx = session
+        .transaction()
+        .await
+        .map_err(dbops_shared::postgres::PgError::sql("checking the mask"))?;
+    let rules = source::rules(&tx, db.mask(), described).await;
+    let _ = tx.rollback().await;
+    rules
+}
+
+/// `pg_restore --section=data --file=-` fed the artifact → the mask → psql as the owner.
+async fn masked_rows(
+    into: &restore::Target<'_>,
+    pg_restore: &std::path::Path,
+    restorer: &restore::Restorer,
+    artifact: &restore::Artifact,
+    filter: mask::Filter,
+    tally: &watch::Sender<mask::Tally>,
+) -> Result<mask::Tally> {
+    let mut command = tokio::process::Command::new(pg_restore);
+    command
+        .args([
+            "--section=data",
+            "--file=-",
+            "--no-owner",
+            "--no-privileges",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let database = into.db.database_name();
+    let connection = Connection {
+        server: into.server,
+        username: into.owner,
+        password: into.password,
+        database: &database,
+        application: "dbops-database-controller-clone",
+    };
+    let psql = pg_restore.with_file_name("psql");
+    let (load, _ca) =
+        copy::load_command(&psql, &connection).map_err(|e| copy::could_not_run(&psql, e))?;
+    let source = copy::Source {
+        command,
+        program: pg_restore,
+    };
+    let feed = |stdin: Option<tokio::process::ChildStdin>| async move {
+        let stdin = stdin.ok_or_else(|| "pg_restore's input is not piped".to_string())?;
+        let (copy_error, copied) = restore::feed(stdin, restorer, artifact)
+            .await
+            .map_err(|e| e.to_string())?;
+        restore::copied_as_verified(copy_error, &copied, artifact).map_err(|e| e.to_string())
+    };
+    copy::pipeline(source, load, feed, filter, tally).await
 }

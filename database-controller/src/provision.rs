@@ -478,6 +478,9 @@ async fn restore(
         Some(Fill::Clone(source, _)) => {
             clone::fill(db, ctx, server, session, fresh, password, source).await?
         }
+        Some(Fill::Artifact(artifact)) if !db.mask().is_empty() => {
+            clone::fill_from_backup(db, ctx, server, session, fresh, password, artifact).await?
+        }
         Some(Fill::Artifact(artifact)) => {
             // Visible while pg_restore runs, which may take long.
             let api: Api<Database> =

@@ -61,6 +61,8 @@ pub struct Artifact {
     pub pg_dump_major: Option<u32>,
     /// For an encrypted artifact, the identities of which one opens it.
     pub identities: Option<Identities>,
+    /// When the dump began (its snapshot): the instant a clone of it is as of.
+    pub taken_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 fn blocked(reason: &'static str, message: String) -> Error {
@@ -159,6 +161,7 @@ pub async fn verify(
         checksum: actual,
         pg_dump_major,
         identities,
+        taken_at: status.started_at.clone(),
     })
 }
 
@@ -330,7 +333,7 @@ pub async fn start_over(session: &Session, db: &Database, owner: &str) -> Result
 
 /// The pg_restore for this artifact and server (`pg_tools::pick_restore`); an artifact
 /// whose manifest names no pg_dump is taken as written by the newest pg_restore's major.
-async fn pick_pg_restore(
+pub async fn pick_pg_restore(
     session: &Session,
     restorer: &Restorer,
     artifact: &Artifact,
@@ -363,10 +366,42 @@ async fn run_pg_restore(
     owner: &str,
     password: &str,
 ) -> Result<()> {
+    let target = Target {
+        db,
+        server,
+        owner,
+        password,
+    };
+    restore_section(&target, pg_restore, restorer, artifact, None).await
+}
+
+/// Where a restore goes: the Database's database on `server`, as `owner`.
+pub struct Target<'a> {
+    pub db: &'a Database,
+    pub server: &'a Endpoint,
+    pub owner: &'a str,
+    pub password: &'a str,
+}
+
+/// [`run_pg_restore`], or with `section` only that part of the archive (`pre-data`,
+/// `post-data`), from stdin in one transaction.
+pub async fn restore_section(
+    target: &Target<'_>,
+    pg_restore: &std::path::Path,
+    restorer: &Restorer,
+    artifact: &Artifact,
+    section: Option<&str>,
+) -> Result<()> {
+    let Target {
+        db,
+        server,
+        owner,
+        password,
+    } = *target;
     let program = pg_restore.display().to_string();
     let could_not_run = |e: std::io::Error| restore_failed(format!("could not run {program}: {e}"));
-    let scratch = match restorer.jobs {
-        0 | 1 => None,
+    let scratch = match (restorer.jobs, section) {
+        (0 | 1, _) | (_, Some(_)) => None,
         _ => Some(to_scratch(db, restorer, artifact).await?),
     };
     // The password goes through the environment only: never on a command line. The
@@ -384,6 +419,7 @@ async fn run_pg_restore(
     .map_err(could_not_run)?;
     command
         .args(pg_tools::RESTORE_AS_OWNER)
+        .args(section.map(|s| format!("--section={s}")))
         .arg(format!("--dbname={}", db.database_name()))
         .stdout(Stdio::null());
     match &scratch {
@@ -450,7 +486,7 @@ impl Drop for Scratch {
 }
 
 /// Whether the copy went through and its bytes, as stored, are the verified ones.
-fn copied_as_verified(
+pub fn copied_as_verified(
     copy_error: Option<String>,
     restored: &str,
     artifact: &Artifact,
@@ -473,7 +509,7 @@ fn copied_as_verified(
 /// SHA-256 of the bytes copied. If the artifact changed since `verify`, the attempt fails
 /// and the database keeps its pending mark, so the next attempt starts from an empty
 /// database and verifies again.
-async fn feed<W: tokio::io::AsyncWrite + Unpin>(
+pub async fn feed<W: tokio::io::AsyncWrite + Unpin>(
     out: W,
     restorer: &Restorer,
     artifact: &Artifact,

@@ -55,9 +55,13 @@ fn dump_command(p: &Programs<'_>) -> std::io::Result<(Command, Option<RootCertFi
     Ok((dump, ca))
 }
 
-/// psql as the owner: one transaction, stopping at the first error, SQL on its stdin.
-fn load_command(p: &Programs<'_>) -> std::io::Result<(Command, Option<RootCertFile>)> {
-    let (mut load, ca) = pg_tools::command(p.psql, &p.into)?;
+/// psql as the owner `into`: one transaction, stopping at the first error, SQL on its
+/// stdin.
+pub fn load_command(
+    psql: &Path,
+    into: &Connection<'_>,
+) -> std::io::Result<(Command, Option<RootCertFile>)> {
+    let (mut load, ca) = pg_tools::command(psql, into)?;
     load.args([
         "--no-psqlrc",
         "--quiet",
@@ -71,53 +75,81 @@ fn load_command(p: &Programs<'_>) -> std::io::Result<(Command, Option<RootCertFi
     Ok((load, ca))
 }
 
-/// Runs the copy; `tally` follows its progress.
-pub async fn run(
-    p: &Programs<'_>,
+/// Runs the copy from the live source; `tally` follows its progress.
+pub async fn run(p: &Programs<'_>, filter: Filter, tally: &watch::Sender<Tally>) -> Result<Tally> {
+    // The CA files live until both programs have ended.
+    let (dump, _dump_ca) = dump_command(p).map_err(|e| could_not_run(p.pg_dump, e))?;
+    let (load, _load_ca) = load_command(p.psql, &p.into).map_err(|e| could_not_run(p.psql, e))?;
+    let source = Source {
+        command: dump,
+        program: p.pg_dump,
+    };
+    pipeline(source, load, |_| async { Ok(()) }, filter, tally).await
+}
+
+pub fn could_not_run(program: &Path, e: std::io::Error) -> Error {
+    failed(format!("could not run {}: {e}", program.display()))
+}
+
+/// The program whose plain SQL output is masked into psql: pg_dump of the live source,
+/// or pg_restore of a Backup's artifact (`--file=-`).
+pub struct Source<'a> {
+    pub command: Command,
+    pub program: &'a Path,
+}
+
+/// `source` (fed on its stdin by `feed`, if it takes one) → the filter → psql (`load`):
+/// psql's input ends, and it commits, only when the source ended well, the feeding went
+/// through and every line was masked; otherwise psql is killed first.
+pub async fn pipeline<F, Fut>(
+    mut source: Source<'_>,
+    load: Command,
+    feed: F,
     mut filter: Filter,
     tally: &watch::Sender<Tally>,
-) -> Result<Tally> {
-    let could_not_run = |program: &Path, e: std::io::Error| {
-        failed(format!("could not run {}: {e}", program.display()))
-    };
-    // The CA files live until both programs have ended.
-    let (mut dump, _dump_ca) = dump_command(p).map_err(|e| could_not_run(p.pg_dump, e))?;
-    let (mut load, _load_ca) = load_command(p).map_err(|e| could_not_run(p.psql, e))?;
-    let mut dump = dump.spawn().map_err(|e| could_not_run(p.pg_dump, e))?;
-    let mut load = load.spawn().map_err(|e| could_not_run(p.psql, e))?;
-    let dump_errors = pg_tools::keep_stderr(dump.stderr.take());
+) -> Result<Tally>
+where
+    F: FnOnce(Option<tokio::process::ChildStdin>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let name = source.program.display().to_string();
+    let mut out = source
+        .command
+        .spawn()
+        .map_err(|e| could_not_run(source.program, e))?;
+    let mut load = { load }
+        .spawn()
+        .map_err(|e| failed(format!("could not run psql: {e}")))?;
+    let out_errors = pg_tools::keep_stderr(out.stderr.take());
     let load_errors = pg_tools::keep_stderr(load.stderr.take());
-    let (Some(from), Some(into)) = (dump.stdout.take(), load.stdin.take()) else {
-        return Err(failed(
-            "pg_dump's output or psql's input is not piped".into(),
-        ));
+    let (Some(from), Some(into)) = (out.stdout.take(), load.stdin.take()) else {
+        return Err(failed(format!(
+            "{name}'s output or psql's input is not piped"
+        )));
     };
-    let piped = pipe(from, into, &mut filter, tally).await;
-    let dumped = dump.wait().await;
-    let dump_stderr = dump_errors.await.unwrap_or_default();
-    let dump_ok = matches!(&dumped, Ok(s) if s.success());
-    let piped = match piped {
-        // Only now, with pg_dump ended well, does psql's input end: it commits.
-        Ok(input) if dump_ok => {
+    let (piped, fed) = tokio::join!(pipe(from, into, &mut filter, tally), feed(out.stdin.take()));
+    let ended = out.wait().await;
+    let out_stderr = out_errors.await.unwrap_or_default();
+    let ended_ok = matches!(&ended, Ok(s) if s.success()) && fed.is_ok();
+    let input = match piped {
+        // Only now, with the source ended well, does psql's input end: it commits.
+        Ok(input) if ended_ok => {
             drop(input);
-            Ok(())
+            None
         }
-        Ok(input) => {
-            let _ = load.kill().await;
-            drop(input);
-            Ok(())
-        }
-        Err(e) => Err(e),
+        Ok(input) => Some(Ok(input)),
+        Err(e) => Some(Err(e)),
     };
-    if !dump_ok || piped.is_err() {
+    if let Some(unfinished) = input {
         // psql's input has not ended: killed now, its transaction ends unfinished.
         let _ = load.kill().await;
         let load_stderr = load_errors.await.unwrap_or_default();
-        return Err(failed(match (piped, dumped) {
-            (Err(e), _) if !load_stderr.is_empty() => format!("{e}; psql: {load_stderr}"),
-            (Err(e), _) => e,
-            (Ok(_), Ok(status)) => format!("pg_dump failed ({status}): {dump_stderr}"),
-            (Ok(_), Err(e)) => format!("waiting for pg_dump: {e}"),
+        return Err(failed(match (unfinished, ended, fed) {
+            (Err(e), _, _) if !load_stderr.is_empty() => format!("{e}; psql: {load_stderr}"),
+            (Err(e), _, _) => e,
+            (Ok(_), _, Err(e)) => format!("{e}; {name}: {out_stderr}"),
+            (Ok(_), Ok(status), _) => format!("{name} failed ({status}): {out_stderr}"),
+            (Ok(_), Err(e), _) => format!("waiting for {name}: {e}"),
         }));
     }
     let loaded = load
@@ -131,8 +163,9 @@ pub async fn run(
     Ok(filter.tally)
 }
 
-/// Lines from pg_dump through the filter into psql, flushed; psql's input is returned
-/// open, to be closed (psql then commits) only once pg_dump is known to have ended well.
+/// Lines from the source through the filter into psql, flushed; psql's input is returned
+/// open, to be closed (psql then commits) only once the source is known to have ended
+/// well. On an error the source's output is dropped, so a source still writing ends.
 async fn pipe(
     from: tokio::process::ChildStdout,
     into: tokio::process::ChildStdin,

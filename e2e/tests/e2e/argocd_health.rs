@@ -172,3 +172,39 @@ fn every_phase_gets_the_health_a_user_expects() {
         "{m}"
     );
 }
+
+/// Objects recorded from a dev environment in each state (`e2e/argocd-record`): each gets
+/// the health recorded with it; every kind has a Healthy one and at least one that is
+/// not, and a Migration awaiting approval is Suspended.
+#[test]
+fn recorded_objects_get_the_health_a_user_expects() {
+    let dir = dbops_e2e::paths::repo_root().join("deploy/argocd/testdata");
+    let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    for file in &files {
+        let recorded: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        let kind = recorded["object"]["kind"].as_str().unwrap().to_string();
+        let want = recorded["expect"].as_str().unwrap().to_string();
+        let (health, message) = health(&script(&kind), &recorded["object"]).unwrap();
+        assert_eq!(health, want, "{}: {message}", file.display());
+        assert!(!message.is_empty(), "{}: no message", file.display());
+        seen.insert((kind, health));
+    }
+    for kind in KINDS {
+        assert!(
+            seen.contains(&(kind.to_string(), "Healthy".into())),
+            "no Healthy {kind} recorded"
+        );
+        assert!(
+            seen.iter().any(|(k, h)| k == kind && h != "Healthy"),
+            "no unhealthy {kind} recorded"
+        );
+    }
+    assert!(seen.contains(&("Migration".into(), "Suspended".into())));
+}

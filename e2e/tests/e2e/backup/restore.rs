@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use dbops_e2e::harness::backup::{BIG_DUMP, READY, Setup};
+use dbops_e2e::harness::backup::{ADMIN_SECRET, BIG_DUMP, READY, Setup};
 use dbops_e2e::postgres::scalar;
 use dbops_e2e::wait::{Want, condition};
 use k8s_openapi::api::core::v1::Secret;
@@ -27,13 +27,50 @@ async fn a_backup_restores_into_a_new_database_with_every_row() {
     s.wait_completed("source-1", READY).await;
 
     s.create_restored_database("copy", "source-1").await;
+    // The same Backup cloned with a mask (`cloneFrom.backupRef`): schema, masked rows,
+    // then the primary key, which holds on the hashed (permuted) aid.
+    let mask = json!([
+        {"table": "public.pgbench_accounts", "column": "aid", "with": "hash"},
+        {"table": "public.pgbench_accounts", "column": "abalance", "with": "fixed", "value": "7"},
+    ]);
+    let masked = json!({"deletionPolicy": "Delete",
+                        "cloneFrom": {"backupRef": {"name": "source-1"}, "mask": mask}});
+    s.create_database_spec("masked", ADMIN_SECRET, masked).await;
     let copy = s.wait_database("copy", Want::provisioned(), BIG_DUMP).await;
+    let masked = s
+        .wait_database("masked", Want::provisioned(), BIG_DUMP)
+        .await;
 
     let source = s.tables("source").await;
     let restored = s.tables("copy").await;
     assert_eq!(source.len(), 4, "pgbench makes 4 tables: {source:?}");
     assert_eq!(counts(&restored), counts(&source));
     assert_eq!(source["pgbench_accounts"].0, 200_000);
+    assert_eq!(counts(&s.tables("masked").await), counts(&source));
+    let (masked_client, connection) =
+        tokio_postgres::connect(&s.pg.conn_string("masked"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let fixed: i64 = scalar(
+        &masked_client,
+        "SELECT count(*) FROM pgbench_accounts WHERE abalance = 7",
+    )
+    .await;
+    let kept: i64 = scalar(
+        &masked_client,
+        "SELECT count(*) FROM pgbench_accounts WHERE aid BETWEEN 1 AND 200000",
+    )
+    .await;
+    let keyed: bool = scalar(&masked_client, "SELECT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = 'pgbench_accounts'::regclass AND indisprimary)").await;
+    assert_eq!((fixed, keyed), (200_000, true));
+    assert!(kept < 50_000, "{kept} aids kept their value");
+    let clone = masked.status.unwrap().clone_status.unwrap();
+    assert_eq!(clone.masked_values, Some(400_000), "{clone:?}");
+    assert_eq!(
+        clone.source.as_deref(),
+        Some(format!("Backup {}/source-1", s.ns()).as_str())
+    );
     // The extension came along (pgcrypto is trusted: the owner role may create it).
     let (client, connection) =
         tokio_postgres::connect(&s.pg.conn_string("copy"), tokio_postgres::NoTls)
