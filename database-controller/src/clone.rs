@@ -511,7 +511,7 @@ async fn masked_rows(
     };
     let feed = |stdin: Option<tokio::process::ChildStdin>| async move {
         let stdin = stdin.ok_or_else(|| "pg_restore's input is not piped".to_string())?;
-        let (copy_error, copied) = restore::feed(stdin, restorer, artifact)
+        let (copy_error, copied) = restore::feed_part(stdin, restorer, artifact, true)
             .await
             .map_err(|e| e.to_string())?;
         restore::copied_as_verified(copy_error, &copied, artifact).map_err(|e| e.to_string())

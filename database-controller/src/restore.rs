@@ -434,7 +434,7 @@ pub async fn restore_section(
     let mut child = command.spawn().map_err(could_not_run)?;
     let errors = pg_tools::keep_stderr(child.stderr.take());
     let (copy_error, restored) = match child.stdin.take() {
-        Some(stdin) => feed(stdin, restorer, artifact).await?,
+        Some(stdin) => feed_part(stdin, restorer, artifact, section.is_some()).await?,
         None => (None, artifact.checksum.clone()),
     };
     let status = child
@@ -514,17 +514,35 @@ pub async fn feed<W: tokio::io::AsyncWrite + Unpin>(
     restorer: &Restorer,
     artifact: &Artifact,
 ) -> Result<(Option<String>, String)> {
+    feed_part(out, restorer, artifact, false).await
+}
+
+/// [`feed`]; with `part`, for a pg_restore of one section, which may stop reading before
+/// the archive's end: the rest is read and hashed all the same, and its stopping is not
+/// an error (its exit status says whether it did its part).
+pub async fn feed_part<W: tokio::io::AsyncWrite + Unpin>(
+    out: W,
+    restorer: &Restorer,
+    artifact: &Artifact,
+    part: bool,
+) -> Result<(Option<String>, String)> {
     let identities = artifact.identities.as_ref();
+    let when_refused = if part {
+        WhenRefused::HashTheRest
+    } else {
+        WhenRefused::Stop
+    };
     let copied = copy_artifact(
         &restorer.store,
         &artifact.key,
         identities,
         out,
-        WhenRefused::Stop,
+        when_refused,
     )
     .await
     .map_err(store_error)?;
-    Ok((copied.error, copied.sha256))
+    let error = copied.error.filter(|_| !(part && copied.only_refused));
+    Ok((error, copied.sha256))
 }
 
 /// A restore that failed, retried with backoff.

@@ -21,6 +21,10 @@ pub struct Copied {
     pub sha256: String,
     /// How many bytes were read from the store.
     pub size: u64,
+    /// Whether [`Copied::error`] is only that the writer stopped taking bytes (with
+    /// [`WhenRefused::HashTheRest`], the checksum still covers the whole artifact): a
+    /// pg_restore of one section may end before the archive does.
+    pub only_refused: bool,
 }
 
 /// What a copy does when the writer stops taking bytes (pg_restore exited).
@@ -57,6 +61,7 @@ pub async fn copy_artifact<W: AsyncWrite + Unpin>(
                     error: Some(format!("decrypting the artifact: {e}")),
                     sha256: String::new(),
                     size: 0,
+                    only_refused: false,
                 });
             }
         },
@@ -66,7 +71,7 @@ pub async fn copy_artifact<W: AsyncWrite + Unpin>(
     let error = loop {
         let chunk = match restored.next_chunk().await {
             Ok(Some(chunk)) => chunk,
-            Ok(None) => break refused,
+            Ok(None) => break refused.clone(),
             Err(e) => break Some(format!("reading the artifact: {e}")),
         };
         if refused.is_some() {
@@ -76,11 +81,12 @@ pub async fn copy_artifact<W: AsyncWrite + Unpin>(
             // The reader stopped (pg_restore exited): its exit status and stderr say why.
             refused = Some(format!("writing the artifact on: {e}"));
             if when_refused == WhenRefused::Stop {
-                break refused;
+                break refused.clone();
             }
         }
     };
     // Flushed and closed: pg_restore's stdin sees its end, a scratch file is complete.
+    let only_refused = error.is_some() && error == refused;
     let error = match (error, out.shutdown().await) {
         (None, Err(e)) => Some(format!("closing the copy of the artifact: {e}")),
         (error, _) => error,
@@ -96,5 +102,6 @@ pub async fn copy_artifact<W: AsyncWrite + Unpin>(
         error,
         sha256: tally.sha256_hex(),
         size,
+        only_refused,
     })
 }
