@@ -127,17 +127,29 @@ async fn check_mask(db: &Database, ctx: &Context<State>, source: &Source) -> Res
         return Ok(());
     }
     let database = source.db.database_name();
-    let mut session = admin_session(&ctx.state.servers, &source.server, &database).await?;
-    let tx = session
-        .transaction()
+    let on = (&source.server, database.as_str());
+    mask_rules_on(ctx, on, db, &source.describe())
         .await
-        .map_err(dbops_shared::postgres::PgError::sql("checking the mask"))?;
+        .map(|_| ())
+}
+
+/// `db`'s mask checked against the catalog of `database` on `server` (a read-only
+/// transaction as the admin: catalog reads only) and turned into the filter's rules.
+async fn mask_rules_on(
+    ctx: &Context<State>,
+    (server, database): (&Resolved, &str),
+    db: &Database,
+    described: &str,
+) -> Result<mask::Rules> {
+    let checking = || dbops_shared::postgres::PgError::sql("checking the mask");
+    let mut session = admin_session(&ctx.state.servers, server, database).await?;
+    let tx = session.transaction().await.map_err(checking())?;
     tx.batch_execute("SET TRANSACTION READ ONLY")
         .await
-        .map_err(dbops_shared::postgres::PgError::sql("checking the mask"))?;
-    let checked = source::rules(&tx, db.mask(), &source.describe()).await;
+        .map_err(checking())?;
+    let rules = source::rules(&tx, db.mask(), described).await;
     let _ = tx.rollback().await;
-    checked.map(|_| ())
+    rules
 }
 
 fn older_major(source: &str, from: u32, target: &str, into: u32) -> Error {
@@ -419,7 +431,8 @@ pub async fn fill_from_backup(
     let schema = restore::restore_section(&into, &pg_restore, restorer, artifact, Some("pre-data"));
     schema.await?;
     let described = format!("Backup {}", artifact.backup);
-    let rules = schema_rules(db, ctx, target, &described).await?;
+    // The mask against the schema just restored into the new database.
+    let rules = mask_rules_on(ctx, (target, &database), db, &described).await?;
     let mut clone = CloneStatus {
         source: Some(described),
         copied_at: artifact.taken_at.clone(),
@@ -454,23 +467,6 @@ pub async fn fill_from_backup(
         "cloned"
     );
     Ok(())
-}
-
-/// The mask checked against the schema just restored into the new database.
-async fn schema_rules(
-    db: &Database,
-    ctx: &Context<State>,
-    target: &Resolved,
-    described: &str,
-) -> Result<mask::Rules> {
-    let mut session = admin_session(&ctx.state.servers, target, &db.database_name()).await?;
-    let tx = session
-        .transaction()
-        .await
-        .map_err(dbops_shared::postgres::PgError::sql("checking the mask"))?;
-    let rules = source::rules(&tx, db.mask(), described).await;
-    let _ = tx.rollback().await;
-    rules
 }
 
 /// `pg_restore --section=data --file=-` fed the artifact → the mask → psql as the owner.

@@ -274,8 +274,12 @@ async fn converge_database(
 enum Fill {
     /// A Backup's artifact (`restoreFrom`, `cloneFrom.backupRef`).
     Artifact(restore::Artifact),
-    /// A live Database (`cloneFrom.databaseRef`), with the clone's place in the queue.
-    Clone(clone::Source, #[allow(dead_code)] clone::slots::Slot),
+    /// A live Database (`cloneFrom.databaseRef`), with the clone's place in the queue
+    /// (held until the fill is dropped).
+    Clone {
+        source: clone::Source,
+        _slot: clone::slots::Slot,
+    },
 }
 
 /// What fills the new database, if `changes` fill one, checked before anything changes
@@ -295,7 +299,10 @@ async fn fill_source(
     if db.database_to_clone().is_some() {
         let source = clone::prepare(db, ctx, target).await?;
         let slot = clone::slot(db, ctx, target, &source)?;
-        return Ok(Some(Fill::Clone(source, slot)));
+        return Ok(Some(Fill::Clone {
+            source,
+            _slot: slot,
+        }));
     }
     let artifact = restore::verify(db, &ctx.client, &state.restorer, &state.directory).await?;
     Ok(Some(Fill::Artifact(artifact)))
@@ -475,7 +482,7 @@ async fn restore(
                 "a restore without its verified source".into(),
             ));
         }
-        Some(Fill::Clone(source, _)) => {
+        Some(Fill::Clone { source, .. }) => {
             clone::fill(db, ctx, server, session, fresh, password, source).await?
         }
         Some(Fill::Artifact(artifact)) if !db.mask().is_empty() => {
