@@ -445,3 +445,89 @@ async fn twenty_clones_at_once_queue_within_the_servers_bound() {
     }
     assert!(queued >= 10, "only {queued} of 20 clones said CloneQueued");
 }
+
+/// The database-controller killed while a masked clone is loading (psql's session on the
+/// new database): nothing of the copy is committed, the database keeps its pending mark;
+/// after a restart it is made anew and copied once, every row there, every masked value
+/// replaced, and the source's own rows untouched.
+#[tokio::test]
+async fn a_clone_interrupted_by_a_crash_completes_after_restart() {
+    let mut s = setup("db-clone-crash").await;
+    s.create_ready("big", json!({})).await;
+    as_owner(&s, "big")
+        .await
+        .batch_execute(
+            "CREATE TABLE t (id bigint PRIMARY KEY, email text, pad text);
+             INSERT INTO t SELECT g, 'u' || g || '@example.com', repeat('x', 200)
+               FROM generate_series(1, 400000) g;",
+        )
+        .await
+        .unwrap();
+    let mask = json!([{"table": "public.t", "column": "email", "with": "hash"}]);
+    let first = s
+        .create(
+            "copy",
+            json!({"cloneFrom": {"databaseRef": {"name": "big"}, "mask": mask}}),
+        )
+        .await;
+    let watcher = s.pg.connect_as_superuser().await.unwrap();
+    let loading = dbops_e2e::wait::eventually(
+        "psql loading the clone",
+        COPY,
+        || async {
+            let n: i64 = watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = 'copy' \
+                       AND application_name = 'dbops-database-controller-clone'",
+                    &[],
+                )
+                .await?
+                .get(0);
+            Ok(n)
+        },
+        |n| *n > 0,
+    )
+    .await;
+    assert!(loading > 0);
+    let oid_before = s.pg.database_oid("copy").await.unwrap();
+    s.kill_controller();
+    let uid = first.metadata.uid.clone().unwrap();
+    assert_eq!(
+        s.pg.database_comment("copy").await.unwrap(),
+        Some(format!("dbops.dev/uid={uid} dbops.dev/restore=pending")),
+        "the database is still marked as waiting for its copy"
+    );
+
+    s.start_controller();
+    s.wait("copy", dbops_e2e::harness::database::ready(), COPY)
+        .await;
+    let copy = as_owner(&s, "copy").await;
+    assert_eq!(count(&copy, "SELECT count(*) FROM t").await, 400_000);
+    assert_eq!(
+        count(
+            &copy,
+            "SELECT count(*) FROM t WHERE email LIKE '%@example.com'"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(&copy, "SELECT count(DISTINCT email) FROM t").await,
+        400_000
+    );
+    assert_eq!(s.pg.count_databases_like("copy%").await.unwrap(), 1);
+    assert_ne!(
+        s.pg.database_oid("copy").await.unwrap(),
+        oid_before,
+        "the half-copied database was made anew"
+    );
+    let source = as_owner(&s, "big").await;
+    assert_eq!(
+        count(
+            &source,
+            "SELECT count(*) FROM t WHERE email LIKE '%@example.com'"
+        )
+        .await,
+        400_000
+    );
+}
