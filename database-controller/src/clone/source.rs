@@ -204,21 +204,48 @@ async fn action(index: usize, rule: &MaskRule, c: &Column, tx: &Transaction<'_>)
         MaskWith::Fixed if c.in_unique_key => Err(invalid(
             index,
             "with",
-            format!("{name} is in a unique key: one fixed value in every row would break it; use hash"),
+            format!(
+                "{name} is in a unique key: one fixed value in every row would break it; use hash"
+            ),
         )),
         MaskWith::Fixed => {
             let value = rule.value.clone().unwrap_or_default();
             if c.builtin {
-                fits(tx, &value, &c.type_name)
-                    .await
-                    .map_err(|why| invalid(index, "value", format!("{value:?} is not a {}: {why}", c.type_name)))?;
+                fits(tx, &value, &c.type_name).await.map_err(|why| {
+                    invalid(
+                        index,
+                        "value",
+                        format!("{value:?} is not a {}: {why}", c.type_name),
+                    )
+                })?;
             }
             Ok(Action::Fixed(copy_text(&value)))
         }
-        MaskWith::Hash => shape(c)
-            .map(Action::Hash)
-            .ok_or_else(|| invalid(index, "with", format!("hash keeps text, bytea, uuid and integer columns; {name} is {}: use nullify or fixed", c.type_name))),
+        MaskWith::Hash => {
+            let shape = shape(c).ok_or_else(|| invalid(index, "with", format!("hash keeps text, bytea, uuid and integer columns; {name} is {}: use nullify or fixed", c.type_name)))?;
+            if short_on_unique(shape, c.in_unique_key) {
+                return Err(invalid(
+                    index,
+                    "with",
+                    format!(
+                        "{name} is in a unique key and is {}: a hash cut to fewer than {UNIQUE_HEX} hex characters may give two rows one value; widen the column or mask it otherwise",
+                        c.type_name
+                    ),
+                ));
+            }
+            Ok(Action::Hash(shape))
+        }
     }
+}
+
+/// The fewest hex characters (64 bits) a hash cut to a column's length keeps in a unique
+/// key: fewer could give two rows one value, and the copy's unique index would fail on
+/// every attempt.
+pub const UNIQUE_HEX: usize = 16;
+
+/// Whether hashing a column of `shape` in a unique key could break the key.
+pub fn short_on_unique(shape: Shape, in_unique_key: bool) -> bool {
+    in_unique_key && matches!(shape, Shape::Text { max_chars: Some(n) } if n < UNIQUE_HEX)
 }
 
 /// Whether `value` reads as a value of the built-in `type_name`: its input function, a
@@ -306,6 +333,21 @@ pub fn foreign_key_refusal(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hash_cut_short_is_refused_only_in_a_unique_key() {
+        let short = Shape::Text { max_chars: Some(8) };
+        assert!(short_on_unique(short, true));
+        assert!(!short_on_unique(short, false));
+        assert!(!short_on_unique(
+            Shape::Text {
+                max_chars: Some(16)
+            },
+            true
+        ));
+        assert!(!short_on_unique(Shape::Text { max_chars: None }, true));
+        assert!(!short_on_unique(Shape::Integer { bits: 32 }, true));
+    }
 
     #[test]
     fn foreign_keys_hold_when_both_ends_hash_or_the_child_is_null() {

@@ -246,7 +246,9 @@ async fn bad_clone_input_is_refused_naming_the_field() {
     s.create_ready("src", json!({})).await;
     as_owner(&s, "src")
         .await
-        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, doc jsonb NOT NULL, note text)")
+        .batch_execute(
+            "CREATE TABLE t (id int PRIMARY KEY, doc jsonb NOT NULL, note text, code varchar(8) UNIQUE)",
+        )
         .await
         .unwrap();
     let refused = [
@@ -335,6 +337,12 @@ async fn bad_clone_input_is_refused_naming_the_field() {
             json!([{"table": "public.t", "column": "id", "with": "fixed", "value": "1"}]),
             "MaskInvalid",
             "unique key",
+        ),
+        (
+            "shorthash",
+            json!([{"table": "public.t", "column": "code", "with": "hash"}]),
+            "MaskInvalid",
+            "fewer than 16 hex characters",
         ),
     ];
     for (name, mask, _, _) in &bad {
