@@ -16,6 +16,19 @@ impl PgServer {
         .await
     }
 
+    /// How many sessions of `application` are connected to `database` now (a restore's
+    /// pg_restore, a clone's psql: whether the copy is under way).
+    pub async fn sessions_of(&self, database: &str, application: &str) -> Result<i64> {
+        let c = self.connect_as_superuser().await?;
+        let row = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = $2",
+                &[&database, &application],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
     /// Waits (up to 30 s) until no superuser session is connected to `database`: a test's
     /// superuser client, once dropped, closes its connection a moment later, and a
     /// managed admin's `DROP DATABASE ... WITH (FORCE)` may not end a superuser's session.

@@ -178,17 +178,8 @@ async fn a_restore_interrupted_by_a_crash_completes_after_restart() {
     let restoring = dbops_e2e::wait::eventually(
         "pg_restore connected to the new database",
         READY,
-        || async {
-            let c = s.pg.connect_as_superuser().await?;
-            let n: i64 = c
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity \
-                     WHERE datname = 'copy' AND application_name = 'dbops-database-controller-restore'",
-                    &[],
-                )
-                .await?
-                .get(0);
-            Ok(n)
+        || {
+            s.pg.sessions_of("copy", "dbops-database-controller-restore")
         },
         |n| *n > 0,
     )

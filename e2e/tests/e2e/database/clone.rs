@@ -478,21 +478,10 @@ async fn a_clone_interrupted_by_a_crash_completes_after_restart() {
             json!({"cloneFrom": {"databaseRef": {"name": "big"}, "mask": mask}}),
         )
         .await;
-    let watcher = s.pg.connect_as_superuser().await.unwrap();
     let loading = dbops_e2e::wait::eventually(
         "psql loading the clone",
         COPY,
-        || async {
-            let n: i64 = watcher
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = 'copy' \
-                       AND application_name = 'dbops-database-controller-clone'",
-                    &[],
-                )
-                .await?
-                .get(0);
-            Ok(n)
-        },
+        || s.pg.sessions_of("copy", "dbops-database-controller-clone"),
         |n| *n > 0,
     )
     .await;
