@@ -208,6 +208,20 @@ pub struct LoginOptions {
     #[schemars(length(max = 32))]
     #[x_kube(validation = Rule::new("self.all(k, k.matches('^[-._a-zA-Z0-9]{1,253}$'))").message("every secretTemplate key must be a Secret key: 1 to 253 characters of a-z, A-Z, 0-9, -, _ and ."))]
     pub secret_template: SecretTemplate,
+
+    /// Where the application mounts this connection Secret as a volume, an absolute path
+    /// such as `/etc/dbops/orders`. When it is set and the server has a CA of its own,
+    /// `uri`, `jdbc-url` (and `pooler-uri`, `pooler-jdbc-url`) name the CA file there
+    /// (`sslrootcert=<path>/ca.crt`), the Secret gets `PGSSLROOTCERT`, and templates get
+    /// `ca_file`: libpq, psycopg, pgx, node-postgres and pgjdbc then verify the server with
+    /// the Secret as it is. Unset: the application points `PGSSLROOTCERT` (or its driver's
+    /// option) at the mounted `ca.crt` itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 200))]
+    #[x_kube(
+        validation = Rule::new("self.matches('^(/[-_a-zA-Z0-9][-_.a-zA-Z0-9]*)+$')").message("secretMountPath must be an absolute path such as /etc/dbops/orders: segments of letters, digits, '-', '_' and '.' that do not begin with '.', no trailing '/'"),
+    )]
+    pub secret_mount_path: Option<String>,
 }
 
 /// Parses a duration of [`DURATION_PATTERN`] (the API server has checked the form).

@@ -29,6 +29,8 @@ pub fn login_requests(
     server: &DatabaseServer,
 ) -> Result<(i32, Settings), Error> {
     crate::template::check(&login.secret_template).map_err(template_error)?;
+    crate::template::check_mounted(&login.secret_template, login.secret_mount_path.as_deref())
+        .map_err(template_error)?;
     Ok((
         self::connection_limit(connection_limit, server, "spec.connectionLimit")?,
         settings(login.settings.as_ref(), server, "spec.settings")?,

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use dbops_api::access::LoginOptions;
 use dbops_api::names::{OWN_KEYS_SHA256_KEY, annotation, label};
 use dbops_api::{Database, DatabaseUser, SecretTemplate};
 use dbops_shared::server::Resolved;
@@ -24,6 +25,8 @@ pub struct Owner<'a> {
     /// The label naming it (`dbops.dev/database` or `dbops.dev/database-user`).
     pub label: &'static str,
     pub template: &'a SecretTemplate,
+    /// `spec.secretMountPath`: where the application mounts the Secret.
+    pub mount_path: Option<&'a str>,
 }
 
 impl<'a> Owner<'a> {
@@ -32,7 +35,7 @@ impl<'a> Owner<'a> {
         object: &'a K,
         kind: &'static str,
         label: &'static str,
-        template: &'a SecretTemplate,
+        login: &'a LoginOptions,
     ) -> Self {
         let meta = object.meta();
         Self {
@@ -42,26 +45,17 @@ impl<'a> Owner<'a> {
             uid: meta.uid.as_deref().unwrap_or_default(),
             owner_ref: object.controller_owner_ref(&()),
             label,
-            template,
+            template: &login.secret_template,
+            mount_path: login.secret_mount_path.as_deref(),
         }
     }
 
     pub fn database(db: &'a Database) -> Self {
-        Self::of(
-            db,
-            "Database",
-            label::DATABASE,
-            &db.spec.login.secret_template,
-        )
+        Self::of(db, "Database", label::DATABASE, &db.spec.login)
     }
 
     pub fn user(user: &'a DatabaseUser) -> Self {
-        Self::of(
-            user,
-            "DatabaseUser",
-            label::DATABASE_USER,
-            &user.spec.login.secret_template,
-        )
+        Self::of(user, "DatabaseUser", label::DATABASE_USER, &user.spec.login)
     }
 
     pub fn secret_name(&self) -> String {
@@ -156,6 +150,7 @@ pub fn desired_for(
         .as_ref()
         .map(|ca| String::from_utf8_lossy(ca.pem()).into_owned())
         .unwrap_or_default();
+    let files = MountedFiles::of(owner.mount_path, server);
     let rendered = template::render(
         owner.template,
         &Values {
@@ -166,16 +161,18 @@ pub fn desired_for(
             password,
             sslmode: tls.mode.as_str(),
             ca: &ca_pem,
+            ca_file: files.ca.as_deref().unwrap_or_default(),
             pooler: server.pooler.as_ref().map(|p| template::PoolerValues {
                 host: &p.host,
                 port: p.port,
                 ca: std::str::from_utf8(&p.ca_pem).unwrap_or_default(),
+                ca_file: files.pooler_ca.as_deref().unwrap_or_default(),
             }),
         },
     )?;
-    let data: BTreeMap<String, ByteString> = own_keys(server, dbname, user, password)
+    let data: BTreeMap<String, ByteString> = own_keys(server, dbname, user, password, &files)
         .into_iter()
-        .chain(pooler_keys(server, dbname, user, password))
+        .chain(pooler_keys(server, dbname, user, password, &files))
         .map(|(k, v)| (k.to_string(), ByteString(v.into_bytes())))
         .chain(
             tls.ca
@@ -196,14 +193,42 @@ pub fn desired_for(
     })
 }
 
-/// Every key of [`RESERVED_KEYS`] but `ca.crt`, with its value: everything an application
-/// needs to connect to `server` as `user` with its TLS mode.
+/// The files of the mounted Secret that its URIs name, when the spec says where it is
+/// mounted (`spec.secretMountPath`): `ca.crt` when the server has a CA of its own and
+/// its TLS mode verifies (with `require` nothing is verified, as asked), `pooler-ca.crt`
+/// when the server has a pooler.
+#[derive(Debug, Default)]
+struct MountedFiles {
+    ca: Option<String>,
+    pooler_ca: Option<String>,
+}
+
+impl MountedFiles {
+    fn of(mount_path: Option<&str>, server: &Resolved) -> Self {
+        let Some(dir) = mount_path.map(|p| p.trim_end_matches('/')) else {
+            return Self::default();
+        };
+        let tls = &server.endpoint.tls;
+        Self {
+            ca: (tls.ca.is_some() && tls.mode.verifies()).then(|| format!("{dir}/ca.crt")),
+            pooler_ca: server
+                .pooler
+                .as_ref()
+                .map(|_| format!("{dir}/pooler-ca.crt")),
+        }
+    }
+}
+
+/// Every key of [`RESERVED_KEYS`] but `ca.crt`, with its value, and `PGSSLROOTCERT` when
+/// the Secret's mount path is known: everything an application needs to connect to
+/// `server` as `user` with its TLS mode.
 fn own_keys(
     server: &Resolved,
     dbname: &str,
     user: &str,
     password: &str,
-) -> [(&'static str, String); 14] {
+    files: &MountedFiles,
+) -> Vec<(&'static str, String)> {
     let key = &server.endpoint.key;
     let (host, port) = (key.host.as_str(), key.port.to_string());
     let tls = &server.endpoint.tls;
@@ -211,18 +236,25 @@ fn own_keys(
     // Verification against the system's roots must be asked for by name (libpq's default
     // root file is ~/.postgresql/root.crt); with a CA of the server's own, the
     // application points sslrootcert (PGSSLROOTCERT) at the mounted `ca.crt`.
-    let roots = if tls.mode.verifies() && tls.ca.is_none() {
-        "&sslrootcert=system"
-    } else {
-        ""
+    // With the mount path known, the URIs name the mounted `ca.crt` themselves (what
+    // node-postgres and pgjdbc need: neither reads PGSSLROOTCERT).
+    let roots = match &files.ca {
+        Some(file) => format!("&sslrootcert={file}"),
+        None if tls.mode.verifies() && tls.ca.is_none() => "&sslrootcert=system".to_string(),
+        None => String::new(),
     };
+    let jdbc_roots = files
+        .ca
+        .as_ref()
+        .map(|file| format!("&sslrootcert={file}"))
+        .unwrap_or_default();
     let (user_, password_, dbname_) = (encode(user), encode(password), encode(dbname));
     let uri =
         format!("postgresql://{user_}:{password_}@{host}:{port}/{dbname_}?sslmode={ssl}{roots}");
     let jdbc = format!(
-        "jdbc:postgresql://{host}:{port}/{dbname_}?user={user_}&password={password_}&sslmode={ssl}"
+        "jdbc:postgresql://{host}:{port}/{dbname_}?user={user_}&password={password_}&sslmode={ssl}{jdbc_roots}"
     );
-    [
+    let mut keys = vec![
         ("host", host.to_string()),
         ("port", port.clone()),
         ("dbname", dbname.to_string()),
@@ -237,7 +269,11 @@ fn own_keys(
         ("PGPASSWORD", password.to_string()),
         ("sslmode", ssl.to_string()),
         ("PGSSLMODE", ssl.to_string()),
-    ]
+    ];
+    if let Some(file) = &files.ca {
+        keys.push((template::MOUNT_KEY, file.clone()));
+    }
+    keys
 }
 
 /// The `pooler-*` keys when the server has a pooler: the same login through it, over TLS
@@ -248,10 +284,16 @@ fn pooler_keys(
     dbname: &str,
     user: &str,
     password: &str,
+    files: &MountedFiles,
 ) -> Vec<(&'static str, String)> {
     let Some(pooler) = &server.pooler else {
         return Vec::new();
     };
+    let roots = files
+        .pooler_ca
+        .as_ref()
+        .map(|file| format!("&sslrootcert={file}"))
+        .unwrap_or_default();
     let (host, port) = (pooler.host.as_str(), pooler.port);
     let (user_, password_, dbname_) = (encode(user), encode(password), encode(dbname));
     vec![
@@ -259,12 +301,14 @@ fn pooler_keys(
         ("pooler-port", port.to_string()),
         (
             "pooler-uri",
-            format!("postgresql://{user_}:{password_}@{host}:{port}/{dbname_}?sslmode=verify-full"),
+            format!(
+                "postgresql://{user_}:{password_}@{host}:{port}/{dbname_}?sslmode=verify-full{roots}"
+            ),
         ),
         (
             "pooler-jdbc-url",
             format!(
-                "jdbc:postgresql://{host}:{port}/{dbname_}?user={user_}&password={password_}&sslmode=verify-full"
+                "jdbc:postgresql://{host}:{port}/{dbname_}?user={user_}&password={password_}&sslmode=verify-full{roots}"
             ),
         ),
         (
@@ -331,6 +375,7 @@ fn digest(data: Option<&BTreeMap<String, ByteString>>, templated: &[String]) -> 
     for key in RESERVED_KEYS
         .iter()
         .copied()
+        .chain([template::MOUNT_KEY])
         .chain(templated.iter().map(String::as_str))
     {
         h.update(key.as_bytes());
@@ -548,6 +593,87 @@ mod tests {
         // The server losing its CA makes the Secret stale.
         assert!(!is_current(&own, &system));
         assert!(is_current(&own, &own));
+    }
+
+    /// `spec.secretMountPath` makes the Secret usable as it is by drivers that read no
+    /// PGSSLROOTCERT: the URIs name the mounted `ca.crt` (and `pooler-ca.crt`), and
+    /// `PGSSLROOTCERT` is there for libpq and pgx. Only with a CA of the server's own and
+    /// a mode that verifies; setting or changing the path makes the Secret stale.
+    #[test]
+    fn a_mount_path_puts_the_mounted_ca_in_the_uris() {
+        let get = |s: &Secret, k: &str| {
+            s.data
+                .as_ref()
+                .unwrap()
+                .get(k)
+                .map(|v| String::from_utf8(v.0.clone()).unwrap())
+        };
+        let ca = rcgen::generate_simple_self_signed(vec!["pg.example".to_string()])
+            .unwrap()
+            .cert
+            .pem();
+        let mut mounted = db();
+        mounted.spec.login.secret_mount_path = Some("/etc/dbops/orders".into());
+        let mut server = server(dbops_api::TlsMode::VerifyFull, Some(&ca));
+        server.pooler = Some(dbops_shared::pooler::Access {
+            host: "dbops-pooler-pg-main.dbops-system.svc".into(),
+            port: 6432,
+            ca_pem: b"-----BEGIN CERTIFICATE-----".to_vec(),
+        });
+        let secret = desired(&mounted, &server, "pw");
+        assert_eq!(
+            get(&secret, "uri").unwrap(),
+            "postgresql://orders_owner:pw@pg.example:5433/orders?sslmode=verify-full&sslrootcert=/etc/dbops/orders/ca.crt"
+        );
+        assert!(
+            get(&secret, "jdbc-url")
+                .unwrap()
+                .ends_with("&sslmode=verify-full&sslrootcert=/etc/dbops/orders/ca.crt")
+        );
+        assert_eq!(
+            get(&secret, "PGSSLROOTCERT").unwrap(),
+            "/etc/dbops/orders/ca.crt"
+        );
+        assert!(
+            get(&secret, "pooler-uri")
+                .unwrap()
+                .ends_with("?sslmode=verify-full&sslrootcert=/etc/dbops/orders/pooler-ca.crt")
+        );
+        assert!(
+            get(&secret, "pooler-jdbc-url")
+                .unwrap()
+                .ends_with("&sslrootcert=/etc/dbops/orders/pooler-ca.crt")
+        );
+        // Without the path: as before, nothing names a file.
+        let unmounted = desired(&db(), &server, "pw");
+        assert!(
+            get(&unmounted, "uri")
+                .unwrap()
+                .ends_with("?sslmode=verify-full")
+        );
+        assert_eq!(get(&unmounted, "PGSSLROOTCERT"), None);
+        let mut cached = unmounted.clone();
+        keep_in_cache(&mut cached);
+        assert!(
+            !is_current(&cached, &secret),
+            "setting the path rewrites it"
+        );
+        let mut cached = secret.clone();
+        keep_in_cache(&mut cached);
+        assert!(is_current(&cached, &secret));
+        assert!(!is_current(&cached, &unmounted), "removing it too");
+        // With the system's roots or with `require`, no file: nothing to name.
+        for (mode, ca) in [
+            (dbops_api::TlsMode::VerifyFull, None),
+            (dbops_api::TlsMode::Require, Some(ca.as_str())),
+        ] {
+            let secret = desired(&mounted, &super::tests::server(mode, ca), "pw");
+            assert_eq!(get(&secret, "PGSSLROOTCERT"), None, "{mode:?}");
+            assert!(
+                !get(&secret, "uri").unwrap().contains("/etc/dbops"),
+                "{mode:?}"
+            );
+        }
     }
 
     #[test]

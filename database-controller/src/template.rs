@@ -1,8 +1,10 @@
 //! `spec.secretTemplate` of a Database or a DatabaseUser: extra keys of its connection
 //! Secret, each rendered from a template over the connection's `host`, `port`,
-//! `database`, `user`, `password`, `sslmode` and `ca` (the server's CA in PEM, empty
-//! when it has none), and the server's pooler: `pooler_host`, `pooler_port` and
-//! `pooler_ca` (empty, 0 and empty when the server has no pooler: `{% if pooler_host %}`).
+//! `database`, `user`, `password`, `sslmode`, `ca` (the server's CA in PEM, empty
+//! when it has none) and `ca_file` (where the application finds it: `ca.crt` under
+//! `spec.secretMountPath`, empty without either), and the server's pooler: `pooler_host`,
+//! `pooler_port`, `pooler_ca` and `pooler_ca_file` (empty, 0, empty and empty when the
+//! server has no pooler: `{% if pooler_host %}`).
 //!
 //! The language is MiniJinja's Jinja syntax without its builtins, macros or includes:
 //! `{{ variable }}`, `{% if %}`, `{% for %}`, and two filters, `urlencode` (RFC 3986
@@ -54,6 +56,12 @@ pub const RESERVED_KEYS: [&str; 20] = [
     "pooler-ca.crt",
 ];
 
+/// The key the controller adds when the spec names the Secret's mount path
+/// (`spec.secretMountPath`): the mounted `ca.crt` for libpq and pgx. Not in
+/// [`RESERVED_KEYS`], so that a template that wrote it before keeps working without a mount
+/// path; with one, such a template is refused ([`check_mounted`]).
+pub const MOUNT_KEY: &str = "PGSSLROOTCERT";
+
 /// At most this many templates in one `secretTemplate`.
 pub const MAX_KEYS: usize = 32;
 /// At most this many bytes of template text per key.
@@ -70,8 +78,7 @@ pub const MAX_RENDERED_BYTES: usize = 512 * 1024;
 const FUEL: u64 = 50_000;
 
 /// The variables a template may use, for error messages.
-const VARIABLES: &str =
-    "host, port, database, user, password, sslmode, ca, pooler_host, pooler_port, pooler_ca";
+const VARIABLES: &str = "host, port, database, user, password, sslmode, ca, ca_file, pooler_host, pooler_port, pooler_ca, pooler_ca_file";
 
 /// Everything but RFC 3986's unreserved characters (`A-Za-z0-9-._~`) is percent-encoded.
 const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
@@ -101,6 +108,9 @@ pub struct Values<'a> {
     pub sslmode: &'a str,
     /// The server's CA in PEM, "" when it has none.
     pub ca: &'a str,
+    /// Where the application finds `ca.crt` (`spec.secretMountPath`/ca.crt), "" when the
+    /// spec names no mount path or the server has no CA of its own.
+    pub ca_file: &'a str,
     /// The server's pooler (its Service's name, port and certificate), when it has one.
     pub pooler: Option<PoolerValues<'a>>,
 }
@@ -111,6 +121,8 @@ pub struct PoolerValues<'a> {
     pub host: &'a str,
     pub port: u16,
     pub ca: &'a str,
+    /// `spec.secretMountPath`/pooler-ca.crt, "" without a mount path.
+    pub ca_file: &'a str,
 }
 
 impl fmt::Debug for Values<'_> {
@@ -123,6 +135,7 @@ impl fmt::Debug for Values<'_> {
             .field("password", &"<redacted>")
             .field("sslmode", &self.sslmode)
             .field("ca", &self.ca)
+            .field("ca_file", &self.ca_file)
             .field("pooler", &self.pooler)
             .finish()
     }
@@ -138,6 +151,7 @@ impl Values<'_> {
             ("password", Value::from(self.password)),
             ("sslmode", Value::from(self.sslmode)),
             ("ca", Value::from(self.ca)),
+            ("ca_file", Value::from(self.ca_file)),
             (
                 "pooler_host",
                 Value::from(self.pooler.map_or("", |p| p.host)),
@@ -147,6 +161,10 @@ impl Values<'_> {
                 Value::from(self.pooler.map_or(0, |p| p.port)),
             ),
             ("pooler_ca", Value::from(self.pooler.map_or("", |p| p.ca))),
+            (
+                "pooler_ca_file",
+                Value::from(self.pooler.map_or("", |p| p.ca_file)),
+            ),
         ])
     }
 }
@@ -362,16 +380,19 @@ fn dummies() -> [Values<'static>; 2] {
         password: "p@ss:w/rd?#%",
         sslmode: "verify-full",
         ca: "",
+        ca_file: "",
         pooler: None,
     };
     [
         values,
         Values {
             ca: DUMMY_CA,
+            ca_file: "/etc/dbops/orders/ca.crt",
             pooler: Some(PoolerValues {
                 host: "dbops-pooler-pg.dbops-system.svc",
                 port: 6432,
                 ca: DUMMY_CA,
+                ca_file: "/etc/dbops/orders/pooler-ca.crt",
             }),
             ..values
         },
@@ -391,6 +412,23 @@ pub fn check(templates: &BTreeMap<String, String>) -> Result<(), TemplateError> 
         }
     }
     Ok(())
+}
+
+/// Refuses a template key the controller writes itself because the spec names the
+/// Secret's mount path ([`MOUNT_KEY`]).
+pub fn check_mounted(
+    templates: &BTreeMap<String, String>,
+    mount_path: Option<&str>,
+) -> Result<(), TemplateError> {
+    match mount_path {
+        Some(_) if templates.contains_key(MOUNT_KEY) => Err(TemplateError::key(
+            MOUNT_KEY,
+            format!(
+                "{MOUNT_KEY} is written by dbops when spec.secretMountPath is set (the mounted ca.crt): remove the template or the mount path"
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The extra Secret keys `templates` give for one credential.
@@ -440,6 +478,7 @@ mod tests {
             password,
             sslmode: "verify-full",
             ca: "",
+            ca_file: "",
             pooler: None,
         }
     }
@@ -462,6 +501,7 @@ mod tests {
                 host: "dbops-pooler-pg-main.dbops-system.svc",
                 port: 6432,
                 ca: "PEM",
+                ca_file: "",
             }),
             ..values(PASSWORD)
         };
@@ -740,6 +780,42 @@ mod tests {
             redact(format!("x {password} y"), password),
             "x <redacted> y"
         );
+    }
+
+    /// `ca_file` in a URL template: percent-encoded like every value (libpq, pgjdbc,
+    /// node-postgres and pgx decode a query value), empty without a mount path.
+    #[test]
+    fn ca_file_names_the_mounted_ca() {
+        let templates = map(&[(
+            "SPRING_DATASOURCE_URL",
+            "jdbc:postgresql://{{ host }}:{{ port }}/{{ database }}?sslmode={{ sslmode }}{% if ca_file %}&sslrootcert={{ ca_file }}{% endif %}",
+        )]);
+        let mounted = Values {
+            ca_file: "/etc/dbops/orders/ca.crt",
+            ..values(PASSWORD)
+        };
+        assert_eq!(
+            render(&templates, &mounted).unwrap()["SPRING_DATASOURCE_URL"],
+            "jdbc:postgresql://pg-main.dbops-system.svc:5433/orders?sslmode=verify-full&sslrootcert=%2Fetc%2Fdbops%2Forders%2Fca.crt"
+        );
+        assert_eq!(
+            render(&templates, &values(PASSWORD)).unwrap()["SPRING_DATASOURCE_URL"],
+            "jdbc:postgresql://pg-main.dbops-system.svc:5433/orders?sslmode=verify-full"
+        );
+        check(&templates).unwrap();
+    }
+
+    /// A template of `PGSSLROOTCERT` keeps working without a mount path and is refused
+    /// with one, where the controller writes that key itself.
+    #[test]
+    fn the_mount_key_is_refused_only_with_a_mount_path() {
+        let templates = map(&[(MOUNT_KEY, "/certs/ca.crt")]);
+        check(&templates).unwrap();
+        check_mounted(&templates, None).unwrap();
+        let err = check_mounted(&templates, Some("/etc/dbops/orders")).unwrap_err();
+        assert_eq!(err.key.as_deref(), Some(MOUNT_KEY));
+        assert!(err.reason.contains("secretMountPath"), "{err}");
+        check_mounted(&map(&[("OTHER", "x")]), Some("/etc/dbops/orders")).unwrap();
     }
 
     #[test]

@@ -83,6 +83,58 @@ pub fn kubeconform() -> Result<PathBuf> {
     go_tool("kubeconform", "kubeconform", "github.com/yannh/kubeconform")
 }
 
+/// The version of `driver` pinned in `e2e/drivers/versions`.
+fn driver_version(driver: &str) -> Result<String> {
+    let file = repo_root().join("e2e/drivers/versions");
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    text.lines()
+        .map(str::split_whitespace)
+        .find_map(|mut words| match (words.next(), words.next()) {
+            (Some(name), Some(version)) if name == driver => Some(version.to_string()),
+            _ => None,
+        })
+        .with_context(|| format!("{driver} is not pinned in {}", file.display()))
+}
+
+/// The drivers applications use, as e2e/install (install.d/drivers.sh) installs them.
+#[derive(Debug, Clone)]
+pub struct Drivers {
+    /// The Python of a venv holding psycopg 3.
+    pub python: PathBuf,
+    /// A directory holding `node_modules/pg` (node-postgres).
+    pub node_modules: PathBuf,
+    /// pgjdbc's jar.
+    pub pgjdbc_jar: PathBuf,
+    /// e2e/drivers/pgx built against the pinned pgx.
+    pub pgx_connect: PathBuf,
+}
+
+/// Where e2e/install put the drivers.
+pub fn drivers() -> Result<Drivers> {
+    let how = "installs the drivers of e2e/drivers/versions";
+    let cache = cache_dir();
+    let psycopg = cache.join(format!("psycopg-{}", driver_version("psycopg")?));
+    installed(psycopg.join("installed"), how)?;
+    let node = cache.join(format!(
+        "node-postgres-{}",
+        driver_version("node-postgres")?
+    ));
+    installed(node.join("node_modules/pg/package.json"), how)?;
+    let jdbc = driver_version("pgjdbc")?;
+    Ok(Drivers {
+        python: psycopg.join("venv/bin/python"),
+        node_modules: node.join("node_modules"),
+        pgjdbc_jar: installed(
+            cache
+                .join(format!("pgjdbc-{jdbc}"))
+                .join(format!("postgresql-{jdbc}.jar")),
+            how,
+        )?,
+        pgx_connect: go_tool("pgx-connect", "drivers/pgx", "github.com/jackc/pgx/v5")?,
+    })
+}
+
 /// The Kubernetes release the test bed builds, e.g. `v1.33.13`.
 pub fn kubernetes_version() -> Result<String> {
     go_mod_version("k8s.io/kubernetes")

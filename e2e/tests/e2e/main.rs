@@ -13,6 +13,7 @@ mod control_plane;
 mod controllers;
 mod database;
 mod deploy;
+mod drivers;
 mod isolation;
 mod leader;
 mod majors;

@@ -191,6 +191,20 @@ async fn database_access_fields_are_checked() {
         "  secretTemplate: {'bad key': '{{ host }}'}",
         &["spec.secretTemplate", "Secret key"],
     );
+    for path in [
+        "etc/dbops",
+        "/etc/dbops/",
+        "/etc/../root",
+        "/etc/./dbops",
+        "/etc/db ops",
+    ] {
+        database_refused(
+            &b,
+            "orders",
+            &format!("  secretMountPath: '{path}'"),
+            &["spec.secretMountPath", "absolute path"],
+        );
+    }
 
     accepted(
         &b,
@@ -198,7 +212,8 @@ async fn database_access_fields_are_checked() {
             "orders",
             r#"  settings: {statementTimeout: 30s, idleInTransactionSessionTimeout: 5m, lockTimeout: 10s, workMem: 8MB}
   passwordRotation: {every: 720h, keepPrevious: 24h}
-  secretTemplate: {DATABASE_URL: "postgresql://{{ user }}:{{ password }}@{{ host }}:{{ port }}/{{ database }}"}"#,
+  secretTemplate: {DATABASE_URL: "postgresql://{{ user }}:{{ password }}@{{ host }}:{{ port }}/{{ database }}"}
+  secretMountPath: /etc/dbops/orders-v2.1_a"#,
         ),
     );
     assert_eq!(
