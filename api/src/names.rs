@@ -91,6 +91,11 @@ pub mod annotation {
     /// On a connection Secret: the keys rendered from `spec.secretTemplate`,
     /// comma-separated.
     pub const TEMPLATE_KEYS: &str = "dbops.dev/template-keys";
+    /// On a connection Secret while the login before the last rotation still works:
+    /// `<login> <until, seconds since the epoch> <its SCRAM verifier>`, so that the login
+    /// can be set up where the Database moves (a Migration) with the same credential and
+    /// end; never a password.
+    pub const PREVIOUS_LOGIN: &str = "dbops.dev/previous-login";
     /// On the backup store's ConfigMap `dbops-backup-store`: what it is for.
     pub const DESCRIPTION: &str = "dbops.dev/description";
     /// On a DatabaseServer's pooler objects: the DatabaseServer they serve (a name too

@@ -25,7 +25,7 @@ use kube::ResourceExt;
 use crate::error::{Error, Result};
 use crate::rotation;
 use crate::rotation::turn::{self, Inputs, Shape};
-pub use crate::rotation::turn::{Kept, Logins};
+pub use crate::rotation::turn::{Carried, Kept, Logins};
 use crate::user::sql;
 
 /// The owner's two logins (`dbops_shared::postgres::derived`: no tenant can take them).
@@ -64,14 +64,16 @@ pub fn due(db: &Database, status: &DatabaseStatus, now: f64) -> bool {
 
 /// Brings the owner's logins to what rotation asks (see the module's documentation), on
 /// the admin's session. `kept` is what the Secret holds; `owner_password` the password
-/// the owner role itself has when it is still the login in use (kept, or just set).
-/// `confirm` runs before each change on the server.
+/// the owner role itself has when it is still the login in use (kept, or just set);
+/// `carried` the previous login the Secret carries. `confirm` runs before each change on
+/// the server.
 #[allow(clippy::too_many_arguments)]
 pub async fn converge<F, Fut>(
     db: &Database,
     status: &DatabaseStatus,
     session: &mut Session,
     kept: Option<&Kept>,
+    carried: Option<&Carried>,
     owner_password: &str,
     settings: &[(&'static str, String)],
     mark: &str,
@@ -122,6 +124,7 @@ where
             last_rotation: status.rotation.last_rotation.as_ref(),
             rotate_request: status.rotation.rotate_request.as_ref(),
             every_new_password_counts: false,
+            carried,
             roles: &roles,
             now: rotation::secs_now(),
         },

@@ -84,6 +84,8 @@ struct FromSecret {
     password: Option<String>,
     /// The login it names with its password: the owner, or one of its rotation logins.
     login: Option<owner_logins::Kept>,
+    /// The previous login it carries (`dbops.dev/previous-login`).
+    carried: Option<owner_logins::Carried>,
     /// Whether the login in use is the owner role itself (no Secret yet counts).
     owner_in_use: bool,
     /// Whether no Secret was found because the cache holds none and none was looked for
@@ -102,6 +104,7 @@ impl FromSecret {
         Self {
             password: existing.and_then(secret::kept_password),
             owner_in_use: login.as_ref().is_none_or(|k| k.login == role),
+            carried: existing.and_then(secret::carried),
             login,
             unseen,
         }
@@ -147,7 +150,7 @@ async fn provision_in_postgres(
     install_extensions(db, ctx, &target, &database.extensions).await?;
 
     let desired = secret::desired_for(
-        &secret::Owner::database(db),
+        &secret::Owner::database(db).carrying(logins.carried.as_ref()),
         &db.database_name(),
         &logins.login,
         &target,
@@ -372,6 +375,7 @@ async fn converge_logins(
         &ctx.state.statuses.latest(db),
         session,
         found.login.as_ref(),
+        found.carried.as_ref(),
         password,
         settings,
         &sql::mark(&db.uid().unwrap_or_default()),

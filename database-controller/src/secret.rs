@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 use kube::api::ObjectMeta;
 
+use crate::rotation::turn::Carried;
 use crate::template::{self, RESERVED_KEYS, TemplateError, Values, percent_encode as encode};
 
 /// Whose connection Secret it is: a Database's or a DatabaseUser's.
@@ -27,6 +28,8 @@ pub struct Owner<'a> {
     pub template: &'a SecretTemplate,
     /// `spec.secretMountPath`: where the application mounts the Secret.
     pub mount_path: Option<&'a str>,
+    /// The previous login to carry (`dbops.dev/previous-login`), while it works.
+    pub carried: Option<String>,
 }
 
 impl<'a> Owner<'a> {
@@ -47,6 +50,7 @@ impl<'a> Owner<'a> {
             label,
             template: &login.secret_template,
             mount_path: login.secret_mount_path.as_deref(),
+            carried: None,
         }
     }
 
@@ -56,6 +60,12 @@ impl<'a> Owner<'a> {
 
     pub fn user(user: &'a DatabaseUser) -> Self {
         Self::of(user, "DatabaseUser", label::DATABASE_USER, &user.spec.login)
+    }
+
+    /// The same owner, its Secret carrying `carried` (the previous login, while it works).
+    pub fn carrying(mut self, carried: Option<&Carried>) -> Self {
+        self.carried = carried.map(Carried::to_annotation);
+        self
     }
 
     pub fn secret_name(&self) -> String {
@@ -77,6 +87,16 @@ pub fn kept_password(secret: &Secret) -> Option<String> {
         .as_ref()?
         .get(annotation::PASSWORD_SHA256)?;
     (recorded == &sha256_hex(&password) && !password.is_empty()).then_some(password)
+}
+
+/// The previous login a connection Secret carries (`dbops.dev/previous-login`), if any.
+pub fn carried(secret: &Secret) -> Option<Carried> {
+    let value = secret
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(annotation::PREVIOUS_LOGIN)?;
+    Carried::from_annotation(value)
 }
 
 /// The login a connection Secret names (`username`; the cache keeps it).
@@ -326,6 +346,9 @@ fn metadata(owner: &Owner<'_>, password: &str, rendered: &BTreeMap<String, Strin
         sha256_hex(password),
     )]
     .into();
+    if let Some(carried) = &owner.carried {
+        annotations.insert(annotation::PREVIOUS_LOGIN.to_string(), carried.clone());
+    }
     if !rendered.is_empty() {
         annotations.insert(
             annotation::TEMPLATE_KEYS.to_string(),

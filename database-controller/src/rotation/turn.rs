@@ -9,6 +9,12 @@
 //! 4. a login neither in use nor still within its `VALID UNTIL` loses LOGIN, its
 //!    sessions ended.
 //!
+//! The login given up is carried with its SCRAM verifier (computed from the password the
+//! Secret held; see [`Carried`]), so that on a server where it is missing or has no
+//! expiry (the Database moved there with a Migration) it is set up with the same
+//! credential until the same end instead of being retired: an application that still
+//! has the previous Secret keeps connecting for `keepPrevious`, wherever the Database is.
+//!
 //! The steps run in that order, so a crash between any two leaves it safe: the previous
 //! login's expiry is set before the new one is given out, so a login the Secret no longer
 //! names and without expiry is one to retire.
@@ -35,6 +41,47 @@ pub struct Kept {
     pub password: String,
 }
 
+/// A SCRAM verifier (`SCRAM-SHA-256$...`): no password, but not for the logs either.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Verifier(pub String);
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<verifier>")
+    }
+}
+
+/// The previous login as the connection Secret carries it (its annotation
+/// `dbops.dev/previous-login`): its name, its end and its verifier.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Carried {
+    pub login: String,
+    /// Seconds since the epoch.
+    pub until: f64,
+    pub verifier: Verifier,
+}
+
+impl Carried {
+    /// The annotation's value: `<login> <until> <verifier>`.
+    pub fn to_annotation(&self) -> String {
+        format!("{} {} {}", self.login, self.until as i64, self.verifier.0)
+    }
+
+    /// Reads [`Carried::to_annotation`]'s form; `None` for anything else.
+    pub fn from_annotation(value: &str) -> Option<Self> {
+        let mut words = value.split(' ');
+        let (login, until, verifier) = (words.next()?, words.next()?, words.next()?);
+        if words.next().is_some() || login.is_empty() || !verifier.starts_with("SCRAM-SHA-256$") {
+            return None;
+        }
+        Some(Self {
+            login: login.to_string(),
+            until: until.parse::<i64>().ok()? as f64,
+            verifier: Verifier(verifier.to_string()),
+        })
+    }
+}
+
 /// The logins after a reconcile.
 #[derive(Clone, Default, PartialEq)]
 pub struct Logins {
@@ -43,6 +90,8 @@ pub struct Logins {
     pub password: String,
     /// The previous login while it still works, with its expiry (seconds since the epoch).
     pub previous: Option<(String, f64)>,
+    /// The previous login with its verifier, when known (to carry in the Secret).
+    pub carried: Option<Carried>,
     pub last_rotation: Option<Time>,
     pub rotate_request: Option<String>,
     /// When something is due next (an expiry, a rotation).
@@ -55,6 +104,7 @@ impl std::fmt::Debug for Logins {
         f.debug_struct("Logins")
             .field("login", &self.login)
             .field("previous", &self.previous)
+            .field("carried", &self.carried.is_some())
             .field("last_rotation", &self.last_rotation)
             .field("rotate_request", &self.rotate_request)
             .field("next", &self.next)
@@ -105,6 +155,8 @@ pub struct Inputs<'a> {
     /// password last changed": a DatabaseUser), or only the first one (the owner: a new
     /// owner password from the plan does not restart `every`).
     pub every_new_password_counts: bool,
+    /// The previous login the Secret carries (see [`Carried`]).
+    pub carried: Option<&'a Carried>,
     /// The roles of the pair (and `outside`) as the server shows them.
     pub roles: &'a [RoleState],
     /// Now, in seconds since the epoch.
@@ -123,6 +175,16 @@ pub enum Step {
     Repair { login: String },
     /// A login whose time is up loses LOGIN; its sessions end.
     Retire { login: String },
+    /// The previous login, missing here or without its expiry (the Database moved to
+    /// this server), gets its verifier, LOGIN and `VALID UNTIL until` back (created when
+    /// missing, with the pair's limit, settings and group; the outside login only its
+    /// credential and end).
+    Restore {
+        login: String,
+        until: f64,
+        verifier: Verifier,
+        outside: bool,
+    },
 }
 
 /// The decision: the logins after the steps, the steps, and why a rotation happens.
@@ -226,6 +288,7 @@ pub fn plan(i: &Inputs<'_>, shape: Shape<'_>, new_password: impl FnOnce() -> Str
     let mut steps = Vec::new();
     // The previous login's expiry first.
     let mut previous = None;
+    let mut carried = None;
     if let Some(from) = &rotated {
         let until = i.now + rotation::keep_previous(i.rotation).as_secs_f64();
         steps.push(Step::Expire {
@@ -233,10 +296,19 @@ pub fn plan(i: &Inputs<'_>, shape: Shape<'_>, new_password: impl FnOnce() -> Str
             until,
         });
         previous = Some((from.clone(), until));
+        // The password given up is the one the Secret held (`choose` rotates from it).
+        carried = i.kept.filter(|k| k.login == *from).map(|k| Carried {
+            login: from.clone(),
+            until,
+            verifier: Verifier(dbops_shared::postgres::password_verifier(from, &k.password)),
+        });
     }
     steps.extend(in_use(i, shape, &current.login, fresh));
     let (retire, working) = others(i, &current.login, rotated.as_deref());
     steps.extend(retire);
+    if let Some((login, _)) = &working {
+        carried = i.carried.filter(|c| c.login == *login).cloned();
+    }
     previous = working.or(previous);
     let next = rotation::next_due(
         previous.as_ref().map(|(_, until)| *until),
@@ -249,6 +321,7 @@ pub fn plan(i: &Inputs<'_>, shape: Shape<'_>, new_password: impl FnOnce() -> Str
             login: current.login,
             password: current.password,
             previous,
+            carried,
             last_rotation,
             rotate_request,
             next,
@@ -296,7 +369,22 @@ fn others(
         if other == current || rotated == Some(other) {
             continue;
         }
-        match i.roles.iter().find(|r| r.name == other) {
+        let role = i.roles.iter().find(|r| r.name == other);
+        let here = role.and_then(|o| o.valid_until.filter(|_| o.can_login));
+        if let Some(c) = i.carried.filter(|c| c.login == other && c.until > i.now)
+            && here.is_none_or(|until| until <= i.now)
+        {
+            // Still working by the Secret's record, but not here: the Database moved.
+            retire.push(Step::Restore {
+                login: other.to_string(),
+                until: c.until,
+                verifier: c.verifier.clone(),
+                outside: i.outside.is_some_and(|(o, _)| o == other),
+            });
+            working = Some((other.to_string(), c.until));
+            continue;
+        }
+        match role {
             Some(o) if o.can_login => match o.valid_until {
                 Some(until) if until > i.now => working = Some((other.to_string(), until)),
                 _ => retire.push(Step::Retire {
@@ -350,6 +438,25 @@ where
                 sql::retire(session, login).await?;
                 tracing::info!(login, "the previous login retired");
             }
+            Step::Restore {
+                login,
+                until,
+                verifier,
+                outside,
+            } => {
+                let want = (!outside).then(|| shape.of(login));
+                let until = rotation::rfc3339(*until);
+                sql::restore(
+                    session,
+                    login,
+                    want.as_ref(),
+                    role(login),
+                    &verifier.0,
+                    &until,
+                )
+                .await?;
+                tracing::info!(login, until, "the previous login set up here until its end");
+            }
         }
     }
     Ok(())
@@ -394,6 +501,7 @@ mod tests {
         last_rotation: Option<Time>,
         rotate_request: Option<String>,
         every_new_password_counts: bool,
+        carried: Option<Carried>,
         roles: Vec<RoleState>,
     }
 
@@ -409,6 +517,7 @@ mod tests {
                 last_rotation: None,
                 rotate_request: None,
                 every_new_password_counts: true,
+                carried: None,
                 roles: Vec::new(),
             }
         }
@@ -433,6 +542,7 @@ mod tests {
                     last_rotation: self.last_rotation.as_ref(),
                     rotate_request: self.rotate_request.as_ref(),
                     every_new_password_counts: self.every_new_password_counts,
+                    carried: self.carried.as_ref(),
                     roles: &self.roles,
                     now: NOW,
                 },
@@ -569,6 +679,108 @@ mod tests {
                 login: "u_1".into()
             }]
         );
+    }
+
+    fn carried(login: &str, until: f64) -> Carried {
+        Carried {
+            login: login.into(),
+            until,
+            verifier: Verifier(dbops_shared::postgres::password_verifier(login, "kept")),
+        }
+    }
+
+    /// A rotation carries the login given up with the verifier of the password the
+    /// Secret held, and its end.
+    #[test]
+    fn a_rotation_carries_the_verifier_of_the_login_given_up() {
+        let mut c = Case::user().kept("u_1");
+        c.annotations = asked("1");
+        c.roles = vec![login("u_1", true, None)];
+        let p = c.plan();
+        assert_eq!(p.logins.login, "u_2");
+        assert_eq!(p.logins.carried, Some(carried("u_1", NOW + 3600.0)));
+        // Later checks keep what the Secret carries while the login works here.
+        let mut later = Case::user().kept("u_2");
+        later.rotate_request = Some("1".into());
+        later.annotations = asked("1");
+        later.carried = Some(carried("u_1", NOW + 30.0));
+        later.roles = vec![
+            login("u_2", true, None),
+            login("u_1", true, Some(NOW + 30.0)),
+        ];
+        let p = later.plan();
+        assert!(p.steps.is_empty());
+        assert_eq!(p.logins.carried, later.carried);
+    }
+
+    /// Where the Database moved (a Migration), the previous login is missing, or (the owner
+    /// role, which the Migration made) there without its expiry: it is set up with its
+    /// verifier until its end, not retired. Once its end has passed it is not.
+    #[test]
+    fn the_carried_previous_login_is_set_up_where_the_database_moved() {
+        let mut c = Case::user().kept("u_2");
+        c.rotate_request = Some("1".into());
+        c.annotations = asked("1");
+        c.carried = Some(carried("u_1", NOW + 30.0));
+        c.roles = vec![login("u_2", true, None)];
+        let p = c.plan();
+        assert_eq!(
+            p.steps,
+            [Step::Restore {
+                login: "u_1".into(),
+                until: NOW + 30.0,
+                verifier: carried("u_1", 0.0).verifier,
+                outside: false,
+            }]
+        );
+        assert_eq!(p.logins.previous, Some(("u_1".into(), NOW + 30.0)));
+        assert_eq!(p.logins.carried, c.carried);
+        // The owner outside the pair: there, without expiry.
+        let mut o = Case::user();
+        o.pair = ["o_1".to_string(), "o_2".to_string()];
+        o.outside = Some(("o", "owner-password"));
+        o.every_new_password_counts = false;
+        o.kept = Some(Kept {
+            login: "o_1".into(),
+            password: "kept".into(),
+        });
+        o.rotate_request = Some("1".into());
+        o.annotations = asked("1");
+        o.carried = Some(carried("o", NOW + 30.0));
+        o.roles = vec![login("o", true, None), login("o_1", true, None)];
+        let steps = o.plan().steps;
+        assert!(
+            matches!(&steps[..], [Step::Restore { login, outside: true, .. }] if login == "o"),
+            "{steps:?}"
+        );
+        // Its end passed: nothing to set up; a login there without expiry is retired.
+        c.carried = Some(carried("u_1", NOW - 1.0));
+        assert!(c.plan().steps.is_empty());
+        c.roles.push(login("u_1", true, None));
+        assert_eq!(
+            c.plan().steps,
+            [Step::Retire {
+                login: "u_1".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn the_carried_login_reads_back_from_its_annotation() {
+        let c = carried("orders-1", 2_000_000_000.0);
+        assert_eq!(
+            Carried::from_annotation(&c.to_annotation()),
+            Some(c.clone())
+        );
+        assert!(!format!("{c:?}").contains("SCRAM"), "{c:?}");
+        for bad in [
+            "",
+            "orders-1 x SCRAM-SHA-256$a",
+            "orders-1 1 plain",
+            "a 1 SCRAM-SHA-256$x y",
+        ] {
+            assert_eq!(Carried::from_annotation(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

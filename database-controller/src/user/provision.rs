@@ -124,7 +124,7 @@ pub async fn provision(user: &DatabaseUser, ctx: &Context<State>) -> Result<Done
     let missing_schemas = grant(ctx, user, target, db, &group).await?;
     let logins = plan.logins;
     let desired = secret::desired_for(
-        &Owner::user(user),
+        &Owner::user(user).carrying(logins.carried.as_ref()),
         &database,
         &logins.login,
         target,
@@ -200,6 +200,7 @@ fn plan_logins(
             password: secret::kept_password(s)?,
         })
     });
+    let carried = existing.and_then(secret::carried);
     turn::plan(
         &Inputs {
             pair: &pair,
@@ -211,6 +212,7 @@ fn plan_logins(
             last_rotation: status.rotation.last_rotation.as_ref(),
             rotate_request: status.rotation.rotate_request.as_ref(),
             every_new_password_counts: true,
+            carried: carried.as_ref(),
             roles,
             now: rotation::secs_now(),
         },

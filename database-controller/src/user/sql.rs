@@ -229,6 +229,45 @@ pub async fn activate(
     .await
 }
 
+/// Sets up the previous login where it is missing or has no expiry (the Database moved
+/// here): its SCRAM `verifier` as its password (unlogged), LOGIN and `VALID UNTIL until`,
+/// in one transaction. A login of the pair (`want`) is created when missing (marked) and
+/// gets its limit, settings and group; the owner role itself (`want` none) only its
+/// credential and end.
+pub async fn restore(
+    s: &mut Session,
+    login: &str,
+    want: Option<&LoginSpec<'_>>,
+    have: Option<&RoleState>,
+    verifier: &str,
+    until: &str,
+) -> Result<(), PgError> {
+    let r = quote_ident(login);
+    let mut statements = Vec::new();
+    if let Some(want) = want {
+        if have.is_none() {
+            statements.push(format!("CREATE ROLE {r} LOGIN INHERIT"));
+            statements.push(format!(
+                "COMMENT ON ROLE {r} IS {}",
+                quote_literal(want.mark)
+            ));
+            statements.push(ddl::adopt_statement(login));
+        }
+        statements.extend(login_statements(want, have));
+    }
+    statements.push(format!(
+        "ALTER ROLE {r} LOGIN VALID UNTIL {}",
+        quote_literal(until)
+    ));
+    ddl::execute_unlogged(
+        s,
+        Unlogged::InTransactionAfter(&statements.join("; ")),
+        &format!("ALTER ROLE {r} PASSWORD {}", quote_literal(verifier)),
+        format!("setting up the previous login {login} until {until}"),
+    )
+    .await
+}
+
 /// Brings a login's limit, settings and group to `want`, password and LOGIN untouched.
 pub async fn repair(
     s: &mut Session,
