@@ -7,6 +7,7 @@
 //! the cluster up, deploys, and runs it inside the cluster's namespaces with
 //! `e2e/cluster exec -- cargo test -p dbops-e2e --test deployed`.
 
+mod application;
 mod bed;
 mod disruption;
 mod memory;

@@ -32,7 +32,9 @@ fn value(secret: &Secret, key: &str) -> String {
 }
 
 /// A session through the pooler as the Secret says (`verify-full` with `pooler-ca.crt`).
-async fn pooled_session(secret: &Secret) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+pub(crate) async fn pooled_session(
+    secret: &Secret,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     let ca = value(secret, "pooler-ca.crt");
     let port: u16 = value(secret, "pooler-port").parse().unwrap();
     let (client, connection) = tokio_postgres::Config::new()
@@ -65,7 +67,7 @@ async fn through_pooler(secret: &Secret) -> Result<(String, String), tokio_postg
 }
 
 /// The connection Secret of Database `db_name` once it has the pooler keys.
-async fn pooled_secret(secrets: &Api<Secret>, db_name: &str) -> Secret {
+pub(crate) async fn pooled_secret(secrets: &Api<Secret>, db_name: &str) -> Secret {
     wait_for(
         "the connection Secret's pooler keys",
         SETTLE,
@@ -83,7 +85,7 @@ async fn pooled_secret(secrets: &Api<Secret>, db_name: &str) -> Secret {
 
 /// Deletes Database `db_name`, waits until it is gone, then deletes DatabaseServer
 /// `server`.
-async fn remove(bed: &Bed, databases: &Api<Database>, db_name: &str, server: &str) {
+pub(crate) async fn remove(bed: &Bed, databases: &Api<Database>, db_name: &str, server: &str) {
     databases
         .delete(db_name, &DeleteParams::default())
         .await
@@ -103,7 +105,7 @@ async fn remove(bed: &Bed, databases: &Api<Database>, db_name: &str, server: &st
 }
 
 /// pg-main once more under another name, with a pooler of `replicas` Pods.
-async fn pooled_server(bed: &Bed, tenant: &Tenant, replicas: i32) -> String {
+pub(crate) async fn pooled_server(bed: &Bed, tenant: &Tenant, replicas: i32) -> String {
     let servers: Api<DatabaseServer> = Api::all(bed.client.clone());
     let main = servers.get(MAIN).await.unwrap();
     let name = format!("pooled-{}", tenant.db("x").trim_start_matches("x-"));
