@@ -7,6 +7,7 @@ pub mod argocd;
 pub mod chart;
 pub mod controllers;
 pub mod controlplane;
+pub mod crd_compat;
 pub mod fixtures;
 pub mod harness;
 pub mod jaeger;

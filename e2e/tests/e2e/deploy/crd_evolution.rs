@@ -1,0 +1,54 @@
+//! The CRDs evolve without breaking what a release stored or accepted (docs/development.md,
+//! "CRD evolution"): each CRD of this checkout against the same file at the previous
+//! release's tag (`git show <tag>:deploy/crds/<file>`), through `dbops_e2e::crd_compat`.
+
+use dbops_e2e::crd_compat::{Change, changes};
+use dbops_e2e::paths;
+
+/// The release this checkout must stay compatible with: the newest tag of
+/// docs/development.md's "Releases".
+const PREVIOUS_RELEASE: &str = "v0.1.0";
+
+fn git(args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new("git")
+        .args(args)
+        .current_dir(paths::repo_root())
+        .output()
+        .map_err(|e| format!("git: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[test]
+fn the_crds_make_no_breaking_change_since_the_previous_release() {
+    let listing = git(&["ls-tree", "--name-only", PREVIOUS_RELEASE, "deploy/crds/"])
+        .unwrap_or_else(|e| {
+            panic!("the tag {PREVIOUS_RELEASE} is missing from this clone (git fetch --tags): {e}")
+        });
+    let files: Vec<&str> = listing.lines().filter(|f| f.ends_with(".yaml")).collect();
+    assert!(!files.is_empty(), "{PREVIOUS_RELEASE} has no deploy/crds/");
+    let mut breaking = Vec::new();
+    for file in files {
+        let old: serde_json::Value =
+            serde_norway::from_str(&git(&["show", &format!("{PREVIOUS_RELEASE}:{file}")]).unwrap())
+                .unwrap();
+        let path = paths::repo_root().join(file);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{file} of {PREVIOUS_RELEASE} is gone: {e}"));
+        let new: serde_json::Value = serde_norway::from_str(&text).unwrap();
+        for change in changes(&old, &new) {
+            match change {
+                Change::Breaking(_) => breaking.push(change.to_string()),
+                Change::Note(_) => eprintln!("{file}: {change}"),
+            }
+        }
+    }
+    assert!(
+        breaking.is_empty(),
+        "breaking CRD changes since {PREVIOUS_RELEASE}:\n{}",
+        breaking.join("\n")
+    );
+}
