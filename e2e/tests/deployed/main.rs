@@ -15,4 +15,5 @@ mod observe;
 mod pooler;
 mod runtime;
 mod security;
+mod upgrade;
 mod work;

@@ -25,12 +25,42 @@ pub const DATABASES: usize = 20;
 pub struct Work {
     pub tenant: Tenant,
     writer: LiveWriter,
+    databases: usize,
+}
+
+/// How much work, and whether the Migration may cut over by itself.
+pub struct Shape {
+    /// `spec.approved` of the Migration (`cutover: Manual`): false leaves it
+    /// AwaitingApproval until [`Work::approve`].
+    pub approved: bool,
+    /// Databases `d00`.. created at once, not waited for.
+    pub databases: usize,
+    /// Megabytes of rows (not compressible) in `kept` before its Backup.
+    pub kept_mb: u32,
+    /// Whether the Backup of `kept` is created with the rest (else by [`Work::back_up`]).
+    pub backup: bool,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Self {
+            approved: true,
+            databases: DATABASES,
+            kept_mb: 0,
+            backup: true,
+        }
+    }
 }
 
 /// Starts the work: Database `src` with a live writer and a Logical Migration of it to
 /// pg-target (approved: it cuts over by itself), Database `kept` and a Backup of it, and
 /// 20 Databases `d00`..`d19` (not waited for).
 pub async fn start(bed: &Bed, prefix: &str) -> Work {
+    start_with(bed, prefix, Shape::default()).await
+}
+
+/// [`start`] with `shape`.
+pub async fn start_with(bed: &Bed, prefix: &str, shape: Shape) -> Work {
     let tenant = Tenant::create(bed, prefix).await.unwrap();
     let ns = tenant.name.clone();
     let (src, kept) = (tenant.db("src"), tenant.db("kept"));
@@ -50,6 +80,9 @@ pub async fn start(bed: &Bed, prefix: &str) -> Work {
         )
         .await
         .unwrap();
+    if shape.kept_mb > 0 {
+        fill(bed, &ns, &kept, &ca, shape.kept_mb).await;
+    }
     let writer = start_writer(bed.client.clone(), ns.clone(), src.clone(), ca.clone());
     wait_for(
         "the writer's first commits",
@@ -63,7 +96,7 @@ pub async fn start(bed: &Bed, prefix: &str) -> Work {
     let migration: Migration = manifest(
         "move",
         json!({"databaseRef": {"name": src}, "target": {"serverRef": {"name": TARGET}},
-               "mode": "Logical", "cutover": "Manual", "approved": true}),
+               "mode": "Logical", "cutover": "Manual", "approved": shape.approved}),
     )
     .unwrap();
     let migrations: Api<Migration> = bed.api(&ns);
@@ -71,28 +104,85 @@ pub async fn start(bed: &Bed, prefix: &str) -> Work {
         .create(&PostParams::default(), &migration)
         .await
         .unwrap();
-    let backup: Backup = manifest("kept-1", json!({"databaseRef": {"name": kept}})).unwrap();
-    let backups: Api<Backup> = bed.api(&ns);
-    backups
-        .create(&PostParams::default(), &backup)
+    let mut work = Work {
+        tenant,
+        writer,
+        databases: 0,
+    };
+    if shape.backup {
+        work.back_up(bed).await;
+    }
+    work.create_databases(bed, shape.databases).await;
+    work
+}
+
+/// `mb` megabytes of random rows (1 KiB each: a dump cannot shrink them much) in table
+/// `bulk` of Database `db`.
+async fn fill(bed: &Bed, ns: &str, db: &str, ca: &[u8], mb: u32) {
+    let c = Connection::of_database(&bed.client, ns, db).await.unwrap();
+    let (client, conn) = tls_config(&c).connect(tls(ca)).await.unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE bulk (id int PRIMARY KEY, pad text); \
+             INSERT INTO bulk SELECT g, (SELECT string_agg(md5(random()::text), '') \
+               FROM generate_series(1, 32) WHERE g > 0) FROM generate_series(1, {}) g",
+            mb * 1024
+        ))
         .await
         .unwrap();
-    let databases: Api<Database> = bed.api(&ns);
-    try_join_all((0..DATABASES).map(|i| {
-        let db: Database = manifest(
-            &tenant.db(&format!("d{i:02}")),
-            json!({"serverRef": {"name": MAIN}, "deletionPolicy": "Delete"}),
-        )
-        .unwrap();
-        let databases = databases.clone();
-        async move { databases.create(&PostParams::default(), &db).await }
-    }))
-    .await
-    .unwrap();
-    Work { tenant, writer }
+    let size: i64 = client
+        .query_one("SELECT pg_total_relation_size('bulk')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    println!("{db}: table bulk holds {} MB", size / (1024 * 1024));
 }
 
 impl Work {
+    /// Creates `n` more Databases `dNN` at once (not waited for).
+    pub async fn create_databases(&mut self, bed: &Bed, n: usize) {
+        let databases: Api<Database> = bed.api(self.ns());
+        let first = self.databases;
+        let tenant = &self.tenant;
+        try_join_all((first..first + n).map(|i| {
+            let db: Database = manifest(
+                &tenant.db(&format!("d{i:02}")),
+                json!({"serverRef": {"name": MAIN}, "deletionPolicy": "Delete"}),
+            )
+            .unwrap();
+            let databases = databases.clone();
+            async move { databases.create(&PostParams::default(), &db).await }
+        }))
+        .await
+        .unwrap();
+        self.databases += n;
+    }
+
+    /// Creates the Backup `kept-1` of Database `kept`.
+    pub async fn back_up(&self, bed: &Bed) {
+        let kept = self.tenant.db("kept");
+        let backup: Backup = manifest("kept-1", json!({"databaseRef": {"name": kept}})).unwrap();
+        let backups: Api<Backup> = bed.api(self.ns());
+        backups
+            .create(&PostParams::default(), &backup)
+            .await
+            .unwrap();
+    }
+
+    /// Approves the Migration (`spec.approved: true`).
+    pub async fn approve(&self, bed: &Bed) {
+        let approve = json!({"spec": {"approved": true}});
+        bed.api::<Migration>(self.ns())
+            .patch(
+                "move",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&approve),
+            )
+            .await
+            .unwrap();
+    }
+
     pub fn ns(&self) -> &str {
         &self.tenant.name
     }
@@ -168,7 +258,7 @@ impl Work {
             SETTLE,
             || async { Ok(databases.list(&Default::default()).await?.items) },
             |ds: &Vec<Database>| {
-                ds.len() == DATABASES + 2
+                ds.len() == self.databases + 2
                     && ds
                         .iter()
                         .all(|d| database_has(d, Want::new("Ready", "True", None)))

@@ -5,9 +5,14 @@
 use dbops_e2e::crd_compat::{Change, changes};
 use dbops_e2e::paths;
 
-/// The release this checkout must stay compatible with: the newest tag of
-/// docs/development.md's "Releases".
-const PREVIOUS_RELEASE: &str = "v0.1.0";
+/// The release this checkout must stay compatible with: `e2e/previous-release`, the tag
+/// the upgrade test starts from too (docs/development.md, "Releases and CRD evolution").
+fn previous_release() -> String {
+    std::fs::read_to_string(paths::repo_root().join("e2e/previous-release"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
 
 fn git(args: &[&str]) -> Result<String, String> {
     let out = std::process::Command::new("git")
@@ -24,20 +29,22 @@ fn git(args: &[&str]) -> Result<String, String> {
 
 #[test]
 fn the_crds_make_no_breaking_change_since_the_previous_release() {
-    let listing = git(&["ls-tree", "--name-only", PREVIOUS_RELEASE, "deploy/crds/"])
+    let previous = previous_release();
+    let previous_release = previous.as_str();
+    let listing = git(&["ls-tree", "--name-only", previous_release, "deploy/crds/"])
         .unwrap_or_else(|e| {
-            panic!("the tag {PREVIOUS_RELEASE} is missing from this clone (git fetch --tags): {e}")
+            panic!("the tag {previous_release} is missing from this clone (git fetch --tags): {e}")
         });
     let files: Vec<&str> = listing.lines().filter(|f| f.ends_with(".yaml")).collect();
-    assert!(!files.is_empty(), "{PREVIOUS_RELEASE} has no deploy/crds/");
+    assert!(!files.is_empty(), "{previous_release} has no deploy/crds/");
     let mut breaking = Vec::new();
     for file in files {
         let old: serde_json::Value =
-            serde_norway::from_str(&git(&["show", &format!("{PREVIOUS_RELEASE}:{file}")]).unwrap())
+            serde_norway::from_str(&git(&["show", &format!("{previous_release}:{file}")]).unwrap())
                 .unwrap();
         let path = paths::repo_root().join(file);
         let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{file} of {PREVIOUS_RELEASE} is gone: {e}"));
+            .unwrap_or_else(|e| panic!("{file} of {previous_release} is gone: {e}"));
         let new: serde_json::Value = serde_norway::from_str(&text).unwrap();
         for change in changes(&old, &new) {
             match change {
@@ -48,7 +55,7 @@ fn the_crds_make_no_breaking_change_since_the_previous_release() {
     }
     assert!(
         breaking.is_empty(),
-        "breaking CRD changes since {PREVIOUS_RELEASE}:\n{}",
+        "breaking CRD changes since {previous_release}:\n{}",
         breaking.join("\n")
     );
 }
