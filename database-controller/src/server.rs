@@ -23,15 +23,13 @@ use std::time::{Duration, Instant};
 use dbops_api::names::finalizer::SERVER_IN_USE as IN_USE_FINALIZER;
 use dbops_api::reasons::DatabaseServerReason;
 use dbops_api::{
-    Database, DatabaseServer, DatabaseServerStatus, DatabaseUser, Migration, MigrationPhase,
-    ServerCapabilities, ServerTlsStatus, TlsMode, condition,
+    Database, DatabaseServer, DatabaseUser, Migration, MigrationPhase, ServerTlsStatus, TlsMode,
 };
-use dbops_shared::conditions::{ConditionSpec, ConditionStatus, set_condition};
 use dbops_shared::controller::{Context, ErrorKind, ReconcileError};
 use dbops_shared::events::Recorder;
 use dbops_shared::postgres::{PgError, Servers};
 use dbops_shared::server::{Directory, ServerError};
-use dbops_shared::status::{Desired, Guard, Note, StatusWriter};
+use dbops_shared::status::{Guard, StatusWriter};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -39,6 +37,10 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+
+mod report;
+
+use report::{Probe, Report, desired};
 
 /// How soon a failing server is probed again.
 const PROBE_RETRY: Duration = Duration::from_secs(10);
@@ -103,22 +105,6 @@ impl State {
 /// What a probe's result depends on: the server's generation and the resourceVersions of
 /// its admin and CA Secrets.
 type Fingerprint = (i64, Option<String>, Option<String>);
-
-/// What a probe found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Probe {
-    Ready {
-        version: String,
-        tls: ServerTlsStatus,
-        user: String,
-        capabilities: ServerCapabilities,
-    },
-    Failed {
-        reason: &'static str,
-        message: String,
-        transient: bool,
-    },
-}
 
 /// Why a server reconcile did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -409,186 +395,6 @@ async fn probe_now(server: &DatabaseServer, ctx: &Context<State>) -> Probe {
     }
 }
 
-/// How the Ready message describes the admin: a superuser, or what it lacks of what
-/// dbops can use.
-fn admin_summary(user: &str, c: &ServerCapabilities) -> String {
-    if c.superuser {
-        return format!("{user} (superuser)");
-    }
-    let lacks: Vec<&str> = [
-        (c.create_role, "createRole"),
-        (c.create_database, "createDatabase"),
-        (c.replication, "replication"),
-        (c.create_subscription, "createSubscription"),
-        (c.signal_backend, "signalBackend"),
-    ]
-    .iter()
-    .filter(|(has, _)| !has)
-    .map(|(_, name)| *name)
-    .collect();
-    if lacks.is_empty() {
-        format!("{user} (not a superuser; every right dbops uses)")
-    } else {
-        format!(
-            "{user} (not a superuser; lacks {}: see status.capabilities)",
-            lacks.join(", ")
-        )
-    }
-}
-
-/// What a server's status reports: its probe, or, while its deletion waits, what still
-/// uses it.
-enum Report<'a> {
-    Probe(&'a Probe),
-    InUse(String),
-}
-
-/// The status a report asks for, built on `old` (the latest status) at time `t`, with an
-/// Event when `Ready` changes (pure).
-fn desired(
-    server: &DatabaseServer,
-    old: &DatabaseServerStatus,
-    report: Report<'_>,
-    databases: usize,
-    pooler: Option<&crate::pooler::Report>,
-    t: Time,
-) -> Desired<DatabaseServerStatus> {
-    let mut new = old.clone();
-    let generation = server.metadata.generation;
-    new.observed_generation = generation;
-    new.databases = Some(i32::try_from(databases).unwrap_or(i32::MAX));
-    let pooler_note = pooler_condition(&mut new, pooler, generation, t.clone());
-    let (status, reason, message) = match report {
-        Report::InUse(message) => (
-            ConditionStatus::False,
-            DatabaseServerReason::InUse.as_str(),
-            message,
-        ),
-        Report::Probe(Probe::Ready {
-            version,
-            tls,
-            user,
-            capabilities,
-        }) => {
-            new.server_version = Some(version.clone());
-            new.tls = Some(tls.clone());
-            new.capabilities = Some(capabilities.clone());
-            let user = admin_summary(user, capabilities);
-            let over = match &tls.protocol {
-                Some(p) => format!("{p} ({})", tls.mode.as_str()),
-                None => "plain TCP (tls.mode disable)".into(),
-            };
-            (
-                ConditionStatus::True,
-                DatabaseServerReason::Reachable.as_str(),
-                format!("connected as {user} over {over}; PostgreSQL {version}"),
-            )
-        }
-        Report::Probe(Probe::Failed {
-            reason,
-            message,
-            transient,
-        }) => {
-            // Written once per outage: while the reason stays, the first message stays
-            // (the details of a failing connection vary from one probe to the next).
-            let kept = dbops_shared::conditions::get(&old.conditions, condition::READY)
-                .filter(|c| *transient && c.status == "False" && c.reason == *reason)
-                .map(|c| c.message.clone());
-            (
-                ConditionStatus::False,
-                *reason,
-                kept.unwrap_or_else(|| message.clone()),
-            )
-        }
-    };
-    let changed_ready = set_condition(
-        &mut new.conditions,
-        ConditionSpec {
-            type_: condition::READY,
-            status,
-            reason,
-            message: message.clone(),
-            observed_generation: generation,
-        },
-        t,
-    );
-    let mut desired = Desired::new(new);
-    if let Some(note) = pooler_note {
-        desired = desired.with(note);
-    }
-    match (changed_ready, status) {
-        (false, _) => desired,
-        (true, ConditionStatus::True) => desired.with(Note::normal("Probe", reason, message)),
-        (true, _) => desired.with(Note::warning("Probe", reason, message)),
-    }
-}
-
-/// `status.pooler` and `PoolerReady` from the pooler's report (both gone without one),
-/// with the Event to tell when `PoolerReady` changed.
-fn pooler_condition(
-    new: &mut DatabaseServerStatus,
-    pooler: Option<&crate::pooler::Report>,
-    generation: Option<i64>,
-    t: Time,
-) -> Option<Note> {
-    use crate::pooler::Outcome;
-    let Some(report) = pooler else {
-        new.pooler = None;
-        new.conditions
-            .retain(|c| c.type_ != condition::POOLER_READY);
-        return None;
-    };
-    new.pooler = Some(report.status.clone());
-    let (status, reason, message) = match &report.outcome {
-        Outcome::Running => (
-            ConditionStatus::True,
-            DatabaseServerReason::PoolerRunning,
-            format!(
-                "{} pooler Pods ready at {}:{}, {} databases, {} logins",
-                report.status.ready_replicas,
-                report.status.host,
-                report.status.port,
-                report.status.databases,
-                report.status.logins
-            ),
-        ),
-        Outcome::Starting(m) => (
-            ConditionStatus::False,
-            DatabaseServerReason::PoolerStarting,
-            m.clone(),
-        ),
-        Outcome::NameTaken(m) => (
-            ConditionStatus::False,
-            DatabaseServerReason::PoolerNameTaken,
-            m.clone(),
-        ),
-        Outcome::ConfigInvalid(m) => (
-            ConditionStatus::False,
-            DatabaseServerReason::PoolerConfigInvalid,
-            m.clone(),
-        ),
-    };
-    let changed = set_condition(
-        &mut new.conditions,
-        ConditionSpec {
-            type_: condition::POOLER_READY,
-            status,
-            reason: reason.as_str(),
-            message: message.clone(),
-            observed_generation: generation,
-        },
-        t,
-    );
-    match (changed, status) {
-        (false, _) => None,
-        (true, ConditionStatus::True) => Some(Note::normal("Pooler", reason.as_str(), message)),
-        (true, _) if reason == DatabaseServerReason::PoolerStarting => {
-            Some(Note::normal("Pooler", reason.as_str(), message))
-        }
-        (true, _) => Some(Note::warning("Pooler", reason.as_str(), message)),
-    }
-}
-
 /// Writes the status for a report through the shared path (only when it differs from the
 /// latest one, the uid a precondition, the Event once written). The status is recomputed
 /// from the probe each time: the last write wins ([`Guard::Uid`]); a server gone since is
@@ -720,6 +526,7 @@ fn servers_of(db: &Database) -> Vec<ObjectRef<DatabaseServer>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dbops_api::{DatabaseServerStatus, ServerCapabilities, condition};
     use dbops_shared::conditions::now;
 
     fn pg_main() -> DatabaseServer {

@@ -40,7 +40,7 @@
 use std::{
     collections::BTreeMap,
     fmt::Write,
-    sync::{Arc, LazyLock, Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
     time::Instant,
 };
 
@@ -67,6 +67,17 @@ macro_rules! register {
         $registry.register_with_unit($name, $help, Unit::$unit, $metric.clone())
     };
 }
+
+mod backup;
+mod families;
+mod migration;
+mod requests;
+
+use families::Histograms;
+
+pub use backup::BackupMetrics;
+pub use migration::MigrationMetrics;
+pub use requests::*;
 
 /// The registry of a process and the metrics of its controller.
 #[derive(Debug)]
@@ -235,9 +246,6 @@ struct ControllerLabels {
     controller: String,
 }
 
-/// One histogram per label set `L`, each made by the family's constructor (its buckets).
-type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
-
 /// Reconcile metrics of one controller; the `controller` label is fixed at registration.
 #[derive(Debug, Clone)]
 pub struct ControllerMetrics {
@@ -374,222 +382,11 @@ impl Drop for ReconcileTimer {
     }
 }
 
-/// Upper bounds (seconds) of the migration step duration buckets: a step lasts from
-/// milliseconds (Preflight) to an hour (CopyData of a large database).
-const STEP_BUCKETS: [f64; 12] = [
-    0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0,
-];
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StepLabels {
-    step: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RollbackLabels {
-    failed_step: String,
-}
-
-/// The migration saga's metrics.
-#[derive(Debug, Clone)]
-pub struct MigrationMetrics {
-    step_duration: Histograms<StepLabels>,
-    rollbacks: Family<RollbackLabels, Counter>,
-}
-
-impl MigrationMetrics {
-    fn register(registry: &mut Registry) -> Self {
-        let metrics = Self {
-            step_duration: Histograms::new_with_constructor(|| Histogram::new(STEP_BUCKETS)),
-            rollbacks: Family::default(),
-        };
-        register! { registry;
-            "migration_step_duration" in Seconds => metrics.step_duration,
-                "Duration of migration saga steps, from start to success";
-            "migration_rollbacks" => metrics.rollbacks,
-                "Migration rollbacks started, by the step that failed";
-        }
-        metrics
-    }
-
-    /// Records that `step` succeeded after `seconds`.
-    pub fn observe_step(&self, step: &str, seconds: f64) {
-        self.step_duration
-            .get_or_create(&StepLabels {
-                step: step.to_owned(),
-            })
-            .observe(seconds);
-    }
-
-    /// Counts a rollback started because `failed_step` failed.
-    pub fn record_rollback(&self, failed_step: &str) {
-        self.rollbacks
-            .get_or_create(&RollbackLabels {
-                failed_step: failed_step.to_owned(),
-            })
-            .inc();
-    }
-}
-
 /// The controller whose process also registers [`BackupMetrics`].
 pub const BACKUP_CONTROLLER: &str = "backup-controller";
 
-/// Where an external request went.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum Target {
-    Kubernetes,
-    Postgres,
-    Store,
-}
-
-impl Target {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Kubernetes => "kubernetes",
-            Self::Postgres => "postgres",
-            Self::Store => "store",
-        }
-    }
-}
-
-impl EncodeLabelValue for Target {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        encoder.write_str(self.as_str())
-    }
-}
-
 /// The database-controller's name (its registry holds `dbops_database_size_bytes`).
 pub const DATABASE_CONTROLLER: &str = "database-controller";
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SizeLabels {
-    namespace: String,
-    database: String,
-}
-
-/// `dbops_database_size_bytes{namespace, database}` (the Database's metadata.name).
-static DATABASE_SIZE: LazyLock<Family<SizeLabels, Gauge>> = LazyLock::new(Family::default);
-
-/// Sets the size of Database `namespace/database`.
-pub fn set_database_size(namespace: &str, database: &str, bytes: i64) {
-    DATABASE_SIZE
-        .get_or_create(&SizeLabels {
-            namespace: namespace.to_owned(),
-            database: database.to_owned(),
-        })
-        .set(bytes);
-}
-
-/// Drops the series of a Database that is gone.
-pub fn forget_database_size(namespace: &str, database: &str) {
-    DATABASE_SIZE.remove(&SizeLabels {
-        namespace: namespace.to_owned(),
-        database: database.to_owned(),
-    });
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ExternalLabels {
-    target: Target,
-    outcome: &'static str,
-}
-
-/// One family per process, registered in every [`Metrics`] registry: the PostgreSQL
-/// sessions and the backup store count their requests without a handle on the registry.
-static EXTERNAL_REQUESTS: LazyLock<Family<ExternalLabels, Counter>> =
-    LazyLock::new(Family::default);
-
-/// Counts one request to `target` that ended with `outcome` (a short snake_case word:
-/// `ok`, `error`, `client_error`, ...).
-pub fn record_external_request(target: Target, outcome: &'static str) {
-    EXTERNAL_REQUESTS
-        .get_or_create(&ExternalLabels { target, outcome })
-        .inc();
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KubernetesLabels {
-    verb: &'static str,
-    resource: String,
-}
-
-static KUBERNETES_REQUESTS: LazyLock<Family<KubernetesLabels, Counter>> =
-    LazyLock::new(Family::default);
-
-/// Counts one request to the Kubernetes API: its verb and its resource (with a
-/// subresource, as `databases/status`; never an object's name).
-pub fn record_kubernetes_request(verb: &'static str, resource: String) {
-    KUBERNETES_REQUESTS
-        .get_or_create(&KubernetesLabels { verb, resource })
-        .inc();
-}
-
-/// Upper bounds (seconds) of the request and wait duration buckets.
-const REQUEST_BUCKETS: [f64; 12] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
-];
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TargetLabels {
-    target: Target,
-}
-
-static EXTERNAL_DURATION: LazyLock<Family<TargetLabels, Histogram>> =
-    LazyLock::new(|| Family::new_with_constructor(|| Histogram::new(REQUEST_BUCKETS)));
-
-/// Records how long one request to `target` took.
-pub fn observe_external_request(target: Target, took: std::time::Duration) {
-    EXTERNAL_DURATION
-        .get_or_create(&TargetLabels { target })
-        .observe(took.as_secs_f64());
-}
-
-/// What a request waited for before it was sent.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum Queue {
-    /// A token of `--api-rate-limit`.
-    ApiRateLimit,
-    /// A session slot of `--max-sessions-per-server`.
-    PostgresSession,
-}
-
-impl EncodeLabelValue for Queue {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        encoder.write_str(match self {
-            Self::ApiRateLimit => "api_rate_limit",
-            Self::PostgresSession => "postgres_session",
-        })
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct QueueLabels {
-    queue: Queue,
-}
-
-static QUEUE_WAIT: LazyLock<Family<QueueLabels, Histogram>> =
-    LazyLock::new(|| Family::new_with_constructor(|| Histogram::new(REQUEST_BUCKETS)));
-
-/// Records how long one request waited in `queue`.
-pub fn observe_queue_wait(queue: Queue, waited: std::time::Duration) {
-    QUEUE_WAIT
-        .get_or_create(&QueueLabels { queue })
-        .observe(waited.as_secs_f64());
-}
-
-static ROUTINE_CHECKS_DEFERRED: LazyLock<Counter> = LazyLock::new(Counter::default);
-
-/// Counts one routine check put off for a busy server.
-pub fn record_routine_check_deferred() {
-    ROUTINE_CHECKS_DEFERRED.inc();
-}
-
-static SESSION_HELD: LazyLock<Histogram> = LazyLock::new(|| Histogram::new(REQUEST_BUCKETS));
-
-/// Records how long one PostgreSQL session slot was held.
-pub fn observe_session_held(held: std::time::Duration) {
-    SESSION_HELD.observe(held.as_secs_f64());
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResourceLabels {
@@ -641,160 +438,6 @@ impl Resources {
                 })
                 .set(count);
         }
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BackupLabels {
-    namespace: String,
-    database: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VerificationLabels {
-    result: String,
-}
-
-/// Upper bounds (seconds) of the backup duration buckets: seconds to hours.
-const BACKUP_BUCKETS: [f64; 11] = [
-    1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0,
-];
-
-/// The backup-controller's metrics of completed Backups.
-#[derive(Debug, Clone)]
-pub struct BackupMetrics {
-    bytes: Counter,
-    duration: Histogram,
-    last_success: Family<BackupLabels, Gauge>,
-    schedule_interval: Family<BackupLabels, Gauge>,
-    last_verified: Family<BackupLabels, Gauge>,
-    verification_max_age: Family<BackupLabels, Gauge>,
-    verifications: Family<VerificationLabels, Counter>,
-}
-
-impl BackupMetrics {
-    fn register(registry: &mut Registry) -> Self {
-        let metrics = Self {
-            bytes: Counter::default(),
-            duration: Histogram::new(BACKUP_BUCKETS),
-            last_success: Family::default(),
-            schedule_interval: Family::default(),
-            last_verified: Family::default(),
-            verification_max_age: Family::default(),
-            verifications: Family::default(),
-        };
-        register! { registry;
-            "backup_schedule_interval_seconds" => metrics.schedule_interval,
-                "Seconds between two slots of a Database's backup schedule (Databases with spec.backup)";
-            "backup" in Bytes => metrics.bytes,
-                "Bytes of completed backup artifacts";
-            "backup_duration" in Seconds => metrics.duration,
-                "Time from a Backup's start to its completion";
-            "backup_last_success_timestamp_seconds" => metrics.last_success,
-                "When the last Backup of a Database completed, in seconds since the Unix epoch";
-            "backup_last_verified_timestamp_seconds" => metrics.last_verified,
-                "When a Backup of a Database last passed its verification (for a Database whose schedule verifies and none passed yet: when the Database was created), in seconds since the Unix epoch";
-            "backup_verification_max_age_seconds" => metrics.verification_max_age,
-                "How long a Database whose schedule verifies may go without a passed verification (--verification-max-age)";
-            "backup_verifications" => metrics.verifications,
-                "Verifications of Backups that ended, by result (Passed, Failed, Error)";
-        }
-        metrics
-    }
-
-    /// The interval of Database `namespace/database`'s backup schedule, for the alert on
-    /// a last success older than the schedule allows.
-    pub fn set_schedule_interval(&self, namespace: &str, database: &str, seconds: i64) {
-        self.schedule_interval
-            .get_or_create(&BackupLabels {
-                namespace: namespace.to_owned(),
-                database: database.to_owned(),
-            })
-            .set(seconds);
-    }
-
-    /// Database `namespace/database` has no schedule any more (or is being deleted): its
-    /// series go.
-    pub fn forget_schedule(&self, namespace: &str, database: &str) {
-        let labels = BackupLabels {
-            namespace: namespace.to_owned(),
-            database: database.to_owned(),
-        };
-        self.schedule_interval.remove(&labels);
-        self.last_success.remove(&labels);
-        self.forget_verification(namespace, database);
-    }
-
-    /// Database `namespace/database`'s schedule verifies: its alert compares the last
-    /// passed verification (at least `since_unix`, the Database's creation) with
-    /// `max_age_seconds`.
-    pub fn expect_verification(
-        &self,
-        namespace: &str,
-        database: &str,
-        max_age_seconds: i64,
-        since_unix: i64,
-    ) {
-        let labels = BackupLabels {
-            namespace: namespace.to_owned(),
-            database: database.to_owned(),
-        };
-        self.verification_max_age
-            .get_or_create(&labels)
-            .set(max_age_seconds);
-        self.record_verified(namespace, database, since_unix);
-    }
-
-    /// Database `namespace/database`'s schedule no longer verifies: its verification
-    /// series go.
-    pub fn forget_verification(&self, namespace: &str, database: &str) {
-        let labels = BackupLabels {
-            namespace: namespace.to_owned(),
-            database: database.to_owned(),
-        };
-        self.verification_max_age.remove(&labels);
-        self.last_verified.remove(&labels);
-    }
-
-    /// A Backup of Database `namespace/database` passed its verification at `at_unix`
-    /// (kept only when newer than what is recorded).
-    pub fn record_verified(&self, namespace: &str, database: &str, at_unix: i64) {
-        let gauge = self.last_verified.get_or_create(&BackupLabels {
-            namespace: namespace.to_owned(),
-            database: database.to_owned(),
-        });
-        if gauge.get() < at_unix {
-            gauge.set(at_unix);
-        }
-    }
-
-    /// A verification ended with `result`.
-    pub fn record_verification(&self, result: &str) {
-        self.verifications
-            .get_or_create(&VerificationLabels {
-                result: result.to_owned(),
-            })
-            .inc();
-    }
-
-    /// Records a completed Backup of Database `namespace/database`: `bytes` long, taking
-    /// `seconds`, completed at `completed_unix` (seconds since the epoch).
-    pub fn record_completed(
-        &self,
-        namespace: &str,
-        database: &str,
-        bytes: u64,
-        seconds: f64,
-        completed_unix: i64,
-    ) {
-        self.bytes.inc_by(bytes);
-        self.duration.observe(seconds);
-        self.last_success
-            .get_or_create(&BackupLabels {
-                namespace: namespace.to_owned(),
-                database: database.to_owned(),
-            })
-            .set(completed_unix);
     }
 }
 
