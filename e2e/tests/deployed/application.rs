@@ -169,6 +169,7 @@ async fn an_application_pod_keeps_querying_through_a_rotation_and_a_logical_migr
         .await
         .unwrap();
     drop(session);
+    crate::pooler::pooler_pods_ready(bed, &server, 2).await;
 
     let pods: Api<Pod> = bed.api(&tenant.name);
     let secret_name = format!("{db_name}-connection");

@@ -104,6 +104,24 @@ pub(crate) async fn remove(bed: &Bed, databases: &Api<Database>, db_name: &str, 
         .unwrap();
 }
 
+/// Waits until DatabaseServer `server` reports `replicas` pooler Pods ready.
+pub(crate) async fn pooler_pods_ready(bed: &Bed, server: &str, replicas: i32) {
+    let servers: Api<DatabaseServer> = Api::all(bed.client.clone());
+    wait_for(
+        &format!("DatabaseServer {server}: {replicas} pooler Pods ready"),
+        SETTLE,
+        || async { Ok(servers.get(server).await?) },
+        |s: &DatabaseServer| {
+            s.status
+                .as_ref()
+                .and_then(|st| st.pooler.as_ref())
+                .is_some_and(|p| p.ready_replicas == replicas)
+        },
+    )
+    .await
+    .unwrap();
+}
+
 /// pg-main once more under another name, with a pooler of `replicas` Pods.
 pub(crate) async fn pooled_server(bed: &Bed, tenant: &Tenant, replicas: i32) -> String {
     let servers: Api<DatabaseServer> = Api::all(bed.client.clone());
@@ -235,6 +253,9 @@ async fn a_logical_migration_through_the_pooler_pods_fails_no_pooled_query() {
         .batch_execute("CREATE TABLE writes (n bigint PRIMARY KEY)")
         .await
         .unwrap();
+    // Both pooler Pods Ready before the cutover, which pauses every instance there is
+    // (a session through the Service needs only one).
+    pooler_pods_ready(bed, &name, 2).await;
     let connect = {
         let secret = secret.clone();
         move || {
