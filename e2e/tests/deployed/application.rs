@@ -109,19 +109,30 @@ async fn queries(pods: &Api<Pod>) -> anyhow::Result<Vec<Query>> {
     Ok(parse(&pods.logs("app", &LogParams::default()).await?))
 }
 
+/// The queries from the application's first success on: before it, a new Database's
+/// login may not have reached every pooler Pod yet (the userlist comes with the Secret
+/// volume, "within about a minute", docs/operations.md), which is not what is tested.
+fn from_first_success(q: &[Query]) -> &[Query] {
+    let first = q.iter().position(|q| q.ok).unwrap_or(q.len());
+    &q[first..]
+}
+
 /// Waits until the application has `more` successful queries past `after` (a count of
-/// lines), failing early on a failed query; returns the lines.
+/// lines from its first success), failing early on a failed query after its first
+/// success; returns the lines from its first success.
 async fn steady(pods: &Api<Pod>, after: usize, what: &str) -> Vec<Query> {
-    wait_for(
+    let all = wait_for(
         &format!("{STEADY} queries of the application {what}"),
         SETTLE,
         || async { queries(pods).await },
         |q: &Vec<Query>| {
+            let q = from_first_success(q);
             q.iter().any(|q| !q.ok) || q.iter().skip(after).filter(|q| q.ok).count() >= STEADY
         },
     )
     .await
-    .unwrap()
+    .unwrap();
+    from_first_success(&all).to_vec()
 }
 
 /// The controllers' image (it has PostgreSQL's client programs), as deployed.
@@ -244,6 +255,7 @@ async fn an_application_pod_keeps_querying_through_a_rotation_and_a_logical_migr
     let status = moved.status.clone().unwrap();
     assert_eq!(status.phase, Some(MigrationPhase::Succeeded), "{status:?}");
     let log = steady(&pods, before_migration, "after the migration").await;
+    let skipped = log.first().map_or(0, |q| q.n - 1);
     pods.delete("app", &DeleteParams::default()).await.unwrap();
 
     let failed: Vec<&Query> = log.iter().filter(|q| !q.ok).collect();
@@ -259,7 +271,7 @@ async fn an_application_pod_keeps_querying_through_a_rotation_and_a_logical_migr
                 seen
             });
     println!(
-        "application Pod: {} queries, {} failed; rotation recorded in {:.1}s; Logical migration in {:.1}s; \
+        "application Pod: {} queries from its first success ({skipped} before it, while the pooler Pods took in the new login), {} failed; rotation recorded in {:.1}s; Logical migration in {:.1}s; \
          longest query {} ms (#{}, {} of its log); server_version_num in turn {versions:?}",
         log.len(),
         failed.len(),
@@ -267,9 +279,9 @@ async fn an_application_pod_keeps_querying_through_a_rotation_and_a_logical_migr
         took.as_secs_f64(),
         longest.millis,
         longest.n,
-        if longest.n as usize > before_migration {
+        if log.iter().position(|q| q.n == longest.n).unwrap_or(0) >= before_migration {
             "the migration part"
-        } else if longest.n as usize > before_rotation {
+        } else if log.iter().position(|q| q.n == longest.n).unwrap_or(0) >= before_rotation {
             "the rotation part"
         } else {
             "the start"
