@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use dbops_api::{Database, Migration, MigrationPhase};
+use dbops_api::{Database, Migration};
 use dbops_e2e::fixtures::manifest;
 use dbops_e2e::wait::wait_for;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -19,7 +19,7 @@ use kube::api::{Api, DeleteParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::bed::{Bed, SYSTEM, TARGET, Tenant, bed, pod_ready};
-use crate::pooler::{pooled_secret, pooled_server, pooled_session, remove};
+use crate::pooler::{logical_move, pooled_secret, pooled_server, pooled_session, remove};
 
 const SETTLE: Duration = Duration::from_secs(300);
 /// Where the Pod mounts the Secret, and the Database's `spec.secretMountPath`.
@@ -226,34 +226,8 @@ async fn an_application_pod_keeps_querying_through_a_rotation_and_a_logical_migr
         .len();
 
     // A Logical Migration to pg-target, cut over by itself.
-    let migration: Migration = manifest(
-        "move",
-        json!({"databaseRef": {"name": db_name}, "target": {"serverRef": {"name": TARGET}},
-               "mode": "Logical"}),
-    )
-    .unwrap();
     let migrations: Api<Migration> = bed.api(&tenant.name);
-    migrations
-        .create(&PostParams::default(), &migration)
-        .await
-        .unwrap();
-    let started = std::time::Instant::now();
-    let moved = wait_for(
-        "Migration move ended",
-        SETTLE,
-        || async { Ok(migrations.get("move").await?) },
-        |m: &Migration| {
-            m.status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .is_some_and(MigrationPhase::is_final)
-        },
-    )
-    .await
-    .unwrap();
-    let took = started.elapsed();
-    let status = moved.status.clone().unwrap();
-    assert_eq!(status.phase, Some(MigrationPhase::Succeeded), "{status:?}");
+    let (_, took) = logical_move(bed, &tenant.name, &db_name).await;
     let log = steady(&pods, before_migration, "after the migration").await;
     let skipped = log.first().map_or(0, |q| q.n - 1);
     pods.delete("app", &DeleteParams::default()).await.unwrap();

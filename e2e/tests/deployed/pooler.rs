@@ -122,6 +122,44 @@ pub(crate) async fn pooler_pods_ready(bed: &Bed, server: &str, replicas: i32) {
     .unwrap();
 }
 
+/// Migration `move`: Database `db_name` of namespace `ns` to pg-target in Logical mode,
+/// cut over by itself; waits until it ends and asserts it Succeeded. Its status, and how
+/// long it took from its creation.
+pub(crate) async fn logical_move(
+    bed: &Bed,
+    ns: &str,
+    db_name: &str,
+) -> (dbops_api::MigrationStatus, Duration) {
+    let migration: Migration = manifest(
+        "move",
+        json!({"databaseRef": {"name": db_name}, "target": {"serverRef": {"name": TARGET}},
+               "mode": "Logical"}),
+    )
+    .unwrap();
+    let migrations: Api<Migration> = bed.api(ns);
+    migrations
+        .create(&PostParams::default(), &migration)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let moved = wait_for(
+        "Migration move ended",
+        SETTLE,
+        || async { Ok(migrations.get("move").await?) },
+        |m: &Migration| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_some_and(MigrationPhase::is_final)
+        },
+    )
+    .await
+    .unwrap();
+    let status = moved.status.unwrap_or_default();
+    assert_eq!(status.phase, Some(MigrationPhase::Succeeded), "{status:?}");
+    (status, started.elapsed())
+}
+
 /// pg-main once more under another name, with a pooler of `replicas` Pods.
 pub(crate) async fn pooled_server(bed: &Bed, tenant: &Tenant, replicas: i32) -> String {
     let servers: Api<DatabaseServer> = Api::all(bed.client.clone());
@@ -276,34 +314,8 @@ async fn a_logical_migration_through_the_pooler_pods_fails_no_pooled_query() {
     .await
     .unwrap();
 
-    let migration: Migration = manifest(
-        "move",
-        json!({"databaseRef": {"name": db_name}, "target": {"serverRef": {"name": TARGET}},
-               "mode": "Logical"}),
-    )
-    .unwrap();
     let migrations: Api<Migration> = bed.api(&tenant.name);
-    migrations
-        .create(&PostParams::default(), &migration)
-        .await
-        .unwrap();
-    let started = std::time::Instant::now();
-    let moved = wait_for(
-        "Migration move ended",
-        SETTLE,
-        || async { Ok(migrations.get("move").await?) },
-        |m: &Migration| {
-            m.status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .is_some_and(MigrationPhase::is_final)
-        },
-    )
-    .await
-    .unwrap();
-    let took = started.elapsed();
-    let status = moved.status.clone().unwrap();
-    assert_eq!(status.phase, Some(MigrationPhase::Succeeded), "{status:?}");
+    let (status, took) = logical_move(bed, &tenant.name, &db_name).await;
     let before = writer.commits();
     wait_for(
         "pooled commits after the switch",
