@@ -43,11 +43,36 @@ async fn assert_nothing_left(s: &Setup, b: &Backup) {
 
 /// Backup `b`'s verification was told by an Event of `type_` and `reason`, and left
 /// nothing on the server.
+/// The Event is published after the status write that the caller waited for, so it is
+/// awaited (bounded) rather than read once.
 async fn assert_told_and_cleaned(s: &Setup, b: &Backup, type_: &str, reason: &str) {
     let name = b.metadata.name.as_deref().unwrap();
-    let reasons = s.backup_event_reasons(name, type_).await;
-    assert!(reasons.iter().any(|r| r == reason), "{name}: {reasons:?}");
+    eventually(
+        &format!("a {type_} Event {reason} about {name}"),
+        EVENT_DEADLINE,
+        || async { Ok(s.backup_event_reasons(name, type_).await) },
+        |reasons: &Vec<String>| reasons.iter().any(|r| r == reason),
+    )
+    .await;
     assert_nothing_left(s, b).await;
+}
+
+/// How long an Event or a counter may trail the status write it follows.
+const EVENT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Waits (bounded) until the backup-controller's `dbops_backup_verifications_total` with
+/// `result` reaches `expected` (it is counted after the outcome's status write), and
+/// asserts it is exactly that.
+async fn assert_verifications(s: &Setup, result: &str, expected: f64) {
+    let label = format!(r#"result="{result}""#);
+    let counted = eventually(
+        &format!("dbops_backup_verifications_total{{{label}}} reaching {expected}"),
+        EVENT_DEADLINE,
+        || async { Ok(s.backup_metric("dbops_backup_verifications_total", &[label.as_str()])) },
+        |n: &f64| *n >= expected,
+    )
+    .await;
+    assert_eq!(counted, expected);
 }
 
 async fn set_verify(s: &Setup, name: &str) {
@@ -143,10 +168,7 @@ async fn a_verified_backup_passes_and_a_changed_artifact_or_inventory_fails() {
     );
     assert!(message.contains(&format!("{rows} rows")), "{message}");
     assert_told_and_cleaned(&s, &good, "Normal", "Verified").await;
-    assert_eq!(
-        s.backup_metric("dbops_backup_verifications_total", &[r#"result="Passed""#]),
-        1.0
-    );
+    assert_verifications(&s, "Passed", 1.0).await;
 
     // One byte changed in the store after the dump: Failed, and said so.
     s.create_backup("changed", "source", json!({})).await;
@@ -197,10 +219,7 @@ async fn a_verified_backup_passes_and_a_changed_artifact_or_inventory_fails() {
         "{message}"
     );
     assert_told_and_cleaned(&s, &miscounted, "Warning", "RowCountMismatch").await;
-    assert_eq!(
-        s.backup_metric("dbops_backup_verifications_total", &[r#"result="Failed""#]),
-        2.0
-    );
+    assert_verifications(&s, "Failed", 2.0).await;
 }
 
 /// A schedule with `verify: true` on an encrypted `s3://` store: its Backups are created

@@ -1,6 +1,6 @@
 //! The CRDs evolve without breaking what a release stored or accepted (docs/development.md,
 //! "CRD evolution"): each CRD of this checkout against the same file at the previous
-//! release's tag (`git show <tag>:deploy/crds/<file>`), through `dbops_e2e::crd_compat`.
+//! release's commit (`git show <commit>:deploy/crds/<file>`), through `dbops_e2e::crd_compat`.
 
 use dbops_e2e::crd_compat::{Change, changes};
 use dbops_e2e::paths;
@@ -12,6 +12,17 @@ fn previous_release() -> String {
         .unwrap()
         .trim()
         .to_string()
+}
+
+/// The commit `e2e/releases` records for `release` (a clone without tags still has it).
+fn recorded_commit(release: &str) -> Option<String> {
+    let list = std::fs::read_to_string(paths::repo_root().join("e2e/releases")).unwrap();
+    list.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        match l.split_whitespace().collect::<Vec<_>>()[..] {
+            [tag, commit] if tag == release => Some(commit.to_string()),
+            _ => None,
+        }
+    })
 }
 
 fn git(args: &[&str]) -> Result<String, String> {
@@ -27,16 +38,42 @@ fn git(args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// The previous release is listed in `e2e/releases`, and where this clone has its tag,
+/// the tag names the recorded commit.
+#[test]
+fn the_previous_release_is_recorded_with_its_commit() {
+    let release = previous_release();
+    let commit =
+        recorded_commit(&release).unwrap_or_else(|| panic!("e2e/releases does not list {release}"));
+    if let Ok(tagged) = git(&[
+        "rev-parse",
+        "--verify",
+        "--quiet",
+        &format!("{release}^{{commit}}"),
+    ]) {
+        assert_eq!(
+            tagged.trim(),
+            commit,
+            "{release}'s tag and e2e/releases disagree"
+        );
+    }
+}
+
 #[test]
 fn the_crds_make_no_breaking_change_since_the_previous_release() {
-    let previous = previous_release();
-    let previous_release = previous.as_str();
+    let release = previous_release();
+    let commit =
+        recorded_commit(&release).unwrap_or_else(|| panic!("e2e/releases does not list {release}"));
+    let previous_release = commit.as_str();
     let listing = git(&["ls-tree", "--name-only", previous_release, "deploy/crds/"])
         .unwrap_or_else(|e| {
-            panic!("the tag {previous_release} is missing from this clone (git fetch --tags): {e}")
+            panic!(
+                "{release} ({previous_release}) is not in this clone's history \
+                 (a shallow clone? git fetch --unshallow): {e}"
+            )
         });
     let files: Vec<&str> = listing.lines().filter(|f| f.ends_with(".yaml")).collect();
-    assert!(!files.is_empty(), "{previous_release} has no deploy/crds/");
+    assert!(!files.is_empty(), "{release} has no deploy/crds/");
     let mut breaking = Vec::new();
     for file in files {
         let old: serde_json::Value =
@@ -44,7 +81,7 @@ fn the_crds_make_no_breaking_change_since_the_previous_release() {
                 .unwrap();
         let path = paths::repo_root().join(file);
         let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{file} of {previous_release} is gone: {e}"));
+            .unwrap_or_else(|e| panic!("{file} of {release} is gone: {e}"));
         let new: serde_json::Value = serde_norway::from_str(&text).unwrap();
         for change in changes(&old, &new) {
             match change {
@@ -55,7 +92,7 @@ fn the_crds_make_no_breaking_change_since_the_previous_release() {
     }
     assert!(
         breaking.is_empty(),
-        "breaking CRD changes since {previous_release}:\n{}",
+        "breaking CRD changes since {release}:\n{}",
         breaking.join("\n")
     );
 }
