@@ -8,16 +8,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
-/// A duration as Go and Kubernetes write it: integers with a unit each, `ms`, `s`, `m` or
-/// `h` (for example `30s`, `5m`, `1h30m`, `720h`). The numbers have at most 5 digits before
-/// `h`, 7 before `m` and 9 before `s` or `ms`, so that a string of at most 32 characters
-/// (every such field's maxLength) stays under 834,000 hours, well within what CEL's
-/// `duration()` (Go's `time.Duration`, up to 2,562,047 hours) converts: a longer one made
-/// the rules that compare durations fail with a type conversion error and a message
-/// about something else.
-pub const DURATION_PATTERN: &str = "^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$";
-/// An amount of memory as PostgreSQL writes it: an integer and `kB`, `MB`, `GB` or `TB`.
-pub const MEMORY_PATTERN: &str = "^[0-9]{1,9}(kB|MB|GB|TB)$";
+use crate::patterns::{matches, when_all_match, when_matches};
+
+/// The patterns of durations and amounts of memory, also under their first path here.
+pub use crate::patterns::{DURATION_PATTERN, MEMORY_PATTERN};
 
 /// The annotation that rotates a Database's or DatabaseUser's password on demand: any
 /// new value (for example a timestamp) starts one rotation.
@@ -35,8 +29,8 @@ pub struct SessionSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
     #[x_kube(
-        validation = Rule::new("self.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$')").message("statementTimeout must be a duration such as 30s, 5m or 1h30m (at most 5 digits before h, 7 before m, 9 before s or ms)"),
-        validation = Rule::new("!self.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$') || duration(self) <= duration('596h31m23s647ms')").message("statementTimeout must be at most 596h31m23s647ms, PostgreSQL's limit (0s means none)"),
+        validation = Rule::new(matches(DURATION_PATTERN)).message("statementTimeout must be a duration such as 30s, 5m or 1h30m (at most 5 digits before h, 7 before m, 9 before s or ms)"),
+        validation = Rule::new(when_matches(DURATION_PATTERN, "duration(self) <= duration('596h31m23s647ms')")).message("statementTimeout must be at most 596h31m23s647ms, PostgreSQL's limit (0s means none)"),
     )]
     pub statement_timeout: Option<String>,
 
@@ -45,8 +39,8 @@ pub struct SessionSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
     #[x_kube(
-        validation = Rule::new("self.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$')").message("idleInTransactionSessionTimeout must be a duration such as 30s, 5m or 1h30m (at most 5 digits before h, 7 before m, 9 before s or ms)"),
-        validation = Rule::new("!self.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$') || duration(self) <= duration('596h31m23s647ms')").message("idleInTransactionSessionTimeout must be at most 596h31m23s647ms, PostgreSQL's limit (0s means none)"),
+        validation = Rule::new(matches(DURATION_PATTERN)).message("idleInTransactionSessionTimeout must be a duration such as 30s, 5m or 1h30m (at most 5 digits before h, 7 before m, 9 before s or ms)"),
+        validation = Rule::new(when_matches(DURATION_PATTERN, "duration(self) <= duration('596h31m23s647ms')")).message("idleInTransactionSessionTimeout must be at most 596h31m23s647ms, PostgreSQL's limit (0s means none)"),
     )]
     pub idle_in_transaction_session_timeout: Option<String>,
 
@@ -54,8 +48,8 @@ pub struct SessionSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
     #[x_kube(
-        validation = Rule::new("self.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$')").message("lockTimeout must be a duration such as 30s, 5m or 1h30m (at most 5 digits before h, 7 before m, 9 before s or ms)"),
-        validation = Rule::new("!self.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$') || duration(self) <= duration('596h31m23s647ms')").message("lockTimeout must be at most 596h31m23s647ms, PostgreSQL's limit (0s means none)"),
+        validation = Rule::new(matches(DURATION_PATTERN)).message("lockTimeout must be a duration such as 30s, 5m or 1h30m (at most 5 digits before h, 7 before m, 9 before s or ms)"),
+        validation = Rule::new(when_matches(DURATION_PATTERN, "duration(self) <= duration('596h31m23s647ms')")).message("lockTimeout must be at most 596h31m23s647ms, PostgreSQL's limit (0s means none)"),
     )]
     pub lock_timeout: Option<String>,
 
@@ -63,8 +57,8 @@ pub struct SessionSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
     #[x_kube(
-        validation = Rule::new("self.matches('^[0-9]{1,9}(kB|MB|GB|TB)$')").message("workMem must be an amount of memory such as 4MB or 1GB (kB, MB, GB, TB)"),
-        validation = Rule::new("!self.matches('^[0-9]{1,9}(kB|MB|GB|TB)$') || (int(self.find('^[0-9]+')) * (self.endsWith('kB') ? 1 : self.endsWith('MB') ? 1024 : self.endsWith('GB') ? 1048576 : 1073741824) >= 64 && int(self.find('^[0-9]+')) * (self.endsWith('kB') ? 1 : self.endsWith('MB') ? 1024 : self.endsWith('GB') ? 1048576 : 1073741824) <= 2147483647)").message("workMem must be from 64kB to 2147483647kB (just under 2TB), PostgreSQL's limits"),
+        validation = Rule::new(matches(MEMORY_PATTERN)).message("workMem must be an amount of memory such as 4MB or 1GB (kB, MB, GB, TB)"),
+        validation = Rule::new(when_matches(MEMORY_PATTERN, "(int(self.find('^[0-9]+')) * (self.endsWith('kB') ? 1 : self.endsWith('MB') ? 1024 : self.endsWith('GB') ? 1048576 : 1073741824) >= 64 && int(self.find('^[0-9]+')) * (self.endsWith('kB') ? 1 : self.endsWith('MB') ? 1024 : self.endsWith('GB') ? 1048576 : 1073741824) <= 2147483647)")).message("workMem must be from 64kB to 2147483647kB (just under 2TB), PostgreSQL's limits"),
     )]
     pub work_mem: Option<String>,
 }
@@ -72,14 +66,14 @@ pub struct SessionSettings {
 /// A default and a ceiling of one duration setting.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.default) || !has(self.max) || !self.default.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$') || !self.max.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$') || duration(self.max) == duration('0s') || (duration(self.default) != duration('0s') && duration(self.default) <= duration(self.max))").message("default must not exceed max").field_path(".default"))]
+#[x_kube(validation = Rule::new(format!("!has(self.default) || !has(self.max) || {}", when_all_match(&["self.default", "self.max"], DURATION_PATTERN, "duration(self.max) == duration('0s') || (duration(self.default) != duration('0s') && duration(self.default) <= duration(self.max))"))).message("default must not exceed max").field_path(".default"))]
 pub struct DurationLimit {
     /// Applied to every login role that does not ask for a value of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
     #[x_kube(
-        validation = Rule::new("self.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$')").message("default must be a duration such as 30s, 5m or 1h30m (at most 5 digits before h, 7 before m, 9 before s or ms)"),
-        validation = Rule::new("!self.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$') || duration(self) <= duration('596h31m23s647ms')").message("default must be at most 596h31m23s647ms, PostgreSQL's limit (0s means none)"),
+        validation = Rule::new(matches(DURATION_PATTERN)).message("default must be a duration such as 30s, 5m or 1h30m (at most 5 digits before h, 7 before m, 9 before s or ms)"),
+        validation = Rule::new(when_matches(DURATION_PATTERN, "duration(self) <= duration('596h31m23s647ms')")).message("default must be at most 596h31m23s647ms, PostgreSQL's limit (0s means none)"),
     )]
     pub default: Option<String>,
 
@@ -87,28 +81,28 @@ pub struct DurationLimit {
     /// `0s` (no timeout) is more than any other ceiling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
-    #[x_kube(validation = Rule::new("self.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$')").message("max must be a duration such as 30s, 5m or 1h30m (at most 5 digits before h, 7 before m, 9 before s or ms)"))]
+    #[x_kube(validation = Rule::new(matches(DURATION_PATTERN)).message("max must be a duration such as 30s, 5m or 1h30m (at most 5 digits before h, 7 before m, 9 before s or ms)"))]
     pub max: Option<String>,
 }
 
 /// A default and a ceiling of one memory setting.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.default) || !has(self.max) || !self.default.matches('^[0-9]{1,9}(kB|MB|GB|TB)$') || !self.max.matches('^[0-9]{1,9}(kB|MB|GB|TB)$') || int(self.default.find('^[0-9]+')) * (self.default.endsWith('kB') ? 1 : self.default.endsWith('MB') ? 1024 : self.default.endsWith('GB') ? 1048576 : 1073741824) <= int(self.max.find('^[0-9]+')) * (self.max.endsWith('kB') ? 1 : self.max.endsWith('MB') ? 1024 : self.max.endsWith('GB') ? 1048576 : 1073741824)").message("default must not exceed max").field_path(".default"))]
+#[x_kube(validation = Rule::new(format!("!has(self.default) || !has(self.max) || {}", when_all_match(&["self.default", "self.max"], MEMORY_PATTERN, "int(self.default.find('^[0-9]+')) * (self.default.endsWith('kB') ? 1 : self.default.endsWith('MB') ? 1024 : self.default.endsWith('GB') ? 1048576 : 1073741824) <= int(self.max.find('^[0-9]+')) * (self.max.endsWith('kB') ? 1 : self.max.endsWith('MB') ? 1024 : self.max.endsWith('GB') ? 1048576 : 1073741824)"))).message("default must not exceed max").field_path(".default"))]
 pub struct MemoryLimit {
     /// Applied to every login role that does not ask for a value of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
     #[x_kube(
-        validation = Rule::new("self.matches('^[0-9]{1,9}(kB|MB|GB|TB)$')").message("default must be an amount of memory such as 4MB or 1GB (kB, MB, GB, TB)"),
-        validation = Rule::new("!self.matches('^[0-9]{1,9}(kB|MB|GB|TB)$') || (int(self.find('^[0-9]+')) * (self.endsWith('kB') ? 1 : self.endsWith('MB') ? 1024 : self.endsWith('GB') ? 1048576 : 1073741824) >= 64 && int(self.find('^[0-9]+')) * (self.endsWith('kB') ? 1 : self.endsWith('MB') ? 1024 : self.endsWith('GB') ? 1048576 : 1073741824) <= 2147483647)").message("default must be from 64kB to 2147483647kB (just under 2TB), PostgreSQL's limits"),
+        validation = Rule::new(matches(MEMORY_PATTERN)).message("default must be an amount of memory such as 4MB or 1GB (kB, MB, GB, TB)"),
+        validation = Rule::new(when_matches(MEMORY_PATTERN, "(int(self.find('^[0-9]+')) * (self.endsWith('kB') ? 1 : self.endsWith('MB') ? 1024 : self.endsWith('GB') ? 1048576 : 1073741824) >= 64 && int(self.find('^[0-9]+')) * (self.endsWith('kB') ? 1 : self.endsWith('MB') ? 1024 : self.endsWith('GB') ? 1048576 : 1073741824) <= 2147483647)")).message("default must be from 64kB to 2147483647kB (just under 2TB), PostgreSQL's limits"),
     )]
     pub default: Option<String>,
 
     /// The most a Database or DatabaseUser may ask for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
-    #[x_kube(validation = Rule::new("self.matches('^[0-9]{1,9}(kB|MB|GB|TB)$')").message("max must be an amount of memory such as 4MB or 1GB (kB, MB, GB, TB)"))]
+    #[x_kube(validation = Rule::new(matches(MEMORY_PATTERN)).message("max must be an amount of memory such as 4MB or 1GB (kB, MB, GB, TB)"))]
     pub max: Option<String>,
 }
 
@@ -135,14 +129,14 @@ pub struct SessionLimits {
 /// `keepPrevious`, then can no longer log in and its sessions are ended.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.every) || !self.every.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$') || !self.keepPrevious.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$') || duration(self.keepPrevious) < duration(self.every)").message("keepPrevious must be shorter than every").field_path(".keepPrevious"))]
+#[x_kube(validation = Rule::new(format!("!has(self.every) || {}", when_all_match(&["self.every", "self.keepPrevious"], DURATION_PATTERN, "duration(self.keepPrevious) < duration(self.every)"))).message("keepPrevious must be shorter than every").field_path(".keepPrevious"))]
 pub struct PasswordRotation {
     /// How often to rotate (at least `1m`), e.g. `720h`; absent: only on demand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
     #[x_kube(
-        validation = Rule::new("self.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$')").message("every must be a duration such as 720h or 24h (at most 5 digits before h, 7 before m, 9 before s or ms)"),
-        validation = Rule::new("!self.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$') || duration(self) >= duration('1m')").message("every must be at least 1m"),
+        validation = Rule::new(matches(DURATION_PATTERN)).message("every must be a duration such as 720h or 24h (at most 5 digits before h, 7 before m, 9 before s or ms)"),
+        validation = Rule::new(when_matches(DURATION_PATTERN, "duration(self) >= duration('1m')")).message("every must be at least 1m"),
     )]
     pub every: Option<String>,
 
@@ -150,7 +144,7 @@ pub struct PasswordRotation {
     /// applications to pick up the new Secret; `0s` ends it at once.
     #[serde(default = "default_keep_previous")]
     #[schemars(length(max = 32))]
-    #[x_kube(validation = Rule::new("self.matches('^([0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s|[0-9]{1,9}ms)+$')").message("keepPrevious must be a duration such as 24h or 15m (at most 5 digits before h, 7 before m, 9 before s or ms)"))]
+    #[x_kube(validation = Rule::new(matches(DURATION_PATTERN)).message("keepPrevious must be a duration such as 24h or 15m (at most 5 digits before h, 7 before m, 9 before s or ms)"))]
     pub keep_previous: String,
 }
 

@@ -4,9 +4,10 @@ use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// A PostgreSQL identifier this operator accepts for databases and roles: lower case,
-/// unquoted, at most 63 bytes (PostgreSQL's NAMEDATALEN - 1).
-pub const IDENTIFIER_PATTERN: &str = "^[a-z_][a-z0-9_]{0,62}$";
+use crate::patterns::{OBJECT_NAME_PATTERN, matches};
+
+/// The pattern of PostgreSQL identifiers, also under its first path here.
+pub use crate::patterns::IDENTIFIER_PATTERN;
 
 /// The names of the conditions the controllers set, and of their common reasons.
 pub mod condition {
@@ -37,7 +38,7 @@ pub mod marks {
 pub struct ServerReference {
     /// Name of the DatabaseServer (cluster-scoped, written by the platform team).
     #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("name must be a valid DatabaseServer name (lower case DNS subdomain)"))]
+    #[x_kube(validation = Rule::new(matches(OBJECT_NAME_PATTERN)).message("name must be a valid DatabaseServer name (lower case DNS subdomain)"))]
     pub name: String,
 }
 
@@ -46,7 +47,7 @@ pub struct ServerReference {
 pub struct SecretReference {
     /// Name of the Secret.
     #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("name must be a valid Secret name (lower case DNS subdomain)"))]
+    #[x_kube(validation = Rule::new(matches(OBJECT_NAME_PATTERN)).message("name must be a valid Secret name (lower case DNS subdomain)"))]
     pub name: String,
 }
 
@@ -81,7 +82,7 @@ impl std::ops::Deref for DatabaseRef {
 pub struct LocalObjectReference {
     /// Name of the object, in the same namespace as the referring object.
     #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("name must be a valid object name (lower case DNS subdomain)"))]
+    #[x_kube(validation = Rule::new(matches(OBJECT_NAME_PATTERN)).message("name must be a valid object name (lower case DNS subdomain)"))]
     pub name: String,
 }
 

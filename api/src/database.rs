@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::access::{LoginOptions, RotationStatus};
 use crate::common::{DatabaseDeletionPolicy, LocalObjectReference, ServerReference};
+use crate::patterns::{
+    CRON_PATTERN, EXTENSION_NAME_PATTERN, IDENTIFIER_PATTERN, all_match, matches, value_matches,
+};
 
 /// Desired state of a Database.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
@@ -26,7 +29,7 @@ use crate::common::{DatabaseDeletionPolicy, LocalObjectReference, ServerReferenc
     printcolumn(name = "Database", type_ = "string", json_path = ".status.databaseName", description = "Database name in PostgreSQL"),
     printcolumn(name = "Expires", type_ = "string", json_path = ".status.expiresAt", description = "When the Database is deleted (spec.expireAfter or spec.expiresAt), RFC 3339 in UTC"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    validation = Rule::new("has(self.spec.databaseName) || self.metadata.name.matches('^[a-z_][a-z0-9_-]{0,62}$')").message("spec.databaseName is required when metadata.name (with '-' read as '_') is not a PostgreSQL identifier of at most 63 characters").field_path(".spec.databaseName"),
+    validation = Rule::new(format!("has(self.spec.databaseName) || {}", value_matches("self.metadata.name", EXTENSION_NAME_PATTERN))).message("spec.databaseName is required when metadata.name (with '-' read as '_') is not a PostgreSQL identifier of at most 63 characters").field_path(".spec.databaseName"),
     validation = Rule::new("!has(self.spec.cloneFrom) || !has(self.spec.cloneFrom.databaseRef) || self.spec.cloneFrom.databaseRef.name != self.metadata.name").message("cloneFrom.databaseRef names this Database itself").field_path(".spec.cloneFrom.databaseRef.name"),
 )]
 #[serde(rename_all = "camelCase")]
@@ -49,7 +52,7 @@ pub struct DatabaseSpec {
     /// `_`. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 63))]
-    #[x_kube(validation = Rule::new("self.matches('^[a-z_][a-z0-9_]{0,62}$')").message("databaseName must be a PostgreSQL identifier: 1 to 63 characters of a-z, 0-9 and _, not starting with a digit"))]
+    #[x_kube(validation = Rule::new(matches(IDENTIFIER_PATTERN)).message("databaseName must be a PostgreSQL identifier: 1 to 63 characters of a-z, 0-9 and _, not starting with a digit"))]
     pub database_name: Option<String>,
 
     /// Role created for this database and owning it. Defaults to the database name.
@@ -57,7 +60,7 @@ pub struct DatabaseSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 63))]
     #[x_kube(
-        validation = Rule::new("self.matches('^[a-z_][a-z0-9_]{0,62}$')").message("owner must be a PostgreSQL identifier: 1 to 63 characters of a-z, 0-9 and _, not starting with a digit"),
+        validation = Rule::new(matches(IDENTIFIER_PATTERN)).message("owner must be a PostgreSQL identifier: 1 to 63 characters of a-z, 0-9 and _, not starting with a digit"),
         validation = Rule::new("!self.startsWith('pg_')").message("owner must not start with pg_ (reserved by PostgreSQL)"),
     )]
     pub owner: Option<String>,
@@ -65,7 +68,7 @@ pub struct DatabaseSpec {
     /// Extensions to create in the database (`CREATE EXTENSION IF NOT EXISTS`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 63)), extend("x-kubernetes-list-type" = "set"))]
-    #[x_kube(validation = Rule::new("self.all(e, e.matches('^[a-z_][a-z0-9_-]{0,62}$'))").message("every extension must be an extension name: 1 to 63 characters of a-z, 0-9, _ and -"))]
+    #[x_kube(validation = Rule::new(all_match(EXTENSION_NAME_PATTERN)).message("every extension must be an extension name: 1 to 63 characters of a-z, 0-9, _ and -"))]
     pub extensions: Vec<String>,
 
     /// Maximum concurrent connections to the database; -1 means no limit of its own (the
@@ -124,10 +127,7 @@ pub struct BackupSchedule {
     /// Standard five-field cron expression (minute hour day-of-month month day-of-week),
     /// in UTC, or one of @hourly, @daily, @midnight, @weekly, @monthly, @yearly, @annually.
     #[schemars(length(min = 1, max = 128))]
-    // Each field's numbers within its range (minute 0-59, hour 0-23, day 1-31, month 1-12,
-    // weekday 0-7), month and weekday names (any case), `*`, `?`, ranges, steps, lists, and
-    // croner's L, W and #.
-    #[x_kube(validation = Rule::new("self.matches('^(@(hourly|daily|midnight|weekly|monthly|yearly|annually)|([*]|[?]|([0-5]?[0-9])(-([0-5]?[0-9]))?)(/[1-9][0-9]?)?(,([*]|[?]|([0-5]?[0-9])(-([0-5]?[0-9]))?)(/[1-9][0-9]?)?)* +([*]|[?]|([01]?[0-9]|2[0-3])(-([01]?[0-9]|2[0-3]))?)(/[1-9][0-9]?)?(,([*]|[?]|([01]?[0-9]|2[0-3])(-([01]?[0-9]|2[0-3]))?)(/[1-9][0-9]?)?)* +([*]|[?]|(0?[1-9]|[12][0-9]|3[01])(-(0?[1-9]|[12][0-9]|3[01]))?|L|LW|(0?[1-9]|[12][0-9]|3[01])W)(/[1-9][0-9]?)?(,([*]|[?]|(0?[1-9]|[12][0-9]|3[01])(-(0?[1-9]|[12][0-9]|3[01]))?|L|LW|(0?[1-9]|[12][0-9]|3[01])W)(/[1-9][0-9]?)?)* +([*]|[?]|(0?[1-9]|1[0-2])(-(0?[1-9]|1[0-2]))?|((?i)jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)(-((?i)jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec))?)(/[1-9][0-9]?)?(,([*]|[?]|(0?[1-9]|1[0-2])(-(0?[1-9]|1[0-2]))?|((?i)jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)(-((?i)jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec))?)(/[1-9][0-9]?)?)* +([*]|[?]|[0-7](-[0-7])?|((?i)sun|mon|tue|wed|thu|fri|sat)(-((?i)sun|mon|tue|wed|thu|fri|sat))?|L|[0-7]L|[0-7]#[1-5]|((?i)sun|mon|tue|wed|thu|fri|sat)#[1-5]|((?i)sun|mon|tue|wed|thu|fri|sat)L)(/[1-9][0-9]?)?(,([*]|[?]|[0-7](-[0-7])?|((?i)sun|mon|tue|wed|thu|fri|sat)(-((?i)sun|mon|tue|wed|thu|fri|sat))?|L|[0-7]L|[0-7]#[1-5]|((?i)sun|mon|tue|wed|thu|fri|sat)#[1-5]|((?i)sun|mon|tue|wed|thu|fri|sat)L)(/[1-9][0-9]?)?)*)$')").message("schedule must be a five-field cron expression with each number in its field's range (minute 0-59, hour 0-23, day of month 1-31, month 1-12, day of week 0-7) such as \"0 3 * * *\", or a macro such as @daily"))]
+    #[x_kube(validation = Rule::new(matches(CRON_PATTERN)).message("schedule must be a five-field cron expression with each number in its field's range (minute 0-59, hour 0-23, day of month 1-31, month 1-12, day of week 0-7) such as \"0 3 * * *\", or a macro such as @daily"))]
     pub schedule: String,
 
     /// How many scheduled Backups to keep (pruned only while the Database exists).

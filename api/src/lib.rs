@@ -14,6 +14,7 @@ pub mod conditions;
 pub mod database;
 pub mod migration;
 pub mod names;
+pub mod patterns;
 pub mod reasons;
 pub mod server;
 pub mod user;

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::access::SessionLimits;
 use crate::common::{SecretReference, TlsMode};
+use crate::patterns::{EXTENSION_NAME_PATTERN, SIZE_PATTERN, all_match, matches};
 
 /// The finalizer that keeps a DatabaseServer while Databases are on it (like PVC
 /// protection): removed by the database-controller once none is left.
@@ -119,7 +120,7 @@ pub struct DatabaseServerSpec {
     /// before anything runs on the server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 256), inner(length(max = 63)), extend("x-kubernetes-list-type" = "set"))]
-    #[x_kube(validation = Rule::new("self.all(e, e.matches('^[a-z_][a-z0-9_-]{0,62}$'))").message("every allowed extension must be an extension name: 1 to 63 characters of a-z, 0-9, _ and -"))]
+    #[x_kube(validation = Rule::new(all_match(EXTENSION_NAME_PATTERN)).message("every allowed extension must be an extension name: 1 to 63 characters of a-z, 0-9, _ and -"))]
     pub allowed_extensions: Option<Vec<String>>,
 
     /// PgBouncer in front of this server, run by dbops in the controllers' namespace (a
@@ -237,7 +238,7 @@ pub struct ServerLimits {
     /// `SizeExceeded` above it. Reported, not enforced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 32))]
-    #[x_kube(validation = Rule::new("self.matches('^[0-9]{1,15}(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$')").message("databaseSize must be a size such as 500Mi, 20Gi or 1Ti"))]
+    #[x_kube(validation = Rule::new(matches(SIZE_PATTERN)).message("databaseSize must be a size such as 500Mi, 20Gi or 1Ti"))]
     pub database_size: Option<String>,
 
     /// At most this many clones (`cloneFrom`) copy into this server at once; the others
@@ -251,7 +252,7 @@ pub struct ServerLimits {
     /// over queues until clones are deleted or expire. Absent: no bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 32))]
-    #[x_kube(validation = Rule::new("self.matches('^[0-9]{1,15}(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$')").message("cloneSpace must be a size such as 500Mi, 20Gi or 1Ti"))]
+    #[x_kube(validation = Rule::new(matches(SIZE_PATTERN)).message("cloneSpace must be a size such as 500Mi, 20Gi or 1Ti"))]
     pub clone_space: Option<String>,
 }
 

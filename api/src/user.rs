@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::access::{LoginOptions, RotationStatus};
 use crate::common::DatabaseRef;
+use crate::patterns::{IDENTIFIER_PATTERN, value_matches};
 
 /// Desired state of a DatabaseUser.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
@@ -71,7 +72,7 @@ pub struct DatabaseUserSpec {
     /// PostgreSQL's own, including schemas the owner creates later.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 63)), extend("x-kubernetes-list-type" = "set"))]
-    #[x_kube(validation = Rule::new("self.all(s, s.matches('^[a-z_][a-z0-9_]{0,62}$') && !s.startsWith('pg_') && s != 'information_schema')").message("every schema must be a PostgreSQL identifier (1 to 63 characters of a-z, 0-9 and _, not starting with a digit), not pg_* nor information_schema"))]
+    #[x_kube(validation = Rule::new(format!("self.all(s, {} && !s.startsWith('pg_') && s != 'information_schema')", value_matches("s", IDENTIFIER_PATTERN))).message("every schema must be a PostgreSQL identifier (1 to 63 characters of a-z, 0-9 and _, not starting with a digit), not pg_* nor information_schema"))]
     pub schemas: Vec<String>,
 
     /// Maximum concurrent connections of this user; -1 means no limit of its own (the
