@@ -151,6 +151,9 @@ async fn run(args: Args) -> Result<(), ControllerError> {
         .run(Some(&store), |run| async move {
             let client = run.client().clone();
             let backups = run.controller(watcher::Config::default(), Trigger::AnyChange);
+            // One watch of Databases for both controllers (the scheduler's own kind, and
+            // what wakes the Backups that refer to one).
+            let mut databases = run.shared_watch::<Database>(watcher::Config::default());
             let state = State {
                 cache: backups.store(),
                 store: args.base.store.backup_store,
@@ -182,19 +185,20 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                 },
             };
             let ctx = run.context(CONTROLLER, state);
-            let backups = watches(backups, &ctx, run.namespace());
+            let backups = watches(backups, &ctx, databases.touched());
 
             let (scheduled, writer) = reflector::store::<Backup>();
             let recorder = Recorder::new(client, controller::reporter(schedule::CONTROLLER));
             let mut schedule_state = schedule::State::new(scheduled, recorder);
             schedule_state.verification_max_age = args.verification_max_age;
             let schedule_ctx = run.context(schedule::CONTROLLER, schedule_state);
-            let databases = run.controller(watcher::Config::default(), Trigger::GenerationChange);
-            let databases = schedule::watches(databases, &schedule_ctx, run.namespace(), writer);
+            let scheduler = run.controller_on(&mut databases, Trigger::GenerationChange);
+            let scheduler = schedule::watches(scheduler, &schedule_ctx, run.namespace(), writer);
+            let _watching = databases.start();
 
             tokio::join!(
                 run.drive(backups, ctx, reconcile::reconcile),
-                run.drive(databases, schedule_ctx, schedule::reconcile),
+                run.drive(scheduler, schedule_ctx, schedule::reconcile),
             );
         })
         .await
@@ -204,9 +208,8 @@ async fn run(args: Args) -> Result<(), ControllerError> {
 fn watches(
     c: kube::runtime::Controller<Backup>,
     ctx: &Arc<Context<State>>,
-    namespace: Option<&str>,
+    databases: impl futures::Stream<Item = Arc<Database>> + Send + 'static,
 ) -> kube::runtime::Controller<Backup> {
-    let databases: Api<Database> = controller::scoped_api(ctx.client.clone(), namespace);
     let index = ctx.clone();
     let backups = c.store();
     c.watches_stream(
@@ -232,19 +235,16 @@ fn watches(
             waiting
         },
     )
-    .watches_stream(
-        controller::trigger(databases, watcher::Config::default()),
-        move |db: Database| {
-            let ns = db.metadata.namespace.clone().unwrap_or_default();
-            let name = db.metadata.name.clone().unwrap_or_default();
-            index
-                .state
-                .databases
-                .referrers_of(&ns, &name)
-                .into_iter()
-                .map(move |backup| ObjectRef::new(&backup).within(&ns))
-        },
-    )
+    .watches_shared_stream(databases, move |db: Arc<Database>| {
+        let ns = db.metadata.namespace.clone().unwrap_or_default();
+        let name = db.metadata.name.clone().unwrap_or_default();
+        index
+            .state
+            .databases
+            .referrers_of(&ns, &name)
+            .into_iter()
+            .map(move |backup| ObjectRef::new(&backup).within(&ns))
+    })
 }
 
 #[cfg(test)]

@@ -51,14 +51,13 @@ use std::sync::{Arc, OnceLock};
 
 use clap::Parser;
 use dbops_api::{Database, DatabaseUser, Migration};
-use dbops_shared::cli::{BackupStoreArgs, CommonArgs, PostgresArgs};
 use dbops_shared::controller::{self, ControllerError, Process, Trigger};
 use dbops_shared::events::Recorder;
 use dbops_shared::postgres::Servers;
 use dbops_shared::server::Directory;
-use dbops_shared::telemetry;
+use dbops_shared::startup::{self, StoreControllerArgs};
+use futures::StreamExt;
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 
 use crate::state::{State, Verified};
 use crate::tenant_secrets::TenantSecrets;
@@ -74,13 +73,7 @@ const CONTROLLER: &str = "database-controller";
 )]
 struct Args {
     #[command(flatten)]
-    common: CommonArgs,
-
-    #[command(flatten)]
-    postgres: PostgresArgs,
-
-    #[command(flatten)]
-    store: BackupStoreArgs,
+    base: StoreControllerArgs,
 
     /// The pg_restore program (a path, or a name looked up in PATH); its major version
     /// must be at least the one of the pg_dump that made the artifact.
@@ -139,12 +132,9 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    let _telemetry = match telemetry::init("dbops-database-controller", &args.common) {
-        Ok(guard) => guard,
-        Err(error) => {
-            eprintln!("dbops-database-controller: {error}");
-            return ExitCode::FAILURE;
-        }
+    let Some(_telemetry) = startup::telemetry("dbops-database-controller", &args.base.common)
+    else {
+        return ExitCode::FAILURE;
     };
     controller::exit_code(run(args).await)
 }
@@ -180,13 +170,13 @@ impl Shared {
             sizes: std::sync::Mutex::default(),
             clones: Default::default(),
             restorer: restore::Restorer {
-                store: args.store.backup_store.clone(),
+                store: args.base.store.backup_store.clone(),
                 clients: dbops_shared::pg_tools::Clients::new(
                     Some(args.pg_dump.clone()),
                     Some(args.pg_restore.clone()),
                     &args.pg_bin_dirs,
                 ),
-                identities_secret: args.store.backup_identities_secret.clone(),
+                identities_secret: args.base.store.backup_identities_secret.clone(),
                 jobs: args.restore_jobs,
                 scratch: args.restore_scratch_dir.clone(),
             },
@@ -238,22 +228,22 @@ impl Shared {
 /// and keeps it while Databases are on it. They read one Directory of the servers, the
 /// Database store and the Migration store.
 async fn run(args: Args) -> Result<(), ControllerError> {
-    let process = Process::start::<Database>(CONTROLLER, &args.common).await?;
+    let process = Process::start::<Database>(CONTROLLER, &args.base.common).await?;
     // Checked before the controllers start: the store restores read is writable and the
     // one the backup-controller writes (registered in the ConfigMap dbops-backup-store).
-    let store = args.store.backup_store.clone();
+    let store = args.base.store.backup_store.clone();
     // The servers' caches fill while the backup store is checked and the Lease is taken.
-    let directory = Directory::for_process(process.client(), &args.common);
+    let directory = Directory::for_process(process.client(), &args.base.common);
     let service_account = args
         .service_account
         .as_ref()
-        .map(|a| a.in_namespace(&args.common.controller_namespace));
+        .map(|a| a.in_namespace(&args.base.common.controller_namespace));
     process
         .run(Some(&store), |run| async move {
             let client = run.client().clone();
             let databases: Arc<OnceLock<Store<Database>>> = Arc::default();
             let shared = Shared {
-                servers: Arc::new(args.postgres.servers()),
+                servers: Arc::new(args.base.postgres.servers()),
                 tenants: TenantSecrets::new(
                     client.clone(),
                     directory.clone(),
@@ -267,36 +257,36 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                 client,
             };
             let ctx = run.context(CONTROLLER, shared.database_state(&args));
+            // One watch of each kind the controllers share (subscribed to before it starts).
+            let mut w = watches::Watches::new(&run, shared.directory.server_config());
             // The connection Secrets' changes, to the Database or the DatabaseUser that
             // owns each.
             let (db_secrets, user_secrets) = watches::split_by_owner(shared.tenants.triggers());
             // Status writes are the controller's own; Secrets, admin Secrets, Migrations
             // and final Backups have watches of their own, and the resync requeues.
             // Annotations too: `dbops.dev/rotate` asks for a rotation of the owner's password.
-            let dbs = run.controller(watcher::Config::default(), Trigger::GenerationOrAnnotations);
-            let dbs = watches::databases(dbs, &ctx, run.namespace(), db_secrets);
+            let dbs = run.controller_on(&mut w.databases, Trigger::GenerationOrAnnotations);
+            let dbs = watches::databases(dbs, &ctx, run.namespace(), db_secrets, &mut w);
 
             // DatabaseUsers: a new generation or annotation (`dbops.dev/rotate`) of their
             // own, any change of their Database, their connection Secrets.
             let user_ctx = run.context(user::CONTROLLER, shared.user_state());
-            let users = run.controller::<DatabaseUser>(
-                watcher::Config::default(),
-                Trigger::GenerationOrAnnotations,
-            );
-            let users = watches::users(users, &shared.client, run.namespace(), user_secrets);
+            let users = run.controller_on(&mut w.users, Trigger::GenerationOrAnnotations);
+            let users = watches::users(users, user_secrets, &mut w);
 
             let server_ctx = run.context(
                 server::CONTROLLER,
                 shared.server_state(&args.pooler_image, users.store()),
             );
             let dbservers = run
-                .controller(shared.directory.server_config(), Trigger::GenerationChange)
+                .controller_on(&mut w.servers, Trigger::GenerationChange)
                 .with_config(
                     kube::runtime::controller::Config::default()
                         .concurrency(args.server_concurrency),
                 );
             let dbservers =
-                server::watches(dbservers, &server_ctx, &shared.directory, run.namespace());
+                server::watches(dbservers, &server_ctx, &shared.directory, followed(&mut w));
+            let _watching = w.start();
 
             // The tenant namespaces' set-ups follow the Databases for as long as the
             // controllers run (they end on SIGTERM or a lost Lease).
@@ -312,4 +302,14 @@ async fn run(args: Args) -> Result<(), ControllerError> {
             }
         })
         .await
+}
+
+/// What the server controller follows of the process's shared watches.
+fn followed(w: &mut watches::Watches) -> server::Followed {
+    server::Followed {
+        databases: w.databases.touched().boxed(),
+        users: w.users.touched().boxed(),
+        migrations: w.migrations.touched().boxed(),
+        migrations_by_database: w.indexes.migrations.clone(),
+    }
 }

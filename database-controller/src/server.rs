@@ -430,16 +430,22 @@ pub fn watches(
     c: kube::runtime::Controller<DatabaseServer>,
     ctx: &Arc<Context<State>>,
     directory: &Directory,
-    namespace: Option<&str>,
+    followed: Followed,
 ) -> kube::runtime::Controller<DatabaseServer> {
     let client = ctx.client.clone();
     let by_secret = directory.clone();
     let secrets = watcher(
-        Api::<Secret>::namespaced(client.clone(), directory.controller_namespace()),
+        Api::<Secret>::namespaced(client, directory.controller_namespace()),
         watcher::Config::default(),
     )
     .default_backoff()
     .touched_objects();
+    let Followed {
+        databases,
+        users,
+        migrations,
+        migrations_by_database,
+    } = followed;
     c.watches_stream(secrets, move |secret: Secret| {
         // A server's admin or CA Secret, or its pooler's (changed or deleted by someone
         // else: made again).
@@ -453,52 +459,40 @@ pub fn watches(
             .chain(pooler)
             .map(|name| ObjectRef::new(&name))
     })
-    .watches_stream(
-        dbops_shared::controller::trigger(
-            dbops_shared::controller::scoped_api::<Database>(client.clone(), namespace),
-            watcher::Config::default(),
-        ),
-        {
-            let migrations = ctx.state.migrations.clone();
-            move |db: Database| {
-                let mut servers = servers_of(&db);
-                // A Database moved away by a Migration: its route in the source's pooler
-                // follows it there.
-                if let Some(store) = migrations.get() {
-                    servers.extend(moved_from(&db, &store.state()));
-                }
-                servers
-            }
-        },
-    )
-    .watches_stream(
-        // A DatabaseUser's login is in its server's pooler.
-        dbops_shared::controller::trigger(
-            dbops_shared::controller::scoped_api::<DatabaseUser>(client.clone(), namespace),
-            watcher::Config::default(),
-        ),
-        |u: DatabaseUser| {
-            u.status
-                .and_then(|s| s.server)
-                .map(|name| ObjectRef::new(&name))
-        },
-    )
-    .watches_stream(
-        dbops_shared::controller::trigger(
-            dbops_shared::controller::scoped_api::<Migration>(client, namespace),
-            watcher::Config::default(),
-        ),
-        |m: Migration| {
-            // Its target, and the server it moves the Database from (whose count drops
-            // when it ends).
-            let source = m
-                .status
-                .as_ref()
-                .and_then(|s| s.source_server.as_ref())
-                .map(|r| ObjectRef::new(&r.name));
-            std::iter::once(ObjectRef::new(&m.spec.target.server_ref.name)).chain(source)
-        },
-    )
+    .watches_shared_stream(databases, move |db: Arc<Database>| {
+        let mut servers = servers_of(&db);
+        // A Database moved away by a Migration: its route in the source's pooler
+        // follows it there.
+        let key = format!("{}/{}", db.namespace().unwrap_or_default(), db.name_any());
+        servers.extend(moved_from(&db, &migrations_by_database.get(&key)));
+        servers
+    })
+    // A DatabaseUser's login is in its server's pooler.
+    .watches_shared_stream(users, |u: Arc<DatabaseUser>| {
+        u.status
+            .as_ref()
+            .and_then(|s| s.server.as_ref())
+            .map(|name| ObjectRef::new(name))
+    })
+    .watches_shared_stream(migrations, |m: Arc<Migration>| {
+        // Its target, and the server it moves the Database from (whose count drops
+        // when it ends).
+        let source = m
+            .status
+            .as_ref()
+            .and_then(|s| s.source_server.as_ref())
+            .map(|r| ObjectRef::new(&r.name));
+        std::iter::once(ObjectRef::new(&m.spec.target.server_ref.name)).chain(source)
+    })
+}
+
+/// What the server controller follows of the process's shared watches: every change of
+/// Databases, DatabaseUsers and Migrations, and the Migrations by `<namespace>/<database>`.
+pub struct Followed {
+    pub databases: futures::stream::BoxStream<'static, Arc<Database>>,
+    pub users: futures::stream::BoxStream<'static, Arc<DatabaseUser>>,
+    pub migrations: futures::stream::BoxStream<'static, Arc<Migration>>,
+    pub migrations_by_database: dbops_shared::shared_watch::Index<Migration>,
 }
 
 /// The servers the Migrations of `db` moved it from, when their source's pooler held it.

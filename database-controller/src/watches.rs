@@ -1,6 +1,11 @@
 //! What wakes the controllers in this process, besides their own objects: each watch and
 //! its mapper, a named function from the object that changed to the objects to reconcile.
 //!
+//! The kinds two controllers of the process follow are watched once ([`Watches`]: one
+//! watch each of Databases, DatabaseUsers, DatabaseServers and Migrations, which every
+//! controller subscribes to), and the mappers that would otherwise scan every Database at
+//! every change read an index instead ([`Indexes`]).
+//!
 //! Databases ([`databases`]): their connection Secrets (the watches of `tenant_secrets`,
 //! through [`split_by_owner`]), DatabaseServers ([`on_server`]: a new generation or
 //! readiness), namespaces ([`not_ready_in`]: labels may now match `allowedNamespaces`),
@@ -14,13 +19,14 @@ use std::sync::{Arc, Mutex};
 use dbops_api::reasons::DatabaseReason;
 use dbops_api::{Backup, Database, DatabaseServer, DatabaseUser, Migration, condition};
 use dbops_shared::conditions;
-use dbops_shared::controller::{self, Context};
+use dbops_shared::controller::{self, Context, Running};
+use dbops_shared::shared_watch::{Index, SharedWatch, WatchTask};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::core::PartialObjectMeta;
-use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 
 use crate::restore;
 use crate::state::State;
@@ -28,48 +34,105 @@ use crate::state::State;
 /// A stream of connection Secrets' changes.
 pub type SecretEvents = futures::stream::BoxStream<'static, Result<Secret, watcher::Error>>;
 
-/// Runs a watch that only fills a store, for the life of the process: a failure is
-/// logged (the client tells the watch health) and retried with backoff.
-fn in_background<T: Send + 'static>(
-    watch: &'static str,
-    events: impl Stream<Item = Result<T, watcher::Error>> + Send + 'static,
-) {
-    tokio::spawn(events.for_each(move |event| {
-        if let Err(error) = &event {
-            tracing::warn!(%error, watch, "watch failed; retrying with backoff");
+/// The process's one watch of each kind that more than one of its controllers follows.
+pub struct Watches {
+    pub databases: SharedWatch<Database>,
+    pub users: SharedWatch<DatabaseUser>,
+    pub servers: SharedWatch<DatabaseServer>,
+    pub migrations: SharedWatch<Migration>,
+    pub indexes: Indexes,
+}
+
+/// The answers the mappers need, kept as the watches go (none scans the store).
+#[derive(Clone)]
+pub struct Indexes {
+    /// Databases that are not Ready, by namespace.
+    pub not_ready: Index<Database>,
+    /// Databases a server's quota refused, by namespace.
+    pub over_quota: Index<Database>,
+    /// Databases still to be restored, by `<namespace>/<backup>`.
+    pub restoring: Index<Database>,
+    /// DatabaseUsers by `<namespace>/<database>`.
+    pub users: Index<DatabaseUser>,
+    /// Migrations by `<namespace>/<database>`.
+    pub migrations: Index<Migration>,
+}
+
+fn ready(db: &Database) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    db.status
+        .as_ref()
+        .and_then(|s| conditions::get(&s.conditions, condition::READY))
+}
+
+fn namespace_of(db: &Database) -> Vec<String> {
+    db.metadata.namespace.clone().into_iter().collect()
+}
+
+impl Watches {
+    /// The watches (nothing runs before [`Watches::start`]); DatabaseServers as
+    /// `servers` selects them (`--server-selector`).
+    pub fn new(run: &Running, servers: watcher::Config) -> Self {
+        let mut databases = run.shared_watch::<Database>(watcher::Config::default());
+        let mut users = run.shared_watch::<DatabaseUser>(watcher::Config::default());
+        let mut migrations = run.shared_watch::<Migration>(watcher::Config::default());
+        let indexes = Indexes {
+            not_ready: databases.index(|db| {
+                if ready(db).is_some_and(|c| c.status == "True") {
+                    Vec::new()
+                } else {
+                    namespace_of(db)
+                }
+            }),
+            over_quota: databases.index(|db| {
+                if ready(db).is_some_and(|c| c.reason == DatabaseReason::QuotaExceeded) {
+                    namespace_of(db)
+                } else {
+                    Vec::new()
+                }
+            }),
+            restoring: databases.index(|db| {
+                match (db.backup_to_restore(), &db.metadata.namespace) {
+                    (Some(backup), Some(ns))
+                        if db.status.as_ref().is_none_or(|s| s.provider_id.is_none()) =>
+                    {
+                        vec![format!("{ns}/{backup}")]
+                    }
+                    _ => Vec::new(),
+                }
+            }),
+            users: users.index(|u| {
+                vec![format!(
+                    "{}/{}",
+                    u.metadata.namespace.as_deref().unwrap_or_default(),
+                    u.spec.database_ref.name
+                )]
+            }),
+            migrations: migrations.index(|m| {
+                vec![format!(
+                    "{}/{}",
+                    m.metadata.namespace.as_deref().unwrap_or_default(),
+                    m.spec.database_ref.name
+                )]
+            }),
+        };
+        Self {
+            databases,
+            users,
+            servers: run.shared_watch::<DatabaseServer>(servers),
+            migrations,
+            indexes,
         }
-        std::future::ready(())
-    }));
-}
+    }
 
-/// Every Migration in a store (set in the state), so a reconcile asks "is one running?"
-/// without a list.
-fn keep_migrations(ctx: &Context<State>, namespace: Option<&str>) {
-    let (reader, writer) = reflector::store();
-    let _ = ctx.state.migrations.set(reader);
-    let migrations = reflector(
-        writer,
-        watcher(
-            controller::scoped_api::<Migration>(ctx.client.clone(), namespace),
-            watcher::Config::default(),
-        ),
-    )
-    .default_backoff();
-    in_background("Migration", migrations);
-}
-
-/// The Databases' metadata (the namespace, name and uid are all a mapper needs, and a
-/// second full copy of every Database in flight would cost memory for nothing).
-fn database_metadata(
-    client: &Client,
-    namespace: Option<&str>,
-) -> impl Stream<Item = Result<PartialObjectMeta<Database>, watcher::Error>> + Send + 'static {
-    watcher(
-        controller::scoped_api::<PartialObjectMeta<Database>>(client.clone(), namespace),
-        watcher::Config::default().page_size(controller::LIST_PAGE_SIZE),
-    )
-    .default_backoff()
-    .touched_objects()
+    /// Runs the watches; they end when the tasks are dropped.
+    pub fn start(self) -> [WatchTask; 4] {
+        [
+            self.databases.start(),
+            self.users.start(),
+            self.servers.start(),
+            self.migrations.start(),
+        ]
+    }
 }
 
 /// The Database controller's watches: its connection Secrets (`secrets`), DatabaseServers,
@@ -80,23 +143,23 @@ pub fn databases(
     ctx: &Arc<Context<State>>,
     namespace: Option<&str>,
     secrets: SecretEvents,
+    w: &mut Watches,
 ) -> Controller<Database> {
     let client = ctx.client.clone();
     let databases = c.store();
     let _ = ctx.state.databases.set(databases.clone());
-    keep_migrations(ctx, namespace);
+    let _ = ctx.state.migrations.set(w.migrations.store());
     let seen = Arc::new(ServersSeen::default());
-    let (on, waiting, over_quota, restoring, keyed) = (
-        databases.clone(),
-        databases.clone(),
-        databases.clone(),
-        databases.clone(),
-        databases,
+    let (not_ready, over_quota, restoring, awaiting) = (
+        w.indexes.not_ready.clone(),
+        w.indexes.over_quota.clone(),
+        w.indexes.restoring.clone(),
+        w.indexes.restoring.clone(),
     );
     let c = match &ctx.state.restorer.identities_secret {
         Some(name) => c.watches_stream(
             identities_secret(&client, ctx.state.directory.controller_namespace(), name),
-            move |_: Secret| awaiting_restore(&keyed),
+            move |_: Secret| awaiting_restore(&awaiting),
         ),
         None => c,
     };
@@ -108,13 +171,9 @@ pub fn databases(
         None => c,
     };
     c.owns_stream(secrets)
-        .watches_stream(
-            controller::trigger(
-                Api::<DatabaseServer>::all(client.clone()),
-                ctx.state.directory.server_config(),
-            ),
-            move |server: DatabaseServer| on_server(&server, &on, &seen),
-        )
+        .watches_shared_stream(w.servers.touched(), move |server: Arc<DatabaseServer>| {
+            on_server(&server, &databases, &seen)
+        })
         .watches_stream(
             watcher(
                 Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
@@ -122,19 +181,14 @@ pub fn databases(
             )
             .default_backoff()
             .touched_objects(),
-            move |ns: PartialObjectMeta<Namespace>| not_ready_in(&ns.name_any(), &waiting),
+            move |ns: PartialObjectMeta<Namespace>| not_ready_in(&ns.name_any(), &not_ready),
         )
-        .watches_stream(
-            database_metadata(&client, namespace),
-            move |db: PartialObjectMeta<Database>| over_quota_beside(&db, &over_quota),
-        )
-        .watches_stream(
-            controller::trigger(
-                controller::scoped_api::<Migration>(client.clone(), namespace),
-                watcher::Config::default(),
-            ),
-            |m: Migration| Some(of_migration(&m)),
-        )
+        .watches_shared_stream(w.databases.touched(), move |db: Arc<Database>| {
+            over_quota_beside(&db, &over_quota)
+        })
+        .watches_shared_stream(w.migrations.touched(), |m: Arc<Migration>| {
+            Some(of_migration(&m))
+        })
         .watches_stream(
             controller::trigger(
                 controller::scoped_api::<Backup>(client, namespace),
@@ -159,7 +213,9 @@ struct ServersSeen(Mutex<HashMap<String, ServerView>>);
 
 /// A DatabaseServer → its Databases, only when its generation, readiness, deletion,
 /// admin's capabilities or pooler changed: the count in its status changes with every Database
-/// and must not wake them all.
+/// and must not wake them all. The one mapper that scans the store: it runs on those rare
+/// changes only, and an index of every Database by server would cost each Database its
+/// memory for them.
 fn on_server(
     server: &DatabaseServer,
     databases: &Store<Database>,
@@ -199,38 +255,22 @@ fn on_server(
 
 /// A namespace → its Databases that are not Ready: its labels may now match a server's
 /// allowedNamespaces.
-fn not_ready_in(namespace: &str, databases: &Store<Database>) -> Vec<ObjectRef<Database>> {
-    databases
-        .state()
+fn not_ready_in(namespace: &str, not_ready: &Index<Database>) -> Vec<ObjectRef<Database>> {
+    not_ready
+        .get(namespace)
         .iter()
-        .filter(|db| db.metadata.namespace.as_deref() == Some(namespace))
-        .filter(|db| {
-            !db.status
-                .as_ref()
-                .is_some_and(|s| conditions::is_true(&s.conditions, condition::READY))
-        })
         .map(|db| ObjectRef::from_obj(db.as_ref()))
         .collect()
 }
 
 /// A Database that changed (or went) → the others of its namespace refused by a server's
 /// quota: it may have made room for them.
-fn over_quota_beside(
-    db: &PartialObjectMeta<Database>,
-    databases: &Store<Database>,
-) -> Vec<ObjectRef<Database>> {
+fn over_quota_beside(db: &Database, over_quota: &Index<Database>) -> Vec<ObjectRef<Database>> {
     let namespace = db.metadata.namespace.clone().unwrap_or_default();
-    databases
-        .state()
+    over_quota
+        .get(&namespace)
         .iter()
-        .filter(|other| {
-            other.metadata.namespace.as_deref() == Some(namespace.as_str())
-                && other.uid() != db.uid()
-                && other.status.as_ref().is_some_and(|s| {
-                    conditions::get(&s.conditions, condition::READY)
-                        .is_some_and(|c| c.reason == DatabaseReason::QuotaExceeded)
-                })
-        })
+        .filter(|other| other.uid() != db.uid())
         .map(|other| ObjectRef::from_obj(other.as_ref()))
         .collect()
 }
@@ -242,14 +282,14 @@ fn of_migration(m: &Migration) -> ObjectRef<Database> {
 
 /// A Backup → the Database it is the final snapshot of, and the Databases waiting to be
 /// restored from it.
-fn of_backup(b: &Backup, databases: &Store<Database>) -> Vec<ObjectRef<Database>> {
+fn of_backup(b: &Backup, restoring: &Index<Database>) -> Vec<ObjectRef<Database>> {
     let (namespace, name) = (b.namespace().unwrap_or_default(), b.name_any());
     let final_of = b
         .labels()
         .contains_key(dbops_api::names::label::FINAL_SNAPSHOT_OF)
         .then(|| ObjectRef::new(&b.spec.database_ref.name).within(&namespace));
-    let restoring = databases
-        .state()
+    let restoring = restoring
+        .get(&format!("{namespace}/{name}"))
         .into_iter()
         .filter(|db| restore::waits_for(db, &namespace, &name))
         .map(|db| ObjectRef::from_obj(db.as_ref()));
@@ -271,14 +311,10 @@ fn identities_secret(
 
 /// A change of the identities → the Databases still to be restored (one that waits with
 /// `DecryptionKeyMissing` is tried again at once, not at its resync).
-fn awaiting_restore(databases: &Store<Database>) -> Vec<ObjectRef<Database>> {
-    databases
-        .state()
-        .into_iter()
-        .filter(|db| {
-            db.backup_to_restore().is_some()
-                && db.status.as_ref().is_none_or(|s| s.provider_id.is_none())
-        })
+fn awaiting_restore(restoring: &Index<Database>) -> Vec<ObjectRef<Database>> {
+    restoring
+        .all()
+        .iter()
         .map(|db| ObjectRef::from_obj(db.as_ref()))
         .collect()
 }
@@ -317,34 +353,26 @@ pub fn split_by_owner(
     (stream(dbs), stream(users))
 }
 
-/// The DatabaseUsers' watches: their connection Secrets, and their Databases (metadata
-/// only: any change, status included, maps to the Database's users).
+/// The DatabaseUsers' watches: their connection Secrets, and their Databases (any
+/// change, status included, maps to the Database's users).
 pub fn users(
     c: Controller<DatabaseUser>,
-    client: &Client,
-    namespace: Option<&str>,
     secrets: SecretEvents,
+    w: &mut Watches,
 ) -> Controller<DatabaseUser> {
-    let users = c.store();
-    c.owns_stream(secrets).watches_stream(
-        database_metadata(client, namespace),
-        move |db: PartialObjectMeta<Database>| users_of(&db, &users),
-    )
+    let users = w.indexes.users.clone();
+    c.owns_stream(secrets)
+        .watches_shared_stream(w.databases.touched(), move |db: Arc<Database>| {
+            users_of(&db, &users)
+        })
 }
 
 /// A Database → its DatabaseUsers.
-fn users_of(
-    db: &PartialObjectMeta<Database>,
-    users: &Store<DatabaseUser>,
-) -> Vec<ObjectRef<DatabaseUser>> {
+fn users_of(db: &Database, users: &Index<DatabaseUser>) -> Vec<ObjectRef<DatabaseUser>> {
     let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
     users
-        .state()
+        .get(&format!("{namespace}/{name}"))
         .iter()
-        .filter(|u| {
-            u.metadata.namespace.as_deref() == Some(namespace.as_str())
-                && u.spec.database_ref.name == name
-        })
         .map(|u| ObjectRef::from_obj(u.as_ref()))
         .collect()
 }

@@ -62,8 +62,8 @@ use dbops_shared::cli::{CommonArgs, PostgresArgs};
 use dbops_shared::controller::{self, ControllerError, Process, Trigger};
 use dbops_shared::events::Recorder;
 use dbops_shared::server::Directory;
+use dbops_shared::startup;
 use dbops_shared::status::StatusWriter;
-use dbops_shared::telemetry;
 use kube::runtime::reflector;
 use kube::runtime::watcher;
 
@@ -125,12 +125,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    let _telemetry = match telemetry::init("dbops-migration-controller", &args.common) {
-        Ok(guard) => guard,
-        Err(error) => {
-            eprintln!("dbops-migration-controller: {error}");
-            return ExitCode::FAILURE;
-        }
+    let Some(_telemetry) = startup::telemetry("dbops-migration-controller", &args.common) else {
+        return ExitCode::FAILURE;
     };
     controller::exit_code(run(args).await)
 }

@@ -36,7 +36,10 @@
 //! A process may run more controllers than one (the database-controller's server
 //! controller, the backup-controller's scheduler): each has its own [`Context`] (its
 //! `controller` metrics label, its Events' reporter, its backoff); they share the client,
-//! the health server, `/metrics`, the Lease and the shutdown.
+//! the health server, `/metrics`, the Lease and the shutdown, and one watch of each kind
+//! that more than one of them follows ([`Running::shared_watch`], then
+//! [`Running::controller_on`] for the kind's own controller and
+//! [`crate::shared_watch::SharedWatch::touched`] for the others).
 
 mod reconcile;
 
@@ -80,6 +83,7 @@ use crate::{
     health::{self, HealthError, HealthState},
     leader::{self, LeaderError, LeaseSettings},
     metrics::Metrics,
+    shared_watch::{Filter, SharedWatch},
     shutdown::{self, ShutdownError},
     watch_health::{self, Stall, WatchHealth},
 };
@@ -292,6 +296,41 @@ impl Running {
                 reader,
             ),
         };
+        self.configured(controller)
+    }
+
+    /// One watch of `K` ([`SharedWatch`]) for the controllers of the process: pages of
+    /// [`LIST_PAGE_SIZE`], no `managedFields` nor last-applied copy in its store ([`slim`]),
+    /// its own backoff. Subscribe, build the controller on it ([`Running::controller_on`]),
+    /// then start it and hold its task while the controllers run.
+    pub fn shared_watch<K: Watched>(&self, config: watcher::Config) -> SharedWatch<K> {
+        let api: Api<K> = api_of(self.client.clone(), self.namespace());
+        let events = watcher(api, config.page_size(LIST_PAGE_SIZE))
+            .default_backoff()
+            .modify(|o| slim(o.meta_mut()));
+        SharedWatch::new(K::kind(&()).into_owned(), events)
+    }
+
+    /// [`Running::controller`] over a [`SharedWatch`] of `K`: its store, and the changes
+    /// `trigger` selects.
+    pub fn controller_on<K: Watched>(
+        &self,
+        watch: &mut SharedWatch<K>,
+        trigger: Trigger,
+    ) -> Controller<K> {
+        self.unsynced.fetch_add(1, Ordering::AcqRel);
+        let filter = match trigger {
+            Trigger::AnyChange => Filter::Any,
+            Trigger::GenerationChange => Filter::Generation,
+            Trigger::GenerationOrAnnotations => Filter::GenerationOrAnnotations,
+        };
+        let controller = Controller::for_shared_stream(watch.applied(filter), watch.store());
+        self.configured(controller)
+    }
+
+    /// `--concurrency` (or the kind's default), each watch its own backoff, stopped with
+    /// the process.
+    fn configured<K: Watched>(&self, controller: Controller<K>) -> Controller<K> {
         controller
             .with_config(
                 controller::Config::default().concurrency(

@@ -23,6 +23,7 @@ pub mod rate_limit;
 pub mod ref_index;
 pub mod sealing;
 pub mod server;
+pub mod shared_watch;
 pub mod shutdown;
 pub mod startup;
 pub mod status;

@@ -69,6 +69,8 @@ async fn each_controller_serves_health_and_metrics_and_stops_on_sigterm() {
             c.get("/metrics")
         );
 
+        assert_one_watch_per_kind(name, &c);
+
         let status = c
             .process
             .signal_and_wait("TERM", Duration::from_secs(15))
@@ -78,6 +80,35 @@ async fn each_controller_serves_health_and_metrics_and_stops_on_sigterm() {
             "{name} exited with {status} on SIGTERM:\n{}",
             c.process.log_tail(3000)
         );
+    }
+}
+
+/// The kinds a process's controllers share are watched once (issue 41): the database-
+/// controller's three controllers once each of Databases, DatabaseUsers and Migrations
+/// (it was 4, 2 and 3 watches), the backup-controller's two once of Databases (it was
+/// 2). Counted by the process's own `dbops_kubernetes_requests_total{verb="watch"}`
+/// once every watch the process opens at start has begun (each opens a Database watch
+/// at start, so a second one would be there by then as well).
+fn assert_one_watch_per_kind(name: &str, c: &ControllerProcess) {
+    let shared: &[&str] = match name {
+        "database-controller" => &["databases", "databaseusers", "migrations"],
+        "backup-controller" => &["databases"],
+        _ => return,
+    };
+    let watches = |resource: &str| {
+        c.metric_sum(
+            "dbops_kubernetes_requests_total",
+            &[r#"verb="watch""#, &format!(r#"resource="{resource}""#)],
+        )
+    };
+    assert!(
+        eventually(Duration::from_secs(30), || shared
+            .iter()
+            .all(|r| watches(r) >= 1.0)),
+        "{name} never watched all of {shared:?}"
+    );
+    for resource in shared {
+        assert_eq!(watches(resource), 1.0, "{name}'s watches of {resource}");
     }
 }
 

@@ -1,0 +1,467 @@
+//! One watch of a kind for a whole process (issue 41): its store, what each controller of
+//! the process that follows the kind needs of its changes, and indexes that answer "which
+//! objects have this key" without a scan of the store.
+//!
+//! A process that runs several controllers (the database-controller runs three) used to
+//! open one watch of a kind per use: the apiserver sent every Database change four times
+//! and the process decoded it four times. Here one watch fills one store, and each use
+//! subscribes before the watch starts:
+//! - [`SharedWatch::applied`]: the owning controller's trigger (created or changed
+//!   objects, filtered by a [`Filter`]), for kube's `Controller::for_shared_stream`;
+//! - [`SharedWatch::touched`]: every change, deletions included (the object as it was
+//!   last seen), for `watches_shared_stream` of another controller or a mapper;
+//! - [`SharedWatch::index`]: the objects by keys a function gives (an object may have
+//!   none), kept up to date before any subscriber hears of the change.
+//!
+//! [`SharedWatch::start`] runs the watch on a task of its own; the returned
+//! [`WatchTask`] ends it when dropped (the controllers' wiring holds it). Each
+//! subscriber has a bounded channel: one that is not polled holds the watch up (as
+//! kube's own shared streams do), so every subscription must be driven.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, RwLock};
+
+use futures::{Stream, StreamExt};
+use kube::Resource;
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
+use kube::runtime::watcher;
+use tokio::sync::mpsc;
+
+/// How many changes a subscriber may have waiting before the watch waits for it.
+const BUFFER: usize = 1024;
+
+/// Which changes of its own kind start a controller's reconcile ([`SharedWatch::applied`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filter {
+    /// Every change, status included.
+    Any,
+    /// A new `metadata.generation` (or an object without one).
+    Generation,
+    /// A new `metadata.generation` or a change of the annotations.
+    GenerationOrAnnotations,
+}
+
+impl Filter {
+    /// What the filter compares between two sightings of an object; `None` passes always.
+    fn fingerprint<K: Resource>(self, obj: &K) -> Option<u64> {
+        let meta = obj.meta();
+        let mut h = DefaultHasher::new();
+        match self {
+            Filter::Any => return None,
+            Filter::Generation => meta.generation?.hash(&mut h),
+            Filter::GenerationOrAnnotations => {
+                meta.generation?.hash(&mut h);
+                if let Some(annotations) = &meta.annotations {
+                    for (k, v) in annotations {
+                        (k, v).hash(&mut h);
+                    }
+                }
+            }
+        }
+        Some(h.finish())
+    }
+}
+
+/// The key of an object in a subscriber's filter: its namespace, name and uid, hashed.
+fn identity<K: Resource>(obj: &K) -> u64 {
+    let meta = obj.meta();
+    let mut h = DefaultHasher::new();
+    (&meta.namespace, &meta.name, &meta.uid).hash(&mut h);
+    h.finish()
+}
+
+/// What a shared watch keeps: a Kubernetes object that tasks share.
+pub trait Watchable:
+    Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static
+{
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static> Watchable
+    for K
+{
+}
+
+type Keys<K> = Arc<dyn Fn(&K) -> Vec<String> + Send + Sync>;
+
+struct Maps<K: Watchable> {
+    by_key: HashMap<String, HashSet<ObjectRef<K>>>,
+    of: HashMap<ObjectRef<K>, Vec<String>>,
+}
+
+impl<K: Watchable> Default for Maps<K> {
+    fn default() -> Self {
+        Self {
+            by_key: HashMap::new(),
+            of: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Watchable> Maps<K> {
+    fn put(&mut self, obj: &K, keys: Vec<String>) {
+        let r = ObjectRef::from_obj(obj);
+        self.remove(&r);
+        if keys.is_empty() {
+            return;
+        }
+        for key in &keys {
+            self.by_key
+                .entry(key.clone())
+                .or_default()
+                .insert(r.clone());
+        }
+        self.of.insert(r, keys);
+    }
+
+    fn remove(&mut self, r: &ObjectRef<K>) {
+        for key in self.of.remove(r).unwrap_or_default() {
+            if let Some(set) = self.by_key.get_mut(&key) {
+                set.remove(r);
+                if set.is_empty() {
+                    self.by_key.remove(&key);
+                }
+            }
+        }
+    }
+}
+
+/// The objects of a [`SharedWatch`] by the keys a function gives each of them.
+pub struct Index<K: Watchable> {
+    maps: Arc<RwLock<Maps<K>>>,
+    /// The maps a relist builds, swapped in when it is complete.
+    relist: Arc<RwLock<Option<Maps<K>>>>,
+    keys: Keys<K>,
+    store: Store<K>,
+}
+
+impl<K: Watchable> Clone for Index<K> {
+    fn clone(&self) -> Self {
+        Self {
+            maps: self.maps.clone(),
+            relist: self.relist.clone(),
+            keys: self.keys.clone(),
+            store: self.store.clone(),
+        }
+    }
+}
+
+impl<K: Watchable> Index<K> {
+    /// The objects whose keys include `key`, as the store holds them now.
+    pub fn get(&self, key: &str) -> Vec<Arc<K>> {
+        let refs: Vec<ObjectRef<K>> = {
+            let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
+            match maps.by_key.get(key) {
+                Some(set) => set.iter().cloned().collect(),
+                None => return Vec::new(),
+            }
+        };
+        refs.iter().filter_map(|r| self.store.get(r)).collect()
+    }
+
+    /// Every object that has at least one key, as the store holds it now.
+    pub fn all(&self) -> Vec<Arc<K>> {
+        let refs: Vec<ObjectRef<K>> = {
+            let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
+            maps.of.keys().cloned().collect()
+        };
+        refs.iter().filter_map(|r| self.store.get(r)).collect()
+    }
+
+    /// How many objects have at least one key.
+    pub fn len(&self) -> usize {
+        self.maps.read().unwrap_or_else(|e| e.into_inner()).of.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn apply(&self, event: &watcher::Event<K>) {
+        match event {
+            watcher::Event::Apply(obj) => {
+                let keys = (self.keys)(obj);
+                self.maps
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .put(obj, keys);
+            }
+            watcher::Event::Delete(obj) => {
+                self.maps
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&ObjectRef::from_obj(obj));
+            }
+            watcher::Event::Init => {
+                *self.relist.write().unwrap_or_else(|e| e.into_inner()) = Some(Maps::default());
+            }
+            watcher::Event::InitApply(obj) => {
+                let keys = (self.keys)(obj);
+                if let Some(maps) = self
+                    .relist
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_mut()
+                {
+                    maps.put(obj, keys);
+                }
+            }
+            watcher::Event::InitDone => {
+                let fresh = self
+                    .relist
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
+                if let Some(fresh) = fresh {
+                    *self.maps.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+                }
+            }
+        }
+    }
+}
+
+/// One subscription: its channel, and for [`SharedWatch::applied`] its filter and what it
+/// last passed of each object.
+struct Subscriber<K> {
+    tx: mpsc::Sender<Arc<K>>,
+    /// `None`: every change, deletions included ([`SharedWatch::touched`]).
+    filter: Option<(Filter, HashMap<u64, u64>)>,
+}
+
+impl<K: Resource> Subscriber<K> {
+    /// Whether the subscriber hears of `obj`'s change (`deleted`: its deletion).
+    fn wants(&mut self, obj: &K, deleted: bool) -> bool {
+        let Some((filter, seen)) = &mut self.filter else {
+            return true;
+        };
+        let id = identity(obj);
+        if deleted {
+            seen.remove(&id);
+            return false;
+        }
+        match filter.fingerprint(obj) {
+            None => true,
+            Some(now) => seen.insert(id, now) != Some(now),
+        }
+    }
+}
+
+type Events<K> = futures::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
+
+/// One watch of `K`, its store, subscriptions and indexes (see the module documentation).
+pub struct SharedWatch<K: Watchable> {
+    name: String,
+    events: Events<K>,
+    writer: reflector::store::Writer<K>,
+    store: Store<K>,
+    subscribers: Vec<Subscriber<K>>,
+    indexes: Vec<Index<K>>,
+}
+
+/// A running [`SharedWatch`]: dropping it ends the watch.
+pub struct WatchTask(tokio::task::JoinHandle<()>);
+
+impl Drop for WatchTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<K: Watchable> SharedWatch<K> {
+    /// A watch of `events` (a kube `watcher` stream with its backoff), named `name` in
+    /// logs; nothing runs until [`SharedWatch::start`].
+    pub fn new(
+        name: impl Into<String>,
+        events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    ) -> Self {
+        let (store, writer) = reflector::store();
+        Self {
+            name: name.into(),
+            events: events.boxed(),
+            writer,
+            store,
+            subscribers: Vec::new(),
+            indexes: Vec::new(),
+        }
+    }
+
+    /// The store the watch fills.
+    pub fn store(&self) -> Store<K> {
+        self.store.clone()
+    }
+
+    fn subscribe(&mut self, filter: Option<Filter>) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        let (tx, mut rx) = mpsc::channel(BUFFER);
+        self.subscribers.push(Subscriber {
+            tx,
+            filter: filter.map(|f| (f, HashMap::new())),
+        });
+        futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+    }
+
+    /// The objects created or changed as `filter` says (a deletion is not one).
+    pub fn applied(&mut self, filter: Filter) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        self.subscribe(Some(filter))
+    }
+
+    /// Every change, deletions included (the object as last seen).
+    pub fn touched(&mut self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        self.subscribe(None)
+    }
+
+    /// An index of the objects by `keys` (an object with none is not in it).
+    pub fn index(&mut self, keys: impl Fn(&K) -> Vec<String> + Send + Sync + 'static) -> Index<K> {
+        let index = Index {
+            maps: Arc::default(),
+            relist: Arc::default(),
+            keys: Arc::new(keys),
+            store: self.store.clone(),
+        };
+        self.indexes.push(index.clone());
+        index
+    }
+
+    /// Runs the watch until the returned task is dropped. A failed list or watch is
+    /// logged (the client reports it to the watch health) and retried with the stream's
+    /// backoff.
+    pub fn start(self) -> WatchTask {
+        let Self {
+            name,
+            events,
+            writer,
+            store,
+            mut subscribers,
+            indexes,
+        } = self;
+        WatchTask(tokio::spawn(async move {
+            let mut events = std::pin::pin!(reflector(writer, events));
+            while let Some(event) = events.next().await {
+                let event = match event {
+                    Ok(event) => event,
+                    Err(error) => {
+                        tracing::warn!(%error, watch = name, "watch failed; retrying with backoff");
+                        continue;
+                    }
+                };
+                for index in &indexes {
+                    index.apply(&event);
+                }
+                let (obj, deleted) = match &event {
+                    watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
+                        (as_stored(&store, obj), false)
+                    }
+                    watcher::Event::Delete(obj) => (Arc::new(obj.clone()), true),
+                    watcher::Event::InitDone => {
+                        forget_gone(&mut subscribers, &store);
+                        continue;
+                    }
+                    watcher::Event::Init => continue,
+                };
+                for sub in &mut subscribers {
+                    if sub.wants(&obj, deleted) && sub.tx.send(obj.clone()).await.is_err() {
+                        tracing::debug!(watch = name, "a subscriber ended");
+                    }
+                }
+            }
+        }))
+    }
+}
+
+/// `obj` as the store holds it when that is this very version (no second copy), else a
+/// copy of its own (during a relist the store keeps the old list until it is complete).
+fn as_stored<K: Watchable>(store: &Store<K>, obj: &K) -> Arc<K> {
+    match store.get(&ObjectRef::from_obj(obj)) {
+        Some(held) if held.meta().resource_version == obj.meta().resource_version => held,
+        _ => Arc::new(obj.clone()),
+    }
+}
+
+/// After a relist: the filters forget objects the store no longer has (deleted while
+/// the watch was down, so no deletion was seen).
+fn forget_gone<K: Watchable>(subscribers: &mut [Subscriber<K>], store: &Store<K>) {
+    let live: HashSet<u64> = store.state().iter().map(|o| identity(o.as_ref())).collect();
+    for sub in subscribers {
+        if let Some((_, seen)) = &mut sub.filter {
+            seen.retain(|id, _| live.contains(id));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Filter, SharedWatch};
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+    use kube::runtime::watcher::Event;
+    use std::collections::BTreeMap;
+
+    fn cm(name: &str, generation: i64, label: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                uid: Some(format!("uid-{name}")),
+                generation: Some(generation),
+                resource_version: Some(format!("{generation}{label}")),
+                labels: Some(BTreeMap::from([("k".to_string(), label.to_string())])),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn label(c: &ConfigMap) -> Vec<String> {
+        c.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("k").cloned())
+            .into_iter()
+            .collect()
+    }
+
+    /// One watch, three uses: the owner hears of new generations only, a mapper of every
+    /// change and deletion, and the index answers by label through a relist.
+    #[tokio::test]
+    async fn each_subscriber_hears_what_it_asked_for_and_the_index_follows() {
+        let events = vec![
+            Event::Init,
+            Event::InitApply(cm("a", 1, "x")),
+            Event::InitApply(cm("b", 1, "y")),
+            Event::InitDone,
+            Event::Apply(cm("a", 1, "z")),
+            Event::Apply(cm("a", 2, "z")),
+            Event::Delete(cm("b", 1, "y")),
+            Event::Init,
+            Event::InitApply(cm("a", 2, "x")),
+            Event::InitApply(cm("c", 1, "x")),
+            Event::InitDone,
+        ];
+        let mut watch = SharedWatch::new("test", futures::stream::iter(events.into_iter().map(Ok)));
+        let owner = watch.applied(Filter::Generation);
+        let mapper = watch.touched();
+        let index = watch.index(label);
+        let task = watch.start();
+        let names = |s: Vec<std::sync::Arc<ConfigMap>>| -> Vec<String> {
+            s.iter()
+                .map(|c| c.metadata.name.clone().unwrap_or_default())
+                .collect()
+        };
+        let owner: Vec<_> = owner.take(4).collect().await;
+        assert_eq!(
+            names(owner),
+            ["a", "b", "a", "c"],
+            "a's generation 2 once, no deletion"
+        );
+        let mapper: Vec<_> = mapper.take(7).collect().await;
+        assert_eq!(names(mapper), ["a", "b", "a", "a", "b", "a", "c"]);
+        let mut x = names(index.get("x"));
+        x.sort();
+        assert_eq!(x, ["a", "c"]);
+        assert!(index.get("y").is_empty() && index.get("z").is_empty());
+        assert_eq!(index.len(), 2);
+        assert_eq!(index.all().len(), 2);
+        drop(task);
+    }
+}
