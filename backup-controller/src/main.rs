@@ -52,7 +52,6 @@ use dbops_shared::{
     server::Directory,
     startup::{self, StoreControllerArgs},
 };
-use kube::Api;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 
@@ -153,7 +152,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
             let backups = run.controller(watcher::Config::default(), Trigger::AnyChange);
             // One watch of Databases for both controllers (the scheduler's own kind, and
             // what wakes the Backups that refer to one).
-            let mut databases = run.shared_watch::<Database>(watcher::Config::default());
+            let databases = run.shared_watch::<Database>(watcher::Config::default());
             let state = State {
                 cache: backups.store(),
                 store: args.base.store.backup_store,
@@ -192,7 +191,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
             let mut schedule_state = schedule::State::new(scheduled, recorder);
             schedule_state.verification_max_age = args.verification_max_age;
             let schedule_ctx = run.context(schedule::CONTROLLER, schedule_state);
-            let scheduler = run.controller_on(&mut databases, Trigger::GenerationChange);
+            let scheduler = run.controller_on(&databases, Trigger::GenerationChange);
             let scheduler = schedule::watches(scheduler, &schedule_ctx, run.namespace(), writer);
             let _watching = databases.start();
 
@@ -212,12 +211,10 @@ fn watches(
 ) -> kube::runtime::Controller<Backup> {
     let index = ctx.clone();
     let backups = c.store();
-    c.watches_stream(
-        controller::trigger(
-            Api::<DatabaseServer>::all(ctx.client.clone()),
-            ctx.state.directory.server_config(),
-        ),
-        move |_server: DatabaseServer| {
+    // The process's one watch of DatabaseServers: its Directory's.
+    c.watches_shared_stream(
+        ctx.state.directory.servers_watch().touched(),
+        move |_server: Arc<DatabaseServer>| {
             // The unfinished Backups (few: Pending or Running), whichever server their
             // Database is on: a server's change is rare, a Database lookup per Backup is not
             // needed to find them.

@@ -258,34 +258,33 @@ async fn run(args: Args) -> Result<(), ControllerError> {
             };
             let ctx = run.context(CONTROLLER, shared.database_state(&args));
             // One watch of each kind the controllers share (subscribed to before it starts).
-            let mut w = watches::Watches::new(&run, shared.directory.server_config());
+            let w = watches::Watches::new(&run);
             // The connection Secrets' changes, to the Database or the DatabaseUser that
             // owns each.
             let (db_secrets, user_secrets) = watches::split_by_owner(shared.tenants.triggers());
             // Status writes are the controller's own; Secrets, admin Secrets, Migrations
             // and final Backups have watches of their own, and the resync requeues.
             // Annotations too: `dbops.dev/rotate` asks for a rotation of the owner's password.
-            let dbs = run.controller_on(&mut w.databases, Trigger::GenerationOrAnnotations);
-            let dbs = watches::databases(dbs, &ctx, run.namespace(), db_secrets, &mut w);
+            let dbs = run.controller_on(&w.databases, Trigger::GenerationOrAnnotations);
+            let dbs = watches::databases(dbs, &ctx, run.namespace(), db_secrets, &w);
 
             // DatabaseUsers: a new generation or annotation (`dbops.dev/rotate`) of their
             // own, any change of their Database, their connection Secrets.
             let user_ctx = run.context(user::CONTROLLER, shared.user_state());
-            let users = run.controller_on(&mut w.users, Trigger::GenerationOrAnnotations);
-            let users = watches::users(users, user_secrets, &mut w);
+            let users = run.controller_on(&w.users, Trigger::GenerationOrAnnotations);
+            let users = watches::users(users, user_secrets, &w);
 
             let server_ctx = run.context(
                 server::CONTROLLER,
                 shared.server_state(&args.pooler_image, users.store()),
             );
             let dbservers = run
-                .controller_on(&mut w.servers, Trigger::GenerationChange)
+                .controller_on(shared.directory.servers_watch(), Trigger::GenerationChange)
                 .with_config(
                     kube::runtime::controller::Config::default()
                         .concurrency(args.server_concurrency),
                 );
-            let dbservers =
-                server::watches(dbservers, &server_ctx, &shared.directory, followed(&mut w));
+            let dbservers = server::watches(dbservers, &shared.directory, followed(&w));
             let _watching = w.start();
 
             // The tenant namespaces' set-ups follow the Databases for as long as the
@@ -305,7 +304,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
 }
 
 /// What the server controller follows of the process's shared watches.
-fn followed(w: &mut watches::Watches) -> server::Followed {
+fn followed(w: &watches::Watches) -> server::Followed {
     server::Followed {
         databases: w.databases.touched().boxed(),
         users: w.users.touched().boxed(),

@@ -36,7 +36,6 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
 
 mod report;
 
@@ -428,25 +427,18 @@ async fn publish(
 /// server (and the one they were provisioned on).
 pub fn watches(
     c: kube::runtime::Controller<DatabaseServer>,
-    ctx: &Arc<Context<State>>,
     directory: &Directory,
     followed: Followed,
 ) -> kube::runtime::Controller<DatabaseServer> {
-    let client = ctx.client.clone();
     let by_secret = directory.clone();
-    let secrets = watcher(
-        Api::<Secret>::namespaced(client, directory.controller_namespace()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
+    let secrets = directory.secrets_watch().touched();
     let Followed {
         databases,
         users,
         migrations,
         migrations_by_database,
     } = followed;
-    c.watches_stream(secrets, move |secret: Secret| {
+    c.watches_shared_stream(secrets, move |secret: Arc<Secret>| {
         // A server's admin or CA Secret, or its pooler's (changed or deleted by someone
         // else: made again).
         let pooler = secret

@@ -23,10 +23,10 @@ use dbops_shared::controller::{self, Context, Running};
 use dbops_shared::shared_watch::{Index, SharedWatch, WatchTask};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::ResourceExt;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{Controller, WatchStreamExt, watcher};
-use kube::{Api, ResourceExt};
+use kube::runtime::{Controller, watcher};
 
 use crate::restore;
 use crate::state::State;
@@ -38,7 +38,6 @@ pub type SecretEvents = futures::stream::BoxStream<'static, Result<Secret, watch
 pub struct Watches {
     pub databases: SharedWatch<Database>,
     pub users: SharedWatch<DatabaseUser>,
-    pub servers: SharedWatch<DatabaseServer>,
     pub migrations: SharedWatch<Migration>,
     pub indexes: Indexes,
 }
@@ -69,12 +68,12 @@ fn namespace_of(db: &Database) -> Vec<String> {
 }
 
 impl Watches {
-    /// The watches (nothing runs before [`Watches::start`]); DatabaseServers as
-    /// `servers` selects them (`--server-selector`).
-    pub fn new(run: &Running, servers: watcher::Config) -> Self {
-        let mut databases = run.shared_watch::<Database>(watcher::Config::default());
-        let mut users = run.shared_watch::<DatabaseUser>(watcher::Config::default());
-        let mut migrations = run.shared_watch::<Migration>(watcher::Config::default());
+    /// The watches (nothing runs before [`Watches::start`]). DatabaseServers, the
+    /// Secrets of the controllers' namespace and namespaces are the `Directory`'s.
+    pub fn new(run: &Running) -> Self {
+        let databases = run.shared_watch::<Database>(watcher::Config::default());
+        let users = run.shared_watch::<DatabaseUser>(watcher::Config::default());
+        let migrations = run.shared_watch::<Migration>(watcher::Config::default());
         let indexes = Indexes {
             not_ready: databases.index(|db| {
                 if ready(db).is_some_and(|c| c.status == "True") {
@@ -118,18 +117,16 @@ impl Watches {
         Self {
             databases,
             users,
-            servers: run.shared_watch::<DatabaseServer>(servers),
             migrations,
             indexes,
         }
     }
 
     /// Runs the watches; they end when the tasks are dropped.
-    pub fn start(self) -> [WatchTask; 4] {
+    pub fn start(&self) -> [WatchTask; 3] {
         [
             self.databases.start(),
             self.users.start(),
-            self.servers.start(),
             self.migrations.start(),
         ]
     }
@@ -143,7 +140,7 @@ pub fn databases(
     ctx: &Arc<Context<State>>,
     namespace: Option<&str>,
     secrets: SecretEvents,
-    w: &mut Watches,
+    w: &Watches,
 ) -> Controller<Database> {
     let client = ctx.client.clone();
     let databases = c.store();
@@ -156,10 +153,14 @@ pub fn databases(
         w.indexes.restoring.clone(),
         w.indexes.restoring.clone(),
     );
-    let c = match &ctx.state.restorer.identities_secret {
-        Some(name) => c.watches_stream(
-            identities_secret(&client, ctx.state.directory.controller_namespace(), name),
-            move |_: Secret| awaiting_restore(&awaiting),
+    let directory = &ctx.state.directory;
+    let c = match ctx.state.restorer.identities_secret.clone() {
+        Some(name) => c.watches_shared_stream(
+            directory
+                .secrets_watch()
+                .touched()
+                .filter(move |s| std::future::ready(s.metadata.name.as_deref() == Some(&*name))),
+            move |_: Arc<Secret>| awaiting_restore(&awaiting),
         ),
         None => c,
     };
@@ -171,17 +172,13 @@ pub fn databases(
         None => c,
     };
     c.owns_stream(secrets)
-        .watches_shared_stream(w.servers.touched(), move |server: Arc<DatabaseServer>| {
-            on_server(&server, &databases, &seen)
-        })
-        .watches_stream(
-            watcher(
-                Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
-                watcher::Config::default(),
-            )
-            .default_backoff()
-            .touched_objects(),
-            move |ns: PartialObjectMeta<Namespace>| not_ready_in(&ns.name_any(), &not_ready),
+        .watches_shared_stream(
+            directory.servers_watch().touched(),
+            move |server: Arc<DatabaseServer>| on_server(&server, &databases, &seen),
+        )
+        .watches_shared_stream(
+            directory.namespaces_watch().touched(),
+            move |ns: Arc<PartialObjectMeta<Namespace>>| not_ready_in(&ns.name_any(), &not_ready),
         )
         .watches_shared_stream(w.databases.touched(), move |db: Arc<Database>| {
             over_quota_beside(&db, &over_quota)
@@ -296,19 +293,6 @@ fn of_backup(b: &Backup, restoring: &Index<Database>) -> Vec<ObjectRef<Database>
     final_of.into_iter().chain(restoring).collect()
 }
 
-/// The Secret of `--backup-identities-secret` (by name, in the controllers' namespace):
-/// the keys that open encrypted artifacts.
-fn identities_secret(
-    client: &kube::Client,
-    controller_namespace: &str,
-    name: &str,
-) -> impl Stream<Item = Result<Secret, watcher::Error>> + Send + 'static {
-    controller::trigger(
-        Api::<Secret>::namespaced(client.clone(), controller_namespace),
-        watcher::Config::default().fields(&format!("metadata.name={name}")),
-    )
-}
-
 /// A change of the identities → the Databases still to be restored (one that waits with
 /// `DecryptionKeyMissing` is tried again at once, not at its resync).
 fn awaiting_restore(restoring: &Index<Database>) -> Vec<ObjectRef<Database>> {
@@ -358,7 +342,7 @@ pub fn split_by_owner(
 pub fn users(
     c: Controller<DatabaseUser>,
     secrets: SecretEvents,
-    w: &mut Watches,
+    w: &Watches,
 ) -> Controller<DatabaseUser> {
     let users = w.indexes.users.clone();
     c.owns_stream(secrets)

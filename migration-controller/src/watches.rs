@@ -9,7 +9,6 @@ use dbops_api::names::label;
 use dbops_api::{Backup, Database, DatabaseServer, Migration};
 use dbops_shared::controller::{self, Context};
 use kube::ResourceExt;
-use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
@@ -36,15 +35,13 @@ pub fn watches(
     .modify(|d| controller::slim(&mut d.metadata));
     let database_events = reflector::reflector(databases, database_watch).touched_objects();
     c.owns_stream(controller::trigger(
-        controller::scoped_api::<Backup>(client.clone(), namespace),
+        controller::scoped_api::<Backup>(client, namespace),
         watcher::Config::default().labels(label::MIGRATION),
     ))
-    .watches_stream(
-        controller::trigger(
-            Api::<DatabaseServer>::all(client),
-            ctx.state.directory.server_config(),
-        ),
-        move |server: DatabaseServer| migrations_using(&migrations, &server.name_any()),
+    // The process's one watch of DatabaseServers: its Directory's.
+    .watches_shared_stream(
+        ctx.state.directory.servers_watch().touched(),
+        move |server: Arc<DatabaseServer>| migrations_using(&migrations, &server.name_any()),
     )
     .watches_stream(database_events, move |db: Database| {
         let ns = db.metadata.namespace.clone().unwrap_or_default();

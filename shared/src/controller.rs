@@ -315,7 +315,7 @@ impl Running {
     /// `trigger` selects.
     pub fn controller_on<K: Watched>(
         &self,
-        watch: &mut SharedWatch<K>,
+        watch: &SharedWatch<K>,
         trigger: Trigger,
     ) -> Controller<K> {
         self.unsynced.fetch_add(1, Ordering::AcqRel);

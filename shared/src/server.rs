@@ -11,14 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dbops_api::{DatabaseServer, TlsMode};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::Api;
 use kube::core::{PartialObjectMeta, Selector, SelectorExt};
-use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::postgres::{CaBundle, Credentials, CredentialsError, Endpoint, ServerKey, TlsSettings};
+use crate::shared_watch::{SharedWatch, WatchTask};
 
 /// How long a reconcile waits for the server, Secret and namespace caches to fill after
 /// the process starts, before it reports `CacheNotSynced` and backs off.
@@ -95,8 +95,20 @@ pub struct Directory {
     servers: Store<DatabaseServer>,
     secrets: Store<Secret>,
     namespaces: Store<PartialObjectMeta<Namespace>>,
+    /// The same three watches, for the controllers of the process to follow (one watch of
+    /// each kind per process): they run from the process's start, so a controller that
+    /// subscribes once it leads first hears of everything the caches hold.
+    watches: Arc<Watches>,
     controller_namespace: Arc<str>,
     selector: Option<String>,
+}
+
+/// The Directory's watches, ended when the last Directory goes.
+struct Watches {
+    servers: SharedWatch<DatabaseServer>,
+    secrets: SharedWatch<Secret>,
+    namespaces: SharedWatch<PartialObjectMeta<Namespace>>,
+    _tasks: [WatchTask; 3],
 }
 
 impl Directory {
@@ -107,47 +119,62 @@ impl Directory {
         controller_namespace: &str,
         selector: Option<&str>,
     ) -> Self {
-        let servers_config = server_watch_config(selector);
-        let (servers, writer) = reflector::store();
-        drive(
+        let servers = SharedWatch::new(
             "DatabaseServer",
-            reflector(
-                writer,
-                watcher(Api::<DatabaseServer>::all(client.clone()), servers_config)
-                    .modify(|s| crate::controller::slim(&mut s.metadata)),
-            ),
+            watcher(
+                Api::<DatabaseServer>::all(client.clone()),
+                server_watch_config(selector),
+            )
+            .modify(|s| crate::controller::slim(&mut s.metadata))
+            .default_backoff(),
         );
-        let (secrets, writer) = reflector::store();
-        drive(
+        let secrets = SharedWatch::new(
             "controller-namespace Secret",
-            reflector(
-                writer,
-                watcher(
-                    Api::<Secret>::namespaced(client.clone(), controller_namespace),
-                    watcher::Config::default(),
-                )
-                .modify(|s| crate::controller::slim(&mut s.metadata)),
-            ),
+            watcher(
+                Api::<Secret>::namespaced(client.clone(), controller_namespace),
+                watcher::Config::default(),
+            )
+            .modify(|s| crate::controller::slim(&mut s.metadata))
+            .default_backoff(),
         );
-        let (namespaces, writer) = reflector::store();
-        drive(
+        let namespaces = SharedWatch::new(
             "Namespace",
-            reflector(
-                writer,
-                watcher(
-                    Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
-                    watcher::Config::default(),
-                )
-                .modify(|n| crate::controller::slim(&mut n.metadata)),
-            ),
+            watcher(
+                Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .modify(|n| crate::controller::slim(&mut n.metadata))
+            .default_backoff(),
         );
+        let tasks = [servers.start(), secrets.start(), namespaces.start()];
         Self {
-            servers,
-            secrets,
-            namespaces,
+            servers: servers.store(),
+            secrets: secrets.store(),
+            namespaces: namespaces.store(),
+            watches: Arc::new(Watches {
+                servers,
+                secrets,
+                namespaces,
+                _tasks: tasks,
+            }),
             controller_namespace: Arc::from(controller_namespace),
             selector: selector.map(str::to_string),
         }
+    }
+
+    /// The watch of the DatabaseServers this installation serves.
+    pub fn servers_watch(&self) -> &SharedWatch<DatabaseServer> {
+        &self.watches.servers
+    }
+
+    /// The watch of the Secrets of the controllers' namespace.
+    pub fn secrets_watch(&self) -> &SharedWatch<Secret> {
+        &self.watches.secrets
+    }
+
+    /// The watch of the namespaces' metadata.
+    pub fn namespaces_watch(&self) -> &SharedWatch<PartialObjectMeta<Namespace>> {
+        &self.watches.namespaces
     }
 
     /// [`Directory::watch`] with the process's `--controller-namespace` and
@@ -371,21 +398,4 @@ fn server_watch_config(selector: Option<&str>) -> watcher::Config {
         Some(selector) => watcher::Config::default().labels(selector),
         None => watcher::Config::default(),
     }
-}
-
-/// Drives a reflector in the background for the life of the process.
-fn drive<K, S>(what: &'static str, stream: S)
-where
-    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-    K: Send + 'static,
-{
-    let stream = stream.default_backoff();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            if let Err(error) = &event {
-                tracing::warn!(%error, what, "watch failed; retrying with backoff");
-            }
-        }
-    });
 }

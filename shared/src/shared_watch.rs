@@ -14,14 +14,18 @@
 //!   none), kept up to date before any subscriber hears of the change.
 //!
 //! [`SharedWatch::start`] runs the watch on a task of its own; the returned
-//! [`WatchTask`] ends it when dropped (the controllers' wiring holds it). Each
-//! subscriber has a bounded channel: one that is not polled holds the watch up (as
-//! kube's own shared streams do), so every subscription must be driven.
+//! [`WatchTask`] ends it when dropped (the controllers' wiring holds it). A watch that
+//! runs from the process's start (the DatabaseServer directory's, before the Lease is
+//! taken) takes subscriptions later too: a late subscriber first hears of every object
+//! the store holds, then of each change, as if it had been there for the first list.
+//! Each subscriber has a bounded channel: one that is not polled holds the watch up (as
+//! kube's own shared streams do), so every subscription must be driven; one whose stream
+//! was dropped (a Lease lost) is forgotten.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use futures::{Stream, StreamExt};
 use kube::Resource;
@@ -213,11 +217,21 @@ impl<K: Watchable> Index<K> {
                     .write()
                     .unwrap_or_else(|e| e.into_inner())
                     .take();
-                if let Some(fresh) = fresh {
-                    *self.maps.write().unwrap_or_else(|e| e.into_inner()) = fresh;
-                }
+                // An index made in the middle of a relist saw none of it: it is built
+                // from the store the relist left.
+                let fresh = fresh.unwrap_or_else(|| self.rebuilt());
+                *self.maps.write().unwrap_or_else(|e| e.into_inner()) = fresh;
             }
         }
+    }
+
+    /// The maps of what the store holds now.
+    fn rebuilt(&self) -> Maps<K> {
+        let mut maps: Maps<K> = Maps::default();
+        for obj in self.store.state() {
+            maps.put(obj.as_ref(), (self.keys)(obj.as_ref()));
+        }
+        maps
     }
 }
 
@@ -226,15 +240,17 @@ impl<K: Watchable> Index<K> {
 struct Subscriber<K> {
     tx: mpsc::Sender<Arc<K>>,
     /// `None`: every change, deletions included ([`SharedWatch::touched`]).
-    filter: Option<(Filter, HashMap<u64, u64>)>,
+    filter: Option<Mutex<(Filter, HashMap<u64, u64>)>>,
 }
 
 impl<K: Resource> Subscriber<K> {
     /// Whether the subscriber hears of `obj`'s change (`deleted`: its deletion).
-    fn wants(&mut self, obj: &K, deleted: bool) -> bool {
-        let Some((filter, seen)) = &mut self.filter else {
+    fn wants(&self, obj: &K, deleted: bool) -> bool {
+        let Some(filter) = &self.filter else {
             return true;
         };
+        let mut filter = filter.lock().unwrap_or_else(|e| e.into_inner());
+        let (filter, seen) = &mut *filter;
         let id = identity(obj);
         if deleted {
             seen.remove(&id);
@@ -245,18 +261,48 @@ impl<K: Resource> Subscriber<K> {
             Some(now) => seen.insert(id, now) != Some(now),
         }
     }
+
+    /// After a relist: forgets the objects not in `live` (deleted while the watch was
+    /// down, so no deletion was seen).
+    fn forget_gone(&self, live: &HashSet<u64>) {
+        if let Some(filter) = &self.filter {
+            let mut filter = filter.lock().unwrap_or_else(|e| e.into_inner());
+            filter.1.retain(|id, _| live.contains(id));
+        }
+    }
+}
+
+/// What the watch's task and every handle share.
+struct Shared<K: Watchable> {
+    name: String,
+    store: Store<K>,
+    subscribers: Mutex<Vec<Arc<Subscriber<K>>>>,
+    indexes: Mutex<Vec<Index<K>>>,
+    /// Whether the first list is being (or has been) taken: a later subscriber is told of
+    /// what the store holds first.
+    started: std::sync::atomic::AtomicBool,
 }
 
 type Events<K> = futures::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
 
+/// A watch not started yet: its events and its store's writer.
+type Unstarted<K> = (Events<K>, reflector::store::Writer<K>);
+
 /// One watch of `K`, its store, subscriptions and indexes (see the module documentation).
+/// Clones are handles on the same watch.
 pub struct SharedWatch<K: Watchable> {
-    name: String,
-    events: Events<K>,
-    writer: reflector::store::Writer<K>,
-    store: Store<K>,
-    subscribers: Vec<Subscriber<K>>,
-    indexes: Vec<Index<K>>,
+    shared: Arc<Shared<K>>,
+    /// The watch and the store's writer, until [`SharedWatch::start`] takes them.
+    unstarted: Arc<Mutex<Option<Unstarted<K>>>>,
+}
+
+impl<K: Watchable> Clone for SharedWatch<K> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            unstarted: self.unstarted.clone(),
+        }
+    }
 }
 
 /// A running [`SharedWatch`]: dropping it ends the watch.
@@ -277,94 +323,157 @@ impl<K: Watchable> SharedWatch<K> {
     ) -> Self {
         let (store, writer) = reflector::store();
         Self {
-            name: name.into(),
-            events: events.boxed(),
-            writer,
-            store,
-            subscribers: Vec::new(),
-            indexes: Vec::new(),
+            shared: Arc::new(Shared {
+                name: name.into(),
+                store,
+                subscribers: Mutex::default(),
+                indexes: Mutex::default(),
+                started: Default::default(),
+            }),
+            unstarted: Arc::new(Mutex::new(Some((events.boxed(), writer)))),
         }
     }
 
     /// The store the watch fills.
     pub fn store(&self) -> Store<K> {
-        self.store.clone()
+        self.shared.store.clone()
     }
 
-    fn subscribe(&mut self, filter: Option<Filter>) -> impl Stream<Item = Arc<K>> + Send + 'static {
-        let (tx, mut rx) = mpsc::channel(BUFFER);
-        self.subscribers.push(Subscriber {
+    fn subscribe(&self, filter: Option<Filter>) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        let mut subscribers = self
+            .shared
+            .subscribers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Late: told first of what the store holds (with room for it).
+        let late = self
+            .shared
+            .started
+            .load(std::sync::atomic::Ordering::Acquire)
+            .then(|| self.shared.store.state());
+        let room = BUFFER + late.as_ref().map_or(0, Vec::len);
+        let (tx, mut rx) = mpsc::channel(room);
+        let subscriber: Arc<Subscriber<K>> = Arc::new(Subscriber {
             tx,
-            filter: filter.map(|f| (f, HashMap::new())),
+            filter: filter.map(|f| Mutex::new((f, HashMap::new()))),
         });
+        for obj in late.into_iter().flatten() {
+            if subscriber.wants(obj.as_ref(), false) {
+                let _ = subscriber.tx.try_send(obj);
+            }
+        }
+        subscribers.push(subscriber);
         futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
     }
 
     /// The objects created or changed as `filter` says (a deletion is not one).
-    pub fn applied(&mut self, filter: Filter) -> impl Stream<Item = Arc<K>> + Send + 'static {
+    pub fn applied(&self, filter: Filter) -> impl Stream<Item = Arc<K>> + Send + 'static {
         self.subscribe(Some(filter))
     }
 
     /// Every change, deletions included (the object as last seen).
-    pub fn touched(&mut self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+    pub fn touched(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
         self.subscribe(None)
     }
 
     /// An index of the objects by `keys` (an object with none is not in it).
-    pub fn index(&mut self, keys: impl Fn(&K) -> Vec<String> + Send + Sync + 'static) -> Index<K> {
+    pub fn index(&self, keys: impl Fn(&K) -> Vec<String> + Send + Sync + 'static) -> Index<K> {
+        let mut indexes = self
+            .shared
+            .indexes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let index = Index {
             maps: Arc::default(),
             relist: Arc::default(),
             keys: Arc::new(keys),
-            store: self.store.clone(),
+            store: self.shared.store.clone(),
         };
-        self.indexes.push(index.clone());
+        *index.maps.write().unwrap_or_else(|e| e.into_inner()) = index.rebuilt();
+        indexes.push(index.clone());
         index
     }
 
-    /// Runs the watch until the returned task is dropped. A failed list or watch is
-    /// logged (the client reports it to the watch health) and retried with the stream's
-    /// backoff.
-    pub fn start(self) -> WatchTask {
-        let Self {
-            name,
-            events,
-            writer,
-            store,
-            mut subscribers,
-            indexes,
-        } = self;
+    /// Runs the watch until the returned task is dropped (a second call runs nothing). A
+    /// failed list or watch is logged (the client reports it to the watch health) and
+    /// retried with the stream's backoff.
+    pub fn start(&self) -> WatchTask {
+        let unstarted = self
+            .unstarted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let Some((events, writer)) = unstarted else {
+            return WatchTask(tokio::spawn(async {}));
+        };
+        let shared = self.shared.clone();
+        shared
+            .started
+            .store(true, std::sync::atomic::Ordering::Release);
         WatchTask(tokio::spawn(async move {
             let mut events = std::pin::pin!(reflector(writer, events));
             while let Some(event) = events.next().await {
-                let event = match event {
-                    Ok(event) => event,
+                match event {
+                    Ok(event) => shared.dispatch(&event).await,
                     Err(error) => {
-                        tracing::warn!(%error, watch = name, "watch failed; retrying with backoff");
-                        continue;
-                    }
-                };
-                for index in &indexes {
-                    index.apply(&event);
-                }
-                let (obj, deleted) = match &event {
-                    watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
-                        (as_stored(&store, obj), false)
-                    }
-                    watcher::Event::Delete(obj) => (Arc::new(obj.clone()), true),
-                    watcher::Event::InitDone => {
-                        forget_gone(&mut subscribers, &store);
-                        continue;
-                    }
-                    watcher::Event::Init => continue,
-                };
-                for sub in &mut subscribers {
-                    if sub.wants(&obj, deleted) && sub.tx.send(obj.clone()).await.is_err() {
-                        tracing::debug!(watch = name, "a subscriber ended");
+                        tracing::warn!(%error, watch = shared.name, "watch failed; retrying with backoff");
                     }
                 }
             }
         }))
+    }
+}
+
+impl<K: Watchable> Shared<K> {
+    /// One event, after the store took it: the indexes, then each subscriber that wants it.
+    async fn dispatch(&self, event: &watcher::Event<K>) {
+        let indexes = self
+            .indexes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for index in &indexes {
+            index.apply(event);
+        }
+        let (obj, deleted) = match event {
+            watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
+                (as_stored(&self.store, obj), false)
+            }
+            watcher::Event::Delete(obj) => (Arc::new(obj.clone()), true),
+            watcher::Event::InitDone => {
+                let live: HashSet<u64> = self
+                    .store
+                    .state()
+                    .iter()
+                    .map(|o| identity(o.as_ref()))
+                    .collect();
+                for sub in self.subscribers() {
+                    sub.forget_gone(&live);
+                }
+                return;
+            }
+            watcher::Event::Init => return,
+        };
+        let mut gone = false;
+        for sub in self.subscribers() {
+            if sub.wants(&obj, deleted) && sub.tx.send(obj.clone()).await.is_err() {
+                gone = true;
+            }
+        }
+        if gone {
+            self.subscribers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|s| !s.tx.is_closed());
+            tracing::debug!(watch = self.name, "a subscriber ended");
+        }
+    }
+
+    fn subscribers(&self) -> Vec<Arc<Subscriber<K>>> {
+        self.subscribers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -374,17 +483,6 @@ fn as_stored<K: Watchable>(store: &Store<K>, obj: &K) -> Arc<K> {
     match store.get(&ObjectRef::from_obj(obj)) {
         Some(held) if held.meta().resource_version == obj.meta().resource_version => held,
         _ => Arc::new(obj.clone()),
-    }
-}
-
-/// After a relist: the filters forget objects the store no longer has (deleted while
-/// the watch was down, so no deletion was seen).
-fn forget_gone<K: Watchable>(subscribers: &mut [Subscriber<K>], store: &Store<K>) {
-    let live: HashSet<u64> = store.state().iter().map(|o| identity(o.as_ref())).collect();
-    for sub in subscribers {
-        if let Some((_, seen)) = &mut sub.filter {
-            seen.retain(|id, _| live.contains(id));
-        }
     }
 }
 
@@ -438,7 +536,7 @@ mod tests {
             Event::InitApply(cm("c", 1, "x")),
             Event::InitDone,
         ];
-        let mut watch = SharedWatch::new("test", futures::stream::iter(events.into_iter().map(Ok)));
+        let watch = SharedWatch::new("test", futures::stream::iter(events.into_iter().map(Ok)));
         let owner = watch.applied(Filter::Generation);
         let mapper = watch.touched();
         let index = watch.index(label);
@@ -462,6 +560,44 @@ mod tests {
         assert!(index.get("y").is_empty() && index.get("z").is_empty());
         assert_eq!(index.len(), 2);
         assert_eq!(index.all().len(), 2);
+        drop(task);
+    }
+
+    /// A subscriber and an index that come after the watch started hear of every object
+    /// the store holds, then of each change.
+    #[tokio::test]
+    async fn a_late_subscriber_hears_of_what_the_store_holds_first() {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let watch = SharedWatch::new("late", rx);
+        let early = watch.touched();
+        let task = watch.start();
+        for e in [
+            Event::Init,
+            Event::InitApply(cm("a", 1, "x")),
+            Event::InitDone,
+        ] {
+            tx.unbounded_send(Ok(e)).unwrap();
+        }
+        let early: Vec<_> = early.take(1).collect().await;
+        assert_eq!(early.len(), 1);
+        let late = watch.applied(Filter::Generation);
+        let index = watch.index(label);
+        tx.unbounded_send(Ok(Event::Apply(cm("a", 1, "y"))))
+            .unwrap();
+        tx.unbounded_send(Ok(Event::Apply(cm("b", 1, "y"))))
+            .unwrap();
+        let late: Vec<_> = late.take(2).collect().await;
+        let names: Vec<_> = late
+            .iter()
+            .map(|c| c.metadata.name.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            names,
+            ["a", "b"],
+            "a from the store, not again for a label; then b"
+        );
+        assert_eq!(index.get("y").len(), 2);
+        assert!(index.get("x").is_empty());
         drop(task);
     }
 }
