@@ -8,6 +8,7 @@
 //! nothing runs the Deployments (there is no scheduler or kubelet), the controllers run
 //! here as processes with the ServiceAccounts' tokens, the way they would in those pods.
 
+mod cluster_script;
 mod crd_evolution;
 mod identity;
 mod manifests;
