@@ -189,10 +189,10 @@ fn terminate_sessions(server_version_num: i32) -> &'static str {
     }
 }
 
-/// Waits, at most `limit`, until no session has one of `pids`.
+/// Waits, at most `limit`, until no session has one of `pids` (then goes on either way).
 async fn wait_gone(s: &Session, pids: &[i32], limit: std::time::Duration) -> Result<(), PgError> {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
+    let every = std::time::Duration::from_millis(50);
+    dbops_shared::poll::until(limit, every, || async move {
         let left: i64 = s
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)",
@@ -201,11 +201,10 @@ async fn wait_gone(s: &Session, pids: &[i32], limit: std::time::Duration) -> Res
             .await
             .map_err(PgError::sql("waiting for ended sessions to go"))?
             .get(0);
-        if left == 0 || tokio::time::Instant::now() >= deadline {
-            return Ok(());
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+        Ok((left == 0).then_some(()))
+    })
+    .await?;
+    Ok(())
 }
 
 /// Restores exactly what [`freeze`] changed, from the record written before it.

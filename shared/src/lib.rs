@@ -17,6 +17,7 @@ pub mod leader;
 pub mod memo;
 pub mod metrics;
 pub mod pg_tools;
+pub mod poll;
 pub mod pooler;
 pub mod postgres;
 pub mod rate_limit;

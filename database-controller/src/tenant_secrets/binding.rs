@@ -296,21 +296,18 @@ impl Bindings {
             },
             ..SelfSubjectAccessReview::default()
         };
-        let granted = async {
-            loop {
-                let allowed = reviews
-                    .create(&PostParams::default(), &review)
-                    .await
-                    .ok()
-                    .and_then(|r| r.status)
-                    .is_some_and(|s| s.allowed);
-                if allowed {
-                    return;
-                }
-                tokio::time::sleep(GRANT_POLL).await;
-            }
-        };
-        if tokio::time::timeout(GRANT_WAIT, granted).await.is_err() {
+        let (reviews, review) = (&reviews, &review);
+        let granted = dbops_shared::poll::until(GRANT_WAIT, GRANT_POLL, || async move {
+            let allowed = reviews
+                .create(&PostParams::default(), review)
+                .await
+                .ok()
+                .and_then(|r| r.status)
+                .is_some_and(|s| s.allowed);
+            Ok::<_, std::convert::Infallible>(allowed.then_some(()))
+        })
+        .await;
+        if !matches!(granted, Ok(Some(()))) {
             tracing::warn!(
                 namespace,
                 "the RoleBinding {ROLE_BINDING} was written but the apiserver does not let this process list the namespace's Secrets after {GRANT_WAIT:?}: is --service-account the ServiceAccount of its credentials?"

@@ -160,19 +160,19 @@ async fn measure(saga: &Saga<'_>, e: &Ends) -> Result<Why<Baseline>> {
     // subscription confirms a position past it (with nothing pending, the apply worker
     // confirms what it received): none of those transactions is in the slot, and the
     // snapshot saw them all.
-    let deadline = Instant::now() + APPLIED_WAIT;
     let past_start = start.to_string();
-    while !sql::slot_progress(&s, &e.name, Some(&past_start))
-        .await?
-        .is_some_and(|p| p.reached)
-    {
-        if Instant::now() >= deadline {
-            return Ok(Err(format!(
-                "the target did not apply past {start} within {} s",
-                APPLIED_WAIT.as_secs()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let (source_session, subscription, past) = (&s, e.name.as_str(), past_start.as_str());
+    let applied =
+        dbops_shared::poll::until(APPLIED_WAIT, Duration::from_millis(50), || async move {
+            let progress = sql::slot_progress(source_session, subscription, Some(past)).await?;
+            Ok::<_, PgError>(progress.is_some_and(|p| p.reached).then_some(()))
+        })
+        .await?;
+    if applied.is_none() {
+        return Ok(Err(format!(
+            "the target did not apply past {start} within {} s",
+            APPLIED_WAIT.as_secs()
+        )));
     }
     let mut paused = session(saga, &e.target, &e.database).await?;
     let (l, target) = match paused_count(saga, &t, &mut paused, &e.name, sub.oid).await? {
@@ -348,8 +348,7 @@ async fn snap_paused<'a>(
     paused: &'a mut Session,
     oid: i64,
 ) -> Result<Why<(tokio_postgres::Transaction<'a>, Lsn)>> {
-    let deadline = Instant::now() + STOP_WAIT;
-    loop {
+    let stopped = dbops_shared::poll::until(STOP_WAIT, Duration::from_millis(20), || async move {
         let running = t
             .query_one(
                 "SELECT count(*) FROM pg_stat_subscription \
@@ -358,16 +357,14 @@ async fn snap_paused<'a>(
             )
             .await
             .map_err(PgError::sql("reading pg_stat_subscription"))?;
-        if running.get::<_, i64>(0) == 0 {
-            break;
-        }
-        if Instant::now() >= deadline {
-            return Ok(Err(format!(
-                "the subscription's apply worker did not stop within {} s",
-                STOP_WAIT.as_secs()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok::<_, PgError>((running.get::<_, i64>(0) == 0).then_some(()))
+    })
+    .await?;
+    if stopped.is_none() {
+        return Ok(Err(format!(
+            "the subscription's apply worker did not stop within {} s",
+            STOP_WAIT.as_secs()
+        )));
     }
     let tx = snapshot_transaction(paused).await?;
     // The first statement takes the snapshot; the worker is stopped, so what it applied
