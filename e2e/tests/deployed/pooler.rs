@@ -142,19 +142,7 @@ pub(crate) async fn logical_move(
         .await
         .unwrap();
     let started = std::time::Instant::now();
-    let moved = wait_for(
-        "Migration move ended",
-        SETTLE,
-        || async { Ok(migrations.get("move").await?) },
-        |m: &Migration| {
-            m.status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .is_some_and(MigrationPhase::is_final)
-        },
-    )
-    .await
-    .unwrap();
+    let moved = crate::runtime::migration_ended(&migrations, "move", SETTLE).await;
     let status = moved.status.unwrap_or_default();
     assert_eq!(status.phase, Some(MigrationPhase::Succeeded), "{status:?}");
     (status, started.elapsed())

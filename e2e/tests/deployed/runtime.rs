@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use dbops_api::{Backup, Database};
+use dbops_api::{Backup, Database, Migration, MigrationPhase};
 use dbops_e2e::fixtures::manifest;
 use dbops_e2e::wait::wait_for;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
@@ -97,6 +97,27 @@ pub async fn backup_ready(backups: &Api<Backup>, name: &str, timeout: Duration) 
                     .iter()
                     .any(|c| c.type_ == "Ready" && c.status == "True")
             })
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Waits for Migration `name` to end (Succeeded, RolledBack or Failed).
+pub async fn migration_ended(
+    migrations: &Api<Migration>,
+    name: &str,
+    timeout: Duration,
+) -> Migration {
+    wait_for(
+        &format!("Migration {name} ended"),
+        timeout,
+        || async { Ok(migrations.get(name).await?) },
+        |m: &Migration| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_some_and(MigrationPhase::is_final)
         },
     )
     .await

@@ -16,7 +16,7 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 
 use crate::bed::{Bed, MAIN, SYSTEM, TARGET, Tenant};
-use crate::runtime::{backup_ready, ready_database};
+use crate::runtime::{backup_ready, migration_ended, ready_database};
 
 const SETTLE: Duration = Duration::from_secs(300);
 pub const DATABASES: usize = 20;
@@ -225,19 +225,7 @@ impl Work {
     pub async fn settles(self, bed: &Bed, store: Option<&std::path::Path>) {
         let ns = self.ns().to_owned();
         let migrations: Api<Migration> = bed.api(&ns);
-        let moved = wait_for(
-            "Migration move Succeeded",
-            SETTLE,
-            || async { Ok(migrations.get("move").await?) },
-            |m: &Migration| {
-                m.status
-                    .as_ref()
-                    .and_then(|s| s.phase)
-                    .is_some_and(MigrationPhase::is_final)
-            },
-        )
-        .await
-        .unwrap();
+        let moved = migration_ended(&migrations, "move", SETTLE).await;
         assert_eq!(
             moved.status.as_ref().and_then(|s| s.phase),
             Some(MigrationPhase::Succeeded),
