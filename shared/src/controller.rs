@@ -75,6 +75,7 @@ pub use self::reconcile::{
     Bounded, Context, ErrorKind, ReconcileError, bounded, conditions_of, error_policy,
     instrumented_reconcile, reporter,
 };
+pub use crate::shared_watch::Trigger;
 use crate::{
     backoff::BackoffKey,
     backup_store::{BackupStore, registry},
@@ -83,7 +84,7 @@ use crate::{
     health::{self, HealthError, HealthState},
     leader::{self, LeaderError, LeaseSettings},
     metrics::Metrics,
-    shared_watch::{Filter, SharedWatch},
+    shared_watch::SharedWatch,
     shutdown::{self, ShutdownError},
     watch_health::{self, Stall, WatchHealth},
 };
@@ -319,12 +320,7 @@ impl Running {
         trigger: Trigger,
     ) -> Controller<K> {
         self.unsynced.fetch_add(1, Ordering::AcqRel);
-        let filter = match trigger {
-            Trigger::AnyChange => Filter::Any,
-            Trigger::GenerationChange => Filter::Generation,
-            Trigger::GenerationOrAnnotations => Filter::GenerationOrAnnotations,
-        };
-        let controller = Controller::for_shared_stream(watch.applied(filter), watch.store());
+        let controller = Controller::for_shared_stream(watch.applied(trigger), watch.store());
         self.configured(controller)
     }
 
@@ -552,20 +548,6 @@ pub fn slim(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMet
 /// `K`'s API as the runner lists it.
 pub fn api_of<K: Watched>(client: Client, namespace: Option<&str>) -> Api<K> {
     <K::Scope as ApiScope>::api::<K>(client, namespace)
-}
-
-/// Which changes of the controller's own kind start a reconcile.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Trigger {
-    /// Every change, status included.
-    AnyChange,
-    /// Only a new `metadata.generation` (spec changes and the start of deletion): the
-    /// controller's own status writes then start no reconcile. Requeues, and the extra
-    /// watches, still do.
-    GenerationChange,
-    /// A new `metadata.generation` or a change of the annotations (an annotation that asks
-    /// for something, such as `dbops.dev/rotate`).
-    GenerationOrAnnotations,
 }
 
 /// Checks the backup store ([`registry::check`]: writable, and the store registered in

@@ -7,7 +7,7 @@
 //! and the process decoded it four times. Here one watch fills one store, and each use
 //! subscribes before the watch starts:
 //! - [`SharedWatch::applied`]: the owning controller's trigger (created or changed
-//!   objects, filtered by a [`Filter`]), for kube's `Controller::for_shared_stream`;
+//!   objects, filtered by a [`Trigger`]), for kube's `Controller::for_shared_stream`;
 //! - [`SharedWatch::touched`]: every change, deletions included (the object as it was
 //!   last seen), for `watches_shared_stream` of another controller or a mapper;
 //! - [`SharedWatch::index`]: the objects by keys a function gives (an object may have
@@ -36,26 +36,30 @@ use tokio::sync::mpsc;
 /// How many changes a subscriber may have waiting before the watch waits for it.
 const BUFFER: usize = 1024;
 
-/// Which changes of its own kind start a controller's reconcile ([`SharedWatch::applied`]).
+/// Which changes of the controller's own kind start a reconcile (the filter of
+/// [`SharedWatch::applied`], and of `controller::Running::controller`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Filter {
+pub enum Trigger {
     /// Every change, status included.
-    Any,
-    /// A new `metadata.generation` (or an object without one).
-    Generation,
-    /// A new `metadata.generation` or a change of the annotations.
+    AnyChange,
+    /// Only a new `metadata.generation` (spec changes and the start of deletion): the
+    /// controller's own status writes then start no reconcile. Requeues, and the extra
+    /// watches, still do.
+    GenerationChange,
+    /// A new `metadata.generation` or a change of the annotations (an annotation that asks
+    /// for something, such as `dbops.dev/rotate`).
     GenerationOrAnnotations,
 }
 
-impl Filter {
+impl Trigger {
     /// What the filter compares between two sightings of an object; `None` passes always.
     fn fingerprint<K: Resource>(self, obj: &K) -> Option<u64> {
         let meta = obj.meta();
         let mut h = DefaultHasher::new();
         match self {
-            Filter::Any => return None,
-            Filter::Generation => meta.generation?.hash(&mut h),
-            Filter::GenerationOrAnnotations => {
+            Trigger::AnyChange => return None,
+            Trigger::GenerationChange => meta.generation?.hash(&mut h),
+            Trigger::GenerationOrAnnotations => {
                 meta.generation?.hash(&mut h);
                 if let Some(annotations) = &meta.annotations {
                     for (k, v) in annotations {
@@ -240,7 +244,7 @@ impl<K: Watchable> Index<K> {
 struct Subscriber<K> {
     tx: mpsc::Sender<Arc<K>>,
     /// `None`: every change, deletions included ([`SharedWatch::touched`]).
-    filter: Option<Mutex<(Filter, HashMap<u64, u64>)>>,
+    filter: Option<Mutex<(Trigger, HashMap<u64, u64>)>>,
 }
 
 impl<K: Resource> Subscriber<K> {
@@ -339,7 +343,7 @@ impl<K: Watchable> SharedWatch<K> {
         self.shared.store.clone()
     }
 
-    fn subscribe(&self, filter: Option<Filter>) -> impl Stream<Item = Arc<K>> + Send + 'static {
+    fn subscribe(&self, filter: Option<Trigger>) -> impl Stream<Item = Arc<K>> + Send + 'static {
         let mut subscribers = self
             .shared
             .subscribers
@@ -367,7 +371,7 @@ impl<K: Watchable> SharedWatch<K> {
     }
 
     /// The objects created or changed as `filter` says (a deletion is not one).
-    pub fn applied(&self, filter: Filter) -> impl Stream<Item = Arc<K>> + Send + 'static {
+    pub fn applied(&self, filter: Trigger) -> impl Stream<Item = Arc<K>> + Send + 'static {
         self.subscribe(Some(filter))
     }
 
@@ -427,12 +431,12 @@ impl<K: Watchable> SharedWatch<K> {
 impl<K: Watchable> Shared<K> {
     /// One event, after the store took it: the indexes, then each subscriber that wants it.
     async fn dispatch(&self, event: &watcher::Event<K>) {
-        let indexes = self
+        for index in self
             .indexes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        for index in &indexes {
+            .iter()
+        {
             index.apply(event);
         }
         let (obj, deleted) = match event {
@@ -488,7 +492,7 @@ fn as_stored<K: Watchable>(store: &Store<K>, obj: &K) -> Arc<K> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Filter, SharedWatch};
+    use super::{SharedWatch, Trigger};
     use futures::StreamExt;
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::ObjectMeta;
@@ -537,7 +541,7 @@ mod tests {
             Event::InitDone,
         ];
         let watch = SharedWatch::new("test", futures::stream::iter(events.into_iter().map(Ok)));
-        let owner = watch.applied(Filter::Generation);
+        let owner = watch.applied(Trigger::GenerationChange);
         let mapper = watch.touched();
         let index = watch.index(label);
         let task = watch.start();
@@ -580,7 +584,7 @@ mod tests {
         }
         let early: Vec<_> = early.take(1).collect().await;
         assert_eq!(early.len(), 1);
-        let late = watch.applied(Filter::Generation);
+        let late = watch.applied(Trigger::GenerationChange);
         let index = watch.index(label);
         tx.unbounded_send(Ok(Event::Apply(cm("a", 1, "y"))))
             .unwrap();
