@@ -22,7 +22,6 @@
 
 pub mod copy;
 pub mod mask;
-pub mod slots;
 pub mod source;
 
 use std::path::PathBuf;
@@ -40,6 +39,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::watch;
 
+use crate::clone_slots as slots;
 use crate::error::{Error, Result};
 use crate::server_access::{admin_session, server_of};
 use crate::state::State;

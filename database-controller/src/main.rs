@@ -20,6 +20,7 @@
 
 mod admit;
 mod clone;
+mod clone_slots;
 mod connection;
 mod delete;
 mod error;
@@ -33,6 +34,7 @@ mod pooler;
 mod provision;
 mod reconcile;
 mod restore;
+mod role_sql;
 mod rotation;
 mod routine;
 mod secret;

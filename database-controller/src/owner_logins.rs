@@ -23,10 +23,10 @@ use dbops_shared::postgres::Session;
 use kube::ResourceExt;
 
 use crate::error::{Error, Result};
+use crate::role_sql as sql;
 use crate::rotation;
 use crate::rotation::turn::{self, Inputs, Shape};
 pub use crate::rotation::turn::{Carried, Kept, Logins};
-use crate::user::sql;
 
 /// The owner's two logins (`dbops_shared::postgres::derived`: no tenant can take them).
 pub fn logins(owner: &str) -> [String; 2] {

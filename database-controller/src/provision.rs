@@ -281,7 +281,7 @@ enum Fill {
     /// (held until the fill is dropped).
     Clone {
         source: clone::Source,
-        _slot: clone::slots::Slot,
+        _slot: crate::clone_slots::Slot,
     },
 }
 
@@ -346,10 +346,10 @@ async fn converge_settings(
     current: &[String],
 ) -> Result<()> {
     let role = db.owner_role();
-    let changes = crate::user::sql::settings_statements(&role, settings, current);
+    let changes = crate::role_sql::settings_statements(&role, settings, current);
     if !changes.is_empty() {
         confirm_live(&ctx.client, db).await?;
-        crate::user::sql::apply_settings(session, &role, &changes).await?;
+        crate::role_sql::apply_settings(session, &role, &changes).await?;
     }
     Ok(())
 }

@@ -56,7 +56,7 @@ pub struct State {
     /// [`State::prune`] drops those of Databases that are gone.
     pub sizes: Mutex<HashSet<(String, String)>>,
     /// The clones copying into each server (`spec.cloneFrom`, `limits.concurrentClones`).
-    pub clones: Arc<crate::clone::slots::Slots>,
+    pub clones: Arc<crate::clone_slots::Slots>,
 }
 
 impl State {

@@ -2,8 +2,9 @@
 //! once in `main`), the [`Saga`] (one reconcile's view of one Migration, with its one
 //! guarded status write and its Events) and a step's [`StepOutcome`].
 //!
-//! Depends on nothing of this crate but `error` and `debug`: the saga driver (`saga/`)
-//! and the steps (`steps/`, `dump/`, `replication/`) all stand on it.
+//! Depends on nothing of this crate but `error`, `debug` and `counts` (the baselines it
+//! keeps): the saga driver (`saga/`) and the steps (`steps/`, `dump/`, `replication/`)
+//! all stand on it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -48,7 +49,7 @@ pub struct State {
     pub clients: dbops_shared::pg_tools::Clients,
     pub max_attempts: i32,
     /// Verify's counts taken before the freeze (`replication::baseline`), by Migration.
-    pub baselines: crate::replication::counts::Baselines,
+    pub baselines: crate::counts::Baselines,
     pub crash_at: Option<CrashPoint>,
     /// Testing only (`--debug-fail-at`): this step fails for good once its effects are
     /// done, so that a test can roll back from it.

@@ -2,10 +2,10 @@
 
 use dbops_api::{MigrationReason, ProcessReason};
 use dbops_shared::controller::{ErrorKind, ReconcileError};
+use dbops_shared::pg_tools::is_connection_failure;
 use dbops_shared::postgres::PgError;
 use dbops_shared::server::ServerError;
-
-use crate::dump::pipe::CopyError;
+use std::process::ExitStatus;
 
 /// In the one vocabulary of `dbops_shared::controller::ErrorKind`: [`Error::Permanent`]
 /// (before SwitchTraffic the saga rolls back at once), every other kind transient
@@ -106,6 +106,45 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// `InternalError` if one ever is not.
 pub fn reason_of(text: &str) -> MigrationReason {
     MigrationReason::parse(text).unwrap_or(MigrationReason::InternalError)
+}
+
+/// Why the copy (`dump::pipe`: pg_dump into pg_restore) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    #[error("could not run {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{program} failed ({status}): {stderr}")]
+    Failed {
+        program: &'static str,
+        status: ExitStatus,
+        stderr: String,
+    },
+    #[error("waiting for {program}: {source}")]
+    Wait {
+        program: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl CopyError {
+    /// The condition reason.
+    pub fn reason(&self) -> MigrationReason {
+        match self {
+            CopyError::Failed { stderr, .. } if is_connection_failure(stderr) => {
+                MigrationReason::ServerUnreachable
+            }
+            CopyError::Failed {
+                program: "pg_dump", ..
+            } => MigrationReason::DumpFailed,
+            CopyError::Failed { .. } => MigrationReason::RestoreFailed,
+            CopyError::Spawn { .. } | CopyError::Wait { .. } => MigrationReason::CopyFailed,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,21 +8,26 @@
 //!
 //! with compensations in reverse order when a step before SwitchTraffic fails.
 //!
-//! The modules, each importing only those below it:
+//! The modules, each importing only those below it (`e2e/house` checks that no two
+//! modules or folders import each other):
+//! - `watches`: what brings a Migration back to the reconcile; `main` wires it all;
 //! - `saga/`: the reconcile as a state machine: `drive` executes the move `next_move`
-//!   decides (pure) over the status record of `progress` (pure); `rollback`;
+//!   decides (pure) over the status record of `progress`; `rollback`;
 //! - `steps/`: the steps both modes run (Preflight, Snapshot, FreezeSource,
 //!   ProvisionTarget, Verify, SwitchTraffic, Cleanup) and the dispatch of every step;
-//! - `dump/`: the Dump mode's CopyData, its pg_dump | pg_restore pipe and programs;
 //! - `replication/`: the Logical mode's Replicate and CatchUp, the replication's checks,
-//!   teardown and SQL; `logical`: whether a source can replicate (the Logical Preflight);
+//!   teardown and SQL;
+//! - `dump/`: the Dump mode's CopyData, its pg_dump | pg_restore pipe and programs;
 //! - `pooled`: the cutover through the source server's pooler (its Pods' consoles:
 //!   `PAUSE` in FreezeSource, the route to the target and `RESUME` in SwitchTraffic);
-//! - `servers`, `sql`: the two servers as a step reaches them, and the SQL it runs;
+//!   `servers`: the two servers as a step reaches them;
 //! - `context`: the controller's `State`, the `Saga` a step is handed (the Migration,
-//!   its guarded status write, Events) and its `StepOutcome`; `debug`: the testing flags;
-//!   `error`;
-//! - `watches`: what brings a Migration back to the reconcile; `main` wires it all.
+//!   its guarded status write, Events) and its `StepOutcome`;
+//! - `debug`: the testing flags; `error`: why a step did not finish (the copy's failures
+//!   included);
+//! - pure, importing nothing of the crate: `progress` (the saga's status as functions:
+//!   which step is next, a step starting, finishing, failing), `counts` (row counts
+//!   without counting in the freeze), `logical` (whether a source can replicate), `sql`.
 //!
 //! Watches: Migrations (new generations: spec changes and deletion); the snapshot Backups
 //! they own; Databases, mapped to their Migrations through an index on
@@ -41,11 +46,13 @@
 //! process from the record in the Migration's status.
 
 mod context;
+mod counts;
 mod debug;
 mod dump;
 mod error;
 mod logical;
 mod pooled;
+mod progress;
 mod replication;
 mod saga;
 mod servers;

@@ -13,7 +13,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::context::State;
-use crate::saga::progress;
+use crate::progress;
 
 /// The snapshot Backups the Migrations own, the Databases they move (into the store of
 /// `databases`) and the DatabaseServers they move them between.

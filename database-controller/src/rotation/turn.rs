@@ -31,8 +31,8 @@ use dbops_shared::postgres::Session;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::error::Result;
+use crate::role_sql::{self as sql, LoginSpec, RoleState};
 use crate::rotation;
-use crate::user::sql::{self, LoginSpec, RoleState};
 
 /// What the connection Secret holds: its login and password (when ours and intact).
 #[derive(Clone)]

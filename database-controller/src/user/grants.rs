@@ -7,7 +7,7 @@ use dbops_api::Access;
 use dbops_api::names::comment::GRANT_LOCK_PREFIX;
 use dbops_shared::postgres::{PgError, Session, quote_ident, quote_literal};
 
-use super::sql::in_transaction;
+use crate::role_sql::in_transaction;
 
 /// The privileges of `access` on tables (and views) and on sequences, sorted as
 /// `aclexplode` names them.

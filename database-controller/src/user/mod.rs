@@ -3,7 +3,7 @@
 //! own, limits within the DatabaseServer's guardrails, and password rotation without
 //! downtime.
 //!
-//! Roles (see [`sql`]): a NOLOGIN group `<database>_<name>` holds the privileges; two
+//! Roles (see `crate::role_sql`): a NOLOGIN group `<database>_<name>` holds the privileges; two
 //! logins `<group>_1`/`<group>_2`, its members, take turns. The connection Secret names
 //! the current one. A rotation (every `passwordRotation.every`, or a new value of the
 //! annotation `dbops.dev/rotate`) gives the other login a new password and the Secret,
@@ -17,15 +17,17 @@
 //! switch it is set up on the new server, its Secret follows, and its roles on the former
 //! server are dropped.
 //!
-//! A reconcile: [`reconcile`] here; [`provision`] observes (through [`lookup`]), plans
-//! (the turn of the logins, `crate::rotation::turn`) and applies (SQL in [`sql`] and
-//! [`grants`]); [`status`] writes what came of it; [`teardown`] drops the roles. Each
-//! module depends only on the ones after it in that list, and on [`state`].
+//! A reconcile: [`reconcile`] here; [`status`] writes what came of [`provision`], which
+//! observes (through [`lookup`]), plans (the turn of the logins, `crate::rotation::turn`),
+//! applies (the role SQL of `crate::role_sql` and the privileges of [`grants`]) and drops
+//! the roles left on a former server ([`teardown`]). Each module imports only those after
+//! it in the list status, provision, teardown, lookup, grants, state (`e2e/house`
+//! checks that no two modules or folders import each other; the folder `user/` is above
+//! every other module but `main`).
 
 pub mod grants;
 pub mod lookup;
 pub mod provision;
-pub mod sql;
 pub mod state;
 pub mod status;
 pub mod teardown;

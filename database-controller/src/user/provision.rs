@@ -19,11 +19,11 @@ use super::grants;
 use super::lookup::{
     admin_session, confirm_live, connection_secret, database_of, server_of_database,
 };
-use super::sql::{self, RoleState};
 use super::state::State;
 use super::teardown::drop_on;
 use crate::error::template_error;
 use crate::error::{Error, Result};
+use crate::role_sql::{self as sql, RoleState};
 use crate::rotation::turn::{self, Inputs, Kept, Shape};
 use crate::secret::{self, Owner};
 use crate::{limits, rotation};

@@ -8,9 +8,9 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 
 use super::lookup::admin_session;
-use super::sql;
 use super::state::State;
 use crate::error::{Error, Result};
+use crate::role_sql as sql;
 use crate::server_access::server_error;
 
 /// Held while the user's roles may exist on a server.

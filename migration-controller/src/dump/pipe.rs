@@ -20,49 +20,11 @@
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 
-use dbops_api::MigrationReason;
-use dbops_shared::pg_tools::{self, Connection, RootCertFile, is_connection_failure};
+use dbops_shared::pg_tools::{self, Connection, RootCertFile};
 use dbops_shared::postgres::{Credentials, Endpoint};
 use tokio::process::{Child, Command};
 
-/// Why the copy failed.
-#[derive(Debug, thiserror::Error)]
-pub enum CopyError {
-    #[error("could not run {program}: {source}")]
-    Spawn {
-        program: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{program} failed ({status}): {stderr}")]
-    Failed {
-        program: &'static str,
-        status: ExitStatus,
-        stderr: String,
-    },
-    #[error("waiting for {program}: {source}")]
-    Wait {
-        program: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-impl CopyError {
-    /// The condition reason.
-    pub fn reason(&self) -> MigrationReason {
-        match self {
-            CopyError::Failed { stderr, .. } if is_connection_failure(stderr) => {
-                MigrationReason::ServerUnreachable
-            }
-            CopyError::Failed {
-                program: "pg_dump", ..
-            } => MigrationReason::DumpFailed,
-            CopyError::Failed { .. } => MigrationReason::RestoreFailed,
-            CopyError::Spawn { .. } | CopyError::Wait { .. } => MigrationReason::CopyFailed,
-        }
-    }
-}
+use crate::error::CopyError;
 
 /// One end of the copy: a server (address and TLS), its admin credentials, the database.
 pub struct Side<'a> {

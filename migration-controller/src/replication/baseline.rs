@@ -28,10 +28,10 @@ use tokio_postgres::{GenericClient, IsolationLevel};
 
 use dbops_api::MigrationStep;
 
-use super::counts::{self, Baseline, Change, Lsn, Snapshot, Txn};
 use super::observe::{Ends, ends};
 use super::sql;
 use crate::context::Saga;
+use crate::counts::{self, Baseline, Change, Lsn, Snapshot, Txn};
 use crate::debug::Moment;
 use crate::error::Result;
 use crate::servers::{at, migration_uid, session};

@@ -89,7 +89,7 @@ pub async fn catch_up(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome>
 /// How long the CatchUp step has been running (the source is frozen meanwhile).
 fn frozen_for(saga: &Saga<'_>) -> Duration {
     let status = saga.status();
-    crate::saga::progress::step(&status, MigrationStep::CatchUp)
+    crate::progress::step(&status, MigrationStep::CatchUp)
         .and_then(|s| s.started_at.clone())
         .map(|t| {
             let ms = jiff::Timestamp::now().as_millisecond() - t.0.as_millisecond();

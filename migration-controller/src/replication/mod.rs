@@ -23,7 +23,6 @@
 
 pub mod baseline;
 mod catch_up;
-pub mod counts;
 mod observe;
 mod pause;
 mod replicate;

@@ -11,11 +11,11 @@ use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 
 use super::next_move::{DatabaseView, Move, gives_up, next_move};
-use super::{progress, rollback};
+use super::rollback;
 use crate::context::{Saga, State, StepOutcome, note};
 use crate::debug::{Moment, injected_failure};
 use crate::error::{Error, Result};
-use crate::{replication, steps};
+use crate::{progress, replication, steps};
 
 /// The entry point: see the module documentation of `saga`.
 pub async fn reconcile(obj: Arc<Migration>, ctx: Arc<Context<State>>) -> Result<Action> {

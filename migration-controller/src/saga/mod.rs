@@ -1,7 +1,8 @@
 //! The Migration reconcile: the saga, as a state machine over `status`.
 //!
-//! - [`progress`]: the status as pure functions (which step is next; a step starting,
-//!   succeeding, failing; the rollback and the end);
+//! - `crate::progress` (below `steps/` and `replication/`, which record through it too):
+//!   the status as pure functions (which step is next; a step starting, succeeding,
+//!   failing; the rollback and the end);
 //! - [`next_move`]: what the driver does next, decided purely from the Migration, its
 //!   status and its Database;
 //! - [`drive`]: the reconcile, which executes the moves (status writes, Events, the
@@ -25,14 +26,13 @@
 //!    it completes, ending `RolledBack`. From SwitchTraffic on there is no way back:
 //!    failures are retried with backoff.
 //!
-//! The step list is the mode's (`progress::saga_steps`): Dump's until Preflight records
+//! The step list is the mode's (`crate::progress::saga_steps`): Dump's until Preflight records
 //! the mode. A Manual cutover waits before SwitchTraffic in Dump mode and before
 //! FreezeSource in Logical mode, where each reconcile (every resync interval) checks the
 //! replication meanwhile and rolls back from Replicate when it fails.
 
 pub mod drive;
 pub mod next_move;
-pub mod progress;
 pub mod rollback;
 
 pub use drive::reconcile;

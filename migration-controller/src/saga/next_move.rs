@@ -7,7 +7,7 @@ use dbops_api::{
     MigrationStep,
 };
 
-use super::progress;
+use crate::progress;
 
 /// The Database of the Migration, as far as the decision knows it.
 #[derive(Debug, Clone, Copy)]

@@ -6,9 +6,9 @@ use dbops_api::{MigrationReason, MigrationStatus, MigrationStep};
 use dbops_shared::status::Desired;
 use kube::runtime::controller::Action;
 
-use super::progress;
 use crate::context::{Saga, note};
 use crate::error::{Error, Result};
+use crate::progress;
 use crate::steps;
 
 /// Records `step` failed for good with `reason` and `message` on `status` (the phase

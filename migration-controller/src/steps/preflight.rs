@@ -283,11 +283,11 @@ async fn choose_mode(
         }
     };
     let mut status = saga.status();
-    crate::saga::progress::choose_mode(&mut status, mode);
+    crate::progress::choose_mode(&mut status, mode);
     dbops_shared::conditions::set_condition(
         &mut status.conditions,
         dbops_shared::conditions::ConditionSpec {
-            type_: crate::saga::progress::MODE_CHOSEN,
+            type_: crate::progress::MODE_CHOSEN,
             status: dbops_shared::conditions::ConditionStatus::from(mode == ChosenMode::Logical),
             reason: reason.as_str(),
             message: message.clone(),

@@ -1,6 +1,7 @@
 //! The saga's progress in `status`, as pure functions: which step is next, and how a step
-//! starting, finishing or failing, a rollback and the end change the status. The driver
-//! (`drive`) writes each result before and after the step's side effects.
+//! starting, finishing or failing, a rollback and the end change the status. The saga's
+//! driver (`saga::drive`) writes each result before and after the step's side effects;
+//! Preflight records the mode and CatchUp reads its step's record through it.
 
 use dbops_api::MigrationReason as R;
 use dbops_api::{

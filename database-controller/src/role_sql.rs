@@ -1,4 +1,6 @@
-//! The SQL of a DatabaseUser. Roles, all marked `dbops.dev/uid=<DatabaseUser uid>`:
+//! The SQL of roles: a DatabaseUser's, the Database owner's logins and settings (below
+//! `user/`, `rotation/` and `owner_logins`, which all run it). A DatabaseUser's roles,
+//! all marked `dbops.dev/uid=<DatabaseUser uid>`:
 //! - the group `<base>` (NOLOGIN) holds the privileges in the Database's database;
 //! - the logins `<base>-1` and `<base>-2` (LOGIN, INHERIT, members of the group) take
 //!   turns: the connection Secret names one; after a rotation the other keeps working
@@ -7,7 +9,7 @@
 //! The login SQL (observe, activate, repair, keep until, retire) serves the Database
 //! owner's two rotation logins too (`crate::rotation::turn` runs it for both); the
 //! settings SQL serves the owner role. The privileges of the group are
-//! [`super::grants`]. Every identifier and literal is quoted; passwords travel only as
+//! `user::grants`. Every identifier and literal is quoted; passwords travel only as
 //! SCRAM verifiers, unlogged.
 
 use dbops_shared::postgres::ddl::{self, Unlogged};

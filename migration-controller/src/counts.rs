@@ -1,6 +1,6 @@
 //! Row counts without counting in the freeze: the arithmetic and the baselines kept for
 //! Verify (pure, nothing of this crate; the SQL is in
-//! `baseline`). A table's rows at a point of the source's commit order are its count in a
+//! `replication::baseline`). A table's rows at a point of the source's commit order are its count in a
 //! snapshot, plus the inserts minus the deletes of the transactions that snapshot did not
 //! see and that committed by that point, minus those of the transactions it saw that
 //! committed after it. The transactions come from a logical slot (`test_decoding`) that
