@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use dbops_api::{Backup, BackupRunner, BackupStatus};
 use dbops_shared::conditions::now;
-use dbops_shared::status::{Desired, Guard, Write};
+use dbops_shared::status::{Desired, Guard, Note, Write};
 use kube::ResourceExt;
 use kube::api::Api;
 
@@ -245,6 +245,6 @@ async fn write(
 /// Publishes an Event about the Backup that no status write carries (the artifact's
 /// removal on deletion); failures are logged, never fatal.
 pub async fn publish_event(state: &State, backup: &Backup, reason: &str, note: &str) {
-    dbops_shared::events::publish(&state.recorder, backup, true, status::ACTION, reason, note)
-        .await;
+    let note = Note::normal(status::ACTION, reason, note);
+    dbops_shared::status::announce(&state.recorder, backup, &note).await;
 }

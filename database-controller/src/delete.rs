@@ -6,6 +6,7 @@
 use dbops_api::reasons::DatabaseReason;
 use dbops_api::{Backup, Database, DatabaseDeletionPolicy};
 use dbops_shared::controller::Context;
+use dbops_shared::status::Note;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
@@ -114,15 +115,8 @@ async fn kept_unsnapshotted(db: &Database, ctx: &Context<State>) -> String {
         db.owner_role()
     );
     if let Some(server) = ctx.state.directory.get(&db.spec.server_ref.name) {
-        dbops_shared::events::publish(
-            &ctx.state.recorder,
-            server.as_ref(),
-            false,
-            "Delete",
-            "KeptWithoutFinalSnapshot",
-            &note,
-        )
-        .await;
+        let event = Note::warning("Delete", "KeptWithoutFinalSnapshot", note.clone());
+        dbops_shared::status::announce(&ctx.state.recorder, server.as_ref(), &event).await;
     }
     tracing::warn!(database = db.database_name(), "{note}");
     note

@@ -433,9 +433,12 @@ async fn write(
     }
 }
 
-/// Publishes an Event about the Database; failures are logged, never fatal.
+/// Publishes an Event about the Database that no status write carries (it is going, or
+/// the outcome is not kept in its status), through `dbops_shared::status::announce`;
+/// failures are logged, never fatal.
 pub async fn event(ctx: &Context<State>, db: &Database, normal: bool, reason: &str, note: &str) {
-    dbops_shared::events::publish(&ctx.state.recorder, db, normal, ACTION, reason, note).await;
+    let note = Note::of(normal, ACTION, reason, note);
+    dbops_shared::status::announce(&ctx.state.recorder, db, &note).await;
 }
 
 #[cfg(test)]

@@ -196,8 +196,9 @@ impl Recorder {
 /// Publishes a Normal (or Warning) Event about `obj` in the background: the reconcile does
 /// not wait for the API server (one request less on its path), and a failure is logged,
 /// never fatal: an Event is a report, not a step of the reconcile. The request stays in
-/// the reconcile's trace.
-pub async fn publish<K>(
+/// the reconcile's trace. Only through `crate::status`: with a status write, or
+/// [`crate::status::announce`].
+pub(crate) async fn publish<K>(
     recorder: &Recorder,
     obj: &K,
     normal: bool,

@@ -30,6 +30,15 @@
 //! DatabaseServer, DatabaseUser: the next reconcile recomputes them from PostgreSQL and
 //! the Secrets) use [`Guard::Uid`]: the last write wins.
 //!
+//! # Events: only here
+//! Every Event dbops publishes goes through this module: the [`Note`]s of a
+//! [`Desired`], published once its status is written, or, for what no status write can
+//! carry, [`announce`]: an object that is going (its last status is not written: a
+//! Database or user deleted, a Backup's artifact removed), something told on another
+//! object than the one reconciled (a Database deleted with its namespace, told on its
+//! DatabaseServer), or an action whose outcome the status does not keep (a login retired,
+//! a schedule's Backup made). `crate::events::publish` is this crate's own.
+//!
 //! # Permanent or retry
 //! One vocabulary, [`crate::controller::ErrorKind`]: `Transient` (retried with per-object
 //! backoff) or `Permanent` (reported in a condition; nothing is retried until something
@@ -98,6 +107,21 @@ pub struct Note {
 }
 
 impl Note {
+    /// A Normal Event when `normal`, else a Warning.
+    pub fn of(
+        normal: bool,
+        action: &'static str,
+        reason: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            normal,
+            action,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
     pub fn normal(
         action: &'static str,
         reason: impl Into<String>,
@@ -145,6 +169,23 @@ impl<S> Desired<S> {
         self.notes.push(note);
         self
     }
+}
+
+/// Publishes `note` about `obj` without a status write: for an Event that no status change
+/// carries (see the module's notes). In the background, a failure logged, never fatal.
+pub async fn announce<K>(recorder: &Recorder, obj: &K, note: &Note)
+where
+    K: Resource<DynamicType = ()>,
+{
+    crate::events::publish(
+        recorder,
+        obj,
+        note.normal,
+        note.action,
+        &note.reason,
+        &note.message,
+    )
+    .await;
 }
 
 /// What [`StatusWriter::write`] did.

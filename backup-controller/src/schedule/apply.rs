@@ -3,6 +3,7 @@
 
 use dbops_api::{Backup, Database};
 use dbops_shared::controller::Context;
+use dbops_shared::status::Note;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -180,6 +181,8 @@ async fn set_owner(
 }
 
 /// Publishes an Event about the Database's schedule; failures are logged, never fatal.
+/// Through `dbops_shared::status::announce`: the schedule keeps no status of its own.
 pub async fn publish(ctx: &Context<State>, db: &Database, normal: bool, reason: &str, note: &str) {
-    dbops_shared::events::publish(&ctx.state.recorder, db, normal, "Schedule", reason, note).await;
+    let note = Note::of(normal, "Schedule", reason, note);
+    dbops_shared::status::announce(&ctx.state.recorder, db, &note).await;
 }

@@ -6,7 +6,7 @@ use dbops_api::{Database, DatabaseUser, DatabaseUserStatus};
 use dbops_shared::events::Recorder;
 use dbops_shared::postgres::Servers;
 use dbops_shared::server::Directory;
-use dbops_shared::status::StatusWriter;
+use dbops_shared::status::{Note, StatusWriter};
 use kube::runtime::reflector::Store;
 
 use crate::tenant_secrets::TenantSecrets;
@@ -31,9 +31,10 @@ impl State {
         self.written.latest(user)
     }
 
-    /// Publishes an Event on `user` (action `Reconcile`).
+    /// Publishes an Event on `user` (action `Reconcile`) that no status write carries (a
+    /// login retired, the user deleted), through `dbops_shared::status::announce`.
     pub async fn event(&self, user: &DatabaseUser, normal: bool, reason: &str, note: &str) {
-        dbops_shared::events::publish(&self.recorder, user, normal, "Reconcile", reason, note)
-            .await;
+        let note = Note::of(normal, "Reconcile", reason, note);
+        dbops_shared::status::announce(&self.recorder, user, &note).await;
     }
 }
