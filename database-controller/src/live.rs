@@ -2,13 +2,16 @@
 //! each change on the server and before a connection Secret or status is written, so that
 //! what a reconcile waited for on the way never makes it act for an object that is gone.
 
-use dbops_api::Database;
-use kube::ResourceExt;
+use std::fmt::Debug;
+
+use k8s_openapi::NamespaceResourceScope;
 use kube::api::Api;
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 
-/// Confirms that `db`, the Database this reconcile read when it began, is still the live
+/// Confirms that `held`, the Database (or DatabaseUser) this reconcile read when it began, is still the live
 /// object of its name: the same UID, not being deleted, at the same generation. Called
 /// before each change on the server (and before its connection Secret is written), so
 /// after whatever the reconcile waited for on the way: its namespace's connection Secrets
@@ -23,13 +26,46 @@ use crate::error::{Error, Result};
 /// `get`); a consistent LIST is served from the watch cache once the cache has caught up
 /// with etcd, which under a burst of writes made it the slowest request of a reconcile,
 /// made while holding a session slot (issue 25).
-pub(crate) async fn confirm_live(client: &kube::Client, db: &Database) -> Result<()> {
-    let api: Api<Database> = Api::namespaced(client.clone(), &db.namespace().unwrap_or_default());
-    let live = api.get_opt(&db.name_any()).await?;
-    match superseded(db, live.as_ref()) {
+pub(crate) async fn confirm_live<K>(client: &kube::Client, held: &K) -> Result<()>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), &held.namespace().unwrap_or_default());
+    let live = api.get_opt(&held.name_any()).await?;
+    match superseded(held, live.as_ref()) {
         Some(why) => Err(Error::Superseded(why)),
         None => Ok(()),
     }
+}
+
+/// What a status write guarded by the UID that found no object of that UID
+/// (`dbops_shared::status::Write::Gone`) means for the reconcile: [`Error::Superseded`]
+/// when the object is gone or replaced (the reconcile is abandoned), else (the write
+/// raced a read that says it is live) a retry with `reason`.
+pub(crate) async fn status_write_gone<K>(
+    client: &kube::Client,
+    held: &K,
+    reason: &'static str,
+) -> Result<()>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned,
+{
+    confirm_live(client, held).await?;
+    Err(Error::Retry {
+        reason,
+        message: format!(
+            "the status write found no {} {} of UID {}, yet it is the live one; trying again",
+            K::kind(&()),
+            held.name_any(),
+            held.uid().unwrap_or_default()
+        ),
+    })
 }
 
 /// Why `held`, the object a reconcile read (a Database, a DatabaseUser), is no longer the
@@ -72,6 +108,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dbops_api::Database;
 
     #[test]
     fn a_reconcile_acts_only_for_the_live_database_of_its_name() {

@@ -15,7 +15,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 
 use crate::error::{Error, Result};
-use crate::live::confirm_live;
+use crate::live::status_write_gone;
 use crate::rotation;
 use crate::state::{Provisioned, State};
 
@@ -420,15 +420,8 @@ async fn write(
     {
         Write::Unchanged | Write::Written(_) | Write::Conflict => Ok(()),
         Write::Gone => {
-            confirm_live(&ctx.client, db).await?;
-            Err(Error::Retry {
-                reason: DatabaseReason::KubernetesApiError.as_str(),
-                message: format!(
-                    "the status write found no Database {} of UID {}, yet it is the live one; trying again",
-                    db.name_any(),
-                    db.uid().unwrap_or_default()
-                ),
-            })
+            let reason = DatabaseReason::KubernetesApiError.as_str();
+            status_write_gone(&ctx.client, db, reason).await
         }
     }
 }

@@ -199,6 +199,10 @@ pub enum Write<K> {
     /// again and decide anew.
     Conflict,
     /// The object is gone, or another object holds its name now (the uid test failed).
+    /// With [`Guard::ResourceVersion`] a caller handles it as [`Write::Conflict`] (read
+    /// again, decide anew); with [`Guard::Uid`] it asks whether the object it read is still
+    /// the live one (the database-controller's `live::status_write_gone`, for Databases
+    /// and DatabaseUsers alike).
     Gone,
 }
 

@@ -76,16 +76,10 @@ pub async fn admin_session(
         .await?)
 }
 
-/// Confirms `user` is still the live object of its name (as `reconcile::confirm_live`
-/// does for Databases), before each change on a server.
+/// Confirms `user` is still the live object of its name (`crate::live::confirm_live`, the
+/// check the Database's reconcile makes), before each change on a server.
 pub async fn confirm_live(ctx: &Context<State>, user: &DatabaseUser) -> Result<()> {
-    let api: Api<DatabaseUser> =
-        Api::namespaced(ctx.client.clone(), &user.namespace().unwrap_or_default());
-    let live = api.get_opt(&user.name_any()).await?;
-    match crate::live::superseded(user, live.as_ref()) {
-        Some(why) => Err(Error::Superseded(why)),
-        None => Ok(()),
-    }
+    crate::live::confirm_live(&ctx.client, user).await
 }
 
 /// The connection Secret, from its namespace's cache or the API. The cache may not show

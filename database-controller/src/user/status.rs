@@ -10,10 +10,10 @@ use dbops_shared::status::{Desired, Guard, Note, Write};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 
-use super::lookup::confirm_live;
 use super::provision::Done;
 use super::state::State;
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::live::status_write_gone;
 use crate::rotation;
 
 /// The action the user controller's Events name.
@@ -140,11 +140,8 @@ pub async fn publish(
         .await?
     {
         Write::Gone => {
-            confirm_live(ctx, user).await?;
-            Err(Error::Retry {
-                reason: DatabaseUserReason::KubernetesApiError.as_str(),
-                message: "the status write found no DatabaseUser of this UID; retried".into(),
-            })
+            let reason = DatabaseUserReason::KubernetesApiError.as_str();
+            status_write_gone(&ctx.client, user, reason).await
         }
         Write::Unchanged | Write::Written(_) | Write::Conflict => Ok(()),
     }
@@ -153,6 +150,7 @@ pub async fn publish(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
     use serde_json::json;
 
     fn user() -> DatabaseUser {
