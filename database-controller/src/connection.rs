@@ -32,38 +32,25 @@ pub(crate) async fn cached_secret(
     ctx: &Context<State>,
     db: &Database,
 ) -> Result<Option<Arc<Secret>>> {
-    let namespace = db.namespace().unwrap_or_default();
     let name = db.connection_secret_name();
-    let store = ctx.state.tenants.secrets_for(db).await?;
-    if let Some(found) = store.get(&ObjectRef::new(&name).within(&namespace)) {
-        return Ok(Some(found));
-    }
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    Ok(secrets.get_opt(&name).await?.map(Arc::new))
+    ctx.state.tenants.current(db, &name, None).await
 }
 
-/// The connection Secret to decide on: [`cached_secret`], read again from the API when the
-/// cache names another login than the latest status (its watch lags under load; deciding
-/// on the stale copy would undo a rotation: the previous login given out again, the new
-/// one retired), and checked to be this Database's own (a Secret of that name that this
-/// Database did not create is never written, and nothing happens on the server either).
+/// The connection Secret to decide on (`TenantSecrets::current`, the one re-read rule: read
+/// again from the API when the cache names another login than the latest status), checked
+/// to be this Database's own (a Secret of that name that this Database did not create is
+/// never written, and nothing happens on the server either).
 pub(crate) async fn existing_secret(
     ctx: &Context<State>,
     db: &Database,
 ) -> Result<Option<Arc<Secret>>> {
-    let existing = cached_secret(ctx, db).await?;
     let latest_login = ctx.state.statuses.latest(db).login;
-    let existing = match (existing, latest_login.as_deref()) {
-        (Some(found), Some(login)) if secret::username(&found).is_some_and(|u| u != login) => {
-            let secrets: Api<Secret> =
-                Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
-            secrets
-                .get_opt(&db.connection_secret_name())
-                .await?
-                .map(Arc::new)
-        }
-        (existing, _) => existing,
-    };
+    let name = db.connection_secret_name();
+    let existing = ctx
+        .state
+        .tenants
+        .current(db, &name, latest_login.as_deref())
+        .await?;
     if let Some(found) = &existing {
         secret::check_ours(found, db).map_err(secret_conflict)?;
     }

@@ -206,6 +206,30 @@ impl TenantSecrets {
         }
     }
 
+    /// The connection Secret `name` of `db`'s namespace to decide on, by the one re-read
+    /// rule for the Databases' and the users' Secrets alike: the cached copy, unless the
+    /// cache does not hold it (newer than the cache, or not made by dbops: the cache holds
+    /// dbops' Secrets only) or it names another login than `latest_login`, the latest
+    /// status's (the watch lags under load, and deciding on the stale copy gave the
+    /// previous login out again and retired the new one at once): then a GET.
+    pub async fn current(
+        &self,
+        db: &Database,
+        name: &str,
+        latest_login: Option<&str>,
+    ) -> Result<Option<Arc<Secret>>> {
+        let namespace = db.namespace().unwrap_or_default();
+        let store = self.secrets_for(db).await?;
+        let cached = store.get(&kube::runtime::reflector::ObjectRef::new(name).within(&namespace));
+        if let Some(found) = cached
+            && latest_login.is_none_or(|l| secret::username(&found).is_none_or(|u| u == l))
+        {
+            return Ok(Some(found));
+        }
+        let secrets: Api<Secret> = Api::namespaced(self.inner.client.clone(), &namespace);
+        Ok(secrets.get_opt(name).await?.map(Arc::new))
+    }
+
     /// The connection Secret `name` of `namespace` as the cache holds it (password,
     /// username and a digest of the rest), if that namespace is set up.
     pub fn cached(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {

@@ -12,12 +12,10 @@ use dbops_shared::postgres::Session;
 use dbops_shared::server::Resolved;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 
 use super::state::State;
 use crate::error::{Error, Result};
-use crate::secret;
 use crate::{admit::already_on, server_access::server_error};
 
 /// How long a reconcile waits for the Database cache's first list.
@@ -82,7 +80,7 @@ pub async fn confirm_live(ctx: &Context<State>, user: &DatabaseUser) -> Result<(
     crate::live::confirm_live(&ctx.client, user).await
 }
 
-/// The connection Secret, from its namespace's cache or the API. The cache may not show
+/// The user's connection Secret to decide on, by `TenantSecrets::current`'s one re-read rule. The cache may not show
 /// the Secret this controller wrote last yet (its watch lags behind under load): when it
 /// names another login than `latest_role` (the latest status's), the Secret is read from
 /// the API. Deciding on the stale one gave the previous login out again and retired the
@@ -94,15 +92,6 @@ pub async fn connection_secret(
     user: &DatabaseUser,
     latest_role: Option<&str>,
 ) -> Result<Option<Arc<Secret>>> {
-    let namespace = user.namespace().unwrap_or_default();
     let name = user.connection_secret_name();
-    let store = ctx.state.tenants.secrets_for(db).await?;
-    let cached = store.get(&ObjectRef::new(&name).within(&namespace));
-    if let Some(found) = cached
-        && latest_role.is_none_or(|role| secret::username(&found).is_none_or(|u| u == role))
-    {
-        return Ok(Some(found));
-    }
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    Ok(secrets.get_opt(&name).await?.map(Arc::new))
+    ctx.state.tenants.current(db, &name, latest_role).await
 }
