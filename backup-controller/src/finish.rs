@@ -144,9 +144,7 @@ impl End<'_> {
 
 /// The metrics of a completed Backup: its size, how long it took, when it ended.
 fn record_completed(backup: &Backup, ctx: &Context<State>, done: &Completed) {
-    let Some(metrics) = ctx.metrics.backup() else {
-        return;
-    };
+    let metrics = &ctx.state.metrics;
     let started = backup.status.as_ref().and_then(|s| s.started_at.as_ref());
     let seconds = started.map_or(0.0, |s| {
         done.completed_at

@@ -28,6 +28,7 @@ mod dump;
 mod error;
 mod finish;
 mod inventory;
+mod metrics;
 mod reconcile;
 mod retries;
 mod runner;
@@ -142,6 +143,7 @@ async fn main() -> ExitCode {
 /// one of their scheduled Backups changes, and at each slot.
 async fn run(args: Args) -> Result<(), ControllerError> {
     let process = Process::start::<Backup>(CONTROLLER, &args.base.common).await?;
+    let backup_metrics = process.metrics().register(metrics::BackupMetrics::register);
     // Writable, and the store the database-controller reads restores from.
     let store = args.base.store.backup_store.clone();
     // The servers' caches fill while the backup store is checked and the Lease is taken.
@@ -174,6 +176,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                 statuses: Default::default(),
                 retries: Retries::default(),
                 identity: dbops_shared::leader::identity(),
+                metrics: backup_metrics.clone(),
                 verification: Verification {
                     server: args.verify_server,
                     timeout: args.verify_timeout,
@@ -188,7 +191,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
 
             let (scheduled, writer) = reflector::store::<Backup>();
             let recorder = Recorder::new(client, controller::reporter(schedule::CONTROLLER));
-            let mut schedule_state = schedule::State::new(scheduled, recorder);
+            let mut schedule_state = schedule::State::new(scheduled, recorder, backup_metrics);
             schedule_state.verification_max_age = args.verification_max_age;
             let schedule_ctx = run.context(schedule::CONTROLLER, schedule_state);
             let scheduler = run.controller_on(&databases, Trigger::GenerationChange);

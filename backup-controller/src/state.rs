@@ -46,6 +46,8 @@ pub struct State {
     pub identity: String,
     /// Where and how artifacts are verified (`spec.verify`).
     pub verification: Verification,
+    /// The controller's own metrics (completed and verified Backups).
+    pub metrics: crate::metrics::BackupMetrics,
 }
 
 /// The verification settings (`--verify-*`) and the one verification this replica runs

@@ -107,13 +107,12 @@ pub async fn run(backup: &Backup, ctx: &Context<State>, api: &Api<Backup>) -> Re
         tracing::warn!("the verification's outcome was not recorded: another replica took it over");
         return Ok(Action::requeue(CHANGED_UNDER_US));
     }
-    if let Some(metrics) = ctx.metrics.backup() {
-        metrics.record_verification(outcome.result.as_str());
-        if outcome.result == VerificationResult::Passed {
-            let namespace = backup.namespace().unwrap_or_default();
-            let now = jiff::Timestamp::now().as_second();
-            metrics.record_verified(&namespace, &backup.spec.database_ref.name, now);
-        }
+    let metrics = &ctx.state.metrics;
+    metrics.record_verification(outcome.result.as_str());
+    if outcome.result == VerificationResult::Passed {
+        let namespace = backup.namespace().unwrap_or_default();
+        let now = jiff::Timestamp::now().as_second();
+        metrics.record_verified(&namespace, &backup.spec.database_ref.name, now);
     }
     Ok(Action::await_change())
 }
@@ -127,9 +126,13 @@ pub fn remember(backup: &Backup, status: &BackupStatus, ctx: &Context<State>) {
     if v.result != VerificationResult::Passed {
         return;
     }
-    if let (Some(metrics), Some(at)) = (ctx.metrics.backup(), &v.verified_at) {
+    if let Some(at) = &v.verified_at {
         let namespace = backup.namespace().unwrap_or_default();
-        metrics.record_verified(&namespace, &backup.spec.database_ref.name, at.0.as_second());
+        ctx.state.metrics.record_verified(
+            &namespace,
+            &backup.spec.database_ref.name,
+            at.0.as_second(),
+        );
     }
 }
 

@@ -28,6 +28,7 @@ mod expiry;
 mod finalizer;
 mod limits;
 mod live;
+mod metrics;
 mod owner_logins;
 mod plan;
 mod pooler;
@@ -231,6 +232,7 @@ impl Shared {
 /// Database store and the Migration store.
 async fn run(args: Args) -> Result<(), ControllerError> {
     let process = Process::start::<Database>(CONTROLLER, &args.base.common).await?;
+    process.metrics().register(metrics::register);
     // Checked before the controllers start: the store restores read is writable and the
     // one the backup-controller writes (registered in the ConfigMap dbops-backup-store).
     let store = args.base.store.backup_store.clone();

@@ -388,7 +388,7 @@ async fn converge_logins(
 /// server's limits.databaseSize take the returned value.
 fn record_size(db: &Database, ctx: &Context<State>, size_bytes: i64) -> i64 {
     let (namespace, name) = (db.namespace().unwrap_or_default(), db.name_any());
-    dbops_shared::metrics::set_database_size(&namespace, &name, size_bytes);
+    crate::metrics::set_database_size(&namespace, &name, size_bytes);
     ctx.state
         .sizes
         .lock()

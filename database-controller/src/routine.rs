@@ -64,7 +64,7 @@ impl Routine {
         if !self.deferred_since.is(uid, |_| true) {
             self.deferred_since.insert(uid, Instant::now());
         }
-        dbops_shared::metrics::record_routine_check_deferred();
+        crate::metrics::record_routine_check_deferred();
     }
 
     /// The size last read, if read within [`SIZE_EVERY`]: `None` asks for a reading.

@@ -95,7 +95,7 @@ impl State {
             .retain(|(namespace, name)| {
                 let keep = named.contains(&(namespace.clone(), name.clone()));
                 if !keep {
-                    dbops_shared::metrics::forget_database_size(namespace, name);
+                    crate::metrics::forget_database_size(namespace, name);
                 }
                 keep
             });

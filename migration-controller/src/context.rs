@@ -54,6 +54,8 @@ pub struct State {
     /// Testing only (`--debug-fail-at`): this step fails for good once its effects are
     /// done, so that a test can roll back from it.
     pub fail_at: Option<MigrationStep>,
+    /// The controller's own metrics (saga steps, rollbacks).
+    pub metrics: crate::metrics::MigrationMetrics,
 }
 
 /// Which Migrations name which Database: Migration → `spec.databaseRef`, kept up to date

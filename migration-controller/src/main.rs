@@ -51,6 +51,7 @@ mod debug;
 mod dump;
 mod error;
 mod logical;
+mod metrics;
 mod pooled;
 mod progress;
 mod replication;
@@ -78,7 +79,7 @@ use crate::context::{DatabaseIndex, State};
 use crate::debug::{CrashPoint, parse_crash_point, parse_fail_point};
 
 /// The controller name: metrics label, Lease `dbops-migration-controller`, Event reporter.
-const CONTROLLER: &str = dbops_shared::metrics::MIGRATION_CONTROLLER;
+const CONTROLLER: &str = "migration-controller";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -143,6 +144,9 @@ async fn main() -> ExitCode {
 /// a store Preflight reads).
 async fn run(args: Args) -> Result<(), ControllerError> {
     let process = Process::start::<Migration>(CONTROLLER, &args.common).await?;
+    let saga_metrics = process
+        .metrics()
+        .register(metrics::MigrationMetrics::register);
     // The servers' caches fill while the Lease is taken.
     let directory = Directory::for_process(process.client(), &args.common);
     process
@@ -167,6 +171,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
                 baselines: Default::default(),
                 crash_at: args.debug_exit_at,
                 fail_at: args.debug_fail_at,
+                metrics: saga_metrics,
             };
             let ctx = run.context(CONTROLLER, state);
             // Status writes are the controller's own; Backups and Databases have watches

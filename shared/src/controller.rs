@@ -130,6 +130,12 @@ impl Process {
         })
     }
 
+    /// The process's metrics, on which each controller registers the families only it has
+    /// (`Metrics::register`) before the Lease, so every replica shows them.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// The process's rate-limited client, for what starts before the controllers (the
     /// DatabaseServer directory: its caches fill while the backup store is checked and the
     /// Lease is taken, as the first reconciles read them).

@@ -24,18 +24,12 @@
 //!   `dbops_external_request_duration_seconds{target="postgres"}`, what a slot is held
 //!   for besides SQL);
 //!
-//! in the backup-controller only ([`BackupMetrics`]):
-//!
-//! - `dbops_backup_bytes_total`: bytes of completed backup artifacts;
-//! - `dbops_backup_duration_seconds`: time from a Backup's start to its completion;
-//! - `dbops_backup_last_success_timestamp_seconds{namespace, database}`: when the last
-//!   Backup of a Database completed (Unix time);
-//!
-//! and in the migration-controller only ([`MigrationMetrics`]):
-//!
-//! - `dbops_migration_step_duration_seconds{step}`: time from a saga step's start to its
-//!   success (across controller restarts, from the times in the Migration's status);
-//! - `dbops_migration_rollbacks_total{failed_step}`: rollbacks started, by failed step.
+//! Each controller registers the families only it has on the same registry, with
+//! [`Metrics::register`] and [`register_metrics!`](crate::register_metrics), in its own
+//! crate (its `metrics.rs`): the database-controller its Databases' sizes and deferred
+//! routine checks, the backup-controller its Backups' bytes, durations and
+//! verifications, the migration-controller its saga steps and rollbacks. Nothing here
+//! picks families by the controller's name.
 
 use std::{
     collections::BTreeMap,
@@ -47,7 +41,6 @@ use std::{
 use prometheus_client::{
     encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder, text::encode},
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
-    registry::{Registry, Unit},
 };
 
 /// Upper bounds (seconds) of the reconcile duration buckets.
@@ -56,63 +49,47 @@ const DURATION_BUCKETS: [f64; 11] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 /// Registers metric families on a registry, each `"name" [in Unit] => family, "help";`
 /// (the unit, `Seconds` or `Bytes`, becomes the name's suffix). The registry keeps a clone
 /// of each family: a handle on the same series.
-macro_rules! register {
+#[macro_export]
+macro_rules! register_metrics {
     ($registry:expr; $($name:literal $(in $unit:ident)? => $metric:expr, $help:literal;)*) => {
-        $(register!(@one $registry, $name, $help, $metric $(, $unit)?);)*
+        $($crate::register_metrics!(@one $registry, $name, $help, $metric $(, $unit)?);)*
     };
     (@one $registry:expr, $name:literal, $help:literal, $metric:expr) => {
         $registry.register($name, $help, $metric.clone())
     };
     (@one $registry:expr, $name:literal, $help:literal, $metric:expr, $unit:ident) => {
-        $registry.register_with_unit($name, $help, Unit::$unit, $metric.clone())
+        $registry.register_with_unit($name, $help, $crate::metrics::Unit::$unit, $metric.clone())
     };
 }
 
-mod backup;
+use crate::register_metrics as register;
+
 mod families;
-mod migration;
 mod requests;
 
-use families::Histograms;
-
-pub use backup::BackupMetrics;
-pub use migration::MigrationMetrics;
+pub use families::Histograms;
+pub use prometheus_client::registry::{Registry, Unit};
 pub use requests::*;
 
 /// The registry of a process and the metrics of its controller.
 #[derive(Debug)]
 pub struct Metrics {
-    registry: Arc<Registry>,
+    /// Locked to register a controller's own families and for each scrape.
+    registry: Arc<Mutex<Registry>>,
     controller: ControllerMetrics,
-    migration: Option<MigrationMetrics>,
     resources: Arc<Resources>,
-    backup: Option<BackupMetrics>,
 }
 
-/// The controller whose process also registers [`MigrationMetrics`].
-pub const MIGRATION_CONTROLLER: &str = "migration-controller";
-
 impl Metrics {
-    /// A registry prefixed `dbops` holding the metrics of `controller`.
+    /// A registry prefixed `dbops` holding the metrics every controller has, labelled
+    /// `controller`.
     pub fn new(controller: &str) -> Self {
         let mut registry = Registry::with_prefix("dbops");
-        let migration =
-            (controller == MIGRATION_CONTROLLER).then(|| MigrationMetrics::register(&mut registry));
-        let backup =
-            (controller == BACKUP_CONTROLLER).then(|| BackupMetrics::register(&mut registry));
         let controller = ControllerMetrics::register(&mut registry, controller);
         let resources = Arc::new(Resources::default());
         register! { registry;
             "resources" => resources.gauge,
                 "Objects in the controller's watch store by condition type and status";
-        }
-        if controller.controller == DATABASE_CONTROLLER {
-            register! { registry;
-                "database_size_bytes" => DATABASE_SIZE,
-                    "Size on disk of each Database's database (pg_database_size) at its last reading";
-                "routine_checks_deferred" => ROUTINE_CHECKS_DEFERRED,
-                    "Routine full checks of converged Databases put off because every session slot of their server was busy";
-            }
         }
         register! { registry;
             "external_requests" => EXTERNAL_REQUESTS,
@@ -127,12 +104,18 @@ impl Metrics {
                 "Time a PostgreSQL session slot was held, from its grant to the session's return";
         }
         Self {
-            registry: Arc::new(registry),
+            registry: Arc::new(Mutex::new(registry)),
             controller,
-            migration,
             resources,
-            backup,
         }
+    }
+
+    /// Registers the families only this controller has, with `families` (its crate's
+    /// `metrics::register`), and hands back what it returns: the handles the controller
+    /// records through. Called at the process's start, so `/metrics` shows them from the
+    /// first scrape, on every replica.
+    pub fn register<T>(&self, families: impl FnOnce(&mut Registry) -> T) -> T {
+        families(&mut self.registry.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// The same registry and metric families, labelled `controller`: for a second
@@ -144,9 +127,7 @@ impl Metrics {
                 controller: controller.to_owned(),
                 ..self.controller.clone()
             },
-            migration: self.migration.clone(),
             resources: self.resources.clone(),
-            backup: self.backup.clone(),
         }
     }
 
@@ -169,18 +150,8 @@ impl Metrics {
             .push(source);
     }
 
-    /// The backup metrics; present in the backup-controller only.
-    pub fn backup(&self) -> Option<&BackupMetrics> {
-        self.backup.as_ref()
-    }
-
     pub fn controller(&self) -> &ControllerMetrics {
         &self.controller
-    }
-
-    /// The saga metrics; present in the migration-controller only.
-    pub fn migration(&self) -> Option<&MigrationMetrics> {
-        self.migration.as_ref()
     }
 
     /// Everything registered, in the OpenMetrics text format.
@@ -194,7 +165,9 @@ impl Metrics {
         self.resources.refresh(&sources);
         self.controller.in_flight.refresh();
         let mut body = String::new();
-        encode(&mut body, &self.registry).map_err(|_| MetricsError::Encode)?;
+        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        encode(&mut body, &registry).map_err(|_| MetricsError::Encode)?;
+        drop(registry);
         drop(sources);
         Ok(body)
     }
@@ -382,12 +355,6 @@ impl Drop for ReconcileTimer {
     }
 }
 
-/// The controller whose process also registers [`BackupMetrics`].
-pub const BACKUP_CONTROLLER: &str = "backup-controller";
-
-/// The database-controller's name (its registry holds `dbops_database_size_bytes`).
-pub const DATABASE_CONTROLLER: &str = "database-controller";
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResourceLabels {
     controller: String,
@@ -508,15 +475,24 @@ mod tests {
     }
 
     #[test]
-    fn migration_steps_and_rollbacks_are_measured_in_the_migration_controller_only() {
-        let metrics = Metrics::new(MIGRATION_CONTROLLER);
-        let migration = metrics.migration().unwrap();
-        migration.observe_step("CopyData", 2.0);
-        migration.record_rollback("Verify");
+    fn a_controllers_own_families_are_registered_by_it_on_the_same_registry() {
+        let metrics = Metrics::new("some-controller");
+        let own: Counter = metrics.register(|registry| {
+            let own = Counter::default();
+            register! { registry;
+                "own_things" => own, "Things only this controller counts";
+            }
+            own
+        });
+        own.inc();
         let text = metrics.encode().unwrap();
-        assert!(text.contains(r#"dbops_migration_step_duration_seconds_count{step="CopyData"} 1"#));
-        assert!(text.contains(r#"dbops_migration_rollbacks_total{failed_step="Verify"} 1"#));
-        assert!(Metrics::new("database-controller").migration().is_none());
+        assert!(text.contains("dbops_own_things_total 1"), "{text}");
+        assert!(
+            !Metrics::new("another")
+                .encode()
+                .unwrap()
+                .contains("own_things")
+        );
     }
 
     #[test]
@@ -546,23 +522,10 @@ mod tests {
     }
 
     #[test]
-    fn external_requests_and_backups_are_counted() {
-        let metrics = Metrics::new(BACKUP_CONTROLLER);
+    fn external_requests_are_counted() {
+        let metrics = Metrics::new("backup-controller");
         record_external_request(Target::Store, "ok");
-        metrics
-            .backup()
-            .unwrap()
-            .record_completed("ns", "orders", 1234, 2.0, 1_700_000_000);
         let text = metrics.encode().unwrap();
         assert!(text.contains(r#"dbops_external_requests_total{target="store",outcome="ok"}"#));
-        assert!(text.contains("dbops_backup_bytes_total 1234"), "{text}");
-        assert!(
-            text.contains("dbops_backup_duration_seconds_count 1"),
-            "{text}"
-        );
-        assert!(text.contains(
-            r#"dbops_backup_last_success_timestamp_seconds{namespace="ns",database="orders"} 1700000000"#
-        ), "{text}");
-        assert!(Metrics::new("database-controller").backup().is_none());
     }
 }

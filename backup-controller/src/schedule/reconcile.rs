@@ -24,9 +24,9 @@ const MAX_WAIT: Duration = Duration::from_secs(3600);
 pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Action, Error> {
     let namespace = db.namespace().unwrap_or_default();
     let forget = || {
-        if let Some(metrics) = ctx.metrics.backup() {
-            metrics.forget_schedule(&namespace, &db.name_any());
-        }
+        ctx.state
+            .metrics
+            .forget_schedule(&namespace, &db.name_any());
     };
     let Some(spec) = db.spec.backup.as_ref() else {
         forget();
@@ -53,7 +53,8 @@ pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Ac
         .map(|r| usize::try_from(r.keep_last).unwrap_or(1).max(1));
     let name = db.name_any();
     let plan = plan(&schedule, &name, created, now, &existing, keep_last);
-    if let (Some(metrics), Some(interval)) = (ctx.metrics.backup(), schedule.interval_after(now)) {
+    if let Some(interval) = schedule.interval_after(now) {
+        let metrics = &ctx.state.metrics;
         metrics.set_schedule_interval(&namespace, &name, interval);
         if spec.verify {
             let max_age =

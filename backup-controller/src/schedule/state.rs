@@ -8,6 +8,8 @@ use dbops_api::Backup;
 use dbops_shared::events::Recorder;
 use kube::runtime::reflector::Store;
 
+use crate::metrics::BackupMetrics;
+
 /// The scheduler's own state.
 pub struct State {
     /// The Backups that carry the label [`SCHEDULE_OF`](dbops_api::names::label::SCHEDULE_OF), from a reflector.
@@ -15,15 +17,18 @@ pub struct State {
     pub recorder: Recorder,
     /// `--verification-max-age`: for the metric of Databases whose schedule verifies.
     pub verification_max_age: std::time::Duration,
+    /// The controller's own metrics (schedule intervals, verification ages).
+    pub metrics: BackupMetrics,
     /// The generation of each Database (by UID) whose invalid spec was already reported.
     warned: Mutex<HashMap<String, Option<i64>>>,
 }
 
 impl State {
-    pub fn new(backups: Store<Backup>, recorder: Recorder) -> Self {
+    pub fn new(backups: Store<Backup>, recorder: Recorder, metrics: BackupMetrics) -> Self {
         Self {
             backups,
             recorder,
+            metrics,
             verification_max_age: std::time::Duration::from_secs(8 * 24 * 3600),
             warned: Mutex::new(HashMap::new()),
         }
@@ -56,7 +61,9 @@ mod tests {
         >();
         let client = kube::Client::new(service, "default");
         let reporter = dbops_shared::controller::reporter(CONTROLLER);
-        let state = State::new(store, Recorder::new(client, reporter));
+        let metrics = dbops_shared::metrics::Metrics::new(CONTROLLER);
+        let metrics = metrics.register(BackupMetrics::register);
+        let state = State::new(store, Recorder::new(client, reporter), metrics);
         assert!(state.first_warning("u", Some(1)));
         assert!(!state.first_warning("u", Some(1)));
         assert!(state.first_warning("u", Some(2)));

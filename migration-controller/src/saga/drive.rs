@@ -248,9 +248,7 @@ async fn succeeded(saga: &mut Saga<'_>, step: MigrationStep, message: String) ->
     let seconds = progress::succeed(&mut status, step, message.clone());
     let event = note(true, format!("{}Succeeded", step.as_str()), message);
     saga.write(Desired::new(status).with(event)).await?;
-    if let Some(metrics) = saga.ctx.metrics.migration() {
-        metrics.observe_step(step.as_str(), seconds);
-    }
+    saga.ctx.state.metrics.observe_step(step.as_str(), seconds);
     Ok(())
 }
 

@@ -28,9 +28,7 @@ pub async fn begin(
         format!("{reason}: {message}; undoing the steps that ran"),
     );
     saga.write(Desired::new(status).with(started)).await?;
-    if let Some(metrics) = saga.ctx.metrics.migration() {
-        metrics.record_rollback(step.as_str());
-    }
+    saga.ctx.state.metrics.record_rollback(step.as_str());
     Ok(())
 }
 

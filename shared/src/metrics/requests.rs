@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder},
-    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    metrics::{counter::Counter, family::Family, histogram::Histogram},
 };
 
 /// Where an external request went.
@@ -33,34 +33,6 @@ impl EncodeLabelValue for Target {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
         encoder.write_str(self.as_str())
     }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(super) struct SizeLabels {
-    namespace: String,
-    database: String,
-}
-
-/// `dbops_database_size_bytes{namespace, database}` (the Database's metadata.name).
-pub(super) static DATABASE_SIZE: LazyLock<Family<SizeLabels, Gauge>> =
-    LazyLock::new(Family::default);
-
-/// Sets the size of Database `namespace/database`.
-pub fn set_database_size(namespace: &str, database: &str, bytes: i64) {
-    DATABASE_SIZE
-        .get_or_create(&SizeLabels {
-            namespace: namespace.to_owned(),
-            database: database.to_owned(),
-        })
-        .set(bytes);
-}
-
-/// Drops the series of a Database that is gone.
-pub fn forget_database_size(namespace: &str, database: &str) {
-    DATABASE_SIZE.remove(&SizeLabels {
-        namespace: namespace.to_owned(),
-        database: database.to_owned(),
-    });
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -150,13 +122,6 @@ pub fn observe_queue_wait(queue: Queue, waited: std::time::Duration) {
     QUEUE_WAIT
         .get_or_create(&QueueLabels { queue })
         .observe(waited.as_secs_f64());
-}
-
-pub(super) static ROUTINE_CHECKS_DEFERRED: LazyLock<Counter> = LazyLock::new(Counter::default);
-
-/// Counts one routine check put off for a busy server.
-pub fn record_routine_check_deferred() {
-    ROUTINE_CHECKS_DEFERRED.inc();
 }
 
 pub(super) static SESSION_HELD: LazyLock<Histogram> =

@@ -1,12 +1,20 @@
-//! The backup-controller's metrics of completed and verified Backups
-//! ([`BackupMetrics`]), registered by [`super::Metrics::new`] in that controller's
-//! process only.
+//! The backup-controller's own metrics of completed and verified Backups
+//! ([`BackupMetrics`]), registered on the process's registry at its start
+//! (`dbops_shared::metrics::Metrics::register`):
+//!
+//! - `dbops_backup_bytes_total`: bytes of completed backup artifacts;
+//! - `dbops_backup_duration_seconds`: time from a Backup's start to its completion;
+//! - `dbops_backup_last_success_timestamp_seconds{namespace, database}`: when the last
+//!   Backup of a Database completed (Unix time);
+//! - the schedule's interval and the verifications' results and ages.
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
-    registry::{Registry, Unit},
 };
+
+use dbops_shared::metrics::Registry;
+use dbops_shared::register_metrics as register;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BackupLabels {
@@ -37,7 +45,7 @@ pub struct BackupMetrics {
 }
 
 impl BackupMetrics {
-    pub(super) fn register(registry: &mut Registry) -> Self {
+    pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self {
             bytes: Counter::default(),
             duration: Histogram::new(BACKUP_BUCKETS),
@@ -159,5 +167,29 @@ impl BackupMetrics {
                 database: database.to_owned(),
             })
             .set(completed_unix);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dbops_shared::metrics::Metrics;
+
+    #[test]
+    fn completed_backups_are_measured_on_the_process_registry() {
+        let metrics = Metrics::new("backup-controller");
+        let backups = metrics.register(BackupMetrics::register);
+        backups.record_completed("ns", "orders", 1234, 2.0, 1_700_000_000);
+        let text = metrics.encode().unwrap();
+        assert!(text.contains("dbops_backup_bytes_total 1234"), "{text}");
+        assert!(
+            text.contains("dbops_backup_duration_seconds_count 1"),
+            "{text}"
+        );
+        assert!(text.contains(
+            r#"dbops_backup_last_success_timestamp_seconds{namespace="ns",database="orders"} 1700000000"#
+        ), "{text}");
+        let other = Metrics::new("database-controller").encode().unwrap();
+        assert!(!other.contains("dbops_backup_bytes"), "{other}");
     }
 }

@@ -1,13 +1,17 @@
-//! The migration-controller's saga metrics ([`MigrationMetrics`]), registered by
-//! [`super::Metrics::new`] in that controller's process only.
+//! The migration-controller's own saga metrics ([`MigrationMetrics`]), registered on the
+//! process's registry at its start (`dbops_shared::metrics::Metrics::register`):
+//!
+//! - `dbops_migration_step_duration_seconds{step}`: time from a saga step's start to its
+//!   success (across controller restarts, from the times in the Migration's status);
+//! - `dbops_migration_rollbacks_total{failed_step}`: rollbacks started, by failed step.
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, histogram::Histogram},
-    registry::{Registry, Unit},
 };
 
-use super::families::Histograms;
+use dbops_shared::metrics::{Histograms, Registry};
+use dbops_shared::register_metrics as register;
 
 /// Upper bounds (seconds) of the migration step duration buckets: a step lasts from
 /// milliseconds (Preflight) to an hour (CopyData of a large database).
@@ -33,7 +37,7 @@ pub struct MigrationMetrics {
 }
 
 impl MigrationMetrics {
-    pub(super) fn register(registry: &mut Registry) -> Self {
+    pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self {
             step_duration: Histograms::new_with_constructor(|| Histogram::new(STEP_BUCKETS)),
             rollbacks: Family::default(),
@@ -63,5 +67,24 @@ impl MigrationMetrics {
                 failed_step: failed_step.to_owned(),
             })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dbops_shared::metrics::Metrics;
+
+    #[test]
+    fn saga_steps_and_rollbacks_are_measured_on_the_process_registry() {
+        let metrics = Metrics::new("migration-controller");
+        let saga = metrics.register(MigrationMetrics::register);
+        saga.observe_step("CopyData", 2.0);
+        saga.record_rollback("Verify");
+        let text = metrics.encode().unwrap();
+        assert!(text.contains(r#"dbops_migration_step_duration_seconds_count{step="CopyData"} 1"#));
+        assert!(text.contains(r#"dbops_migration_rollbacks_total{failed_step="Verify"} 1"#));
+        let other = Metrics::new("database-controller").encode().unwrap();
+        assert!(!other.contains("migration_step"), "{other}");
     }
 }
