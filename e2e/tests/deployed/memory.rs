@@ -18,6 +18,7 @@ use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
 use crate::bed::{Bed, CONTROLLERS, MAIN, Tenant, bed, container_id};
+use crate::observe::http_get;
 
 /// The working set of `pod`'s first container, in bytes.
 fn working_set(pod: &Pod) -> u64 {
@@ -142,5 +143,88 @@ async fn controllers_memory_at_idle_and_with_1000_databases() {
         "{count} Databases Ready in {:.1}s",
         start.elapsed().as_secs_f64()
     );
+    // Where the time went, from the leader's own metrics: a slow run (142.7 s against
+    // 33.7-49.7 s in other CI runs) left nothing to tell throttling from a stall.
+    match leader_metrics(bed).await {
+        Ok(body) => eprintln!("database-controller leader, {}", spent(&body)),
+        Err(e) => eprintln!("database-controller leader's metrics not read: {e:#}"),
+    }
     report(&format!("with {count} Databases"), &measure(bed).await);
+}
+
+/// The `/metrics` of the Pod that leads the database-controller, by its Pod IP.
+async fn leader_metrics(bed: &Bed) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let leader = bed
+        .leader("database-controller")
+        .await?
+        .context("no leader")?;
+    let pod = bed
+        .pods_of("database-controller")
+        .await?
+        .into_iter()
+        .find(|p| p.name_any() == leader)
+        .with_context(|| format!("the leader {leader} is not one of the Pods"))?;
+    let ip = pod
+        .status
+        .and_then(|s| s.pod_ip)
+        .with_context(|| format!("{leader} has no Pod IP"))?;
+    let (status, body) = http_get(&ip, 8080, "/metrics")?;
+    anyhow::ensure!(status == 200, "{leader}/metrics answered {status}");
+    Ok(body)
+}
+
+/// The sum of every series of `family` in an OpenMetrics text whose labels contain each
+/// of `labels` (`verb="get"`).
+fn total(body: &str, family: &str, labels: &[&str]) -> f64 {
+    body.lines()
+        .filter(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, |sum, v| sum + v)
+}
+
+/// API requests by verb, the API's refusals, and the time spent waiting for the rate
+/// limit and for PostgreSQL session slots, from a controller's `/metrics`.
+fn spent(body: &str) -> String {
+    let requests = "dbops_kubernetes_requests_total";
+    let verbs: Vec<String> = ["get", "list", "create", "patch", "update", "delete"]
+        .iter()
+        .map(|v| format!("{v} {}", total(body, requests, &[&format!("verb=\"{v}\"")])))
+        .collect();
+    let external = "dbops_external_requests_total";
+    let kube = r#"target="kubernetes""#;
+    let wait = "dbops_queue_wait_seconds_sum";
+    format!(
+        "API requests: {} ({}); refused {} (4xx), failed {} (5xx); waited {:.1} s for the rate limit, {:.1} s for session slots; reconcile errors {}",
+        total(body, requests, &[]) - total(body, requests, &[r#"verb="watch""#]),
+        verbs.join(", "),
+        total(body, external, &[kube, r#"outcome="client_error""#]),
+        total(body, external, &[kube, r#"outcome="server_error""#]),
+        total(body, wait, &[r#"queue="api_rate_limit""#]),
+        total(body, wait, &[r#"queue="postgres_session""#]),
+        total(body, "dbops_reconcile_errors_total", &[]),
+    )
+}
+
+#[test]
+fn spent_reads_the_families_it_names() {
+    let body = "# TYPE dbops_kubernetes_requests counter\n\
+        dbops_kubernetes_requests_total{verb=\"get\",resource=\"secrets\"} 3\n\
+        dbops_kubernetes_requests_total{verb=\"watch\",resource=\"databases\"} 1\n\
+        dbops_kubernetes_requests_total{verb=\"patch\",resource=\"databases/status\"} 2\n\
+        dbops_external_requests_total{target=\"kubernetes\",outcome=\"client_error\"} 4\n\
+        dbops_queue_wait_seconds_sum{queue=\"api_rate_limit\"} 1.5\n\
+        dbops_reconcile_errors_total{controller=\"database-controller\",reason=\"X\"} 2\n";
+    let line = spent(body);
+    assert!(
+        line.starts_with("API requests: 5 (get 3, list 0, create 0, patch 2"),
+        "{line}"
+    );
+    assert!(line.contains("refused 4 (4xx)"), "{line}");
+    assert!(line.contains("waited 1.5 s for the rate limit"), "{line}");
+    assert!(line.ends_with("reconcile errors 2"), "{line}");
 }
