@@ -127,12 +127,7 @@ impl Note {
         reason: impl Into<String>,
         message: impl Into<String>,
     ) -> Self {
-        Self {
-            normal: true,
-            action,
-            reason: reason.into(),
-            message: message.into(),
-        }
+        Self::of(true, action, reason, message)
     }
 
     pub fn warning(
@@ -140,12 +135,7 @@ impl Note {
         reason: impl Into<String>,
         message: impl Into<String>,
     ) -> Self {
-        Self {
-            normal: false,
-            action,
-            reason: reason.into(),
-            message: message.into(),
-        }
+        Self::of(false, action, reason, message)
     }
 }
 
@@ -306,15 +296,7 @@ impl<K: HasStatus> StatusWriter<K> {
         };
         self.remember(&uid, desired.status, written.resource_version(), cache);
         for note in &desired.notes {
-            crate::events::publish(
-                recorder,
-                &written,
-                note.normal,
-                note.action,
-                &note.reason,
-                &note.message,
-            )
-            .await;
+            announce(recorder, &written, note).await;
         }
         Ok(Write::Written(Box::new(written)))
     }
