@@ -11,8 +11,23 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 
-/// Confirms that `held`, the Database (or DatabaseUser) this reconcile read when it began, is still the live
-/// object of its name: the same UID, not being deleted, at the same generation. Called
+/// What a reconcile acts for and checks the liveness of: a Database or a DatabaseUser
+/// (any namespaced kind the API can GET).
+pub(crate) trait Held:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned
+{
+}
+
+impl<K> Held for K where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned
+{
+}
+
+/// Confirms that `held`, the Database or DatabaseUser this reconcile read when it began,
+/// is still the live object of its name: the same UID, not being deleted, at the same generation. Called
 /// before each change on the server (and before its connection Secret is written), so
 /// after whatever the reconcile waited for on the way: its namespace's connection Secrets
 /// (`tenant_secrets`: a RoleBinding in force, a first list), a session slot on the
@@ -26,13 +41,7 @@ use crate::error::{Error, Result};
 /// `get`); a consistent LIST is served from the watch cache once the cache has caught up
 /// with etcd, which under a burst of writes made it the slowest request of a reconcile,
 /// made while holding a session slot (issue 25).
-pub(crate) async fn confirm_live<K>(client: &kube::Client, held: &K) -> Result<()>
-where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-        + Clone
-        + Debug
-        + DeserializeOwned,
-{
+pub(crate) async fn confirm_live<K: Held>(client: &kube::Client, held: &K) -> Result<()> {
     let api: Api<K> = Api::namespaced(client.clone(), &held.namespace().unwrap_or_default());
     let live = api.get_opt(&held.name_any()).await?;
     match superseded(held, live.as_ref()) {
@@ -45,17 +54,11 @@ where
 /// (`dbops_shared::status::Write::Gone`) means for the reconcile: [`Error::Superseded`]
 /// when the object is gone or replaced (the reconcile is abandoned), else (the write
 /// raced a read that says it is live) a retry with `reason`.
-pub(crate) async fn status_write_gone<K>(
+pub(crate) async fn status_write_gone<K: Held>(
     client: &kube::Client,
     held: &K,
     reason: &'static str,
-) -> Result<()>
-where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-        + Clone
-        + Debug
-        + DeserializeOwned,
-{
+) -> Result<()> {
     confirm_live(client, held).await?;
     Err(Error::Retry {
         reason,

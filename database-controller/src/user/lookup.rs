@@ -1,6 +1,6 @@
 //! What a DatabaseUser's reconcile reads before it acts: its Database (from the Database
-//! controller's cache), the server that Database is on, sessions there, whether the
-//! object read is still the live one, and its connection Secret.
+//! controller's cache), the server that Database is on, sessions there, and its
+//! connection Secret. Whether the user read is still the live one is `crate::live`'s.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,18 +74,10 @@ pub async fn admin_session(
         .await?)
 }
 
-/// Confirms `user` is still the live object of its name (`crate::live::confirm_live`, the
-/// check the Database's reconcile makes), before each change on a server.
-pub async fn confirm_live(ctx: &Context<State>, user: &DatabaseUser) -> Result<()> {
-    crate::live::confirm_live(&ctx.client, user).await
-}
-
-/// The user's connection Secret to decide on, by `TenantSecrets::current`'s one re-read rule. The cache may not show
-/// the Secret this controller wrote last yet (its watch lags behind under load): when it
-/// names another login than `latest_role` (the latest status's), the Secret is read from
-/// the API. Deciding on the stale one gave the previous login out again and retired the
-/// new one at once (dbops-bench users, about 1 credential in 300 per rotation of all of
-/// them).
+/// The user's connection Secret to decide on, by `TenantSecrets::current`'s one re-read
+/// rule (read again when the cache names another login than `latest_role`, the latest
+/// status's; deciding on a stale copy retired about 1 new credential in 300 per rotation of
+/// every user in dbops-bench).
 pub async fn connection_secret(
     ctx: &Context<State>,
     db: &Database,

@@ -16,13 +16,12 @@ use kube::ResourceExt;
 use kube::api::Api;
 
 use super::grants;
-use super::lookup::{
-    admin_session, confirm_live, connection_secret, database_of, server_of_database,
-};
+use super::lookup::{admin_session, connection_secret, database_of, server_of_database};
 use super::state::State;
 use super::teardown::drop_on;
 use crate::error::template_error;
 use crate::error::{Error, Result};
+use crate::live::confirm_live;
 use crate::role_sql::{self as sql, RoleState};
 use crate::rotation::turn::{self, Inputs, Kept, Shape};
 use crate::secret::{self, Owner};
@@ -106,11 +105,11 @@ pub async fn provision(user: &DatabaseUser, ctx: &Context<State>) -> Result<Done
     let plan = plan_logins(user, status, existing, &roles, shape);
     if !roles.iter().any(|r| r.name == group) {
         crate::admit::admin_may(target, &[Capability::CreateRole], "a DatabaseUser")?;
-        confirm_live(ctx, user).await?;
+        confirm_live(&ctx.client, user).await?;
         sql::create_group(&mut session, &group, &mark).await?;
     }
     turn::apply(&mut session, &plan, &roles, shape, || {
-        confirm_live(ctx, user)
+        confirm_live(&ctx.client, user)
     })
     .await?;
     for login in plan.retired() {
@@ -241,7 +240,7 @@ async fn grant(
     let mut in_db = admin_session(ctx, target, &database).await?;
     let grants = grants::observe_grants(&in_db, scope).await?;
     if !grants.converged {
-        confirm_live(ctx, user).await?;
+        confirm_live(&ctx.client, user).await?;
         grants::grant(&mut in_db, scope, &grants).await?;
     }
     Ok(grants.missing_schemas)
@@ -284,7 +283,7 @@ async fn write_secret(
         &user.connection_secret_name(),
         existing,
         desired,
-        confirm_live(ctx, user),
+        confirm_live(&ctx.client, user),
         |found| secret::check_owned(found, &Owner::user(user)).map_err(secret_conflict),
     )
     .await
