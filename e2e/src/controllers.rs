@@ -150,12 +150,20 @@ impl ControllerProcess {
             Err(e) => panic!("GET /metrics: {e:#}"),
         };
         assert_eq!(code, 200, "{text}");
-        text.lines()
-            .filter(|l| l.starts_with(&format!("{metric}{{")))
-            .filter(|l| labels.iter().all(|want| l.contains(want)))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        series_sum(&text, metric, labels)
     }
+}
+
+/// The sum of a metric's series (`name{...} value` or `name value` lines of a `/metrics`
+/// text) whose labels contain every one of `labels` (such as `verb="get"`).
+pub fn series_sum(body: &str, name: &str, labels: &[&str]) -> f64 {
+    body.lines()
+        .filter_map(|l| l.strip_prefix(name))
+        .filter(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        .filter(|rest| labels.iter().all(|label| rest.contains(label)))
+        .filter_map(|rest| rest.rsplit(' ').next()?.parse::<f64>().ok())
+        // Not `sum()`: an empty f64 sum is -0.0, printed "-0".
+        .fold(0.0, |a, b| a + b)
 }
 
 /// Ends `controller`, if one runs: `signal` (`TERM`, `KILL`), then waits up to `timeout`

@@ -174,22 +174,10 @@ async fn leader_metrics(bed: &Bed) -> anyhow::Result<String> {
     Ok(body)
 }
 
-/// The sum of every series of `family` in an OpenMetrics text whose labels contain each
-/// of `labels` (`verb="get"`).
-fn total(body: &str, family: &str, labels: &[&str]) -> f64 {
-    body.lines()
-        .filter(|l| {
-            l.strip_prefix(family)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .fold(0.0, |sum, v| sum + v)
-}
-
 /// API requests by verb, the API's refusals, and the time spent waiting for the rate
 /// limit and for PostgreSQL session slots, from a controller's `/metrics`.
 fn spent(body: &str) -> String {
+    let total = dbops_e2e::controllers::series_sum;
     let requests = "dbops_kubernetes_requests_total";
     let verbs: Vec<String> = ["get", "list", "create", "patch", "update", "delete"]
         .iter()

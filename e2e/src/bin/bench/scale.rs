@@ -108,17 +108,8 @@ pub(crate) async fn wait_readyz(controller: &ControllerProcess, limit: Duration)
     }
 }
 
-/// The sum of a metric's series (`name{...} value` lines) whose labels contain every one
-/// of `labels` (such as `controller="database-controller"`).
-pub(crate) fn metric_sum(body: &str, name: &str, labels: &[&str]) -> f64 {
-    body.lines()
-        .filter_map(|l| l.strip_prefix(name))
-        .filter(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        .filter(|rest| labels.iter().all(|label| rest.contains(label)))
-        .filter_map(|rest| rest.rsplit(' ').next()?.parse::<f64>().ok())
-        // Not `sum()`: an empty f64 sum is -0.0, printed "-0".
-        .fold(0.0, |a, b| a + b)
-}
+/// The sum of a metric's series whose labels contain every one of `labels`.
+pub(crate) use dbops_e2e::controllers::series_sum as metric_sum;
 
 /// The controller's /metrics, as text.
 pub(crate) async fn metrics(controller: &ControllerProcess) -> Result<String> {
