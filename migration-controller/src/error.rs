@@ -1,11 +1,12 @@
 //! Why a saga step did not finish, sorted by what happens next.
 
+use std::process::ExitStatus;
+
 use dbops_api::{MigrationReason, ProcessReason};
 use dbops_shared::controller::{ErrorKind, ReconcileError};
 use dbops_shared::pg_tools::is_connection_failure;
 use dbops_shared::postgres::PgError;
 use dbops_shared::server::ServerError;
-use std::process::ExitStatus;
 
 /// In the one vocabulary of `dbops_shared::controller::ErrorKind`: [`Error::Permanent`]
 /// (before SwitchTraffic the saga rolls back at once), every other kind transient

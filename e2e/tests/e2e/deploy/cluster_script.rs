@@ -49,14 +49,12 @@ fn the_previous_runs_state_counts_as_free() {
     let scratch = tempfile::tempdir_in(paths::repo_root().join("target")).unwrap();
     let state = scratch.path().join("cluster");
     std::fs::create_dir_all(&state).unwrap();
-    let old = std::fs::File::create(state.join("old-node")).unwrap();
     let status = Command::new("fallocate")
         .args(["-l", "2GiB"])
         .arg(state.join("old-node"))
         .status()
         .unwrap();
     assert!(status.success(), "fallocate");
-    drop(old);
     // A floor 1 GiB above what is free now: met only when the old state counts.
     let floor = free_kib(&state) / GIB + 1;
     let out = cluster("room", &state, floor);
@@ -65,7 +63,7 @@ fn the_previous_runs_state_counts_as_free() {
         out.status.success(),
         "floor {floor} GiB with 2 GiB of old state: {stderr}"
     );
-    // Without the old state the same floor is not met.
+    // Without the old state, a floor 1 GiB above what is free is refused.
     std::fs::remove_file(state.join("old-node")).unwrap();
     let out = cluster("room", &state, free_kib(&state) / GIB + 1);
     assert!(
