@@ -43,7 +43,7 @@ pub use migration::{
 };
 pub use reasons::{
     BackupReason, DatabaseReason, DatabaseServerReason, DatabaseUserReason, MigrationReason,
-    ProcessReason, Reason, ReasonClass, UnknownReason,
+    ProcessReason, Reason, ReasonClass, SharedReason, UnknownReason,
 };
 pub use server::{
     DatabaseServer, DatabaseServerSpec, DatabaseServerStatus, PoolMode, PoolerSpec, PoolerStatus,

@@ -90,7 +90,7 @@ pub async fn run(
     );
     let manifest = seal_manifest(manifest, recipients.as_ref())?;
     let body = serde_json::to_vec_pretty(&manifest).map_err(|e| {
-        Failure::transient(
+        Failure::new(
             BackupReason::ManifestFailed,
             format!("encoding the manifest: {e}"),
         )
@@ -213,7 +213,7 @@ async fn pick_pg_dump(
     drop(session);
     let pg_dumps = state.clients.pg_dumps().await;
     if pg_dumps.is_empty() {
-        return Err(Failure::transient(
+        return Err(Failure::new(
             BackupReason::ClientProgramFailed,
             "no pg_dump answered `--version` (the log says why)",
         ));
@@ -221,7 +221,7 @@ async fn pick_pg_dump(
     let server_major = u32::try_from(server_version_num / 10000).unwrap_or(0);
     let pg_dump = pg_tools::pick_dump(&pg_dumps, server_major, &server_version)
         .map_err(|refusal| {
-            Failure::permanent(
+            Failure::new(
                 backup_reason(refusal.reason, BackupReason::PgDumpTooOld),
                 format!("{refusal}: run the backup-controller with one (--pg-dump, --pg-bin-dir)"),
             )
@@ -247,7 +247,7 @@ fn recipients(state: &State) -> Result<Option<Recipients>, Failure> {
         Recipients::parse,
     )
     .map(Some)
-    .map_err(|message| Failure::transient(BackupReason::EncryptionKeysInvalid, message))
+    .map_err(|message| Failure::new(BackupReason::EncryptionKeysInvalid, message))
 }
 
 /// The manifest with its `database` (names, server address) and `inventory` (table
@@ -270,7 +270,7 @@ fn seal_manifest(
         .map_err(std::io::Error::other)
         .and_then(|plain| recipients.seal_armored(&plain))
         .map_err(|e| {
-            Failure::transient(
+            Failure::new(
                 BackupReason::ManifestFailed,
                 format!("encrypting the manifest: {e}"),
             )
@@ -298,7 +298,7 @@ async fn dump_into_store(
         .map(Recipients::sealer)
         .transpose()
         .map_err(|e| {
-            Failure::transient(
+            Failure::new(
                 BackupReason::EncryptionKeysInvalid,
                 format!("encrypting the dump: {e}"),
             )
@@ -375,7 +375,7 @@ async fn server_of(ctx: &Context<State>, db: &Database) -> Result<Resolved, Fail
     };
     resolved.await.map_err(|e| {
         let reason = backup_reason(e.reason(), BackupReason::ServerNotFound);
-        Failure::transient(reason, e.to_string())
+        Failure::new(reason, e.to_string())
     })
 }
 

@@ -25,7 +25,7 @@ pub async fn dereference(backup: &Backup, ctx: &Context<State>) -> Result<Derefe
     let name = &backup.spec.database_ref.name;
     let databases: Api<Database> = Api::namespaced(ctx.client.clone(), &namespace);
     let Some(db) = databases.get_opt(name).await? else {
-        return Ok(Dereferenced::Missing(Failure::permanent(
+        return Ok(Dereferenced::Missing(Failure::new(
             BackupReason::DatabaseNotFound,
             format!("Database {namespace}/{name} does not exist"),
         )));
@@ -33,7 +33,7 @@ pub async fn dereference(backup: &Backup, ctx: &Context<State>) -> Result<Derefe
     if let Some(wanted) = backup.annotations().get(annotation::DATABASE_UID)
         && db.uid().as_ref() != Some(wanted)
     {
-        return Ok(Dereferenced::Missing(Failure::permanent(
+        return Ok(Dereferenced::Missing(Failure::new(
             BackupReason::DatabaseReplaced,
             format!(
                 "Backup is for the Database {namespace}/{name} with UID {wanted}, but the Database of that name now has UID {}: it was deleted and created again, and is not dumped in its place",

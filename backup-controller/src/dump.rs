@@ -64,12 +64,6 @@ impl DumpError {
             _ => BackupReason::DumpFailed,
         }
     }
-
-    /// Whether retrying cannot help (wrong credentials, a privilege the admin lacks).
-    pub fn is_permanent(&self) -> bool {
-        matches!(self, DumpError::Failed { stderr, .. }
-            if is_auth_failure(stderr) || is_privilege_failure(stderr))
-    }
 }
 
 /// pg_dump was refused something the admin may not read (an admin that is not a
@@ -260,7 +254,7 @@ mod tests {
             waited: Duration::from_secs(10),
         };
         assert_eq!(e.reason(), BackupReason::LockTimeout);
-        assert!(!e.is_permanent());
+        assert!(e.reason().class() != dbops_api::ReasonClass::Failed);
         assert!(e.to_string().contains("public.orders"), "{e}");
     }
 
@@ -278,17 +272,17 @@ mod tests {
             "pg_dump: error: connection to server at \"127.0.0.1\", port 5432 failed: FATAL:  password authentication failed for user \"postgres\"",
         );
         assert_eq!(auth.reason(), BackupReason::AuthenticationFailed);
-        assert!(auth.is_permanent());
+        assert!(auth.reason().class() == dbops_api::ReasonClass::Failed);
         let down = failed(
             "pg_dump: error: connection to server at \"127.0.0.1\", port 1 failed: Connection refused",
         );
         assert_eq!(down.reason(), BackupReason::ServerUnreachable);
-        assert!(!down.is_permanent());
+        assert!(down.reason().class() != dbops_api::ReasonClass::Failed);
         let denied = failed("pg_dump: error: query failed: ERROR:  permission denied for table t");
         assert_eq!(denied.reason(), BackupReason::AdminLacksPrivilege);
-        assert!(denied.is_permanent());
+        assert!(denied.reason().class() == dbops_api::ReasonClass::Failed);
         let other = failed("pg_dump: error: query failed: ERROR:  out of memory");
         assert_eq!(other.reason(), BackupReason::DumpFailed);
-        assert!(!other.is_permanent());
+        assert!(other.reason().class() != dbops_api::ReasonClass::Failed);
     }
 }

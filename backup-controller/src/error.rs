@@ -2,9 +2,9 @@
 //! vocabulary of permanent or retry ([`ErrorKind`]) and the Backup's typed reasons
 //! ([`BackupReason`]).
 
-use dbops_api::reasons::{BackupReason, ProcessReason};
+use dbops_api::reasons::{BackupReason, ProcessReason, SharedReason};
 use dbops_shared::backup_store::StoreError;
-use dbops_shared::controller::{ErrorKind, ReconcileError};
+use dbops_shared::controller::{ErrorKind, ReconcileError, retry_of};
 use dbops_shared::postgres::PgError;
 
 use crate::dump::DumpError;
@@ -24,7 +24,7 @@ impl ReconcileError for Error {
     fn kind(&self) -> ErrorKind {
         match self {
             Error::Kube(_) => ErrorKind::Transient,
-            Error::Store(e) => store_kind(e),
+            Error::Store(e) => retry_of(store_reason(e).class()),
         }
     }
 
@@ -38,45 +38,41 @@ impl ReconcileError for Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Why one attempt produced no artifact: a reason, a message for humans (never a
-/// secret), and whether retrying can help: a [`ErrorKind::Permanent`] failure fails the
-/// Backup at once, a [`ErrorKind::Transient`] one is retried up to `maxRetries`.
+/// Why one attempt produced no artifact: a reason and a message for humans (never a
+/// secret). Whether retrying can help is the reason's class
+/// (`dbops_shared::controller::retry_of`): a `Failed` reason fails the Backup at once, a
+/// `Retried` one is retried up to `maxRetries`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
     pub reason: BackupReason,
     pub message: String,
-    pub kind: ErrorKind,
 }
 
 impl Failure {
-    pub fn transient(reason: BackupReason, message: impl Into<String>) -> Self {
+    pub fn new(reason: BackupReason, message: impl Into<String>) -> Self {
         Self {
             reason,
             message: message.into(),
-            kind: ErrorKind::Transient,
         }
     }
 
-    pub fn permanent(reason: BackupReason, message: impl Into<String>) -> Self {
-        Self {
-            reason,
-            message: message.into(),
-            kind: ErrorKind::Permanent,
-        }
+    /// What happens next, from the reason's class alone.
+    pub fn kind(&self) -> ErrorKind {
+        retry_of(self.reason.class())
     }
 
     pub fn is_permanent(&self) -> bool {
-        self.kind == ErrorKind::Permanent
+        self.kind() == ErrorKind::Permanent
     }
 }
 
-/// The Backup reason a reason of the shared crate names (a server's, PostgreSQL's, the
+/// The Backup reason of a reason of the shared crate (a server's, PostgreSQL's, the
 /// pick of a pg_dump): every one the backup-controller meets is a [`BackupReason`] (the
 /// tests below hold them); another would be reported as `otherwise`.
-pub fn backup_reason(text: &'static str, otherwise: BackupReason) -> BackupReason {
-    BackupReason::parse(text).unwrap_or_else(|| {
+pub fn backup_reason(shared: SharedReason, otherwise: BackupReason) -> BackupReason {
+    shared.to().unwrap_or_else(|| {
         tracing::warn!(
-            reason = text,
+            reason = shared.as_str(),
             "not a Backup condition reason; reported as {otherwise}"
         );
         otherwise
@@ -92,36 +88,20 @@ fn store_reason(e: &StoreError) -> BackupReason {
     }
 }
 
-fn store_kind(e: &StoreError) -> ErrorKind {
-    if e.is_transient() {
-        ErrorKind::Transient
-    } else {
-        ErrorKind::Permanent
-    }
-}
-
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Self {
-        Self {
-            reason: store_reason(&e),
-            message: e.to_string(),
-            kind: store_kind(&e),
-        }
+        Self::new(store_reason(&e), e.to_string())
     }
 }
 
+/// Authentication, TLS and a right the admin lacks fail the Backup at once (their class
+/// is `Failed`); the rest are retried.
 impl From<PgError> for Failure {
     fn from(e: PgError) -> Self {
-        let kind = match e {
-            PgError::AuthenticationFailed { .. } | PgError::Tls { .. } => ErrorKind::Permanent,
-            _ if e.reason() == BackupReason::AdminLacksPrivilege.as_str() => ErrorKind::Permanent,
-            _ => ErrorKind::Transient,
-        };
-        Self {
-            reason: backup_reason(e.reason(), BackupReason::SqlError),
-            message: e.to_string(),
-            kind,
-        }
+        Self::new(
+            backup_reason(e.reason(), BackupReason::SqlError),
+            e.to_string(),
+        )
     }
 }
 
@@ -129,15 +109,7 @@ impl From<DumpError> for Failure {
     fn from(e: DumpError) -> Self {
         match e {
             DumpError::Store(e) => e.into(),
-            e => Self {
-                reason: e.reason(),
-                message: e.to_string(),
-                kind: if e.is_permanent() {
-                    ErrorKind::Permanent
-                } else {
-                    ErrorKind::Transient
-                },
-            },
+            e => Self::new(e.reason(), e.to_string()),
         }
     }
 }
@@ -145,43 +117,73 @@ impl From<DumpError> for Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dbops_shared::postgres::tls::TlsFailure;
     use dbops_shared::server::ServerError;
 
     #[test]
     fn the_shared_reasons_a_backup_meets_are_backup_reasons() {
         let server = [ServerError::NotFound("pg".into()), ServerError::NotSynced];
         for e in server {
-            assert!(BackupReason::parse(e.reason()).is_some(), "{}", e.reason());
+            assert!(e.reason().to::<BackupReason>().is_some(), "{}", e.reason());
         }
-        for tls in [
-            TlsFailure::CertificateNotTrusted,
-            TlsFailure::HostnameMismatch,
-            TlsFailure::ServerWithoutTls,
-        ] {
+        let met = [
+            SharedReason::CertificateNotTrusted,
+            SharedReason::HostnameMismatch,
+            SharedReason::ServerWithoutTLS,
+            SharedReason::ServerUnreachable,
+            SharedReason::AuthenticationFailed,
+            SharedReason::LockTimeout,
+            SharedReason::StatementTimeout,
+            SharedReason::SqlError,
+            SharedReason::AdminLacksPrivilege,
+            SharedReason::PgDumpTooOld,
+            SharedReason::AdminSecretNotFound,
+            SharedReason::AdminSecretInvalid,
+            SharedReason::CASecretNotFound,
+            SharedReason::CASecretInvalid,
+            SharedReason::CacheNotSynced,
+        ];
+        for r in met {
             assert_eq!(
-                backup_reason(tls.reason(), BackupReason::SqlError).as_str(),
-                tls.reason()
+                backup_reason(r, BackupReason::DumpFailed).as_str(),
+                r.as_str()
             );
         }
-        for text in [
-            "ServerUnreachable",
-            "AuthenticationFailed",
-            "LockTimeout",
-            "StatementTimeout",
-            "SqlError",
-            "PgDumpTooOld",
-            "AdminSecretNotFound",
-            "AdminSecretInvalid",
-            "CASecretNotFound",
-            "CASecretInvalid",
-            "CacheNotSynced",
-        ] {
-            assert_eq!(backup_reason(text, BackupReason::DumpFailed).as_str(), text);
-        }
         assert_eq!(
-            backup_reason("Elsewhere", BackupReason::DumpFailed),
+            backup_reason(SharedReason::NamespaceNotAllowed, BackupReason::DumpFailed),
             BackupReason::DumpFailed
         );
+    }
+
+    /// A failure fails the Backup at once exactly when its reason's class is `Failed`
+    /// (authentication, TLS, a right the admin lacks, a store that refuses), and is
+    /// retried when it is `Retried`.
+    #[test]
+    fn a_failures_fate_is_its_reasons_class() {
+        for r in BackupReason::ALL {
+            let f = Failure::new(*r, "m");
+            assert_eq!(
+                f.is_permanent(),
+                r.class() != dbops_api::ReasonClass::Retried,
+                "{r}"
+            );
+        }
+        for permanent in [
+            BackupReason::AuthenticationFailed,
+            BackupReason::ServerWithoutTLS,
+            BackupReason::AdminLacksPrivilege,
+            BackupReason::StoreRefused,
+            BackupReason::PgDumpTooOld,
+            BackupReason::DatabaseNotFound,
+        ] {
+            assert!(Failure::new(permanent, "m").is_permanent(), "{permanent}");
+        }
+        for retried in [
+            BackupReason::ServerUnreachable,
+            BackupReason::StoreUnavailable,
+            BackupReason::ServerNotFound,
+            BackupReason::ClientProgramFailed,
+        ] {
+            assert!(!Failure::new(retried, "m").is_permanent(), "{retried}");
+        }
     }
 }

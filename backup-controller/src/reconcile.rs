@@ -153,7 +153,7 @@ async fn running(
             if done < allowed {
                 return Ok(None);
             }
-            let failure = Failure::permanent(
+            let failure = Failure::new(
                 BackupReason::Interrupted,
                 format!("attempt {done} of {allowed} was interrupted and no retry is left"),
             );

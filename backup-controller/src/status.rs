@@ -422,7 +422,7 @@ mod tests {
 
     #[test]
     fn a_permanent_failure_sets_failed_with_its_reason() {
-        let failure = Failure::permanent(
+        let failure = Failure::new(
             BackupReason::DatabaseNotFound,
             "Database ns/orders not found",
         );

@@ -28,8 +28,8 @@ pub(crate) fn admin_may(server: &Resolved, needs: &[Capability], what: &str) -> 
     };
     match known.lacking(needs) {
         None => Ok(()),
-        Some(lacks) => Err(Error::Blocked {
-            reason: DatabaseReason::AdminLacksPrivilege.as_str(),
+        Some(lacks) => Err(Error::Reported {
+            reason: DatabaseReason::AdminLacksPrivilege.into(),
             message: format!(
                 "the admin of DatabaseServer {:?} lacks {} (status.capabilities.{} is false), which {what} needs; nothing was created on the server",
                 server.name,
@@ -78,8 +78,8 @@ pub(crate) fn admit(state: &State, db: &Database, server: &Resolved) -> Result<(
             .collect();
         let (place, total) = quota_place(db, &peers, &server.name);
         if place >= usize::try_from(limit).unwrap_or(0) {
-            return Err(Error::Blocked {
-                reason: DatabaseReason::QuotaExceeded.as_str(),
+            return Err(Error::Reported {
+                reason: DatabaseReason::QuotaExceeded.into(),
                 message: format!(
                     "DatabaseServer {:?} allows {limit} Databases per namespace and namespace {namespace:?} asks for {total}; this one is not among the {limit} oldest: nothing was created on the server",
                     server.name

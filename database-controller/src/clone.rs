@@ -74,8 +74,8 @@ pub async fn prepare(db: &Database, ctx: &Context<State>, target: &Resolved) -> 
         .databases
         .get()
         .and_then(|store| store.get(&ObjectRef::new(name).within(&namespace)))
-        .ok_or_else(|| Error::Blocked {
-            reason: DatabaseReason::CloneSourceNotFound.as_str(),
+        .ok_or_else(|| Error::Reported {
+            reason: DatabaseReason::CloneSourceNotFound.into(),
             message: format!(
                 "spec.cloneFrom.databaseRef: there is no Database {namespace}/{name} to copy"
             ),
@@ -89,7 +89,7 @@ pub async fn prepare(db: &Database, ctx: &Context<State>, target: &Resolved) -> 
         .is_some_and(|c| c.status == "True");
     if !ready {
         return Err(Error::Waiting {
-            reason: DatabaseReason::CloneSourceNotReady.as_str(),
+            reason: DatabaseReason::CloneSourceNotReady.into(),
             message: format!("waiting for Database {name}, the source of this clone, to be Ready"),
             again: QUEUED_AGAIN,
         });
@@ -153,8 +153,8 @@ async fn mask_rules_on(
 }
 
 fn older_major(source: &str, from: u32, target: &str, into: u32) -> Error {
-    Error::Blocked {
-        reason: DatabaseReason::CloneToOlderMajor.as_str(),
+    Error::Reported {
+        reason: DatabaseReason::CloneToOlderMajor.into(),
         message: format!(
             "Database {source} is on PostgreSQL {from}, and {target} runs {into}: a copy goes to the same major or a newer one only"
         ),
@@ -195,7 +195,7 @@ pub fn slot(
         .clones
         .take(&ask)
         .map_err(|message| Error::Waiting {
-            reason: DatabaseReason::CloneQueued.as_str(),
+            reason: DatabaseReason::CloneQueued.into(),
             message,
             again: QUEUED_AGAIN,
         })
@@ -358,8 +358,8 @@ async fn report(
             tally.bytes
         ),
     };
-    let cloning = Err(Error::Blocked {
-        reason: DatabaseReason::Cloning.as_str(),
+    let cloning = Err(Error::Reported {
+        reason: DatabaseReason::Cloning.into(),
         message,
     });
     status::publish_clone(db, ctx, &cloning, clone.clone()).await
@@ -384,8 +384,8 @@ async fn programs(ctx: &Context<State>, from: u32, into: u32) -> Result<(Program
         .filter(|p| p.version.major > into && pg_tools::restores_into(p.version.major, into))
         .min_by_key(|p| p.version.major);
     let Some(pg_dump) = exact.or(older).or(newer) else {
-        return Err(Error::Blocked {
-            reason: DatabaseReason::ClientProgramMissing.as_str(),
+        return Err(Error::Reported {
+            reason: DatabaseReason::ClientProgramMissing.into(),
             message: format!(
                 "no pg_dump given to the database-controller copies PostgreSQL {from} into {into} (found: {}); run it with one (--pg-dump, --pg-bin-dir)",
                 dumps
@@ -448,8 +448,8 @@ pub async fn fill_from_backup(
     copied(db, ctx, copy, &mut clone).await?;
     let constraints =
         restore::restore_section(&into, &pg_restore, restorer, artifact, Some("post-data"));
-    constraints.await.map_err(|e| Error::Blocked {
-        reason: DatabaseReason::MaskInvalid.as_str(),
+    constraints.await.map_err(|e| Error::Reported {
+        reason: DatabaseReason::MaskInvalid.into(),
         message: format!(
             "spec.cloneFrom.mask: the Backup's indexes and constraints do not hold on the masked values ({e}); hash both ends of a foreign key, and keep unique columns unique"
         ),

@@ -233,8 +233,8 @@ async fn apply_secret(
 }
 
 fn secret_conflict(message: String) -> Error {
-    Error::Blocked {
-        reason: DatabaseReason::SecretConflict.as_str(),
+    Error::Reported {
+        reason: DatabaseReason::SecretConflict.into(),
         message,
     }
 }

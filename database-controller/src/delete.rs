@@ -5,7 +5,7 @@
 
 use dbops_api::reasons::DatabaseReason;
 use dbops_api::{Backup, Database, DatabaseDeletionPolicy};
-use dbops_shared::controller::Context;
+use dbops_shared::controller::{Context, ErrorKind, ReconcileError};
 use dbops_shared::status::Note;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
@@ -30,8 +30,8 @@ pub(crate) async fn cleanup(
         return Ok(Action::await_change());
     }
     if let Some(migration) = migration {
-        let waiting = Error::Blocked {
-            reason: DatabaseReason::MigrationInProgress.as_str(),
+        let waiting = Error::Reported {
+            reason: DatabaseReason::MigrationInProgress.into(),
             message: format!(
                 "deletion waits for Migration {migration} to end: it rolls back if it has not switched the server yet, and finishes if it has"
             ),
@@ -83,9 +83,11 @@ pub(crate) async fn cleanup(
         }
         Err(e) => {
             status::publish_deleting(db, ctx, api, &e).await?;
-            match e {
-                Error::Blocked { .. } => Ok(Action::requeue(ctx.resync_interval)),
-                e => Err(e),
+            // Nothing to retry until something changes (the reason's class says): the
+            // watches and the resync notice.
+            match e.kind() {
+                ErrorKind::Permanent => Ok(Action::requeue(ctx.resync_interval)),
+                ErrorKind::Transient => Err(e),
             }
         }
     }
@@ -134,7 +136,7 @@ async fn nothing_to_snapshot(db: &Database, ctx: &Context<State>) -> Result<bool
     }
     let target = match server_of(&ctx.state.directory, db).await {
         // Refused (namespace, quota) or no such server: nothing was made there.
-        Err(Error::Blocked { .. }) => return Ok(true),
+        Err(Error::Reported { .. }) => return Ok(true),
         other => other?,
     };
     let uid = db.uid().unwrap_or_default();
@@ -154,9 +156,9 @@ async fn nothing_to_snapshot(db: &Database, ctx: &Context<State>) -> Result<bool
 async fn drop_owned(db: &Database, ctx: &Context<State>) -> Result<()> {
     let provisioned = db.status.as_ref().is_some_and(|s| s.provider_id.is_some());
     let target = match server_of(&ctx.state.directory, db).await {
-        Err(Error::Blocked { reason, message }) if !provisioned => {
+        Err(Error::Reported { reason, message }) if !provisioned => {
             tracing::info!(
-                reason,
+                reason = reason.as_str(),
                 message,
                 "nothing to drop: the database was never provisioned"
             );
@@ -291,20 +293,20 @@ async fn final_snapshot(db: &Database, ctx: &Context<State>) -> Result<()> {
     };
     match judge_final_snapshot(db, &backup) {
         FinalSnapshot::Ready => Ok(()),
-        FinalSnapshot::Pending => Err(Error::Blocked {
-            reason: DatabaseReason::WaitingForFinalBackup.as_str(),
+        FinalSnapshot::Pending => Err(Error::Reported {
+            reason: DatabaseReason::WaitingForFinalBackup.into(),
             message: format!(
                 "waiting for the final Backup {name} to be Ready before dropping the database"
             ),
         }),
-        FinalSnapshot::Failed(why) => Err(Error::Blocked {
-            reason: DatabaseReason::WaitingForFinalBackup.as_str(),
+        FinalSnapshot::Failed(why) => Err(Error::Reported {
+            reason: DatabaseReason::WaitingForFinalBackup.into(),
             message: format!(
                 "final Backup {name} failed ({why}); the database is kept until a final Backup is Ready (delete Backup {name} to try again)"
             ),
         }),
-        FinalSnapshot::Foreign(why) => Err(Error::Blocked {
-            reason: DatabaseReason::FinalSnapshotConflict.as_str(),
+        FinalSnapshot::Foreign(why) => Err(Error::Reported {
+            reason: DatabaseReason::FinalSnapshotConflict.into(),
             message: format!(
                 "{why}; it is not trusted as this Database's final snapshot and the database is kept: delete or rename Backup {name} so that a final snapshot of this Database can be taken"
             ),

@@ -1,37 +1,80 @@
-//! Why a Database reconcile did not converge, and what to do about it.
+//! Why a Database or DatabaseUser reconcile did not converge, and what happens next.
+//!
+//! Every failure carries a typed reason ([`Why`]); the reason's class alone decides
+//! whether the controller retries with backoff ([`retry_of`]), so the status it shows
+//! (`Retrying`, a step on the way, or waiting for a change) and what it does agree
+//! (`dbops_shared::controller::retry_of`, the rule of every controller).
 
-use dbops_api::reasons::DatabaseReason;
-use dbops_shared::controller::{ErrorKind, ReconcileError};
+use dbops_api::reasons::{DatabaseReason, DatabaseUserReason, Reason, ReasonClass, SharedReason};
+use dbops_shared::controller::{ErrorKind, ReconcileError, retry_of};
 use dbops_shared::postgres::PgError;
 
 use crate::template::TemplateError;
 
+/// The reason a failure is shown as: the Database's, or the DatabaseUser's when the
+/// user controller raised it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    Database(DatabaseReason),
+    User(DatabaseUserReason),
+}
+
+impl Why {
+    /// The CamelCase string written in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Why::Database(r) => r.as_str(),
+            Why::User(r) => r.as_str(),
+        }
+    }
+
+    /// How the controllers treat it.
+    pub fn class(self) -> ReasonClass {
+        match self {
+            Why::Database(r) => r.class(),
+            Why::User(r) => r.class(),
+        }
+    }
+
+    /// A reason of the shared crate as the Database's (every one a Database meets is
+    /// one, tested below); `InternalError` if one ever is not.
+    pub fn shared(reason: SharedReason) -> Self {
+        Why::Database(reason.to().unwrap_or(DatabaseReason::InternalError))
+    }
+}
+
+impl From<DatabaseReason> for Why {
+    fn from(r: DatabaseReason) -> Self {
+        Why::Database(r)
+    }
+}
+
+impl From<DatabaseUserReason> for Why {
+    fn from(r: DatabaseUserReason) -> Self {
+        Why::User(r)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// `KubernetesApiError`.
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// The reason [`PgError::reason`] names.
     #[error(transparent)]
     Postgres(#[from] PgError),
-    /// Reported in status; retried when the Database or its admin Secret changes.
+    /// Reported in status with its reason.
     #[error("{message}")]
-    Blocked {
-        reason: &'static str,
-        message: String,
-    },
-    /// Reported in status; looked at again after `again`, not with backoff: a step that
-    /// waits its turn (a clone's queue, its source becoming Ready).
+    Reported { reason: Why, message: String },
+    /// Reported in status; looked at again after `again` as well as on a change: a step
+    /// that waits its turn (a clone's queue, its source becoming Ready).
     #[error("{message}")]
     Waiting {
-        reason: &'static str,
+        reason: Why,
         message: String,
         again: std::time::Duration,
     },
-    /// Reported in status; retried with backoff.
-    #[error("{message}")]
-    Retry {
-        reason: &'static str,
-        message: String,
-    },
+    /// `InternalError`.
     #[error("{0}")]
     Internal(String),
     /// The Database this reconcile read is no longer the live object of its name (gone,
@@ -45,61 +88,82 @@ pub enum Error {
     Deferred,
 }
 
+impl Error {
+    /// A failure shown with `reason`; what happens next is its class's.
+    pub fn reported(reason: impl Into<Why>, message: impl Into<String>) -> Self {
+        Error::Reported {
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The reason this error is shown as; `None` for the two that are no status
+    /// (a superseded reconcile, a routine check put off).
+    pub fn why(&self) -> Option<Why> {
+        Some(match self {
+            Error::Kube(_) => Why::Database(DatabaseReason::KubernetesApiError),
+            Error::Postgres(e) => Why::shared(e.reason()),
+            Error::Reported { reason, .. } | Error::Waiting { reason, .. } => *reason,
+            Error::Internal(_) => Why::Database(DatabaseReason::InternalError),
+            Error::Superseded(_) | Error::Deferred => return None,
+        })
+    }
+
+    /// The Database reason of this error. Every reason the controller and the shared
+    /// crate give a Database is one (tested below); `InternalError` if one ever is not.
+    pub fn database_reason(&self) -> DatabaseReason {
+        match self.why() {
+            Some(Why::Database(r)) => r,
+            Some(Why::User(r)) => r.to().unwrap_or(DatabaseReason::InternalError),
+            None => DatabaseReason::InternalError,
+        }
+    }
+
+    /// The DatabaseUser reason of this error (a Database's reason the user shares, or
+    /// `InternalError`).
+    pub fn user_reason(&self) -> DatabaseUserReason {
+        match self.why() {
+            Some(Why::User(r)) => r,
+            Some(Why::Database(r)) => r.to().unwrap_or(DatabaseUserReason::InternalError),
+            None => DatabaseUserReason::InternalError,
+        }
+    }
+}
+
 impl ReconcileError for Error {
+    /// The one place that decides: the reason's class ([`retry_of`], the rule of every
+    /// controller). A superseded
+    /// reconcile is read again; a routine check put off waits for the resync (the
+    /// reconcile returns before this is asked).
     fn kind(&self) -> ErrorKind {
-        match self {
-            Error::Kube(_)
-            | Error::Internal(_)
-            | Error::Retry { .. }
-            | Error::Superseded(_)
-            | Error::Deferred => ErrorKind::Transient,
-            // A right the admin lacks: no retry gives it (the server's capabilities,
-            // when they change, wake its Databases).
-            Error::Postgres(e) if e.reason() == DatabaseReason::AdminLacksPrivilege.as_str() => {
-                ErrorKind::Permanent
-            }
-            // TLS failures too: a server's certificate can be fixed without a spec change.
-            Error::Postgres(_) => ErrorKind::Transient,
-            Error::Blocked { .. } | Error::Waiting { .. } => ErrorKind::Permanent,
+        match self.why() {
+            Some(why) => retry_of(why.class()),
+            None => ErrorKind::Transient,
         }
     }
 
     fn reason(&self) -> &'static str {
         match self {
-            Error::Kube(_) => DatabaseReason::KubernetesApiError.as_str(),
-            Error::Postgres(e) => e.reason(),
-            Error::Blocked { reason, .. }
-            | Error::Retry { reason, .. }
-            | Error::Waiting { reason, .. } => reason,
-            Error::Internal(_) => DatabaseReason::InternalError.as_str(),
             Error::Superseded(_) => "Superseded",
             Error::Deferred => "Deferred",
+            _ => self.why().map_or("InternalError", Why::as_str),
         }
     }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl Error {
-    /// The Database reason of this error. Every reason the controller and the shared
-    /// crate give a Database is one (tested below); `InternalError` if one ever is not.
-    pub fn database_reason(&self) -> DatabaseReason {
-        DatabaseReason::parse(ReconcileError::reason(self)).unwrap_or(DatabaseReason::InternalError)
-    }
-}
-
 /// A `spec.secretTemplate` that does not render: refused, naming the key.
 pub(crate) fn template_error(e: TemplateError) -> Error {
-    Error::Blocked {
-        reason: DatabaseReason::InvalidSecretTemplate.as_str(),
-        message: format!("{e}; nothing was written"),
-    }
+    Error::reported(
+        DatabaseReason::InvalidSecretTemplate,
+        format!("{e}; nothing was written"),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dbops_shared::postgres::tls::TlsFailure;
     use dbops_shared::server::ServerError;
 
     #[test]
@@ -114,33 +178,61 @@ mod tests {
             },
         ]
         .map(|e| crate::server_access::server_error(e).database_reason());
-        let from_tls = [
-            TlsFailure::CertificateNotTrusted,
-            TlsFailure::HostnameMismatch,
-            TlsFailure::ServerWithoutTls,
-        ]
-        .map(|f| DatabaseReason::parse(f.reason()));
-        assert!(from_tls.iter().all(Option::is_some), "{from_tls:?}");
         assert!(
             !from_servers.contains(&DatabaseReason::InternalError),
             "{from_servers:?}"
         );
-        // What PostgreSQL, the extensions' and pg_restore's refusals are named.
-        for named in [
-            "ServerUnreachable",
-            "AuthenticationFailed",
-            "LockTimeout",
-            "StatementTimeout",
-            "SqlError",
-            "NamespaceNotAllowed",
-            "ExtensionNotAllowed",
-            "ExtensionNotAvailable",
-            "PgRestoreTooOld",
-            "PgRestoreTooNew",
-        ] {
-            assert!(DatabaseReason::parse(named).is_some(), "{named}");
+        // Every reason of the shared crate but the pick of a pg_dump, which the
+        // database-controller never makes (a clone's programs are its own reason).
+        for r in SharedReason::ALL {
+            if *r != SharedReason::PgDumpTooOld {
+                assert!(r.to::<DatabaseReason>().is_some(), "{r}");
+            }
         }
         let internal = Error::Internal("boom".into());
         assert_eq!(internal.database_reason(), DatabaseReason::InternalError);
+    }
+
+    /// The retry is the class's, for every reason of both kinds; the reasons whose
+    /// class said "waits" while the controller retried them are `Retried` now, and the
+    /// steps on the way wait for the change that ends them.
+    #[test]
+    fn the_retry_is_the_reasons_class() {
+        for r in DatabaseReason::ALL {
+            let e = Error::reported(*r, "m");
+            assert_eq!(e.kind(), retry_of(r.class()), "{r}");
+            assert_eq!(e.database_reason(), *r);
+            assert_eq!(ReconcileError::reason(&e), r.as_str());
+        }
+        for r in DatabaseUserReason::ALL {
+            let e = Error::reported(*r, "m");
+            assert_eq!(e.kind(), retry_of(r.class()), "{r}");
+            assert_eq!(e.user_reason(), *r);
+        }
+        let transient = [
+            DatabaseReason::KubernetesApiError,
+            DatabaseReason::AuthenticationFailed,
+            DatabaseReason::RoleBindingConflict,
+            DatabaseReason::InternalError,
+            DatabaseReason::StoreUnavailable,
+        ];
+        for r in transient {
+            assert_eq!(Error::reported(r, "m").kind(), ErrorKind::Transient, "{r}");
+        }
+        let waits = [
+            DatabaseReason::NamespaceNotAllowed,
+            DatabaseReason::Cloning,
+            DatabaseReason::Restoring,
+            DatabaseReason::WaitingForFinalBackup,
+            DatabaseReason::AdminLacksPrivilege,
+            DatabaseReason::DatabaseMissing,
+        ];
+        for r in waits {
+            assert_eq!(Error::reported(r, "m").kind(), ErrorKind::Permanent, "{r}");
+        }
+        assert_eq!(Error::Internal("x".into()).kind(), ErrorKind::Transient);
+        assert_eq!(Error::Superseded("x".into()).kind(), ErrorKind::Transient);
+        assert_eq!(ReconcileError::reason(&Error::Deferred), "Deferred");
+        assert_eq!(Error::Deferred.why(), None);
     }
 }

@@ -11,10 +11,10 @@ use dbops_api::{DatabaseServer, DurationLimit, MemoryLimit, SessionSettings};
 use crate::error::{Error, template_error};
 
 /// The condition reason of a request over a DatabaseServer's ceiling (a Database's and a
-/// DatabaseUser's alike: `DatabaseUserReason::LimitExceeded` is the same string).
-pub const LIMIT_EXCEEDED: &str = DatabaseReason::LimitExceeded.as_str();
+/// DatabaseUser's alike: `Error::user_reason` carries it to `DatabaseUserReason`).
+const LIMIT_EXCEEDED: DatabaseReason = DatabaseReason::LimitExceeded;
 /// The condition reason of a server's session limit that does not parse.
-const INVALID_SPEC: &str = DatabaseReason::InvalidSpec.as_str();
+const INVALID_SPEC: DatabaseReason = DatabaseReason::InvalidSpec;
 
 /// The session settings of a login role, `(name, value)`, as [`settings`] gives them.
 pub type Settings = Vec<(&'static str, String)>;
@@ -45,8 +45,8 @@ pub fn connection_limit(asked: i32, server: &DatabaseServer, field: &str) -> Res
     match ceiling {
         None => Ok(asked),
         Some(c) if asked < 0 => Ok(c),
-        Some(c) if asked > c => Err(Error::Blocked {
-            reason: LIMIT_EXCEEDED,
+        Some(c) if asked > c => Err(Error::Reported {
+            reason: LIMIT_EXCEEDED.into(),
             message: format!(
                 "{field} is {asked}, over DatabaseServer {}'s limits.connectionLimit {c}: ask for {c} or less; nothing was changed on the server",
                 server.metadata.name.as_deref().unwrap_or_default()
@@ -120,8 +120,8 @@ fn duration_setting(
     field: &str,
     key: &str,
 ) -> Result<Option<u128>, Error> {
-    let bad = |what: &str| Error::Blocked {
-        reason: INVALID_SPEC,
+    let bad = |what: &str| Error::Reported {
+        reason: INVALID_SPEC.into(),
         message: format!("{what} is not a duration"),
     };
     let max = match limit.and_then(|l| l.max.as_deref()) {
@@ -145,8 +145,8 @@ fn duration_setting(
         } else {
             value.to_string()
         };
-        return Err(Error::Blocked {
-            reason: LIMIT_EXCEEDED,
+        return Err(Error::Reported {
+            reason: LIMIT_EXCEEDED.into(),
             message: format!(
                 "{field}.{key} is {asked_for}, over DatabaseServer {server}'s sessionLimits.{key}.max {}: ask for less; nothing was changed on the server",
                 limit.and_then(|l| l.max.as_deref()).unwrap_or_default()
@@ -162,8 +162,8 @@ fn memory_setting(
     server: &str,
     field: &str,
 ) -> Result<Option<u64>, Error> {
-    let bad = |what: &str| Error::Blocked {
-        reason: INVALID_SPEC,
+    let bad = |what: &str| Error::Reported {
+        reason: INVALID_SPEC.into(),
         message: format!("{what} is not an amount of memory"),
     };
     let max = match limit.and_then(|l| l.max.as_deref()) {
@@ -180,8 +180,8 @@ fn memory_setting(
     if let Some(max) = max
         && kb > max
     {
-        return Err(Error::Blocked {
-            reason: LIMIT_EXCEEDED,
+        return Err(Error::Reported {
+            reason: LIMIT_EXCEEDED.into(),
             message: format!(
                 "{field}.workMem is {value}, over DatabaseServer {server}'s sessionLimits.workMem.max {}: ask for less; nothing was changed on the server",
                 limit.and_then(|l| l.max.as_deref()).unwrap_or_default()
@@ -230,7 +230,7 @@ mod tests {
 
     fn reason(r: Result<impl std::fmt::Debug, Error>) -> (&'static str, String) {
         match r {
-            Err(Error::Blocked { reason, message }) => (reason, message),
+            Err(Error::Reported { reason, message }) => (reason.as_str(), message),
             other => panic!("expected a refusal, got {other:?}"),
         }
     }

@@ -9,7 +9,7 @@ use kube::api::Api;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Why};
 
 /// What a reconcile acts for and checks the liveness of: a Database or a DatabaseUser
 /// (any namespaced kind the API can GET).
@@ -57,11 +57,11 @@ pub(crate) async fn confirm_live<K: Held>(client: &kube::Client, held: &K) -> Re
 pub(crate) async fn status_write_gone<K: Held>(
     client: &kube::Client,
     held: &K,
-    reason: &'static str,
+    reason: impl Into<Why>,
 ) -> Result<()> {
     confirm_live(client, held).await?;
-    Err(Error::Retry {
-        reason,
+    Err(Error::Reported {
+        reason: reason.into(),
         message: format!(
             "the status write found no {} {} of UID {}, yet it is the live one; trying again",
             K::kind(&()),

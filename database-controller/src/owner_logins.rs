@@ -94,8 +94,8 @@ where
         .filter(|r| r.name != owner)
         .find(|r| !crate::sql::is_ours(r.comment.as_deref(), &uid))
     {
-        return Err(Error::Blocked {
-            reason: DatabaseReason::NameConflict.as_str(),
+        return Err(Error::Reported {
+            reason: DatabaseReason::NameConflict.into(),
             message: format!(
                 "role {:?} (a login of the owner for password rotation) already exists and was not created by this Database; nothing was changed",
                 theirs.name

@@ -85,8 +85,8 @@ pub fn plan(i: &Inputs<'_>, observed: &Observed) -> Result<Plan, Error> {
         return Err(conflict("database", i.database, i.server));
     }
     if observed.database.is_none() && i.provisioned_before {
-        return Err(Error::Blocked {
-            reason: DatabaseReason::DatabaseMissing.as_str(),
+        return Err(Error::Reported {
+            reason: DatabaseReason::DatabaseMissing.into(),
             message: format!(
                 "database {:?} was created on {} but no longer exists; it is not re-created: restore it or delete this Database",
                 i.database, i.server
@@ -148,8 +148,8 @@ pub fn missing_extensions<'a>(wanted: &'a [String], installed: &[String]) -> Vec
 }
 
 fn conflict(what: &str, name: &str, server: &str) -> Error {
-    Error::Blocked {
-        reason: DatabaseReason::NameConflict.as_str(),
+    Error::Reported {
+        reason: DatabaseReason::NameConflict.into(),
         message: format!(
             "{what} {name:?} already exists on {server} and was not created by this Database; nothing was changed"
         ),
@@ -202,7 +202,7 @@ mod tests {
 
     fn reason(r: Result<Plan, Error>) -> &'static str {
         match r {
-            Err(Error::Blocked { reason, .. }) => reason,
+            Err(Error::Reported { reason, .. }) => reason.as_str(),
             other => panic!("expected a refusal, got {other:?}"),
         }
     }

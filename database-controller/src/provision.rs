@@ -17,7 +17,7 @@ use crate::admit::{admit, already_on};
 use crate::connection::{
     claim_secret, confirm_unseen, existing_or_unseen, secret_is_current, write_secret,
 };
-use crate::error::{Error, Result, template_error};
+use crate::error::{Error, Result, Why, template_error};
 use crate::live::confirm_live;
 use crate::plan::{self, Change};
 use crate::server_access::{admin_session, server_of};
@@ -257,8 +257,8 @@ async fn converge_database(
     // Read in the same row as the database's oid, which `apply` found; or last read, when
     // this check did not ask (a database `apply` made or restored is read again with it).
     let size_read = in_use.size_bytes;
-    let size_bytes = size_read.or(known_size).ok_or_else(|| Error::Blocked {
-        reason: DatabaseReason::DatabaseMissing.as_str(),
+    let size_bytes = size_read.or(known_size).ok_or_else(|| Error::Reported {
+        reason: DatabaseReason::DatabaseMissing.into(),
         message: format!("database {database:?} vanished while it was being checked"),
     })?;
     Ok(Converged {
@@ -442,10 +442,10 @@ async fn allowed_extensions(
         &target.name,
         superuser,
     ) {
-        Some(refused) => Err(Error::Blocked {
-            reason: refused.reason,
-            message: refused.message,
-        }),
+        Some(refused) => Err(Error::reported(
+            Why::shared(refused.reason),
+            refused.message,
+        )),
         None => Ok(offered),
     }
 }
@@ -496,8 +496,8 @@ async fn restore(
             // Visible while pg_restore runs, which may take long.
             let api: Api<Database> =
                 Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
-            let restoring = Err(Error::Blocked {
-                reason: DatabaseReason::Restoring.as_str(),
+            let restoring = Err(Error::Reported {
+                reason: DatabaseReason::Restoring.into(),
                 message: format!("restoring Backup {} (SHA-256 verified)", artifact.backup),
             });
             status::publish(db, ctx, &api, &restoring, None).await?;
@@ -519,8 +519,8 @@ async fn restore(
     let oid = again
         .database
         .map(|d| d.oid)
-        .ok_or_else(|| Error::Blocked {
-            reason: DatabaseReason::DatabaseMissing.as_str(),
+        .ok_or_else(|| Error::Reported {
+            reason: DatabaseReason::DatabaseMissing.into(),
             message: format!("database {database:?} vanished right after its restore"),
         })?;
     Ok(Applied {
@@ -580,8 +580,8 @@ async fn apply(
                     again
                         .database
                         .map(|d| d.oid)
-                        .ok_or_else(|| Error::Blocked {
-                            reason: DatabaseReason::DatabaseMissing.as_str(),
+                        .ok_or_else(|| Error::Reported {
+                            reason: DatabaseReason::DatabaseMissing.into(),
                             message: format!("database {database:?} vanished right after creation"),
                         })?,
                 );
@@ -603,8 +603,8 @@ async fn apply(
         }
     }
     // Every plan without CreateDatabase starts from an observed database.
-    let oid = oid.ok_or_else(|| Error::Blocked {
-        reason: DatabaseReason::DatabaseMissing.as_str(),
+    let oid = oid.ok_or_else(|| Error::Reported {
+        reason: DatabaseReason::DatabaseMissing.into(),
         message: format!("database {database:?} is not on {server}"),
     })?;
     Ok(Applied {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dbops_api::{Database, Migration, MigrationPhase};
-use dbops_shared::controller::Context;
+use dbops_shared::controller::{Context, ErrorKind, ReconcileError};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
@@ -85,8 +85,8 @@ async fn reconcile_held(db: &Database, ctx: &Context<State>) -> Result<Action> {
             p.logins.next.map_or(resync, |n| n.min(resync)),
         )),
         // Nothing to retry until something changes; the watches and the resync notice.
-        Err(Error::Blocked { .. }) => Ok(Action::requeue(resync)),
         Err(Error::Waiting { again, .. }) => Ok(Action::requeue(again.min(resync))),
+        Err(e) if e.kind() == ErrorKind::Permanent => Ok(Action::requeue(resync)),
         // Transient, a breaker refusal included: the error policy's per-object backoff
         // grows (an Ok here would reset it). The server's return wakes it sooner: the
         // DatabaseServer turning Ready maps to its Databases.
@@ -102,8 +102,8 @@ async fn active_migration(ctx: &Context<State>, db: &Database) -> Result<Option<
         Some(store) => {
             // Before the first list, "no Migration" would be a guess; the wait is bounded.
             if !dbops_shared::store_ready::ready_within(store, STORE_SYNC_WAIT).await {
-                return Err(Error::Retry {
-                    reason: DatabaseReason::CacheNotSynced.as_str(),
+                return Err(Error::Reported {
+                    reason: DatabaseReason::CacheNotSynced.into(),
                     message: "the Migration cache has not synced yet".into(),
                 });
             }

@@ -36,7 +36,7 @@ use dbops_shared::server::Directory;
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Why};
 use crate::sql;
 
 /// Where artifacts are read from and with which programs.
@@ -65,23 +65,17 @@ pub struct Artifact {
     pub taken_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
-fn blocked(reason: &'static str, message: String) -> Error {
-    Error::Blocked { reason, message }
-}
-
 fn store_error(e: StoreError) -> Error {
     match e {
-        StoreError::NotFound(what) => blocked(
-            DatabaseReason::ArtifactNotFound.as_str(),
+        StoreError::NotFound(what) => Error::reported(
+            DatabaseReason::ArtifactNotFound,
             format!(
                 "{what}: the Backup's artifact is missing (does this controller use the backup-controller's --backup-store?)"
             ),
         ),
-        e if e.is_transient() => Error::Retry {
-            reason: DatabaseReason::StoreUnavailable.as_str(),
-            message: e.to_string(),
-        },
-        e => blocked(DatabaseReason::StoreUnavailable.as_str(), e.to_string()),
+        // A store that refuses or is misconfigured is StoreUnavailable as well, and
+        // retried with backoff as its class says (a fixed store needs no change here).
+        e => Error::reported(DatabaseReason::StoreUnavailable, e.to_string()),
     }
 }
 
@@ -99,8 +93,8 @@ pub async fn verify(
     let namespace = db.namespace().unwrap_or_default();
     let backups: Api<Backup> = Api::namespaced(client.clone(), &namespace);
     let Some(backup) = backups.get_opt(name).await? else {
-        return Err(blocked(
-            DatabaseReason::BackupNotFound.as_str(),
+        return Err(Error::reported(
+            DatabaseReason::BackupNotFound,
             format!(
                 "Backup {namespace}/{name} named in {} does not exist",
                 if db.spec.restore_from.is_some() {
@@ -140,8 +134,8 @@ pub async fn verify(
     };
     let actual = sha256_of(restorer, &key).await?;
     let mismatch = |what: &str, want: &str| {
-        blocked(
-            DatabaseReason::ChecksumMismatch.as_str(),
+        Error::reported(
+            DatabaseReason::ChecksumMismatch,
             format!(
                 "the artifact of Backup {namespace}/{name} has SHA-256 {actual}, but {what} says {want}; nothing was restored"
             ),
@@ -169,12 +163,12 @@ pub async fn verify(
 fn completed(status: &dbops_api::BackupStatus, namespace: &str, name: &str) -> Result<()> {
     match status.phase {
         Some(BackupPhase::Completed) => Ok(()),
-        Some(BackupPhase::Failed) => Err(blocked(
-            DatabaseReason::BackupFailed.as_str(),
+        Some(BackupPhase::Failed) => Err(Error::reported(
+            DatabaseReason::BackupFailed,
             format!("Backup {namespace}/{name} failed; there is nothing to restore"),
         )),
-        _ => Err(blocked(
-            DatabaseReason::WaitingForBackup.as_str(),
+        _ => Err(Error::reported(
+            DatabaseReason::WaitingForBackup,
             format!("waiting for Backup {namespace}/{name} to complete before restoring"),
         )),
     }
@@ -214,8 +208,8 @@ async fn opening_keys(
         .map(|r| r.iter().filter_map(|k| k.as_str()).collect())
         .unwrap_or_default();
     let refused = |why: String| {
-        blocked(
-            DatabaseReason::DecryptionKeyMissing.as_str(),
+        Error::reported(
+            DatabaseReason::DecryptionKeyMissing,
             format!(
                 "the artifact of Backup {backup} is encrypted ({format}) to {}; {why}; nothing was restored",
                 recipients.join(", ")
@@ -234,8 +228,8 @@ async fn opening_keys(
                 .into(),
         ));
     };
-    directory.synced().await.map_err(|e| Error::Retry {
-        reason: DatabaseReason::CacheNotSynced.as_str(),
+    directory.synced().await.map_err(|e| Error::Reported {
+        reason: DatabaseReason::CacheNotSynced.into(),
         message: e.to_string(),
     })?;
     let secret = directory.secret(name);
@@ -249,8 +243,8 @@ async fn opening_keys(
     let reader = open_artifact(restorer, key).await?;
     match sealing::open(reader, &identities).await {
         Ok(_) => Ok(identities),
-        Err(OpenError::Io(e)) => Err(Error::Retry {
-            reason: DatabaseReason::StoreUnavailable.as_str(),
+        Err(OpenError::Io(e)) => Err(Error::Reported {
+            reason: DatabaseReason::StoreUnavailable.into(),
             message: format!("reading {}: {e}", restorer.store.location(key)),
         }),
         Err(e) => Err(refused(format!(
@@ -279,8 +273,8 @@ async fn sha256_of(restorer: &Restorer, key: &ObjectKey) -> Result<String> {
     HashingReader::new(reader)
         .sha256_hex_to_end()
         .await
-        .map_err(|e| Error::Retry {
-            reason: DatabaseReason::StoreUnavailable.as_str(),
+        .map_err(|e| Error::Reported {
+            reason: DatabaseReason::StoreUnavailable.into(),
             message: format!("reading {}: {e}", restorer.store.location(key)),
         })
 }
@@ -343,8 +337,8 @@ pub async fn pick_pg_restore(
         .clients
         .pg_restore_for(artifact.pg_dump_major, num, &version);
     restore.await.map_err(|refusal| {
-            blocked(
-                refusal.reason,
+            Error::reported(
+                Why::shared(refusal.reason),
                 format!(
                     "Backup {}: {refusal}; run the database-controller with one (--pg-restore, --pg-bin-dir)",
                     artifact.backup
@@ -547,8 +541,8 @@ pub async fn feed_part<W: tokio::io::AsyncWrite + Unpin>(
 
 /// A restore that failed, retried with backoff.
 fn restore_failed(message: String) -> Error {
-    Error::Retry {
-        reason: DatabaseReason::RestoreFailed.as_str(),
+    Error::Reported {
+        reason: DatabaseReason::RestoreFailed.into(),
         message,
     }
 }

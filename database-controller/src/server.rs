@@ -39,7 +39,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 mod report;
 
-use report::{Probe, Report, desired};
+use report::{Probe, Report, desired, server_reason};
 
 /// How soon a failing server is probed again.
 const PROBE_RETRY: Duration = Duration::from_secs(10);
@@ -112,20 +112,25 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("{reason}: {message}")]
     Probe {
-        reason: &'static str,
+        reason: DatabaseServerReason,
         message: String,
     },
 }
 
 impl ReconcileError for Error {
+    /// An API error is retried; a probe's by its reason's class (the one the server
+    /// raises, `CacheNotSynced`, is `Retried`).
     fn kind(&self) -> ErrorKind {
-        ErrorKind::Transient
+        match self {
+            Error::Kube(_) => ErrorKind::Transient,
+            Error::Probe { reason, .. } => dbops_shared::controller::retry_of(reason.class()),
+        }
     }
 
     fn reason(&self) -> &'static str {
         match self {
             Error::Kube(_) => "KubernetesApiError",
-            Error::Probe { reason, .. } => reason,
+            Error::Probe { reason, .. } => reason.as_str(),
         }
     }
 }
@@ -185,7 +190,7 @@ pub async fn reconcile(
         Some(store) => {
             if !dbops_shared::store_ready::ready_within(store, Duration::from_secs(30)).await {
                 return Err(Error::Probe {
-                    reason: DatabaseServerReason::CacheNotSynced.as_str(),
+                    reason: DatabaseServerReason::CacheNotSynced,
                     message: "the Database cache has not synced yet".into(),
                 });
             }
@@ -258,9 +263,7 @@ fn next_look(probe: &Probe, pooler: Option<&crate::pooler::Report>) -> Duration 
         // A failing server is probed on a fixed short interval, one connection per server
         // whatever the number of its Databases: its return is noticed within that interval
         // and wakes them all (Ready maps to them).
-        Probe::Failed {
-            transient: true, ..
-        } => PROBE_RETRY,
+        p if p.failed_transiently() => PROBE_RETRY,
         _ if starting => PROBE_RETRY,
         _ => PROBE_EVERY,
     }
@@ -332,11 +335,7 @@ fn fingerprint(server: &DatabaseServer, directory: &Directory) -> Fingerprint {
 
 async fn probe_now(server: &DatabaseServer, ctx: &Context<State>) -> Probe {
     let directory = &ctx.state.directory;
-    let failed = |e: ServerError| Probe::Failed {
-        reason: e.reason(),
-        message: e.to_string(),
-        transient: e.is_transient(),
-    };
+    let failed = |e: ServerError| Probe::failed(server_reason(e.reason()), e.to_string());
     if let Err(e) = directory.synced().await {
         return failed(e);
     }
@@ -344,11 +343,7 @@ async fn probe_now(server: &DatabaseServer, ctx: &Context<State>) -> Probe {
         Ok(r) => r,
         Err(e) => return failed(e),
     };
-    let pg_failed = |e: PgError| Probe::Failed {
-        reason: e.reason(),
-        message: e.to_string(),
-        transient: true,
-    };
+    let pg_failed = |e: PgError| Probe::failed(server_reason(e.reason()), e.to_string());
     let session = match ctx
         .state
         .servers
@@ -524,6 +519,38 @@ mod tests {
         .unwrap()
     }
 
+    /// Every reason a probe meets (the server directory's, PostgreSQL's, TLS's) is a
+    /// DatabaseServer reason, and a probe is repeated soon exactly when its class is
+    /// `Retried`: the admin and CA Secrets wait for a change.
+    #[test]
+    fn a_probes_reasons_are_the_servers_and_their_class_says_when_to_look_again() {
+        use dbops_api::SharedReason as S;
+        let met = [
+            S::AdminSecretNotFound,
+            S::AdminSecretInvalid,
+            S::CASecretNotFound,
+            S::CASecretInvalid,
+            S::CacheNotSynced,
+            S::ServerUnreachable,
+            S::AuthenticationFailed,
+            S::CertificateNotTrusted,
+            S::HostnameMismatch,
+            S::ServerWithoutTLS,
+            S::LockTimeout,
+            S::StatementTimeout,
+            S::AdminLacksPrivilege,
+            S::SqlError,
+        ];
+        for r in met {
+            assert_eq!(server_reason(r).as_str(), r.as_str());
+            let probe = Probe::failed(server_reason(r), "m");
+            let waits =
+                r.as_str().ends_with("SecretNotFound") || r.as_str().ends_with("SecretInvalid");
+            assert_eq!(probe.failed_transiently(), !waits, "{r}");
+            assert_eq!(next_look(&probe, None) == PROBE_RETRY, !waits, "{r}");
+        }
+    }
+
     fn ready_reason(s: &DatabaseServerStatus) -> (&str, &str, &str) {
         let c = dbops_shared::conditions::get(&s.conditions, condition::READY).unwrap();
         (c.status.as_str(), c.reason.as_str(), c.message.as_str())
@@ -579,10 +606,11 @@ mod tests {
         );
         assert_eq!(again.status, first.status);
         assert!(again.notes.is_empty(), "nothing changed, nothing told");
-        let down = |detail: &str| Probe::Failed {
-            reason: "ServerUnreachable",
-            message: format!("server pg.example:5432 is unreachable: {detail}"),
-            transient: true,
+        let down = |detail: &str| {
+            Probe::failed(
+                DatabaseServerReason::ServerUnreachable,
+                format!("server pg.example:5432 is unreachable: {detail}"),
+            )
         };
         let refused = down("refused");
         let outage = desired(

@@ -6,22 +6,12 @@ use dbops_api::Database;
 use dbops_shared::postgres::{Servers, Session};
 use dbops_shared::server::{Directory, Resolved, ServerError};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Why};
 
 /// A server problem as this Database reports it: waiting for the platform team (or the
-/// caches, which a retry cures).
+/// caches, which a retry cures: `CacheNotSynced` is the one `Retried` reason of them).
 pub(crate) fn server_error(e: ServerError) -> Error {
-    if e.is_transient() {
-        Error::Retry {
-            reason: e.reason(),
-            message: e.to_string(),
-        }
-    } else {
-        Error::Blocked {
-            reason: e.reason(),
-            message: e.to_string(),
-        }
-    }
+    Error::reported(Why::shared(e.reason()), e.to_string())
 }
 
 /// The Database's DatabaseServer with its endpoint and admin credentials (from caches).

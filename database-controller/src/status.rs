@@ -419,10 +419,7 @@ async fn write(
         .await?
     {
         Write::Unchanged | Write::Written(_) | Write::Conflict => Ok(()),
-        Write::Gone => {
-            let reason = DatabaseReason::KubernetesApiError.as_str();
-            status_write_gone(&ctx.client, db, reason).await
-        }
+        Write::Gone => status_write_gone(&ctx.client, db, DatabaseReason::KubernetesApiError).await,
     }
 }
 
@@ -612,10 +609,10 @@ mod tests {
             condition_of(&ready.status, condition::MIGRATION_IN_PROGRESS),
             ("True", "MigrationRunning")
         );
-        let unreachable = Err(Error::Retry {
-            reason: "ServerUnreachable",
-            message: "server pg.example:5432 is unreachable".into(),
-        });
+        let unreachable = Err(Error::reported(
+            DatabaseReason::ServerUnreachable,
+            "server pg.example:5432 is unreachable",
+        ));
         // Provisioned before: it worked and is broken now.
         let degraded = desired(&db, &ready.status, &unreachable, None, now());
         assert_eq!(degraded.status.phase, Some(DatabasePhase::Degraded));
@@ -655,10 +652,8 @@ mod tests {
             ),
         ];
         for (reason, message, phase, progressing, normal) in blocked {
-            let outcome = Err(Error::Blocked {
-                reason,
-                message: message.into(),
-            });
+            let typed = DatabaseReason::parse(reason).expect("a Database reason");
+            let outcome = Err(Error::reported(typed, message));
             let d = desired(&db, &fresh, &outcome, None, now());
             assert_eq!(d.status.phase, Some(phase), "{reason}");
             assert_eq!(
@@ -673,10 +668,10 @@ mod tests {
     fn a_deletion_that_waits_says_why_once_per_reason() {
         let db = database();
         let ready = ready_from(&db, &DatabaseStatus::default(), 1, None);
-        let waiting = Error::Blocked {
-            reason: "WaitingForFinalBackup",
-            message: "waiting for the final Backup orders-final-u1 to be Ready".into(),
-        };
+        let waiting = Error::reported(
+            DatabaseReason::WaitingForFinalBackup,
+            "waiting for the final Backup orders-final-u1 to be Ready",
+        );
         let deleting_ = deleting(&db, &ready.status, &waiting, now());
         assert_eq!(deleting_.status.phase, Some(DatabasePhase::Deleting));
         assert_conditions(
@@ -697,11 +692,40 @@ mod tests {
             reasons(&deleting_),
             [(true, "Deleting"), (true, "WaitingForFinalBackup")]
         );
-        let conflict = Error::Blocked {
-            reason: "FinalSnapshotConflict",
-            message: "Backup orders-final-u1 was not made as the final snapshot".into(),
-        };
+        let conflict = Error::reported(
+            DatabaseReason::FinalSnapshotConflict,
+            "Backup orders-final-u1 was not made as the final snapshot",
+        );
         let blocked = deleting(&db, &deleting_.status, &conflict, now());
         assert_eq!(reasons(&blocked), [(false, "FinalSnapshotConflict")]);
+    }
+
+    /// What the status says and what the controller does agree: `Progressing=True` with
+    /// reason `Retrying` exactly when the error policy retries with backoff. An API error
+    /// and an internal one were retried while the status said the Database waited for a
+    /// change (phase `Failed`).
+    #[test]
+    fn the_status_says_retrying_exactly_when_the_controller_retries() {
+        use dbops_shared::controller::{ErrorKind, ReconcileError};
+        let db = database();
+        let fresh = DatabaseStatus::default();
+        let api = || {
+            let e = serde_json::from_str::<u8>("x").unwrap_err();
+            Error::Kube(kube::Error::SerdeError(e))
+        };
+        let mut cases = vec![api(), Error::Internal("unexpected".into())];
+        // Every reason a failure can carry (not the calm ones, nor `Ready`'s).
+        cases.extend(
+            DatabaseReason::ALL
+                .iter()
+                .filter(|r| !matches!(r.class(), ReasonClass::Ready | ReasonClass::Nominal))
+                .map(|r| Error::reported(*r, "m")),
+        );
+        for e in cases {
+            let retried = e.kind() == ErrorKind::Transient;
+            let d = desired(&db, &fresh, &Err(e), None, now());
+            let says = condition_of(&d.status, condition::PROGRESSING) == ("True", "Retrying");
+            assert_eq!(says, retried, "{:?}", d.status.conditions);
+        }
     }
 }

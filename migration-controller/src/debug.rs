@@ -63,7 +63,7 @@ pub fn injected_failure(step: MigrationStep) -> Error {
         step = step.as_str(),
         "--debug-fail-at reached: failing the step"
     );
-    Error::permanent(
+    Error::step(
         MigrationReason::InjectedFailure,
         format!(
             "--debug-fail-at={}: the step's effects are done and it fails for good, as the test asked",

@@ -2,27 +2,35 @@
 
 use std::process::ExitStatus;
 
-use dbops_api::{MigrationReason, ProcessReason};
-use dbops_shared::controller::{ErrorKind, ReconcileError};
+use dbops_api::{MigrationReason, ProcessReason, SharedReason};
+use dbops_shared::controller::{ErrorKind, ReconcileError, retry_of};
 use dbops_shared::pg_tools::is_connection_failure;
 use dbops_shared::postgres::PgError;
 use dbops_shared::server::ServerError;
 
-/// In the one vocabulary of `dbops_shared::controller::ErrorKind`: [`Error::Permanent`]
-/// (before SwitchTraffic the saga rolls back at once), every other kind transient
-/// (retried with backoff; counted against the step's attempts unless said otherwise).
+/// In the one vocabulary of `dbops_shared::controller::ErrorKind`, decided in one place
+/// ([`ReconcileError::kind`]): the Migration reason's class
+/// (`dbops_shared::controller::retry_of`). A `Failed` reason is permanent (before
+/// SwitchTraffic the saga rolls back at once); a `Retried` one is retried with backoff
+/// (counted against the step's attempts unless said otherwise); `Waits` waits for a
+/// change (a Database's return wakes its Migrations). The one exception is
+/// [`Error::Refused`]: what Preflight refuses for good although a later step would
+/// retry it.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The step cannot succeed as things are (a name conflict, an older target, a failed
-    /// snapshot, a mismatch after the copy): the saga rolls back at once.
+    /// A step's failure with its reason; what happens next is the reason's class.
     #[error("{message}")]
-    Permanent {
+    Step {
         reason: MigrationReason,
         message: String,
     },
-    /// Something that retrying may cure and that fits no other kind.
+    /// Refused at Preflight, before anything changed, whatever the reason's class: a
+    /// server that cannot be used (not found, being deleted, namespace not allowed,
+    /// admin or CA Secret missing or invalid), refused credentials or TLS. A later step
+    /// retries the same reasons (a Secret rotated mid-Migration); a Migration that has
+    /// not started is refused instead, so the user sees it at once.
     #[error("{message}")]
-    Transient {
+    Refused {
         reason: MigrationReason,
         message: String,
     },
@@ -36,7 +44,7 @@ pub enum Error {
     /// caches not synced yet (`CacheNotSynced`) is only retried with backoff.
     #[error(transparent)]
     Server(#[from] ServerError),
-    /// A PostgreSQL server failed; retried, and counted against the step's attempts.
+    /// A PostgreSQL server failed; counted against the step's attempts.
     #[error(transparent)]
     Postgres(#[from] PgError),
     /// pg_dump or pg_restore failed; retried, and counted against the step's attempts.
@@ -54,17 +62,32 @@ pub enum Error {
 }
 
 impl Error {
-    pub fn permanent(reason: MigrationReason, message: impl Into<String>) -> Self {
-        Error::Permanent {
+    /// A step's failure with `reason`.
+    pub fn step(reason: MigrationReason, message: impl Into<String>) -> Self {
+        Error::Step {
             reason,
             message: message.into(),
         }
     }
 
-    pub fn transient(reason: MigrationReason, message: impl Into<String>) -> Self {
-        Error::Transient {
+    /// Refused at Preflight, whatever the class of `reason` ([`Error::Refused`]).
+    pub fn refused(reason: MigrationReason, message: impl Into<String>) -> Self {
+        Error::Refused {
             reason,
             message: message.into(),
+        }
+    }
+
+    /// The Migration reason it is shown as; `None` for what is no step's failure (the
+    /// API, a stale read, the caches not synced yet), which is retried.
+    pub fn migration_reason(&self) -> Option<MigrationReason> {
+        match self {
+            Error::Step { reason, .. } | Error::Refused { reason, .. } => Some(*reason),
+            Error::Postgres(e) => Some(reason_of(e.reason())),
+            Error::Server(ServerError::NotSynced) => None,
+            Error::Server(e) => Some(reason_of(e.reason())),
+            Error::Copy(e) => Some(e.reason()),
+            Error::DatabasesNotSynced | Error::Stale | Error::Kube(_) => None,
         }
     }
 
@@ -82,31 +105,32 @@ impl Error {
 
 impl ReconcileError for Error {
     fn kind(&self) -> ErrorKind {
-        match self {
-            Error::Permanent { .. } => ErrorKind::Permanent,
-            _ => ErrorKind::Transient,
+        match (self, self.migration_reason()) {
+            (Error::Refused { .. }, _) => ErrorKind::Permanent,
+            (_, Some(reason)) => retry_of(reason.class()),
+            (_, None) => ErrorKind::Transient,
         }
     }
 
     fn reason(&self) -> &'static str {
         match self {
             Error::Kube(_) | Error::Stale => ProcessReason::KubernetesApiError.as_str(),
-            Error::DatabasesNotSynced => ServerError::NotSynced.reason(),
-            Error::Postgres(e) => e.reason(),
-            Error::Server(e) => e.reason(),
-            Error::Copy(e) => e.reason().as_str(),
-            Error::Permanent { reason, .. } | Error::Transient { reason, .. } => reason.as_str(),
+            Error::DatabasesNotSynced => ServerError::NotSynced.reason().as_str(),
+            Error::Server(ServerError::NotSynced) => SharedReason::CacheNotSynced.as_str(),
+            _ => self
+                .migration_reason()
+                .map_or("InternalError", MigrationReason::as_str),
         }
     }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The Migration reason of a failure the shared crate names (a server's error, TLS, a
+/// The Migration reason of a reason the shared crate gives (a server's error, TLS, a
 /// client program's or an extension's refusal): each of them is one (tested below);
 /// `InternalError` if one ever is not.
-pub fn reason_of(text: &str) -> MigrationReason {
-    MigrationReason::parse(text).unwrap_or(MigrationReason::InternalError)
+pub fn reason_of(shared: SharedReason) -> MigrationReason {
+    shared.to().unwrap_or(MigrationReason::InternalError)
 }
 
 /// Why the copy (`dump::pipe`: pg_dump into pg_restore) failed.
@@ -171,48 +195,35 @@ mod tests {
 
     #[test]
     fn every_reason_the_shared_crate_gives_a_migration_is_a_migration_reason() {
-        use dbops_shared::postgres::tls::TlsFailure;
-        let servers = [
-            ServerError::NotFound("pg".into()),
-            ServerError::Deleting("pg".into()),
-            ServerError::NamespaceNotAllowed {
-                server: "pg".into(),
-                namespace: "shop".into(),
-                detail: "labels".into(),
-            },
-            ServerError::AdminSecretNotFound {
-                server: "pg".into(),
-                secret: "s".into(),
-            },
-        ];
-        let tls = [
-            TlsFailure::CertificateNotTrusted,
-            TlsFailure::HostnameMismatch,
-            TlsFailure::ServerWithoutTls,
-        ];
-        let named = [
-            "ServerUnreachable",
-            "AuthenticationFailed",
-            "LockTimeout",
-            "StatementTimeout",
-            "SqlError",
-            "AdminSecretInvalid",
-            "CASecretNotFound",
-            "CASecretInvalid",
-            "ExtensionNotAllowed",
-            "ExtensionNotAvailable",
-            "PgDumpTooOld",
-            "PgRestoreTooOld",
-            "PgRestoreTooNew",
-        ];
-        let texts = servers
-            .iter()
-            .map(ServerError::reason)
-            .chain(tls.into_iter().map(TlsFailure::reason))
-            .chain(named);
-        for text in texts {
-            assert_eq!(reason_of(text).as_str(), text);
+        for r in SharedReason::ALL {
+            if *r != SharedReason::CacheNotSynced {
+                assert_eq!(reason_of(*r).as_str(), r.as_str());
+            }
         }
-        assert_eq!(reason_of("NoSuchReason"), MigrationReason::InternalError);
+    }
+
+    /// The kind is the reason's class: a `Failed` reason is permanent (the saga rolls
+    /// back), a `Retried` one transient; only Preflight's refusals are permanent
+    /// whatever their class.
+    #[test]
+    fn the_kind_is_the_reasons_class_but_for_preflights_refusals() {
+        for r in MigrationReason::ALL {
+            let e = Error::step(*r, "m");
+            assert_eq!(e.kind(), retry_of(r.class()), "{r}");
+            assert_eq!(e.reason(), r.as_str());
+            assert_eq!(Error::refused(*r, "m").kind(), ErrorKind::Permanent, "{r}");
+        }
+        assert_eq!(
+            Error::step(MigrationReason::VerifyFailed, "m").kind(),
+            ErrorKind::Permanent
+        );
+        assert_eq!(
+            Error::step(MigrationReason::SessionsRemain, "m").kind(),
+            ErrorKind::Transient
+        );
+        let missing = Error::from(ServerError::NotFound("pg-17".into()));
+        assert_eq!(missing.kind(), ErrorKind::Transient);
+        assert_eq!(Error::Stale.kind(), ErrorKind::Transient);
+        assert_eq!(Error::DatabasesNotSynced.kind(), ErrorKind::Transient);
     }
 }

@@ -73,7 +73,7 @@ impl Pooler {
 }
 
 fn unreachable(e: pooler::ConsoleError) -> Error {
-    Error::transient(MigrationReason::PoolerUnreachable, e.to_string())
+    Error::step(MigrationReason::PoolerUnreachable, e.to_string())
 }
 
 /// `server`'s pooler as dbops made it (its Secret), with its ready Pods; `None` when it
@@ -92,7 +92,7 @@ async fn pooler_of(saga: &Saga<'_>, server: &Resolved) -> Result<Option<Pooler>>
             .and_then(|v| String::from_utf8(v.0.clone()).ok())
     };
     let password = value(ADMIN_PASSWORD_KEY).ok_or_else(|| {
-        Error::transient(
+        Error::step(
             MigrationReason::PoolerUnreachable,
             format!("the pooler's Secret {name} has no {ADMIN_PASSWORD_KEY}"),
         )

@@ -33,7 +33,7 @@ pub async fn session(saga: &Saga<'_>, server: &Resolved, dbname: &str) -> Result
 /// The source DatabaseServer recorded by Preflight.
 pub fn source_ref(saga: &Saga<'_>) -> Result<ServerReference> {
     saga.status().source_server.ok_or_else(|| {
-        Error::transient(
+        Error::step(
             MigrationReason::SourceNotRecorded,
             "Preflight has not recorded the source",
         )
@@ -53,7 +53,7 @@ pub async fn target_server(saga: &Saga<'_>) -> Result<Resolved> {
 /// The UID of the Database Preflight recorded.
 pub fn database_uid(saga: &Saga<'_>) -> Result<String> {
     saga.status().database_uid.ok_or_else(|| {
-        Error::transient(
+        Error::step(
             MigrationReason::SourceNotRecorded,
             "Preflight has not recorded the Database",
         )
@@ -67,7 +67,7 @@ pub fn names(saga: &Saga<'_>, db: Option<&Database>) -> Result<(String, String)>
     match (status.database_name, status.owner_role, db) {
         (Some(database), Some(role), _) => Ok((database, role)),
         (_, _, Some(db)) => Ok((db.database_name(), db.owner_role())),
-        _ => Err(Error::transient(
+        _ => Err(Error::step(
             MigrationReason::DatabaseNotFound,
             "the Database is gone and Preflight recorded no names",
         )),

@@ -73,7 +73,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::reconcile::{
     Bounded, Context, ErrorKind, ReconcileError, bounded, conditions_of, error_policy,
-    instrumented_reconcile, reporter,
+    instrumented_reconcile, reporter, retry_of,
 };
 pub use crate::shared_watch::Trigger;
 use crate::{
@@ -590,7 +590,7 @@ pub async fn wait_for_backup_store(
                 return true;
             }
             Err(error) => {
-                let reason = error.reason();
+                let reason = error.reason().as_str();
                 tracing::warn!(
                     reason,
                     backup_store = %store,

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use crate::postgres::{Credentials, Endpoint};
+use dbops_api::SharedReason;
 use tokio::io::AsyncReadExt;
 use tokio::process::{ChildStderr, Command};
 use tokio::task::JoinHandle;
@@ -277,7 +278,7 @@ impl std::fmt::Display for Program {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct Refusal {
-    pub reason: &'static str,
+    pub reason: SharedReason,
     pub message: String,
 }
 
@@ -374,7 +375,7 @@ pub fn pick_dump<'a>(
         .filter(|p| p.version.major >= server_major)
         .min_by_key(|p| p.version.major)
         .ok_or_else(|| Refusal {
-            reason: "PgDumpTooOld",
+            reason: SharedReason::PgDumpTooOld,
             message: match pg_dumps.iter().max_by_key(|p| p.version.major) {
                 Some(newest) => format!(
                     "pg_dump {} cannot dump PostgreSQL {server_version}: pg_dump dumps servers of its own major version or older only, and no pg_dump here is newer (one of major {server_major} or newer is needed)",
@@ -401,7 +402,7 @@ pub fn pick_restore<'a>(
         .collect();
     if readers.is_empty() {
         return Err(Refusal {
-            reason: "PgRestoreTooOld",
+            reason: SharedReason::PgRestoreTooOld,
             message: match pg_restores.iter().max_by_key(|p| p.version.major) {
                 Some(newest) => format!(
                     "pg_restore {} cannot read an archive of pg_dump {archive_major}: pg_restore reads archives of its own major version or older only, and no pg_restore here is newer",
@@ -429,7 +430,7 @@ pub fn pick_restore<'a>(
         .filter(fit)
         .min_by_key(|p| p.version.major);
     exact.or(older).or(newer).ok_or_else(|| Refusal {
-        reason: "PgRestoreTooNew",
+        reason: SharedReason::PgRestoreTooNew,
         message: format!(
             "no pg_restore here restores an archive of pg_dump {archive_major} into PostgreSQL {target_version}: the ones that read it ({}) set transaction_timeout, which servers before {SETS_TRANSACTION_TIMEOUT} do not have (a pg_restore of a major from {archive_major} to {} is needed)",
             readers
@@ -484,7 +485,7 @@ pub fn pick_copy<'a>(
         None => pick_dump(pg_dumps, source_major, source_version)
             .err()
             .unwrap_or_else(|| Refusal {
-                reason: "PgDumpTooOld",
+                reason: SharedReason::PgDumpTooOld,
                 message: format!("no pg_dump here dumps PostgreSQL {source_version}"),
             }),
     })
@@ -656,7 +657,7 @@ mod tests {
         assert_eq!(pick(17, 17), Ok(18), "the oldest newer one that reads it");
         assert_eq!(
             pick(18, 13),
-            Err("PgRestoreTooNew"),
+            Err(SharedReason::PgRestoreTooNew),
             "18's archive never goes into 13"
         );
         let only15 = programs(&["15.14"], "pg_restore");
@@ -697,7 +698,7 @@ mod tests {
                 .map_err(|r| r.reason)
         };
         assert_eq!(only(13, 18), Ok((18, 18)));
-        assert_eq!(only(13, 16), Err("PgRestoreTooNew"));
+        assert_eq!(only(13, 16), Err(SharedReason::PgRestoreTooNew));
         let old = programs(&["15.14"], "pg_dump");
         let refusal = pick_copy(&old, &restores, (17, "17.10"), (18, "18.4")).unwrap_err();
         assert_eq!(refusal.reason, "PgDumpTooOld");

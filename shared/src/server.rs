@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dbops_api::{DatabaseServer, TlsMode};
+use dbops_api::{DatabaseServer, SharedReason, TlsMode};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::Api;
 use kube::core::{PartialObjectMeta, Selector, SelectorExt};
@@ -58,17 +58,17 @@ pub enum ServerError {
 }
 
 impl ServerError {
-    /// The CamelCase condition reason.
-    pub fn reason(&self) -> &'static str {
+    /// The condition reason.
+    pub fn reason(&self) -> SharedReason {
         match self {
-            ServerError::NotFound(_) => "ServerNotFound",
-            ServerError::NamespaceNotAllowed { .. } => "NamespaceNotAllowed",
-            ServerError::AdminSecretNotFound { .. } => "AdminSecretNotFound",
-            ServerError::AdminSecretInvalid { .. } => "AdminSecretInvalid",
-            ServerError::CaSecretNotFound { .. } => "CASecretNotFound",
-            ServerError::CaSecretInvalid { .. } => "CASecretInvalid",
-            ServerError::Deleting(_) => "ServerDeleting",
-            ServerError::NotSynced => "CacheNotSynced",
+            ServerError::NotFound(_) => SharedReason::ServerNotFound,
+            ServerError::NamespaceNotAllowed { .. } => SharedReason::NamespaceNotAllowed,
+            ServerError::AdminSecretNotFound { .. } => SharedReason::AdminSecretNotFound,
+            ServerError::AdminSecretInvalid { .. } => SharedReason::AdminSecretInvalid,
+            ServerError::CaSecretNotFound { .. } => SharedReason::CASecretNotFound,
+            ServerError::CaSecretInvalid { .. } => SharedReason::CASecretInvalid,
+            ServerError::Deleting(_) => SharedReason::ServerDeleting,
+            ServerError::NotSynced => SharedReason::CacheNotSynced,
         }
     }
 

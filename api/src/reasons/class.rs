@@ -4,15 +4,17 @@ use std::fmt;
 use std::str::FromStr;
 
 /// How a controller treats a reason: what its status shows and whether it tries again.
+/// Each controller's error derives its retry from the class alone
+/// (`dbops_shared::controller::retry_of`: `Retried` is retried with backoff, any other
+/// waits for a change or ends the object), so the status and the retry agree.
 ///
-/// The classes are read off what the controllers do with each reason today:
-/// - Database: [`ReasonClass::Retried`] is the database-controller's `retrying` list
-///   (status `Progressing=True`, reason `Retrying`, phase `Provisioning`),
-///   [`ReasonClass::Progressing`] its `on_the_way` list plus the deletion's expected
-///   steps (a Normal Event), [`ReasonClass::Waits`] every other failure (phase `Failed`,
-///   `Progressing=False`; some of them, `Error::Retry` in the controller, are still
-///   looked at again after a backoff), [`ReasonClass::Degraded`] `DatabaseMissing`
-///   (phase `Degraded`). Whether a failure also sets `Degraded` on a Database
+/// - Database: [`ReasonClass::Retried`] is retried with backoff (status
+///   `Progressing=True`, reason `Retrying`, phase `Provisioning`),
+///   [`ReasonClass::Progressing`] a step on the way, including the deletion's expected
+///   steps (a Normal Event; looked at again when a watch says it moved),
+///   [`ReasonClass::Waits`] every other failure (phase `Failed`, `Progressing=False`;
+///   looked at again on a change or at the resync), [`ReasonClass::Degraded`]
+///   `DatabaseMissing` (phase `Degraded`). Whether a failure also sets `Degraded` on a Database
 ///   provisioned before is [`DatabaseReason::degrades`](super::DatabaseReason::degrades), not a class: it crosses them.
 ///   A DatabaseUser's reasons have the Database's classes.
 /// - Backup: [`ReasonClass::Failed`] is a permanent failure (phase `Failed` at once),

@@ -29,13 +29,13 @@ macro_rules! database_reasons {
                 /// A cache has not listed its objects yet.
                 CacheNotSynced => Retried,
                 /// A RoleBinding of the controller's name exists that dbops did not make.
-                RoleBindingConflict => Waits,
+                RoleBindingConflict => Retried,
                 /// Writing the RoleBinding that grants the connection Secrets failed.
-                KubernetesApiError => Waits,
+                KubernetesApiError => Retried,
                 /// The server cannot be reached, or its breaker is open.
                 ServerUnreachable => Retried,
                 /// The server refused the admin.
-                AuthenticationFailed => Waits,
+                AuthenticationFailed => Retried,
                 /// The server's certificate does not chain to the CA.
                 CertificateNotTrusted => Retried,
                 /// The certificate does not name the host.
@@ -63,7 +63,7 @@ macro_rules! database_reasons {
                 /// A `spec.secretTemplate` value does not render.
                 InvalidSecretTemplate => Waits,
                 /// A state the controller does not expect.
-                InternalError => Waits,
+                InternalError => Retried,
             }
         }
     };

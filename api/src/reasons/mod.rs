@@ -152,6 +152,7 @@ mod database;
 mod migration;
 mod process;
 mod server;
+mod shared;
 
 pub use backup::BackupReason;
 pub use class::{Reason, ReasonClass, UnknownReason};
@@ -159,6 +160,7 @@ pub use database::{DatabaseReason, DatabaseUserReason};
 pub use migration::MigrationReason;
 pub use process::ProcessReason;
 pub use server::DatabaseServerReason;
+pub use shared::SharedReason;
 
 #[cfg(test)]
 mod tests {
@@ -215,8 +217,9 @@ mod tests {
         assert_eq!(DatabaseReason::Restoring.to::<BackupReason>(), None);
     }
 
-    /// The classes repeat the database-controller's `retrying`, `on_the_way` and
-    /// `degrades` lists (status.rs) exactly, so replacing them changes nothing.
+    /// The Database's `Retried` reasons are exactly those the database-controller
+    /// retries with backoff (its error's kind derives from the class); the
+    /// `degrades` list and the steps on the way are as the status shows them.
     #[test]
     fn the_database_classes_are_the_controllers_lists() {
         let retried: BTreeSet<&str> = DatabaseReason::ALL
@@ -228,7 +231,10 @@ mod tests {
             retried,
             BTreeSet::from([
                 "CacheNotSynced",
+                "KubernetesApiError",
+                "RoleBindingConflict",
                 "ServerUnreachable",
+                "AuthenticationFailed",
                 "CertificateNotTrusted",
                 "HostnameMismatch",
                 "ServerWithoutTLS",
@@ -238,6 +244,7 @@ mod tests {
                 "StoreUnavailable",
                 "RestoreFailed",
                 "CloneFailed",
+                "InternalError",
             ])
         );
         let degrades: BTreeSet<&str> = DatabaseReason::ALL

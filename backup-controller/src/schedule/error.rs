@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use dbops_api::reasons::ProcessReason;
-use dbops_shared::controller::{ErrorKind, ReconcileError};
+use dbops_shared::controller::{ErrorKind, ReconcileError, retry_of};
 
 use dbops_api::names::label::SCHEDULE_OF;
 
@@ -30,22 +30,27 @@ pub enum Error {
     StoreNotSynced,
 }
 
-impl ReconcileError for Error {
-    fn kind(&self) -> ErrorKind {
+impl Error {
+    /// The reason it is shown as (an Event, the metrics).
+    pub fn why(&self) -> ProcessReason {
         match self {
-            Error::Kube(_) | Error::StoreNotSynced => ErrorKind::Transient,
-            Error::InvalidSchedule { .. } | Error::NameTooLong { .. } => ErrorKind::Permanent,
-        }
-    }
-
-    fn reason(&self) -> &'static str {
-        let reason = match self {
             Error::Kube(_) => ProcessReason::KubernetesApiError,
             Error::InvalidSchedule { .. } => ProcessReason::InvalidSchedule,
             Error::NameTooLong { .. } => ProcessReason::NameTooLong,
             Error::StoreNotSynced => ProcessReason::StoreNotSynced,
-        };
-        reason.as_str()
+        }
+    }
+}
+
+impl ReconcileError for Error {
+    /// The reason's class: a schedule that does not parse or a name too long waits for
+    /// the Database to change; the API and the store's sync are retried.
+    fn kind(&self) -> ErrorKind {
+        retry_of(self.why().class())
+    }
+
+    fn reason(&self) -> &'static str {
+        self.why().as_str()
     }
 }
 

@@ -29,8 +29,8 @@ pub struct Programs<'a> {
 }
 
 pub fn failed(message: String) -> Error {
-    Error::Retry {
-        reason: DatabaseReason::CloneFailed.as_str(),
+    Error::Reported {
+        reason: DatabaseReason::CloneFailed.into(),
         message,
     }
 }

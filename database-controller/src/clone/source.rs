@@ -106,8 +106,8 @@ const FOREIGN_KEYS: &str = "SELECT k.conrelid, p.ra, k.confrelid, p.fa, k.connam
      WHERE k.contype = 'f' AND k.conparentid = 0";
 
 fn invalid(index: usize, field: &str, why: String) -> Error {
-    Error::Blocked {
-        reason: DatabaseReason::MaskInvalid.as_str(),
+    Error::Reported {
+        reason: DatabaseReason::MaskInvalid.into(),
         message: format!("spec.cloneFrom.mask[{index}].{field}: {why}; nothing was copied"),
     }
 }

@@ -1,7 +1,7 @@
 //! What the server-controller reports (pure): a probe's outcome ([`Probe`]) and the
 //! status and conditions it and the pooler's report make ([`desired`]).
 
-use dbops_api::reasons::DatabaseServerReason;
+use dbops_api::reasons::{DatabaseServerReason, ReasonClass, SharedReason};
 use dbops_api::{
     DatabaseServer, DatabaseServerStatus, ServerCapabilities, ServerTlsStatus, condition,
 };
@@ -18,11 +18,35 @@ pub enum Probe {
         user: String,
         capabilities: ServerCapabilities,
     },
+    /// Its reason's class says whether a retry can cure it (`Retried`: probed again
+    /// soon) or it waits for a Secret to change.
     Failed {
-        reason: &'static str,
+        reason: DatabaseServerReason,
         message: String,
-        transient: bool,
     },
+}
+
+impl Probe {
+    /// A failure shown with `reason`.
+    pub fn failed(reason: DatabaseServerReason, message: impl Into<String>) -> Self {
+        Probe::Failed {
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// Whether it failed for a reason only time cures (probed again soon).
+    pub fn failed_transiently(&self) -> bool {
+        matches!(self, Probe::Failed { reason, .. } if reason.class() == ReasonClass::Retried)
+    }
+}
+
+/// A reason of the shared crate as the server's: every one a probe meets is one
+/// (tested in `server`); `ServerUnreachable` if one ever is not.
+pub fn server_reason(reason: SharedReason) -> DatabaseServerReason {
+    reason
+        .to()
+        .unwrap_or(DatabaseServerReason::ServerUnreachable)
 }
 
 /// How the Ready message describes the admin: a superuser, or what it lacks of what
@@ -100,19 +124,16 @@ pub fn desired(
                 format!("connected as {user} over {over}; PostgreSQL {version}"),
             )
         }
-        Report::Probe(Probe::Failed {
-            reason,
-            message,
-            transient,
-        }) => {
+        Report::Probe(probe @ Probe::Failed { reason, message }) => {
             // Written once per outage: while the reason stays, the first message stays
             // (the details of a failing connection vary from one probe to the next).
+            let transient = probe.failed_transiently();
             let kept = dbops_shared::conditions::get(&old.conditions, condition::READY)
-                .filter(|c| *transient && c.status == "False" && c.reason == *reason)
+                .filter(|c| transient && c.status == "False" && c.reason == *reason)
                 .map(|c| c.message.clone());
             (
                 ConditionStatus::False,
-                *reason,
+                reason.as_str(),
                 kept.unwrap_or_else(|| message.clone()),
             )
         }

@@ -242,8 +242,8 @@ impl Bindings {
             match &change {
                 BindingChange::Keep => return Ok(()),
                 BindingChange::Foreign(message) => {
-                    return Err(Error::Retry {
-                        reason: DatabaseReason::RoleBindingConflict.as_str(),
+                    return Err(Error::Reported {
+                        reason: DatabaseReason::RoleBindingConflict.into(),
                         message: message.clone(),
                     });
                 }
@@ -267,8 +267,8 @@ impl Bindings {
                     existing = api.get_opt(ROLE_BINDING).await?;
                 }
                 Err(e) => {
-                    return Err(Error::Retry {
-                        reason: DatabaseReason::KubernetesApiError.as_str(),
+                    return Err(Error::Reported {
+                        reason: DatabaseReason::KubernetesApiError.into(),
                         message: format!(
                             "RoleBinding {namespace}/{ROLE_BINDING}, which grants ServiceAccount {me} the connection Secrets there: {e}"
                         ),

@@ -182,8 +182,8 @@ impl TenantSecrets {
             Some(store) => store,
             None => {
                 if !needs_secrets(db, &self.inner.directory) {
-                    return Err(Error::Retry {
-                        reason: DatabaseReason::NamespaceNotAllowed.as_str(),
+                    return Err(Error::Reported {
+                        reason: DatabaseReason::NamespaceNotAllowed.into(),
                         message: format!(
                             "no DatabaseServer this controller serves allows namespace {namespace:?}: its connection Secrets are out of this controller's reach"
                         ),
@@ -432,8 +432,8 @@ impl TenantSecrets {
 }
 
 fn not_synced(namespace: &str) -> Error {
-    Error::Retry {
-        reason: DatabaseReason::CacheNotSynced.as_str(),
+    Error::Reported {
+        reason: DatabaseReason::CacheNotSynced.into(),
         message: format!(
             "the watch of namespace {namespace:?}'s connection Secrets has not listed them yet"
         ),
@@ -449,8 +449,8 @@ where
     if dbops_shared::store_ready::ready_within(store, SET_UP_WAIT).await {
         return Ok(());
     }
-    Err(Error::Retry {
-        reason: DatabaseReason::CacheNotSynced.as_str(),
+    Err(Error::Reported {
+        reason: DatabaseReason::CacheNotSynced.into(),
         message: format!("the {what} cache has not synced yet"),
     })
 }

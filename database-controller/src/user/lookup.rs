@@ -25,20 +25,20 @@ const STORE_SYNC_WAIT: Duration = Duration::from_secs(30);
 pub async fn database_of(ctx: &Context<State>, user: &DatabaseUser) -> Result<Arc<Database>> {
     let namespace = user.namespace().unwrap_or_default();
     let name = &user.spec.database_ref.name;
-    let store = ctx.state.databases.get().ok_or_else(|| Error::Retry {
-        reason: DatabaseUserReason::CacheNotSynced.as_str(),
+    let store = ctx.state.databases.get().ok_or_else(|| Error::Reported {
+        reason: DatabaseUserReason::CacheNotSynced.into(),
         message: "the Database cache is not set up yet".into(),
     })?;
     if !dbops_shared::store_ready::ready_within(store, STORE_SYNC_WAIT).await {
-        return Err(Error::Retry {
-            reason: DatabaseUserReason::CacheNotSynced.as_str(),
+        return Err(Error::Reported {
+            reason: DatabaseUserReason::CacheNotSynced.into(),
             message: "the Database cache has not synced yet".into(),
         });
     }
     store
         .get(&ObjectRef::new(name).within(&namespace))
-        .ok_or_else(|| Error::Blocked {
-            reason: DatabaseUserReason::DatabaseNotFound.as_str(),
+        .ok_or_else(|| Error::Reported {
+            reason: DatabaseUserReason::DatabaseNotFound.into(),
             message: format!(
                 "Database {name} does not exist in namespace {namespace}; the user is set up once it does"
             ),
@@ -50,8 +50,8 @@ pub fn server_of_database(ctx: &Context<State>, db: &Database) -> Result<Resolve
     let name = &db.spec.server_ref.name;
     let on = db.status.as_ref().and_then(|s| s.server.clone());
     let Some(on) = on.filter(|s| already_on(db, s)) else {
-        return Err(Error::Blocked {
-            reason: DatabaseUserReason::DatabaseNotReady.as_str(),
+        return Err(Error::Reported {
+            reason: DatabaseUserReason::DatabaseNotReady.into(),
             message: format!(
                 "Database {} is not provisioned on DatabaseServer {name} yet; the user is set up once it is",
                 db.name_any()

@@ -37,12 +37,12 @@ use std::time::Duration;
 
 use dbops_api::DatabaseUser;
 use dbops_api::reasons::DatabaseUserReason;
-use dbops_shared::controller::Context;
+use dbops_shared::controller::{Context, ErrorKind, ReconcileError};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Why};
 pub use state::State;
 use teardown::FINALIZER;
 
@@ -76,17 +76,15 @@ pub async fn reconcile(user: Arc<DatabaseUser>, ctx: Arc<Context<State>>) -> Res
         // which may run ahead of the Database cache the reconcile reads; a short requeue
         // (not the resync, minutes) bounds that race (the benchmark left 1 user of 2,000
         // not Ready behind a Ready Database).
-        Err(Error::Blocked { reason, .. })
-            if matches!(
-                DatabaseUserReason::parse(reason),
-                Some(DatabaseUserReason::DatabaseNotReady | DatabaseUserReason::DatabaseNotFound)
-            ) =>
-        {
-            Ok(Action::requeue(
-                DATABASE_WAIT_RECHECK.min(ctx.resync_interval),
-            ))
-        }
-        Err(Error::Blocked { .. }) => Ok(Action::requeue(ctx.resync_interval)),
+        Err(Error::Reported {
+            reason:
+                Why::User(DatabaseUserReason::DatabaseNotReady | DatabaseUserReason::DatabaseNotFound),
+            ..
+        }) => Ok(Action::requeue(
+            DATABASE_WAIT_RECHECK.min(ctx.resync_interval),
+        )),
+        // Nothing to retry until something changes (the reason's class says so).
+        Err(e) if e.kind() == ErrorKind::Permanent => Ok(Action::requeue(ctx.resync_interval)),
         Err(e) => Err(e),
     }
 }

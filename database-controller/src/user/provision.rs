@@ -63,8 +63,8 @@ struct Observed {
 async fn observe(user: &DatabaseUser, ctx: &Context<State>) -> Result<Observed> {
     let db = database_of(ctx, user).await?;
     if db.metadata.deletion_timestamp.is_some() {
-        return Err(Error::Blocked {
-            reason: DatabaseUserReason::DatabaseDeleting.as_str(),
+        return Err(Error::Reported {
+            reason: DatabaseUserReason::DatabaseDeleting.into(),
             message: format!("Database {} is being deleted", db.name_any()),
         });
     }
@@ -173,8 +173,8 @@ async fn observe_roles(
         .iter()
         .find(|r| !crate::sql::is_ours(r.comment.as_deref(), &uid))
     {
-        return Err(Error::Blocked {
-            reason: DatabaseUserReason::NameConflict.as_str(),
+        return Err(Error::Reported {
+            reason: DatabaseUserReason::NameConflict.into(),
             message: format!(
                 "role {:?} already exists on {} and was not created by this DatabaseUser; nothing was changed",
                 theirs.name, target.endpoint.key
@@ -291,8 +291,8 @@ async fn write_secret(
 
 /// A connection Secret of that name that is not this user's: refused, never taken over.
 fn secret_conflict(message: String) -> Error {
-    Error::Blocked {
-        reason: DatabaseUserReason::SecretConflict.as_str(),
+    Error::Reported {
+        reason: DatabaseUserReason::SecretConflict.into(),
         message,
     }
 }

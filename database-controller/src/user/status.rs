@@ -5,7 +5,7 @@
 use dbops_api::reasons::DatabaseUserReason;
 use dbops_api::{DatabaseUser, DatabaseUserStatus, condition};
 use dbops_shared::conditions::{ConditionSpec, ConditionStatus, get, now, set_condition};
-use dbops_shared::controller::{Context, ReconcileError};
+use dbops_shared::controller::Context;
 use dbops_shared::status::{Desired, Guard, Note, Write};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
@@ -23,7 +23,13 @@ const ACTION: &str = "Reconcile";
 fn ready(outcome: &Result<Done>) -> (ConditionStatus, &'static str, String) {
     let done = match outcome {
         Ok(done) => done,
-        Err(e) => return (ConditionStatus::False, e.reason(), e.to_string()),
+        Err(e) => {
+            return (
+                ConditionStatus::False,
+                e.user_reason().as_str(),
+                e.to_string(),
+            );
+        }
     };
     if !done.missing_schemas.is_empty() {
         (
@@ -140,8 +146,7 @@ pub async fn publish(
         .await?
     {
         Write::Gone => {
-            let reason = DatabaseUserReason::KubernetesApiError.as_str();
-            status_write_gone(&ctx.client, user, reason).await
+            status_write_gone(&ctx.client, user, DatabaseUserReason::KubernetesApiError).await
         }
         Write::Unchanged | Write::Written(_) | Write::Conflict => Ok(()),
     }
@@ -215,10 +220,10 @@ mod tests {
     fn a_failure_keeps_the_last_good_fields_and_says_why() {
         let u = user();
         let ready = desired(&u, &DatabaseUserStatus::default(), &Ok(done()), at(10)).status;
-        let failed: Result<Done> = Err(Error::Blocked {
-            reason: "DatabaseNotReady",
-            message: "not yet".into(),
-        });
+        let failed: Result<Done> = Err(Error::reported(
+            DatabaseUserReason::DatabaseNotReady,
+            "not yet",
+        ));
         let d = desired(&u, &ready, &failed, at(20));
         assert_eq!(d.status.role.as_deref(), Some("orders_ro_1"));
         let c = get(&d.status.conditions, condition::READY).unwrap();

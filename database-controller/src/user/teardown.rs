@@ -2,7 +2,7 @@
 //! Database left.
 
 use dbops_api::DatabaseUser;
-use dbops_shared::controller::Context;
+use dbops_shared::controller::{Context, ErrorKind, ReconcileError};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -77,7 +77,10 @@ pub async fn cleanup(
         Ok(()) => {}
         // A namespace being deleted never waits on an unreachable server: the roles are
         // left (they can no longer be handed out) and the platform team is told.
-        Err(e) if namespace_going || matches!(e, Error::Blocked { .. }) => {
+        Err(e)
+            if namespace_going
+                || (matches!(e, Error::Reported { .. }) && e.kind() == ErrorKind::Permanent) =>
+        {
             ctx.state.event(user, false, "RolesLeftOnServer", &format!(
                 "the user's roles could not be dropped ({e}); the namespace is going or the server is gone, so they are left on the server"
             ))

@@ -31,7 +31,7 @@ pub async fn copy_programs(
     };
     let (dumps, restores) = (clients.pg_dumps().await, clients.pg_restores().await);
     if dumps.is_empty() || restores.is_empty() {
-        return Err(Error::transient(
+        return Err(Error::step(
             MigrationReason::ClientProgramFailed,
             "no pg_dump or no pg_restore answered `--version` (the log says why)",
         ));
@@ -54,7 +54,7 @@ fn refused(refusal: pg_tools::Refusal, all: bool) -> Error {
     } else {
         "--pg-dump, --pg-restore: the Logical mode's schema copy"
     };
-    Error::permanent(
+    Error::step(
         reason_of(refusal.reason),
         format!("{refusal}: run the migration-controller with one ({flags})"),
     )
@@ -63,7 +63,7 @@ fn refused(refusal: pg_tools::Refusal, all: bool) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dbops_shared::controller::ReconcileError;
+    use dbops_shared::controller::{ErrorKind, ReconcileError};
 
     #[test]
     fn client_programs_that_cannot_copy_end_the_migration_naming_the_versions() {
@@ -74,8 +74,10 @@ mod tests {
         let (dumps, restores) = ([program("15.14")], [program("15.14")]);
         let refusal =
             pg_tools::pick_copy(&dumps, &restores, (18, "18.4"), (18, "18.4")).unwrap_err();
-        match refused(refusal, true) {
-            Error::Permanent { reason, message } => {
+        let fatal = refused(refusal, true);
+        assert_eq!(fatal.kind(), ErrorKind::Permanent);
+        match fatal {
+            Error::Step { reason, message } => {
                 assert_eq!(reason, "PgDumpTooOld");
                 assert!(
                     message.contains("15.14") && message.contains("PostgreSQL 18.4"),

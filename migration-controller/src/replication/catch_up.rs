@@ -47,7 +47,7 @@ pub async fn catch_up(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome>
             if started.elapsed() >= CATCH_UP_INLINE {
                 record(saga, &seen).await?;
                 if frozen_for(saga) >= CATCH_UP_LIMIT {
-                    return Err(Error::permanent(
+                    return Err(Error::step(
                         MigrationReason::CatchUpTimedOut,
                         format!(
                             "the target did not apply the source's changes up to {lsn} within {} s of the freeze ({})",

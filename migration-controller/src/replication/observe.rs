@@ -59,7 +59,7 @@ impl Seen {
 pub async fn observe(saga: &Saga<'_>, e: &Ends, catch_up_lsn: Option<&str>) -> Result<Seen> {
     let t = session(saga, &e.target, &e.database).await?;
     let Some(sub) = sql::subscription(&t, &e.name).await? else {
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::SubscriptionGone,
             format!(
                 "subscription {} is gone from {}: the replication stopped",
@@ -71,7 +71,7 @@ pub async fn observe(saga: &Saga<'_>, e: &Ends, catch_up_lsn: Option<&str>) -> R
     let (target_num, _) = crate::sql::server_version(&t).await?;
     let errors = sql::subscription_errors(&t, sub.oid, target_num).await?;
     if let Some((apply, sync)) = errors.filter(|(a, s)| a + s > 0) {
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::ReplicationApplyFailed,
             format!(
                 "the target {} failed to apply the replicated changes ({apply} apply errors, {sync} table-synchronization errors; the target server's log says which): the copies would diverge",
@@ -82,7 +82,7 @@ pub async fn observe(saga: &Saga<'_>, e: &Ends, catch_up_lsn: Option<&str>) -> R
     // Paused for Verify's counts by a controller that died before it enabled it again:
     // enabled now. Disabled otherwise: by an apply error.
     if !sub.enabled && !super::pause::resume_paused(&t, &e.name).await? {
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::ReplicationApplyFailed,
             format!(
                 "subscription {} on {} was disabled by an apply error (the target server's log says which): the copies would diverge",
@@ -95,7 +95,7 @@ pub async fn observe(saga: &Saga<'_>, e: &Ends, catch_up_lsn: Option<&str>) -> R
     let target_bytes = sql::database_size(&t).await?;
     let s = session(saga, &e.source, &e.database).await?;
     let Some(slot) = sql::slot_progress(&s, &e.name, catch_up_lsn).await? else {
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::ReplicationSlotGone,
             format!(
                 "replication slot {} is gone from {}: the replication stopped",
@@ -105,7 +105,7 @@ pub async fn observe(saga: &Saga<'_>, e: &Ends, catch_up_lsn: Option<&str>) -> R
         ));
     };
     if slot.wal_status.as_deref() == Some("lost") {
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::ReplicationSlotLost,
             format!(
                 "the WAL replication slot {} needs was removed from {} (max_slot_wal_keep_size)",
@@ -143,7 +143,7 @@ async fn schema_unchanged(s: &Session, t: &Session, e: &Ends) -> Result<()> {
             .filter(|x| !tables.contains(x))
             .map(|(n, t)| format!("{n}.{t}"))
             .collect();
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::SchemaChanged,
             format!(
                 "the source's tables changed during the replication (new: {new:?}, dropped: {gone:?}); schema changes are not replicated, so the Migration is rolled back: migrate again after the change"
@@ -158,7 +158,7 @@ async fn schema_unchanged(s: &Session, t: &Session, e: &Ends) -> Result<()> {
             .chain(on_target.iter().filter(|c| !on_source.contains(c)))
             .take(10)
             .collect();
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::SchemaChanged,
             format!(
                 "the columns of the source's tables changed during the replication ({differ:?} differ between the servers); schema changes are not replicated, so the Migration is rolled back: migrate again after the change"

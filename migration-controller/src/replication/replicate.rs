@@ -91,7 +91,7 @@ async fn publish(saga: &Saga<'_>, s: &mut Session, e: &Ends) -> Result<Login> {
             Ok(Login::Made(password))
         }
         Some(comment) if comment.as_deref() == Some(mark.as_str()) => Ok(Login::Existing),
-        Some(_) => Err(Error::permanent(
+        Some(_) => Err(Error::step(
             MigrationReason::NameConflict,
             format!(
                 "a role {} exists on {} and was not created by this Migration",
@@ -133,10 +133,7 @@ async fn subscribe(
     // Preflight refuses such a target; a Migration that chose Logical before that rule
     // (an older controller) ends here, before anything runs as the admin.
     if let Some(unsafe_target) = crate::logical::unsafe_target(target_num, &target_version) {
-        return Err(Error::permanent(
-            unsafe_target.reason(),
-            unsafe_target.message(),
-        ));
+        return Err(Error::step(unsafe_target.reason(), unsafe_target.message()));
     }
     sql::create_subscription(t, &e.name, &conninfo)
         .await
@@ -170,7 +167,7 @@ fn subscription_error(err: dbops_shared::postgres::PgError, e: &Ends) -> Error {
         cause = c.source();
     }
     if text.contains("could not connect to the publisher") {
-        return Error::transient(
+        return Error::step(
             MigrationReason::SourceUnreachableFromTarget,
             format!(
                 "the target {} cannot connect to the source {} for the subscription: {text}",
@@ -179,5 +176,5 @@ fn subscription_error(err: dbops_shared::postgres::PgError, e: &Ends) -> Error {
             ),
         );
     }
-    Error::transient(MigrationReason::SubscriptionFailed, text)
+    Error::step(MigrationReason::SubscriptionFailed, text)
 }

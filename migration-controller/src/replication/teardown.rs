@@ -101,7 +101,7 @@ pub async fn drop_slot(s: &Session, slot: &str) -> Result<()> {
     if sql::drop_slot(s, slot).await? {
         return Ok(());
     }
-    Err(Error::transient(
+    Err(Error::step(
         MigrationReason::ReplicationSlotActive,
         format!("replication slot {slot} is still in use after its WAL sender was ended"),
     ))

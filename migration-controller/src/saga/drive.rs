@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use dbops_api::{Database, Migration, MigrationPhase, MigrationReason, MigrationStep};
-use dbops_shared::controller::{Context, ReconcileError};
+use dbops_shared::controller::{Context, ErrorKind, ReconcileError};
 use dbops_shared::status::Desired;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -155,7 +155,7 @@ async fn database_not_found(saga: &mut Saga<'_>) -> Result<Action> {
 }
 
 fn database_missing(saga: &Saga<'_>) -> Error {
-    Error::transient(
+    Error::step(
         MigrationReason::DatabaseNotFound,
         format!("Database {} does not exist", saga.m.spec.database_ref.name),
     )
@@ -201,9 +201,9 @@ async fn run_step(
 async fn failed(saga: &mut Saga<'_>, step: MigrationStep, e: Error) -> Result<()> {
     let before_switch = super::next_move::before_switch(step);
     match e {
-        Error::Permanent { reason, message } if before_switch => {
+        e if before_switch && e.kind() == ErrorKind::Permanent => {
             let status = saga.status();
-            rollback::begin(saga, status, step, reason.as_str(), &message).await
+            rollback::begin(saga, status, step, e.reason(), &e.to_string()).await
         }
         e if e.counts_as_attempt() => {
             let mut status = saga.status();
@@ -279,9 +279,9 @@ async fn await_approval(
     }
     match replication::watch_replication(saga).await {
         Ok(()) => Ok(Action::requeue(saga.ctx.resync_interval)),
-        Err(Error::Permanent { reason, message }) => {
+        Err(e) if e.kind() == ErrorKind::Permanent => {
             let (status, step) = (saga.status(), MigrationStep::Replicate);
-            rollback::begin(saga, status, step, reason.as_str(), &message).await?;
+            rollback::begin(saga, status, step, e.reason(), &e.to_string()).await?;
             Box::pin(drive(saga)).await
         }
         Err(e) => Err(e),

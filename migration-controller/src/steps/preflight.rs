@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dbops_api::{ChosenMode, Database, DatabaseServer, MigrationMode, MigrationReason, condition};
-use dbops_shared::controller::ReconcileError;
+use dbops_shared::controller::{ErrorKind, retry_of};
 use dbops_shared::postgres::{PgError, extensions};
 use dbops_shared::server::{Resolved, ServerError};
 use dbops_shared::status::Desired;
@@ -28,11 +28,13 @@ fn preflight_error(e: Error) -> Error {
     match e {
         Error::Postgres(PgError::AuthenticationFailed { .. })
         | Error::Postgres(PgError::Tls { .. }) => {
-            let reason = reason_of(e.reason());
-            Error::permanent(reason, e.to_string())
+            let reason = e
+                .migration_reason()
+                .unwrap_or(MigrationReason::InternalError);
+            Error::refused(reason, e.to_string())
         }
         Error::Server(e) if !e.is_transient() => {
-            Error::permanent(reason_of(e.reason()), e.to_string())
+            Error::refused(reason_of(e.reason()), e.to_string())
         }
         e => e,
     }
@@ -40,7 +42,7 @@ fn preflight_error(e: Error) -> Error {
 
 pub async fn preflight(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
     if db.metadata.deletion_timestamp.is_some() {
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::DatabaseDeleting,
             format!("Database {} is being deleted", db.name_any()),
         ));
@@ -99,8 +101,8 @@ async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutc
     )
     .await
     .map_err(|e| match e {
-        Error::Permanent { reason, message } => {
-            Error::permanent(reason, format!("{message}; nothing was changed"))
+        Error::Step { reason, message } if retry_of(reason.class()) == ErrorKind::Permanent => {
+            Error::step(reason, format!("{message}; nothing was changed"))
         }
         e => e,
     })?;
@@ -120,7 +122,7 @@ async fn preflight_checks(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutc
 async fn two_servers(saga: &Saga<'_>, db: &Database) -> Result<(Resolved, Resolved)> {
     let source_ref = source_ref(saga)?;
     if source_ref == saga.m.spec.target.server_ref {
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::TargetIsSource,
             format!(
                 "the target DatabaseServer {} is the one the Database is on",
@@ -131,7 +133,7 @@ async fn two_servers(saga: &Saga<'_>, db: &Database) -> Result<(Resolved, Resolv
     let target = admitted_target(saga, db).await?;
     let source = resolve(saga, &source_ref).await?;
     if source.endpoint.key == target.endpoint.key {
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::TargetIsSource,
             format!(
                 "the target {} is the server the Database is on ({})",
@@ -157,7 +159,7 @@ async fn source_database(
     let found = sql::observe(&s, role, database).await?.database;
     drop(s);
     if !found.is_some_and(|d| sql::is_databases(d.comment.as_deref(), &uid)) {
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::SourceNotFound,
             format!(
                 "database {database:?} on {} does not exist or was not created by this Database",
@@ -182,7 +184,7 @@ async fn target_takes(
     let t = session(saga, target, "postgres").await?;
     let (target_num, target_version) = sql::server_version(&t).await?;
     if major(target_num) < major(source_num) {
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::TargetVersionTooOld,
             format!(
                 "the target runs PostgreSQL {target_version}, older than the source's {source_version}"
@@ -197,7 +199,7 @@ async fn target_takes(
     if let Some(refused) =
         extensions::refusal(extensions, allowed, &offered, &target.name, superuser)
     {
-        return Err(Error::permanent(
+        return Err(Error::step(
             reason_of(refused.reason),
             format!(
                 "the database uses extensions the target does not take: {}",
@@ -209,7 +211,7 @@ async fn target_takes(
     let found = sql::observe(&t, role, database).await?;
     let ours = |comment: Option<&str>| sql::is_migrations(comment, &uid, &muid);
     let conflict = |what: &str, name: &str| {
-        Error::permanent(
+        Error::step(
             MigrationReason::NameConflict,
             format!(
                 "a {what} {name:?} already exists on {} and was not created by this Migration; nothing was changed",
@@ -265,7 +267,7 @@ async fn choose_mode(
                     let (reason, why) = crate::logical::condition(&because)
                         .unwrap_or((MigrationReason::LogicalNotPossible, String::new()));
                     if requested == MigrationMode::Logical {
-                        return Err(Error::permanent(
+                        return Err(Error::step(
                             reason,
                             format!("mode Logical is not possible on {}: {why}", at(source)),
                         ));
@@ -344,7 +346,7 @@ async fn check_quota(saga: &Saga<'_>, db: &Database, server: &DatabaseServer) ->
     if has_room(limit, there) {
         return Ok(());
     }
-    Err(Error::permanent(
+    Err(Error::step(
         MigrationReason::QuotaExceeded,
         format!(
             "DatabaseServer {name} allows {limit} Databases per namespace and namespace {} has {there} there already; nothing was changed",
@@ -417,7 +419,7 @@ mod tests {
     #[test]
     fn preflight_refuses_an_unusable_server_for_good_and_waits_for_the_caches() {
         let refused = |e: ServerError| match preflight_error(e.into()) {
-            Error::Permanent { reason, .. } => reason,
+            Error::Refused { reason, .. } => reason,
             other => panic!("not fatal: {other:?}"),
         };
         assert_eq!(
@@ -448,11 +450,11 @@ mod tests {
             Error::Server(ServerError::NotSynced)
         ));
         assert!(matches!(
-            preflight_error(Error::transient(
-                MigrationReason::SessionsRemain,
-                "1 session"
-            )),
-            Error::Transient { .. }
+            preflight_error(Error::step(MigrationReason::SessionsRemain, "1 session")),
+            Error::Step {
+                reason: MigrationReason::SessionsRemain,
+                ..
+            }
         ));
     }
 }

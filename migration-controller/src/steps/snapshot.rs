@@ -39,7 +39,7 @@ pub async fn snapshot(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome>
                 },
                 "spec": {"databaseRef": {"name": db.name_any()}, "deletionPolicy": "Retain"},
             }))
-            .map_err(|e| Error::transient(MigrationReason::InternalError, e.to_string()))?;
+            .map_err(|e| Error::step(MigrationReason::InternalError, e.to_string()))?;
             match backups.create(&PostParams::default(), &b).await {
                 Ok(b) => b,
                 Err(kube::Error::Api(e)) if e.code == 409 => backups.get(&name).await?,
@@ -52,7 +52,7 @@ pub async fn snapshot(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome>
         .iter()
         .any(|r| Some(&r.uid) == saga.m.metadata.uid.as_ref());
     if !ours {
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::NameConflict,
             format!("Backup {name} exists and does not belong to this Migration"),
         ));
@@ -73,7 +73,7 @@ pub async fn snapshot(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome>
             let why = dbops_shared::conditions::get(&backup_status.conditions, condition::FAILED)
                 .map(|c| format!("{}: {}", c.reason, c.message))
                 .unwrap_or_else(|| "no reason given".into());
-            Err(Error::permanent(
+            Err(Error::step(
                 MigrationReason::SnapshotFailed,
                 format!("snapshot Backup {name} failed ({why})"),
             ))

@@ -46,7 +46,7 @@ pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOut
             let found = sql::freeze_state(&s, &database, by_privilege, &spare)
                 .await?
                 .ok_or_else(|| {
-                    Error::permanent(
+                    Error::step(
                         MigrationReason::SourceNotFound,
                         format!("database {database:?} is gone from {}", at(&source)),
                     )
@@ -59,7 +59,7 @@ pub async fn freeze_source(saga: &mut Saga<'_>, db: &Database) -> Result<StepOut
     };
     let (ended, left) = sql::freeze(&s, &database, &record, &spare).await?;
     if left > 0 {
-        return Err(Error::transient(
+        return Err(Error::step(
             MigrationReason::SessionsRemain,
             format!("{left} sessions on {database} survived pg_terminate_backend"),
         ));

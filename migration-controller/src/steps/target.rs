@@ -23,13 +23,13 @@ pub async fn provision_target(saga: &mut Saga<'_>, db: &Database) -> Result<Step
     let found = sql::observe(&t, &role, &database).await?;
     let ours = |comment: Option<&str>| sql::is_migrations(comment, &uid, &muid);
     if found.role.is_some() && !found.role_is(ours) {
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::NameConflict,
             format!("role {role:?} appeared on {} meanwhile", at(&target)),
         ));
     }
     if found.database.is_some() && !found.database_is(ours, &role) {
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::NameConflict,
             format!(
                 "database {database:?} appeared on {} meanwhile",

@@ -29,7 +29,7 @@ pub async fn verify(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
             .iter()
             .filter(|x| !on_source.contains(x))
             .collect();
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::VerifyFailed,
             format!(
                 "tables differ: missing on the target {missing:?}, only on the target {extra:?}"
@@ -53,7 +53,7 @@ pub async fn verify(saga: &mut Saga<'_>, db: &Database) -> Result<StepOutcome> {
         rows += a;
     }
     if !mismatches.is_empty() {
-        return Err(Error::permanent(
+        return Err(Error::step(
             MigrationReason::VerifyFailed,
             format!("row counts differ ({how}): {}", mismatches.join("; ")),
         ));

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
+use dbops_api::ProcessReason;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -67,12 +68,12 @@ pub enum CheckError {
 }
 
 impl CheckError {
-    /// The CamelCase reason `/readyz` and the logs show.
-    pub fn reason(&self) -> &'static str {
+    /// The reason `/readyz` and the logs show.
+    pub fn reason(&self) -> ProcessReason {
         match self {
-            Self::NotWritable(_) => "BackupStoreNotWritable",
-            Self::Mismatch { .. } => "BackupStoreMismatch",
-            Self::Unavailable(_) => "BackupStoreUnavailable",
+            Self::NotWritable(_) => ProcessReason::BackupStoreNotWritable,
+            Self::Mismatch { .. } => ProcessReason::BackupStoreMismatch,
+            Self::Unavailable(_) => ProcessReason::BackupStoreUnavailable,
         }
     }
 }

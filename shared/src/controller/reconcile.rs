@@ -3,7 +3,7 @@
 
 use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
 
-use dbops_api::HasConditions;
+use dbops_api::{HasConditions, ReasonClass};
 use kube::{
     Client, Resource,
     runtime::{controller::Action, events::Reporter},
@@ -28,6 +28,19 @@ pub enum ErrorKind {
     /// name is taken, a limit is exceeded): report it and wait for a change (a resync
     /// looks again). Every controller's error says one of these two words.
     Permanent,
+}
+
+/// What a controller does after a failure whose reason is of `class`, in every
+/// controller: a `Retried` reason is tried again with backoff (a Backup's attempt, a
+/// Migration step's, counted against their limits); any other waits for a change (a
+/// watch, the resync) or, for a Backup or a Migration, ends it (`Failed`: the Backup
+/// fails, the Migration rolls back). Each controller's error derives its kind from its
+/// reason through this, so what the status says and what the controller does agree.
+pub const fn retry_of(class: ReasonClass) -> ErrorKind {
+    match class {
+        ReasonClass::Retried => ErrorKind::Transient,
+        _ => ErrorKind::Permanent,
+    }
 }
 
 /// Implemented by each controller's reconcile error enum.

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use dbops_api::SharedReason;
 use tokio_postgres::error::SqlState;
 
 use super::endpoint::ServerKey;
@@ -38,26 +39,28 @@ pub enum PgError {
 }
 
 impl PgError {
-    /// The CamelCase condition reason for this error.
-    pub fn reason(&self) -> &'static str {
+    /// The condition reason for this error.
+    pub fn reason(&self) -> SharedReason {
         match self {
-            PgError::Unreachable { .. } | PgError::CircuitOpen { .. } => "ServerUnreachable",
-            PgError::AuthenticationFailed { .. } => "AuthenticationFailed",
+            PgError::Unreachable { .. } | PgError::CircuitOpen { .. } => {
+                SharedReason::ServerUnreachable
+            }
+            PgError::AuthenticationFailed { .. } => SharedReason::AuthenticationFailed,
             PgError::Tls { failure, .. } => failure.reason(),
             PgError::Sql { source, .. } if source.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                "LockTimeout"
+                SharedReason::LockTimeout
             }
             PgError::Sql { source, .. } if source.code() == Some(&SqlState::QUERY_CANCELED) => {
-                "StatementTimeout"
+                SharedReason::StatementTimeout
             }
             // The admin is not allowed what it tried: no retry makes it so (an admin that is
             // not a superuser, on a managed server).
             PgError::Sql { source, .. }
                 if source.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) =>
             {
-                "AdminLacksPrivilege"
+                SharedReason::AdminLacksPrivilege
             }
-            PgError::Sql { .. } => "SqlError",
+            PgError::Sql { .. } => SharedReason::SqlError,
         }
     }
 

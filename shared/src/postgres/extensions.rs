@@ -11,6 +11,8 @@
 //! extension would land in `pg_catalog`. The schema is the one the extension's control
 //! file fixes, if any, else `public` (where it went before the pin).
 
+use dbops_api::SharedReason;
+
 use super::error::PgError;
 use super::quote::quote_ident;
 use super::session::Session;
@@ -39,7 +41,7 @@ impl Available {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     /// `ExtensionNotAllowed` or `ExtensionNotAvailable`.
-    pub reason: &'static str,
+    pub reason: SharedReason,
     pub message: String,
 }
 
@@ -107,7 +109,7 @@ pub fn refusal(
             ),
         };
         return Some(Refusal {
-            reason: "ExtensionNotAllowed",
+            reason: SharedReason::ExtensionNotAllowed,
             message: format!(
                 "extension{} {} not allowed: {why}; nothing was created for {}",
                 if not_allowed.len() == 1 { "" } else { "s" },
@@ -123,7 +125,7 @@ pub fn refusal(
         .collect();
     if !superuser && !untrusted.is_empty() {
         return Some(Refusal {
-            reason: "AdminLacksPrivilege",
+            reason: SharedReason::AdminLacksPrivilege,
             message: format!(
                 "extension{} {} not trusted by PostgreSQL, and creating {} needs SUPERUSER, which the admin of DatabaseServer {server:?} lacks (status.capabilities); nothing was created",
                 if untrusted.len() == 1 { "" } else { "s" },
@@ -134,7 +136,7 @@ pub fn refusal(
     }
     if !not_available.is_empty() {
         return Some(Refusal {
-            reason: "ExtensionNotAvailable",
+            reason: SharedReason::ExtensionNotAvailable,
             message: format!(
                 "extension{} {} not available on DatabaseServer {server:?} (not in pg_available_extensions)",
                 if not_available.len() == 1 { "" } else { "s" },

@@ -15,6 +15,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use dbops_api::SharedReason;
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
@@ -44,12 +45,12 @@ pub enum TlsFailure {
 }
 
 impl TlsFailure {
-    /// The CamelCase condition reason.
-    pub fn reason(self) -> &'static str {
+    /// The condition reason.
+    pub fn reason(self) -> SharedReason {
         match self {
-            TlsFailure::CertificateNotTrusted => "CertificateNotTrusted",
-            TlsFailure::HostnameMismatch => "HostnameMismatch",
-            TlsFailure::ServerWithoutTls => "ServerWithoutTLS",
+            TlsFailure::CertificateNotTrusted => SharedReason::CertificateNotTrusted,
+            TlsFailure::HostnameMismatch => SharedReason::HostnameMismatch,
+            TlsFailure::ServerWithoutTls => SharedReason::ServerWithoutTLS,
         }
     }
 
