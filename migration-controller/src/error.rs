@@ -79,16 +79,23 @@ impl Error {
     }
 
     /// The Migration reason it is shown as; `None` for what is no step's failure (the
-    /// API, a stale read, the caches not synced yet), which is retried.
+    /// API, a stale read), which is retried.
     pub fn migration_reason(&self) -> Option<MigrationReason> {
         match self {
             Error::Step { reason, .. } | Error::Refused { reason, .. } => Some(*reason),
             Error::Postgres(e) => Some(reason_of(e.reason())),
-            Error::Server(ServerError::NotSynced) => None,
             Error::Server(e) => Some(reason_of(e.reason())),
             Error::Copy(e) => Some(e.reason()),
-            Error::DatabasesNotSynced | Error::Stale | Error::Kube(_) => None,
+            Error::DatabasesNotSynced => Some(MigrationReason::CacheNotSynced),
+            Error::Stale | Error::Kube(_) => None,
         }
+    }
+
+    /// The reason a rollback records for it: its own, or `StepFailed` for what has none
+    /// (the API, which never ends a step).
+    pub fn rollback_reason(&self) -> MigrationReason {
+        self.migration_reason()
+            .unwrap_or(MigrationReason::StepFailed)
     }
 
     /// Whether the failure counts against the step's attempts (the API's does not: a
@@ -115,8 +122,6 @@ impl ReconcileError for Error {
     fn reason(&self) -> &'static str {
         match self {
             Error::Kube(_) | Error::Stale => ProcessReason::KubernetesApiError.as_str(),
-            Error::DatabasesNotSynced => ServerError::NotSynced.reason().as_str(),
-            Error::Server(ServerError::NotSynced) => SharedReason::CacheNotSynced.as_str(),
             _ => self
                 .migration_reason()
                 .map_or("InternalError", MigrationReason::as_str),
@@ -196,9 +201,7 @@ mod tests {
     #[test]
     fn every_reason_the_shared_crate_gives_a_migration_is_a_migration_reason() {
         for r in SharedReason::ALL {
-            if *r != SharedReason::CacheNotSynced {
-                assert_eq!(reason_of(*r).as_str(), r.as_str());
-            }
+            assert_eq!(reason_of(*r).as_str(), r.as_str());
         }
     }
 

@@ -126,6 +126,9 @@ reasons! {
         SourceNotRecorded => Retried,
         /// A state the controller does not expect.
         InternalError => Retried,
+        /// A cache (the servers, their Secrets and namespaces, the Databases) has not
+        /// listed its objects yet.
+        CacheNotSynced => Retried,
         /// The hidden test flag `--debug-fail-at` asked for a failure.
         InjectedFailure => Failed,
         /// The Migration was deleted before SwitchTraffic.

@@ -119,7 +119,7 @@ async fn drive(saga: &mut Saga<'_>) -> Result<Action> {
                 step,
                 reason,
                 message,
-            } => rollback::begin(saga, status, step, reason.as_str(), &message).await?,
+            } => rollback::begin(saga, status, step, reason, &message).await?,
             Move::AwaitApproval { next, replicating } => {
                 return await_approval(saga, next, replicating).await;
             }
@@ -203,7 +203,7 @@ async fn failed(saga: &mut Saga<'_>, step: MigrationStep, e: Error) -> Result<()
     match e {
         e if before_switch && e.kind() == ErrorKind::Permanent => {
             let status = saga.status();
-            rollback::begin(saga, status, step, e.reason(), &e.to_string()).await
+            rollback::begin(saga, status, step, e.rollback_reason(), &e.to_string()).await
         }
         e if e.counts_as_attempt() => {
             let mut status = saga.status();
@@ -211,7 +211,7 @@ async fn failed(saga: &mut Saga<'_>, step: MigrationStep, e: Error) -> Result<()
             let attempts = progress::attempt_failed(&mut status, step, message.clone());
             if gives_up(step, attempts, saga.ctx.state.max_attempts) {
                 let message = format!("{message} (after {attempts} attempts)");
-                return rollback::begin(saga, status, step, e.reason(), &message).await;
+                return rollback::begin(saga, status, step, e.rollback_reason(), &message).await;
             }
             let retrying = note(
                 false,
@@ -281,7 +281,7 @@ async fn await_approval(
         Ok(()) => Ok(Action::requeue(saga.ctx.resync_interval)),
         Err(e) if e.kind() == ErrorKind::Permanent => {
             let (status, step) = (saga.status(), MigrationStep::Replicate);
-            rollback::begin(saga, status, step, e.reason(), &e.to_string()).await?;
+            rollback::begin(saga, status, step, e.rollback_reason(), &e.to_string()).await?;
             Box::pin(drive(saga)).await
         }
         Err(e) => Err(e),

@@ -17,10 +17,16 @@ pub async fn begin(
     saga: &mut Saga<'_>,
     mut status: MigrationStatus,
     step: MigrationStep,
-    reason: &str,
+    reason: MigrationReason,
     message: &str,
 ) -> Result<()> {
-    progress::begin_rollback(&mut status, step, reason, message, saga.generation());
+    progress::begin_rollback(
+        &mut status,
+        step,
+        reason.as_str(),
+        message,
+        saga.generation(),
+    );
     let (reason, message) = progress::failure(&status);
     let started = note(
         false,
