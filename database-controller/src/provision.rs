@@ -596,7 +596,10 @@ async fn apply(
                 sql::set_connection_limit(session, &database, *limit).await?
             }
             Change::Restore { fresh } => {
-                let restored = restore(db, ctx, target, session, *fresh, password, fill).await?;
+                // On the heap: a restore or a clone is a 14 KB future, which every
+                // reconcile would otherwise carry, filling a database or not.
+                let filling = restore(db, ctx, target, session, *fresh, password, fill);
+                let restored = Box::pin(filling).await?;
                 oid = Some(restored.oid);
                 read_again = restored.in_use;
             }

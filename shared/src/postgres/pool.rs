@@ -223,7 +223,9 @@ impl Servers {
             Some(client) => client,
             None => {
                 let connecting = self.timeouts.connect(server, credentials, dbname);
-                let result = traced_connect(&key, dbname, connecting).await;
+                // On the heap: a new connection (TLS, authentication) is a 14 KB future,
+                // which every caller's future would otherwise carry, connecting or not.
+                let result = Box::pin(traced_connect(&key, dbname, connecting)).await;
                 let failure = match &result {
                     Err(PgError::Unreachable { message, .. }) => Some(message.clone()),
                     _ => None,
