@@ -1,9 +1,9 @@
 //! Why a Database or DatabaseUser reconcile did not converge, and what happens next.
 //!
 //! Every failure carries a typed reason ([`Why`]); the reason's class alone decides
-//! whether the controller retries with backoff ([`retry_of`]), so the status it shows
-//! (`Retrying`, a step on the way, or waiting for a change) and what it does agree
-//! (`dbops_shared::controller::retry_of`, the rule of every controller).
+//! whether the controller retries with backoff (`dbops_shared::controller::retry_of`,
+//! the rule of every controller), so the status it shows (`Retrying`, a step on the
+//! way, or waiting for a change) and what it does agree.
 
 use dbops_api::reasons::{DatabaseReason, DatabaseUserReason, Reason, ReasonClass, SharedReason};
 use dbops_shared::controller::{ErrorKind, ReconcileError, retry_of};
@@ -131,10 +131,9 @@ impl Error {
 }
 
 impl ReconcileError for Error {
-    /// The one place that decides: the reason's class ([`retry_of`], the rule of every
-    /// controller). A superseded
-    /// reconcile is read again; a routine check put off waits for the resync (the
-    /// reconcile returns before this is asked).
+    /// The one place that decides: the reason's class, by the rule of every controller
+    /// ([`retry_of`]). A superseded reconcile is read again; a routine check put off
+    /// waits for the resync (the reconcile returns before this is asked).
     fn kind(&self) -> ErrorKind {
         match self.why() {
             Some(why) => retry_of(why.class()),
@@ -209,26 +208,23 @@ mod tests {
             assert_eq!(e.kind(), retry_of(r.class()), "{r}");
             assert_eq!(e.user_reason(), *r);
         }
-        let transient = [
-            DatabaseReason::KubernetesApiError,
-            DatabaseReason::AuthenticationFailed,
-            DatabaseReason::RoleBindingConflict,
-            DatabaseReason::InternalError,
-            DatabaseReason::StoreUnavailable,
+        use DatabaseReason as R;
+        use ErrorKind::{Permanent, Transient};
+        let expected = [
+            (R::KubernetesApiError, Transient),
+            (R::AuthenticationFailed, Transient),
+            (R::RoleBindingConflict, Transient),
+            (R::InternalError, Transient),
+            (R::StoreUnavailable, Transient),
+            (R::NamespaceNotAllowed, Permanent),
+            (R::Cloning, Permanent),
+            (R::Restoring, Permanent),
+            (R::WaitingForFinalBackup, Permanent),
+            (R::AdminLacksPrivilege, Permanent),
+            (R::DatabaseMissing, Permanent),
         ];
-        for r in transient {
-            assert_eq!(Error::reported(r, "m").kind(), ErrorKind::Transient, "{r}");
-        }
-        let waits = [
-            DatabaseReason::NamespaceNotAllowed,
-            DatabaseReason::Cloning,
-            DatabaseReason::Restoring,
-            DatabaseReason::WaitingForFinalBackup,
-            DatabaseReason::AdminLacksPrivilege,
-            DatabaseReason::DatabaseMissing,
-        ];
-        for r in waits {
-            assert_eq!(Error::reported(r, "m").kind(), ErrorKind::Permanent, "{r}");
+        for (r, kind) in expected {
+            assert_eq!(Error::reported(r, "m").kind(), kind, "{r}");
         }
         assert_eq!(Error::Internal("x".into()).kind(), ErrorKind::Transient);
         assert_eq!(Error::Superseded("x".into()).kind(), ErrorKind::Transient);

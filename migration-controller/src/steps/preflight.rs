@@ -26,12 +26,8 @@ const DATABASES_SYNC_WAIT: Duration = Duration::from_secs(30);
 /// allowed, admin or CA Secret missing or invalid). Caches not synced yet are retried.
 fn preflight_error(e: Error) -> Error {
     match e {
-        Error::Postgres(PgError::AuthenticationFailed { .. })
-        | Error::Postgres(PgError::Tls { .. }) => {
-            let reason = e
-                .migration_reason()
-                .unwrap_or(MigrationReason::InternalError);
-            Error::refused(reason, e.to_string())
+        Error::Postgres(ref pg @ (PgError::AuthenticationFailed { .. } | PgError::Tls { .. })) => {
+            Error::refused(reason_of(pg.reason()), e.to_string())
         }
         Error::Server(e) if !e.is_transient() => {
             Error::refused(reason_of(e.reason()), e.to_string())

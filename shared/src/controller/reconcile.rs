@@ -77,18 +77,20 @@ impl<E: ReconcileError> ReconcileError for Bounded<E> {
 
 /// `work` with a deadline: past `limit` it is dropped (a child program killed, a
 /// session given back; every step resumes from what it recorded) and fails as
-/// [`Bounded::TimedOut`], retried with backoff.
-pub async fn bounded<E>(
+/// [`Bounded::TimedOut`], retried with backoff. Not an `async fn`: the returned future
+/// holds `work` once (an `async fn` would keep its parameter beside the timeout's copy).
+pub fn bounded<E>(
     work: impl Future<Output = Result<Action, E>>,
     limit: Duration,
-) -> Result<Action, Bounded<E>> {
-    match tokio::time::timeout(limit, work).await {
+) -> impl Future<Output = Result<Action, Bounded<E>>> {
+    use futures::FutureExt;
+    tokio::time::timeout(limit, work).map(move |outcome| match outcome {
         Ok(result) => result.map_err(Bounded::Reconcile),
         Err(_) => {
             tracing::warn!(?limit, "reconcile abandoned at its time limit");
             Err(Bounded::TimedOut(limit))
         }
-    }
+    })
 }
 
 /// For reconcilers that cannot fail.
