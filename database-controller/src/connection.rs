@@ -11,7 +11,6 @@ use dbops_shared::controller::Context;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::ObjectRef;
 
 use crate::error::{Error, Result};
 use crate::live::confirm_live;
@@ -70,9 +69,7 @@ pub(crate) async fn existing_or_unseen(
 ) -> Result<(Option<Arc<Secret>>, bool)> {
     let name = db.connection_secret_name();
     let store = ctx.state.tenants.secrets_for(db).await?;
-    let cached = store
-        .get(&ObjectRef::new(&name).within(&db.namespace().unwrap_or_default()))
-        .is_some();
+    let cached = store.contains(Some(&db.namespace().unwrap_or_default()), &name);
     if cached || db.filled_at_creation() {
         return Ok((existing_secret(ctx, db).await?, false));
     }

@@ -277,6 +277,20 @@ async fn run(args: Args) -> Result<(), ControllerError> {
             let user_ctx = run.context(user::CONTROLLER, shared.user_state());
             let users = run.controller_on(&w.users, Trigger::GenerationOrAnnotations);
             let users = watches::users(users, user_secrets, &w);
+            // Each status write is forgotten once the watch shows it (a weak handle: the
+            // watch does not keep the controllers' state alive).
+            let statuses = Arc::downgrade(&ctx);
+            w.databases.on_change(move |db| {
+                if let Some(ctx) = statuses.upgrade() {
+                    ctx.state.statuses.seen(db);
+                }
+            });
+            let written = Arc::downgrade(&user_ctx);
+            w.users.on_change(move |user| {
+                if let Some(ctx) = written.upgrade() {
+                    ctx.state.written.seen(user);
+                }
+            });
 
             let server_ctx = run.context(
                 server::CONTROLLER,

@@ -415,8 +415,8 @@ fn digest(data: Option<&BTreeMap<String, ByteString>>, templated: &[String]) -> 
 }
 
 /// What the watch cache keeps of a connection Secret's data: the password (a reconcile
-/// reuses it), the username and the digest of everything this controller writes, instead of fifteen
-/// keys and values (a quarter of the controller's memory per Database). [`is_current`]
+/// reuses it), the username and the digest of everything this controller writes, instead of
+/// twenty keys and values (the CA certificate among them). [`is_current`]
 /// and [`kept_password`] take a kept Secret as well as a whole one; nothing writes a
 /// kept one back.
 pub fn keep_in_cache(secret: &mut Secret) {

@@ -78,10 +78,11 @@ impl State {
             .iter()
             .filter_map(|d| d.metadata.uid.clone())
             .collect();
-        // An entry older than `every` (the resync interval) no longer spares a check.
+        // An entry older than half the resync interval (the window `Verified::recent` is
+        // read in) no longer spares a check.
         self.verified
             .checks
-            .retain(|uid, (_, _, at)| live.contains(uid) && at.elapsed() < every);
+            .retain(|uid, (_, _, at)| live.contains(uid) && at.elapsed() < every / 2);
         self.statuses.sweep(store);
         self.routine.retain(|uid| live.contains(uid));
         let named: HashSet<(String, String)> = store

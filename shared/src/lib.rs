@@ -8,6 +8,7 @@ pub mod backup_store;
 pub mod checksum;
 pub mod cli;
 pub mod client;
+pub mod compact_store;
 pub mod conditions;
 pub mod controller;
 pub mod events;

@@ -92,6 +92,7 @@ impl<K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'st
 }
 
 type Keys<K> = Arc<dyn Fn(&K) -> Vec<String> + Send + Sync>;
+type Observer<K> = Arc<dyn Fn(&K) + Send + Sync>;
 
 struct Maps<K: Watchable> {
     by_key: HashMap<String, HashSet<ObjectRef<K>>>,
@@ -282,6 +283,9 @@ struct Shared<K: Watchable> {
     store: Store<K>,
     subscribers: Mutex<Vec<Arc<Subscriber<K>>>>,
     indexes: Mutex<Vec<Index<K>>>,
+    /// Told of each object created or changed, after the store and the indexes and before
+    /// any subscriber ([`SharedWatch::on_change`]).
+    observers: Mutex<Vec<Observer<K>>>,
     /// Whether the first list is being (or has been) taken: a later subscriber is told of
     /// what the store holds first.
     started: std::sync::atomic::AtomicBool,
@@ -332,6 +336,7 @@ impl<K: Watchable> SharedWatch<K> {
                 store,
                 subscribers: Mutex::default(),
                 indexes: Mutex::default(),
+                observers: Mutex::default(),
                 started: Default::default(),
             }),
             unstarted: Arc::new(Mutex::new(Some((events.boxed(), writer)))),
@@ -398,6 +403,18 @@ impl<K: Watchable> SharedWatch<K> {
         index
     }
 
+    /// Calls `f` with each object the watch reports created or changed, as the store holds
+    /// it now (after the indexes, before any subscriber hears of it): for what must follow
+    /// the cache at once, such as a memo of writes the cache has not shown yet. Neither a
+    /// deletion nor a relist's objects (the store holds those once the relist is complete).
+    pub fn on_change(&self, f: impl Fn(&K) + Send + Sync + 'static) {
+        self.shared
+            .observers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::new(f));
+    }
+
     /// Runs the watch until the returned task is dropped (a second call runs nothing). A
     /// failed list or watch is logged (the client reports it to the watch health) and
     /// retried with the stream's backoff.
@@ -458,6 +475,17 @@ impl<K: Watchable> Shared<K> {
             }
             watcher::Event::Init => return,
         };
+        // A relist's objects are the store's only once it is complete: not observed.
+        if matches!(event, watcher::Event::Apply(_)) {
+            let observers = self
+                .observers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            for observe in observers {
+                observe(&obj);
+            }
+        }
         let mut gone = false;
         for sub in self.subscribers() {
             if sub.wants(&obj, deleted) && sub.tx.send(obj.clone()).await.is_err() {
@@ -564,6 +592,47 @@ mod tests {
         assert!(index.get("y").is_empty() && index.get("z").is_empty());
         assert_eq!(index.len(), 2);
         assert_eq!(index.all().len(), 2);
+        drop(task);
+    }
+
+    /// An observer sees each created or changed object once the store holds it, before
+    /// any subscriber hears of it; no deletion, and not a relist's objects.
+    #[tokio::test]
+    async fn an_observer_sees_each_change_as_the_store_holds_it_before_the_subscribers() {
+        let events = vec![
+            Event::Init,
+            Event::InitApply(cm("a", 1, "x")),
+            Event::InitDone,
+            Event::Apply(cm("a", 2, "y")),
+            Event::Delete(cm("a", 2, "y")),
+            Event::Apply(cm("b", 1, "z")),
+        ];
+        let watch = SharedWatch::new(
+            "observed",
+            futures::stream::iter(events.into_iter().map(Ok)),
+        );
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let store = watch.store();
+        let log = seen.clone();
+        watch.on_change(move |c: &ConfigMap| {
+            let held = store
+                .get(&kube::runtime::reflector::ObjectRef::from_obj(c))
+                .is_some_and(|h| h.metadata.resource_version == c.metadata.resource_version);
+            log.lock().unwrap().push((label(c), held));
+        });
+        let touched = watch.touched();
+        let task = watch.start();
+        let heard: Vec<_> = touched.take(4).collect().await;
+        assert_eq!(
+            heard.len(),
+            4,
+            "the subscriber heard every change, the deletion too"
+        );
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [(vec!["y".to_string()], true), (vec!["z".to_string()], true)],
+            "each change once, as the store holds it; no deletion, no relist"
+        );
         drop(task);
     }
 

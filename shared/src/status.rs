@@ -326,6 +326,17 @@ impl<K: HasStatus> StatusWriter<K> {
         *sweep_at = self.recent.len() * 2;
     }
 
+    /// The watch shows `obj` (its store holds it now): the write kept for it is forgotten
+    /// if this is its status. A burst of writes is then forgotten as the watch catches up,
+    /// not kept (a second copy of each status) until the memo has doubled or the next
+    /// reconcile of each object.
+    pub fn seen(&self, obj: &K) {
+        if let Some(uid) = obj.meta().uid.as_deref() {
+            self.recent
+                .forget_if(uid, |r| obj.status() == Some(&r.status));
+        }
+    }
+
     /// Forgets an object (deleted, or handed over).
     pub fn forget(&self, uid: &str) {
         self.recent.forget(uid);
@@ -408,6 +419,25 @@ mod tests {
         assert_eq!(w.pending(), 0);
         // Another object: its own cached status.
         assert_eq!(w.latest(&db("u2", "3", None)), DatabaseStatus::default());
+    }
+
+    #[test]
+    fn a_write_is_forgotten_when_the_watch_shows_it_and_kept_until_then() {
+        let w = StatusWriter::<Database>::default();
+        for uid in ["u1", "u2"] {
+            w.remember(uid, status("Ready"), Some("7".into()), None);
+        }
+        // The watch shows u1 still as it was before the write: kept.
+        w.seen(&db("u1", "5", Some("Pending")));
+        assert_eq!(w.pending(), 2);
+        // The watch shows u1 written: forgotten, without a reconcile or a sweep.
+        w.seen(&db("u1", "7", Some("Ready")));
+        assert_eq!(w.pending(), 1);
+        assert_eq!(
+            w.latest_with_version(&db("u2", "5", Some("Pending"))).0,
+            status("Ready"),
+            "u2's write still wins over its older cache"
+        );
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! create and patch on Secrets) to that ServiceAccount with a RoleBinding of that name
 //! (`binding`), then watches the
 //! namespace's connection Secrets (label `app.kubernetes.io/managed-by=dbops`) into a
-//! cache of their own. Where no Database needs them any more, it stops that watch and
+//! cache of their own: a [`CompactStore`], each Secret kept as the JSON of what
+//! [`secret::keep_in_cache`] keeps of it (one allocation of ~0.8 KB instead of ~3.4 KB
+//! in 26 decoded), decoded when a reconcile reads it. Where no Database needs them any more, it stops that watch and
 //! takes its ServiceAccount off the RoleBinding (deleting it when no other subject is
 //! left: several installations, each with its own ServiceAccount, may share a namespace).
 //!
@@ -40,14 +42,15 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use dbops_api::Database;
+use dbops_shared::compact_store::CompactStore;
 use dbops_shared::controller;
 use dbops_shared::server::Directory;
 use dbops_shared::watch_health::WatchHealth;
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::mpsc;
@@ -73,7 +76,7 @@ fn watch_name(namespace: &str) -> String {
 
 /// One namespace set up: its Secret cache and the task that fills it.
 struct Tenant {
-    secrets: Store<Secret>,
+    secrets: CompactStore<Secret>,
     task: AbortHandle,
 }
 
@@ -176,7 +179,7 @@ impl TenantSecrets {
 
     /// The cache of `db`'s namespace's connection Secrets, once its first list is in: set
     /// up at once if needed and not yet done (bounded by [`SET_UP_WAIT`]).
-    pub async fn secrets_for(&self, db: &Database) -> Result<Store<Secret>> {
+    pub async fn secrets_for(&self, db: &Database) -> Result<CompactStore<Secret>> {
         let namespace = db.namespace().unwrap_or_default();
         let store = match self.running(&namespace) {
             Some(store) => store,
@@ -199,7 +202,7 @@ impl TenantSecrets {
                 }
             }
         };
-        if dbops_shared::store_ready::ready_within(&store, SET_UP_WAIT).await {
+        if store.ready_within(SET_UP_WAIT).await {
             Ok(store)
         } else {
             Err(not_synced(&namespace))
@@ -220,7 +223,7 @@ impl TenantSecrets {
     ) -> Result<Option<Arc<Secret>>> {
         let namespace = db.namespace().unwrap_or_default();
         let store = self.secrets_for(db).await?;
-        let cached = store.get(&kube::runtime::reflector::ObjectRef::new(name).within(&namespace));
+        let cached = store.get(Some(&namespace), name);
         if let Some(found) = cached
             && latest_login.is_none_or(|l| secret::username(&found).is_none_or(|u| u == l))
         {
@@ -233,11 +236,10 @@ impl TenantSecrets {
     /// The connection Secret `name` of `namespace` as the cache holds it (password,
     /// username and a digest of the rest), if that namespace is set up.
     pub fn cached(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
-        self.running(namespace)?
-            .get(&kube::runtime::reflector::ObjectRef::new(name).within(namespace))
+        self.running(namespace)?.get(Some(namespace), name)
     }
 
-    fn running(&self, namespace: &str) -> Option<Store<Secret>> {
+    fn running(&self, namespace: &str) -> Option<CompactStore<Secret>> {
         self.inner
             .tenants
             .lock()
@@ -310,7 +312,7 @@ impl TenantSecrets {
 
     /// Grants this process the namespace's Secrets (its RoleBinding: checked against the
     /// cache, written only when it differs) and starts its watch unless running.
-    async fn set_up(&self, namespace: &str) -> Result<Store<Secret>> {
+    async fn set_up(&self, namespace: &str) -> Result<CompactStore<Secret>> {
         if let Some(me) = self.identity().await? {
             self.inner.bindings.bind(namespace, &me, true).await?;
         }
@@ -340,8 +342,9 @@ impl TenantSecrets {
 
     /// Starts the watch of the namespace's connection Secrets: its own cache, each change
     /// sent to the Database controller.
-    fn watch(&self, namespace: &str) -> Store<Secret> {
-        let (store, writer) = reflector::store();
+    fn watch(&self, namespace: &str) -> CompactStore<Secret> {
+        let store = CompactStore::new();
+        let cache = store.clone();
         let (key, value) = dbops_api::names::label::MANAGED_BY;
         let events = watcher(
             Api::<Secret>::namespaced(self.inner.client.clone(), namespace),
@@ -354,7 +357,7 @@ impl TenantSecrets {
             dbops_shared::controller::slim(&mut s.metadata);
             secret::keep_in_cache(s);
         })
-        .reflect(writer);
+        .inspect_ok(move |event| cache.apply(event));
         let name = watch_name(namespace);
         let triggers = self.inner.triggers.clone();
         let task = tokio::spawn(async move {
