@@ -54,7 +54,7 @@ use std::sync::{Arc, OnceLock};
 
 use clap::Parser;
 use dbops_api::{Database, DatabaseUser, Migration};
-use dbops_shared::controller::{self, ControllerError, Process, Trigger};
+use dbops_shared::controller::{self, Context, ControllerError, Process, Trigger};
 use dbops_shared::events::Recorder;
 use dbops_shared::postgres::Servers;
 use dbops_shared::server::Directory;
@@ -277,20 +277,7 @@ async fn run(args: Args) -> Result<(), ControllerError> {
             let user_ctx = run.context(user::CONTROLLER, shared.user_state());
             let users = run.controller_on(&w.users, Trigger::GenerationOrAnnotations);
             let users = watches::users(users, user_secrets, &w);
-            // Each status write is forgotten once the watch shows it (a weak handle: the
-            // watch does not keep the controllers' state alive).
-            let statuses = Arc::downgrade(&ctx);
-            w.databases.on_change(move |db| {
-                if let Some(ctx) = statuses.upgrade() {
-                    ctx.state.statuses.seen(db);
-                }
-            });
-            let written = Arc::downgrade(&user_ctx);
-            w.users.on_change(move |user| {
-                if let Some(ctx) = written.upgrade() {
-                    ctx.state.written.seen(user);
-                }
-            });
+            forget_writes_seen(&w, &ctx, &user_ctx);
 
             let server_ctx = run.context(
                 server::CONTROLLER,
@@ -319,6 +306,27 @@ async fn run(args: Args) -> Result<(), ControllerError> {
             }
         })
         .await
+}
+
+/// Each status write of the Database and DatabaseUser controllers is forgotten once their
+/// watch shows it. Weak handles: the watches do not keep the controllers' state alive.
+fn forget_writes_seen(
+    w: &watches::Watches,
+    databases: &Arc<Context<State>>,
+    users: &Arc<Context<user::State>>,
+) {
+    let statuses = Arc::downgrade(databases);
+    w.databases.on_change(move |db| {
+        if let Some(ctx) = statuses.upgrade() {
+            ctx.state.statuses.seen(db);
+        }
+    });
+    let written = Arc::downgrade(users);
+    w.users.on_change(move |user| {
+        if let Some(ctx) = written.upgrade() {
+            ctx.state.written.seen(user);
+        }
+    });
 }
 
 /// What the server controller follows of the process's shared watches.
