@@ -238,10 +238,7 @@ impl<K: HasStatus> StatusWriter<K> {
                 cached.resource_version(),
             )
         };
-        if self
-            .recent
-            .forget_if(&uid, |r| cached.status() == Some(&r.status))
-        {
+        if self.forget_shown(&uid, cached) {
             return from_cache();
         }
         self.recent
@@ -332,9 +329,15 @@ impl<K: HasStatus> StatusWriter<K> {
     /// reconcile of each object.
     pub fn seen(&self, obj: &K) {
         if let Some(uid) = obj.meta().uid.as_deref() {
-            self.recent
-                .forget_if(uid, |r| obj.status() == Some(&r.status));
+            self.forget_shown(uid, obj);
         }
+    }
+
+    /// Forgets the write kept for `uid` if `shown` (as a cache holds it) carries its status;
+    /// whether it did.
+    fn forget_shown(&self, uid: &str, shown: &K) -> bool {
+        self.recent
+            .forget_if(uid, |r| shown.status() == Some(&r.status))
     }
 
     /// Forgets an object (deleted, or handed over).
