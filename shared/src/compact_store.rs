@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Resource;
@@ -27,15 +27,15 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
+use crate::relisted::Relisted;
+
 /// `namespace/name` (`name` for a cluster-scoped object).
 type Key = Box<str>;
 /// The object's JSON.
 type Kept = Box<str>;
 
 struct Inner {
-    objects: RwLock<HashMap<Key, Kept>>,
-    /// The relist being taken, until it is complete.
-    relist: Mutex<Option<HashMap<Key, Kept>>>,
+    objects: Relisted<HashMap<Key, Kept>>,
     /// Whether a first list has completed.
     ready: watch::Sender<bool>,
 }
@@ -60,8 +60,7 @@ impl<K> Default for CompactStore<K> {
     fn default() -> Self {
         Self {
             inner: Arc::new(Inner {
-                objects: RwLock::default(),
-                relist: Mutex::default(),
+                objects: Relisted::default(),
                 ready: watch::Sender::new(false),
             }),
             kind: PhantomData,
@@ -103,70 +102,32 @@ where
 
     /// Follows one event of the watch (as kube's reflector does).
     pub fn apply(&self, event: &watcher::Event<K>) {
-        let inner = &*self.inner;
-        match event {
-            watcher::Event::Apply(obj) => {
+        let ended = self.inner.objects.follow(
+            event,
+            |objects, obj| {
                 let Some(key) = Self::key_of(obj) else { return };
-                let mut objects = inner
-                    .objects
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner);
                 match Self::kept(obj) {
                     Some(kept) => objects.insert(key, kept),
                     // Never a stale copy in its place.
                     None => objects.remove(&key),
                 };
-            }
-            watcher::Event::Delete(obj) => {
+            },
+            |objects, obj| {
                 if let Some(key) = Self::key_of(obj) {
-                    inner
-                        .objects
-                        .write()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .remove(&key);
+                    objects.remove(&key);
                 }
-            }
-            watcher::Event::Init => {
-                *inner.relist.lock().unwrap_or_else(PoisonError::into_inner) = Some(HashMap::new());
-            }
-            watcher::Event::InitApply(obj) => {
-                let (Some(key), Some(kept)) = (Self::key_of(obj), Self::kept(obj)) else {
-                    return;
-                };
-                if let Some(relist) = inner
-                    .relist
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .as_mut()
-                {
-                    relist.insert(key, kept);
-                }
-            }
-            watcher::Event::InitDone => {
-                let relist = inner
-                    .relist
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .take();
-                if let Some(mut relist) = relist {
-                    relist.shrink_to_fit();
-                    *inner
-                        .objects
-                        .write()
-                        .unwrap_or_else(PoisonError::into_inner) = relist;
-                }
-                inner.ready.send_replace(true);
-            }
+            },
+            || None,
+        );
+        if ended {
+            self.inner.objects.write().shrink_to_fit();
+            self.inner.ready.send_replace(true);
         }
     }
 
     /// The object `name` (of `namespace`), decoded from what the cache keeps.
     pub fn get(&self, namespace: Option<&str>, name: &str) -> Option<Arc<K>> {
-        let objects = self
-            .inner
-            .objects
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let objects = self.inner.objects.read();
         let kept = objects.get(&key(namespace, name))?;
         match serde_json::from_str(kept) {
             Ok(obj) => Some(Arc::new(obj)),
@@ -184,17 +145,12 @@ where
         self.inner
             .objects
             .read()
-            .unwrap_or_else(PoisonError::into_inner)
             .contains_key(&key(namespace, name))
     }
 
     /// How many objects the cache holds.
     pub fn len(&self) -> usize {
-        self.inner
-            .objects
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.inner.objects.read().len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -23,6 +23,7 @@ pub mod pooler;
 pub mod postgres;
 pub mod rate_limit;
 pub mod ref_index;
+mod relisted;
 pub mod sealing;
 pub mod server;
 pub mod shared_watch;

@@ -25,13 +25,15 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
 use kube::Resource;
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
+
+use crate::relisted::Relisted;
 
 /// How many changes a subscriber may have waiting before the watch waits for it.
 const BUFFER: usize = 1024;
@@ -138,9 +140,8 @@ impl<K: Watchable> Maps<K> {
 
 /// The objects of a [`SharedWatch`] by the keys a function gives each of them.
 pub struct Index<K: Watchable> {
-    maps: Arc<RwLock<Maps<K>>>,
-    /// The maps a relist builds, swapped in when it is complete.
-    relist: Arc<RwLock<Option<Maps<K>>>>,
+    /// The maps, and those a relist builds until it is complete.
+    maps: Arc<Relisted<Maps<K>>>,
     keys: Keys<K>,
     store: Store<K>,
 }
@@ -149,7 +150,6 @@ impl<K: Watchable> Clone for Index<K> {
     fn clone(&self) -> Self {
         Self {
             maps: self.maps.clone(),
-            relist: self.relist.clone(),
             keys: self.keys.clone(),
             store: self.store.clone(),
         }
@@ -160,7 +160,7 @@ impl<K: Watchable> Index<K> {
     /// The objects whose keys include `key`, as the store holds them now.
     pub fn get(&self, key: &str) -> Vec<Arc<K>> {
         let refs: Vec<ObjectRef<K>> = {
-            let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
+            let maps = self.maps.read();
             match maps.by_key.get(key) {
                 Some(set) => set.iter().cloned().collect(),
                 None => return Vec::new(),
@@ -172,7 +172,7 @@ impl<K: Watchable> Index<K> {
     /// Every object that has at least one key, as the store holds it now.
     pub fn all(&self) -> Vec<Arc<K>> {
         let refs: Vec<ObjectRef<K>> = {
-            let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
+            let maps = self.maps.read();
             maps.of.keys().cloned().collect()
         };
         refs.iter().filter_map(|r| self.store.get(r)).collect()
@@ -180,7 +180,7 @@ impl<K: Watchable> Index<K> {
 
     /// How many objects have at least one key.
     pub fn len(&self) -> usize {
-        self.maps.read().unwrap_or_else(|e| e.into_inner()).of.len()
+        self.maps.read().of.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -188,46 +188,14 @@ impl<K: Watchable> Index<K> {
     }
 
     fn apply(&self, event: &watcher::Event<K>) {
-        match event {
-            watcher::Event::Apply(obj) => {
-                let keys = (self.keys)(obj);
-                self.maps
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .put(obj, keys);
-            }
-            watcher::Event::Delete(obj) => {
-                self.maps
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&ObjectRef::from_obj(obj));
-            }
-            watcher::Event::Init => {
-                *self.relist.write().unwrap_or_else(|e| e.into_inner()) = Some(Maps::default());
-            }
-            watcher::Event::InitApply(obj) => {
-                let keys = (self.keys)(obj);
-                if let Some(maps) = self
-                    .relist
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .as_mut()
-                {
-                    maps.put(obj, keys);
-                }
-            }
-            watcher::Event::InitDone => {
-                let fresh = self
-                    .relist
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take();
-                // An index made in the middle of a relist saw none of it: it is built
-                // from the store the relist left.
-                let fresh = fresh.unwrap_or_else(|| self.rebuilt());
-                *self.maps.write().unwrap_or_else(|e| e.into_inner()) = fresh;
-            }
-        }
+        self.maps.follow(
+            event,
+            |maps, obj| maps.put(obj, (self.keys)(obj)),
+            |maps, obj| maps.remove(&ObjectRef::from_obj(obj)),
+            // An index made in the middle of a relist saw none of it: it is built from
+            // the store the relist left.
+            || Some(self.rebuilt()),
+        );
     }
 
     /// The maps of what the store holds now.
@@ -394,11 +362,10 @@ impl<K: Watchable> SharedWatch<K> {
             .unwrap_or_else(|e| e.into_inner());
         let index = Index {
             maps: Arc::default(),
-            relist: Arc::default(),
             keys: Arc::new(keys),
             store: self.shared.store.clone(),
         };
-        *index.maps.write().unwrap_or_else(|e| e.into_inner()) = index.rebuilt();
+        *index.maps.write() = index.rebuilt();
         indexes.push(index.clone());
         index
     }
