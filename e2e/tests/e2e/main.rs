@@ -26,7 +26,7 @@ mod pooler;
 mod pooler_migration;
 mod pooler_tls;
 mod postgres;
-mod schedule;
+mod scheduled_backups;
 mod tenancy;
 mod traces;
 mod users;

@@ -7,7 +7,10 @@
 //! Each test has its own namespace, PostgreSQL server, store directory, database-
 //! controller and backup-controller(s) (watching only that namespace, resync 5 s,
 //! backoff 1 s..5 s). They wait for the wall clock to pass minute boundaries, so each
-//! takes two to four minutes; they run in parallel with the rest of the suite.
+//! takes two to four minutes, mostly idle: `e2e/test` runs them (`scheduled_backups::`)
+//! in a test process of its own beside the rest of the suite, from its start, instead of
+//! holding three of the suite's test threads at its end (libtest starts tests in name
+//! order).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
