@@ -7,10 +7,8 @@
 //! Each test has its own namespace, PostgreSQL server, store directory, database-
 //! controller and backup-controller(s) (watching only that namespace, resync 5 s,
 //! backoff 1 s..5 s). They wait for the wall clock to pass minute boundaries, so each
-//! takes two to four minutes, mostly idle: `e2e/test` runs them (`scheduled_backups::`)
-//! in a test process of its own beside the rest of the suite, from its start, instead of
-//! holding three of the suite's test threads at its end (libtest starts tests in name
-//! order).
+//! takes two to four minutes, mostly idle (libtest starts tests in name order: these
+//! start near the end of the suite).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
